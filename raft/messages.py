@@ -1,0 +1,113 @@
+"""Peer messages of the consensus core. Plain slotted dataclasses; the wire codec maps them
+to msgpack and back. Every message names its sender (`src`), receiver (`dst`) and the sender's
+current `term`.
+
+Offsets and terms: a log position is the last offset of a batch (or log start - 1). Replies
+carry the follower's dirty and flushed offsets *with the term of the entry at each*: by the log
+matching property the leader can check (its own term at that offset equal) that the follower's
+flushed prefix really is a prefix of the leader's log, whatever reordering, duplication or
+crashes happened in between. Without that check a stale "flushed = 10" from before a
+truncation could be counted against entries the follower never flushed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from storage.batch import Batch
+
+
+@dataclass(slots=True)
+class AppendEntries:
+    src: int
+    dst: int
+    term: int
+    prev_offset: int
+    prev_term: int
+    batches: list[Batch]
+    commit_index: int
+    # The RFC's flush_after_append: the follower flushes before replying. False during recovery
+    # chunks; the follower then flushes on its own schedule and reports flushed offsets later.
+    flush: bool
+    seq: int  # leader's per-follower request number, echoed in the reply
+
+
+@dataclass(slots=True)
+class AppendEntriesReply:
+    src: int
+    dst: int
+    term: int
+    seq: int
+    success: bool
+    # On success: the last offset of the request (prev_offset + its batches), which now matches
+    # the leader's log. On failure: -1.
+    last_appended: int
+    dirty_offset: int
+    dirty_term: int
+    flushed_offset: int
+    flushed_term: int
+    # On failure: the follower's term at prev_offset (0 if its log is too short) and the first
+    # offset the follower holds of that term (or dirty_offset + 1 when too short), so the leader
+    # backs up a whole term at a time.
+    conflict_term: int = 0
+    conflict_offset: int = -1
+    # Failure because the follower's unflushed tail is full: the leader keeps next_index and
+    # retries after the follower reports a flush, instead of backing up.
+    busy: bool = False
+
+
+@dataclass(slots=True)
+class Heartbeat:
+    src: int
+    dst: int
+    term: int
+    commit_index: int
+    seq: int
+
+
+@dataclass(slots=True)
+class HeartbeatReply:
+    src: int
+    dst: int
+    term: int
+    seq: int
+    dirty_offset: int
+    dirty_term: int
+    flushed_offset: int
+    flushed_term: int
+
+
+@dataclass(slots=True)
+class RequestVote:
+    src: int
+    dst: int
+    term: int  # for a pre-vote: the term the candidate would campaign in (not yet adopted)
+    last_offset: int
+    last_term: int
+    pre_vote: bool = False
+    # Set when campaigning because of TimeoutNow: voters ignore their leader lease.
+    transfer: bool = False
+
+
+@dataclass(slots=True)
+class RequestVoteReply:
+    src: int
+    dst: int
+    term: int
+    granted: bool
+    pre_vote: bool = False
+
+
+@dataclass(slots=True)
+class TimeoutNow:
+    """Leadership transfer: the receiver campaigns at once, skipping pre-vote."""
+
+    src: int
+    dst: int
+    term: int
+
+
+Message = (AppendEntries | AppendEntriesReply | Heartbeat | HeartbeatReply | RequestVote
+           | RequestVoteReply | TimeoutNow)
+MESSAGE_TYPES: tuple[type, ...] = (AppendEntries, AppendEntriesReply, Heartbeat, HeartbeatReply,
+                                   RequestVote, RequestVoteReply, TimeoutNow)

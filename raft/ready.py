@@ -1,0 +1,80 @@
+"""What the sans-IO core hands its driver: the Ready batch, answers and status snapshots.
+
+The driver (trio runtime or simulation) loops:
+    1. feed inputs: core.tick(), core.step(msg), core.propose(...), core.flushed(offset);
+    2. rd = core.ready();
+    3. if rd.hard_state: storage.save_meta(...) durably BEFORE sending any of rd.messages
+       (a vote or term must never be forgotten once someone may have seen it);
+    4. send rd.messages (any order; the network may drop/reorder them anyway);
+    5. if rd.flush and no flush is running: run storage.flush() (worker thread / simulated disk
+       delay) and when it completes call core.flushed(new_flushed_offset);
+    6. deliver rd.answers to waiting clients.
+The core appends to and truncates the storage object it was given directly (appends only touch
+the in-memory tail, so they are not I/O); flushes and metadata writes are the driver's work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from raft.messages import Message
+from raft.types import Acks, ErrorCode, Role
+
+
+@dataclass(slots=True)
+class HardState:
+    term: int
+    voted_for: int | None
+    config: dict | None
+
+
+@dataclass(slots=True)
+class ProduceAnswer:
+    request_id: int
+    error: ErrorCode
+    base_offset: int = -1  # set for OK answers at acks quorum/leader (and dedup hits)
+    last_offset: int = -1
+    leader_id: int | None = None  # set with NOT_LEADER when known
+    duplicate: bool = False  # an idempotent retry: offsets are those of the original write
+
+
+@dataclass(slots=True)
+class Ready:
+    hard_state: HardState | None = None
+    messages: list[Message] = field(default_factory=list)
+    flush: bool = False
+    answers: list[ProduceAnswer] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return (self.hard_state is None and not self.messages and not self.flush
+                and not self.answers)
+
+
+@dataclass(slots=True)
+class FollowerStatus:
+    node_id: int
+    match_index: int
+    next_index: int
+    dirty_offset: int
+    flushed_offset: int
+    inflight: int
+    inflight_bytes: int
+    learner: bool
+    recovering: bool
+    last_heard_ticks: int  # ticks since we last heard from it
+
+
+@dataclass(slots=True)
+class Status:
+    node_id: int
+    role: Role
+    term: int
+    leader_id: int | None
+    dirty_offset: int
+    flushed_offset: int
+    commit_index: int
+    high_watermark: int
+    start_offset: int
+    voters: list[int]
+    learners: list[int]
+    followers: list[FollowerStatus] = field(default_factory=list)

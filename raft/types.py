@@ -1,0 +1,36 @@
+"""Enums and small value types shared by the core, the runtime and the client."""
+
+from __future__ import annotations
+
+from enum import Enum, IntEnum
+
+
+class Role(str, Enum):
+    FOLLOWER = "follower"
+    PRE_CANDIDATE = "pre-candidate"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+
+
+class Acks(str, Enum):
+    """Per-request durability, after Redpanda's consistency levels."""
+
+    QUORUM = "quorum"  # answered once a majority has the batch flushed (the commit index covers it)
+    LEADER = "leader"  # answered once the leader appended it (not yet flushed anywhere)
+    NONE = "none"  # answered on acceptance (fire and forget)
+
+
+class ErrorCode(IntEnum):
+    """Typed errors carried in client answers and on the wire."""
+
+    OK = 0
+    NOT_LEADER = 1  # carries the leader's id/address when known
+    TIMEOUT = 2
+    TOO_LARGE = 3
+    OFFSET_OUT_OF_RANGE = 4
+    SHUTTING_DOWN = 5
+    LEADERSHIP_LOST = 6  # a quorum produce whose entry may or may not commit: retry (idempotent)
+    TRUNCATED = 7  # the entry was overwritten by a new leader: it will never commit
+    BACKPRESSURE = 8  # the leader's unflushed tail or in-flight window is full: retry later
+    BAD_REQUEST = 9
+    INTERNAL = 10

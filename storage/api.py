@@ -1,0 +1,158 @@
+"""The one storage contract both implementations (LMDB and in-memory) keep.
+
+Vocabulary (used the same everywhere in raftlog):
+- dirty offset: the last offset appended (readable, not yet durable);
+- flushed offset: the last offset fsynced (durable; what a crash or power cut keeps).
+Offsets count records from 0. An empty log has dirty = flushed = start_offset - 1.
+
+Appends touch only a bounded in-memory tail (etcd's "unstable" log). `flush()` writes the whole
+tail, as of its start, in one fsynced transaction (group commit) and may run in a worker thread
+while the event loop keeps appending. A crash loses exactly what lies past the flushed offset,
+so process-kill tests exercise the power-loss path for real.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from storage.batch import Batch
+
+DEFAULT_MAX_TAIL_BYTES = 256 * 1024 * 1024
+
+
+class StorageError(Exception):
+    """Base class of storage errors; messages say what to do next."""
+
+
+class OffsetOutOfRange(StorageError):
+    def __init__(self, offset: int, start: int, dirty: int) -> None:
+        super().__init__(
+            f"offset {offset} is outside the log [{start}, {dirty + 1}); read from the log start "
+            f"offset or up to the dirty offset + 1"
+        )
+        self.offset, self.start, self.dirty = offset, start, dirty
+
+
+class TailFull(StorageError):
+    """The unflushed tail hit its byte limit: flush before appending more (backpressure)."""
+
+    def __init__(self, unflushed: int, limit: int) -> None:
+        super().__init__(
+            f"{unflushed} unflushed bytes reached the in-memory tail limit of {limit}; wait for "
+            f"the running flush to finish (or raise max_tail_bytes)"
+        )
+
+
+class DiskFull(StorageError):
+    """The disk cannot take the write. Nothing flushed before it is lost."""
+
+
+@dataclass(slots=True)
+class Meta:
+    """Durable Raft metadata. Saved with fsync before save_meta returns: Raft must never
+    forget a term or a vote."""
+
+    term: int = 0
+    voted_for: int | None = None
+    # The cluster configuration in force when last saved (voters, learners, addresses);
+    # a plain msgpack-able dict so storage does not depend on the raft package.
+    config: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class LogStorage(abc.ABC):
+    """The log contract. Implementations: storage.memory.MemoryLog, storage.lmdb_log.LmdbLog.
+
+    Batches are the unit of append, truncation and reads; Raft entries are batches and
+    `prev_offset` in replication is always a batch's last offset (or start_offset - 1).
+    """
+
+    # -- positions ------------------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def start_offset(self) -> int:
+        """First offset held (after prefix truncation, the new log start)."""
+
+    @property
+    @abc.abstractmethod
+    def start_term(self) -> int:
+        """Term of the entry at start_offset - 1 (0 if there never was one). Lets Raft check
+        `prev_offset == start_offset - 1` after a prefix truncation."""
+
+    @property
+    @abc.abstractmethod
+    def dirty_offset(self) -> int:
+        """Last appended offset; start_offset - 1 when empty."""
+
+    @property
+    @abc.abstractmethod
+    def flushed_offset(self) -> int:
+        """Last fsynced offset; always <= dirty_offset."""
+
+    @property
+    @abc.abstractmethod
+    def unflushed_bytes(self) -> int:
+        """Encoded bytes appended but not yet flushed."""
+
+    # -- writes ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def append(self, batches: Sequence[Batch]) -> None:
+        """Append contiguous batches (the first at dirty_offset + 1, terms never decreasing).
+        Readable at once; not durable until flush(). Raises TailFull past the tail limit and
+        ValueError for a gap, overlap or term going backwards."""
+
+    @abc.abstractmethod
+    def flush(self) -> int:
+        """Make everything appended before this call durable in one fsynced transaction;
+        return the new flushed offset. Safe to call from a worker thread while the owning
+        thread appends; concurrent flushes are serialised."""
+
+    @abc.abstractmethod
+    def truncate_suffix(self, after_offset: int) -> None:
+        """Drop every batch after `after_offset` (a batch's last offset, or start_offset - 1).
+        Durable before it returns. flushed_offset becomes min(flushed, after_offset)."""
+
+    @abc.abstractmethod
+    def truncate_prefix(self, offset: int) -> None:
+        """Retention: drop whole batches that end before `offset` (offset must be a batch base
+        or dirty_offset + 1, and <= flushed_offset + 1). Durable before it returns."""
+
+    @abc.abstractmethod
+    def reset(self, start_offset: int, start_term: int) -> None:
+        """Drop the whole log and restart it empty at `start_offset` (a follower that needs
+        offsets below the leader's log start). Durable before it returns."""
+
+    # -- reads ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def read(self, offset: int, max_bytes: int) -> list[Batch]:
+        """Batches from the one containing `offset`, stopping before the batch that would pass
+        `max_bytes` (at least one batch is returned whenever offset <= dirty_offset).
+        [] at dirty_offset + 1; OffsetOutOfRange outside [start_offset, dirty_offset + 1].
+        A batch failing its CRC raises CorruptBatch naming its offset."""
+
+    @abc.abstractmethod
+    def term_at(self, offset: int) -> int:
+        """Term of the entry at `offset`; start_term for start_offset - 1; OffsetOutOfRange
+        otherwise."""
+
+    # -- metadata -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def load_meta(self) -> Meta:
+        """The last saved metadata (a fresh Meta() for a new log)."""
+
+    @abc.abstractmethod
+    def save_meta(self, meta: Meta) -> None:
+        """Persist metadata durably (fsync) before returning."""
+
+    # -- lifecycle ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release resources. Unflushed data is NOT flushed: callers flush first if they
+        want it kept (a clean shutdown does; a crash does not)."""
+
+    # -- helpers shared by both implementations --------------------------------------------
+    def last_term(self) -> int:
+        """Term of the last entry (start_term when empty)."""
+        return self.term_at(self.dirty_offset)

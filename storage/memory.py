@@ -1,0 +1,172 @@
+"""The in-memory twin of the LMDB log, for deterministic simulation.
+
+It keeps the same contract and adds crash(): everything past the flushed offset is gone, exactly
+what a process crash or power cut does to the real log. The "durable" part is modelled by a
+second list that only flush()/truncate/reset/save_meta touch.
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+from collections.abc import Sequence
+
+from storage.api import DEFAULT_MAX_TAIL_BYTES, LogStorage, Meta, OffsetOutOfRange, TailFull
+from storage.batch import Batch
+
+
+class MemoryLog(LogStorage):
+    def __init__(self, max_tail_bytes: int = DEFAULT_MAX_TAIL_BYTES) -> None:
+        self._max_tail_bytes = max_tail_bytes
+        # Durable state: what survives crash().
+        self._d_batches: list[Batch] = []
+        self._d_start = 0
+        self._d_start_term = 0
+        self._d_meta = Meta()
+        self._load_durable()
+
+    # -- durable <-> live --------------------------------------------------------------------
+    def _load_durable(self) -> None:
+        self._batches: list[Batch] = list(self._d_batches)
+        self._bases: list[int] = [b.base_offset for b in self._batches]
+        self._start = self._d_start
+        self._start_term = self._d_start_term
+        self._flushed = self._batches[-1].last_offset if self._batches else self._start - 1
+        self._unflushed_bytes = 0
+
+    def crash(self) -> None:
+        """Lose everything past the flushed offset, as a power cut would."""
+        self._load_durable()
+
+    # -- positions -----------------------------------------------------------------------------
+    @property
+    def start_offset(self) -> int:
+        return self._start
+
+    @property
+    def start_term(self) -> int:
+        return self._start_term
+
+    @property
+    def dirty_offset(self) -> int:
+        return self._batches[-1].last_offset if self._batches else self._start - 1
+
+    @property
+    def flushed_offset(self) -> int:
+        return self._flushed
+
+    @property
+    def unflushed_bytes(self) -> int:
+        return self._unflushed_bytes
+
+    # -- writes ----------------------------------------------------------------------------------
+    def append(self, batches: Sequence[Batch]) -> None:
+        if not batches:
+            return
+        expect = self.dirty_offset + 1
+        term = self.last_term()
+        size = 0
+        for b in batches:
+            if b.base_offset != expect:
+                raise ValueError(f"append at offset {b.base_offset}, expected {expect}")
+            if b.term < term:
+                raise ValueError(f"term went backwards at offset {b.base_offset}: "
+                                 f"{b.term} < {term}")
+            expect, term = b.last_offset + 1, b.term
+            size += b.size
+        if self._unflushed_bytes and self._unflushed_bytes + size > self._max_tail_bytes:
+            raise TailFull(self._unflushed_bytes + size, self._max_tail_bytes)
+        for b in batches:
+            self._batches.append(b)
+            self._bases.append(b.base_offset)
+        self._unflushed_bytes += size
+
+    def flush(self) -> int:
+        n_durable = len(self._d_batches)
+        # Invariant: the durable list is a prefix of the live list up to the flushed offset.
+        self._d_batches.extend(self._batches[n_durable:])
+        self._flushed = self.dirty_offset
+        self._unflushed_bytes = 0
+        return self._flushed
+
+    def truncate_suffix(self, after_offset: int) -> None:
+        i = self._index_after(after_offset)
+        del self._batches[i:]
+        del self._bases[i:]
+        if after_offset < self._flushed:
+            # Everything left is at or below after_offset < flushed, so all of it was durable.
+            self._d_batches = list(self._batches)
+            self._flushed = after_offset
+        self._unflushed_bytes = sum(b.size for b in self._batches if b.last_offset > self._flushed)
+
+    def truncate_prefix(self, offset: int) -> None:
+        if offset <= self._start:
+            return
+        if offset > self._flushed + 1:
+            raise ValueError(f"prefix truncation to {offset} passes the flushed offset "
+                             f"{self._flushed}; flush first")
+        if offset == self.dirty_offset + 1:
+            i = len(self._batches)
+        else:
+            i = bisect.bisect_left(self._bases, offset)
+            if i >= len(self._bases) or self._bases[i] != offset:
+                raise ValueError(f"prefix truncation to {offset} is not at a batch boundary")
+        new_start_term = self._batches[i - 1].term
+        del self._batches[:i]
+        del self._bases[:i]
+        self._start, self._start_term = offset, new_start_term
+        self._d_batches = [b for b in self._d_batches if b.base_offset >= offset]
+        self._d_start, self._d_start_term = offset, new_start_term
+
+    def reset(self, start_offset: int, start_term: int) -> None:
+        self._d_batches = []
+        self._d_start, self._d_start_term = start_offset, start_term
+        self._load_durable()
+
+    # -- reads -----------------------------------------------------------------------------------
+    def _index_of(self, offset: int) -> int:
+        """Index of the batch containing offset (offset must be in range)."""
+        return bisect.bisect_right(self._bases, offset) - 1
+
+    def _index_after(self, after_offset: int) -> int:
+        if after_offset == self._start - 1:
+            return 0
+        if not (self._start <= after_offset <= self.dirty_offset):
+            raise OffsetOutOfRange(after_offset, self._start, self.dirty_offset)
+        i = self._index_of(after_offset)
+        if self._batches[i].last_offset != after_offset:
+            raise ValueError(f"suffix truncation after {after_offset} is not at a batch boundary")
+        return i + 1
+
+    def read(self, offset: int, max_bytes: int) -> list[Batch]:
+        dirty = self.dirty_offset
+        if offset == dirty + 1:
+            return []
+        if not (self._start <= offset <= dirty):
+            raise OffsetOutOfRange(offset, self._start, dirty)
+        out: list[Batch] = []
+        used = 0
+        for b in self._batches[self._index_of(offset):]:
+            if out and used + b.size > max_bytes:
+                break
+            b.verify()
+            out.append(b)
+            used += b.size
+        return out
+
+    def term_at(self, offset: int) -> int:
+        if offset == self._start - 1:
+            return self._start_term
+        if not (self._start <= offset <= self.dirty_offset):
+            raise OffsetOutOfRange(offset, self._start, self.dirty_offset)
+        return self._batches[self._index_of(offset)].term
+
+    # -- metadata --------------------------------------------------------------------------------
+    def load_meta(self) -> Meta:
+        return copy.deepcopy(self._d_meta)
+
+    def save_meta(self, meta: Meta) -> None:
+        self._d_meta = copy.deepcopy(meta)
+
+    def close(self) -> None:
+        pass
