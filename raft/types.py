@@ -34,3 +34,6 @@ class ErrorCode(IntEnum):
     BACKPRESSURE = 8  # the leader's unflushed tail or in-flight window is full: retry later
     BAD_REQUEST = 9
     INTERNAL = 10
+    # A staged-load write for a load that is already committed or aborted, or was restarted by a
+    # newer run (raft/loads.py): the writer stops; nothing it sends could be published.
+    LOAD_CLOSED = 11

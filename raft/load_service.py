@@ -1,0 +1,201 @@
+"""The node side of staged loads: wire requests, the fetch filter and the leader's load timeout.
+
+The node calls this through three narrow hooks and owns none of the logic:
+  * `LoadService.handles(t)` / `await handle(host, req)`: the `load_*` wire requests;
+  * `stable_offset(commit_index)` + `visible(batches, stable)`: what fetch may show;
+  * `on_tick(host, now_ms)`: the leader aborts open loads idle past the timeout.
+The state itself lives in raft/loads.py (pure; every node applies the same committed entries).
+
+`host` is the node, seen through `LoadHost`: its log, whether it leads, and one coroutine that
+proposes a batch and waits for its ProduceAnswer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Protocol
+
+from raft.loads import (
+    DEFAULT_LOAD_TIMEOUT_MS,
+    LoadIndex,
+    StageTag,
+    encode_abort,
+    encode_begin,
+    encode_commit,
+    encode_staged_payload,
+)
+from raft.types import Acks, ErrorCode
+from raft.wire import WireError, error_reply, get_bytes, get_int, get_str, ok_reply
+from storage.batch import Batch, BatchKind
+
+log = logging.getLogger("raft.loads")
+
+OPS = frozenset({"load_begin", "load_stage", "load_commit", "load_abort", "load_status"})
+
+
+class LoadHost(Protocol):
+    def is_leader(self) -> bool: ...
+
+    def commit_index(self) -> int: ...
+
+    def not_leader_reply(self, request_id: int) -> dict[str, Any]: ...
+
+    async def propose_and_wait(self, batch: Batch, acks: Acks, timeout_s: float) -> Any:
+        """Propose `batch`; return the core's ProduceAnswer (error, base/last offset)."""
+        ...
+
+
+def load_timeout_ms() -> int:
+    """RAFTLOG_LOAD_TIMEOUT_MS overrides the 1 h default (tests use seconds)."""
+    return int(os.environ.get("RAFTLOG_LOAD_TIMEOUT_MS", DEFAULT_LOAD_TIMEOUT_MS))
+
+
+class LoadService:
+    def __init__(self, log_storage, timeout_ms: int | None = None) -> None:  # noqa: ANN001
+        self.index = LoadIndex(log_storage)
+        self.timeout_ms = load_timeout_ms() if timeout_ms is None else timeout_ms
+        self._aborting: dict[tuple[str, int], float] = {}  # (load, gen) -> when we proposed
+
+    # -- fetch hooks ---------------------------------------------------------------------------
+    def stable_offset(self, commit_index: int) -> int:
+        """The consumer-visible high watermark: committed, applied, before any open load."""
+        self.index.catch_up(commit_index)
+        return self.index.stable_offset(commit_index)
+
+    def visible(self, batches: list[Batch], stable: int) -> list[tuple[Batch, bytes]]:
+        """(batch, consumer payload) for the batches a consumer sees, all at or below stable."""
+        return self.index.visible_batches(batches, stable)
+
+    # -- timer hook ----------------------------------------------------------------------------
+    def expired(self, is_leader: bool, commit_index: int, now_ms: int) -> list[Batch]:
+        """Abort batches the leader should propose now (each expired load once a minute)."""
+        if not is_leader:
+            self._aborting.clear()
+            return []
+        self.index.catch_up(commit_index, max_bytes=8 << 20)
+        out = []
+        for lid, gen in self.index.table.expired(now_ms, self.timeout_ms):
+            if now_ms - self._aborting.get((lid, gen), -1e18) < 60_000:
+                continue
+            self._aborting[(lid, gen)] = now_ms
+            log.warning("load timed out load_id=%s gen=%d timeout_ms=%d: aborting", lid, gen,
+                        self.timeout_ms)
+            out.append(Batch.create(encode_abort(lid, gen, f"no activity for "
+                                                           f"{self.timeout_ms} ms"), 1,
+                                    kind=BatchKind.CONTROL, timestamp_ms=now_ms))
+        return out
+
+    # -- requests ------------------------------------------------------------------------------
+    @staticmethod
+    def handles(t: str) -> bool:
+        return t in OPS
+
+    async def handle(self, host: LoadHost, req: dict[str, Any]) -> dict[str, Any]:
+        rid = get_int(req, "id")
+        t = req["t"]
+        try:
+            if t == "load_status":
+                return self._status(host, rid, req)
+            if not host.is_leader():
+                return host.not_leader_reply(rid)
+            if t == "load_stage":
+                return await self._stage(host, rid, req)
+            return await self._control(host, rid, t, req)
+        except WireError as e:
+            return error_reply(rid, e.code, str(e))
+
+    def _describe(self, load_id: str) -> dict[str, Any] | None:
+        load = self.index.table.get(load_id)
+        return None if load is None else load.describe()
+
+    def _status(self, host: LoadHost, rid: int, req: dict[str, Any]) -> dict[str, Any]:
+        if not host.is_leader():
+            return host.not_leader_reply(rid)
+        ci = host.commit_index()
+        stable = self.stable_offset(ci)
+        lid = req.get("load_id")
+        return ok_reply(rid, load=self._describe(lid) if isinstance(lid, str) else None,
+                        high_watermark=stable, start_offset=self.index.log.start_offset,
+                        open_loads=len(self.index.table._open))
+
+    async def _stage(self, host: LoadHost, rid: int, req: dict[str, Any]) -> dict[str, Any]:
+        tag = StageTag(get_str(req, "load_id", request_id=rid), get_int(req, "gen", request_id=rid),
+                       get_int(req, "partition", request_id=rid),
+                       get_int(req, "attempt", request_id=rid), get_int(req, "seq", request_id=rid))
+        count = get_int(req, "count", request_id=rid)
+        payload = get_bytes(req, "payload", request_id=rid)
+        try:
+            acks = Acks(get_str(req, "acks", default="leader", request_id=rid))
+        except ValueError:
+            return error_reply(rid, ErrorCode.BAD_REQUEST, "acks must be quorum, leader or none")
+        if count < 1:
+            return error_reply(rid, ErrorCode.BAD_REQUEST, "count must be >= 1")
+        why = self.index.table.stage_error(tag.load_id, tag.gen)
+        if why is not None:
+            return error_reply(rid, ErrorCode.LOAD_CLOSED, f"{why}: nothing more to write")
+        try:
+            data = encode_staged_payload(tag, payload)
+        except ValueError as e:
+            return error_reply(rid, ErrorCode.BAD_REQUEST, str(e))
+        batch = Batch.create(data, count, kind=BatchKind.STAGED,
+                             timestamp_ms=get_int(req, "timestamp_ms", default=_now_ms(),
+                                                  request_id=rid))
+        ans = await host.propose_and_wait(batch, acks, get_int(req, "timeout_ms", default=30_000,
+                                                               request_id=rid) / 1000)
+        if ans.error != ErrorCode.OK:
+            return self._answer_error(host, rid, ans)
+        return ok_reply(rid, base_offset=ans.base_offset, last_offset=ans.last_offset)
+
+    async def _control(self, host: LoadHost, rid: int, t: str,
+                       req: dict[str, Any]) -> dict[str, Any]:
+        lid = get_str(req, "load_id", request_id=rid)
+        if not lid or len(lid.encode()) > 256:
+            return error_reply(rid, ErrorCode.BAD_REQUEST, "load_id must be 1..256 bytes")
+        self.index.catch_up(host.commit_index())
+        if t == "load_begin":
+            known = self.index.table.get(lid)
+            if known is not None and known.state.value == "committed":
+                return ok_reply(rid, load=known.describe())
+            payload = encode_begin(lid)
+        elif t == "load_commit":
+            attempts = req.get("attempts")
+            if not isinstance(attempts, list) or not all(
+                    isinstance(a, list) and len(a) == 4 and all(isinstance(x, int) for x in a)
+                    for a in attempts):
+                return error_reply(rid, ErrorCode.BAD_REQUEST,
+                                   "attempts must be a list of [partition, attempt, batches, rows]")
+            payload = encode_commit(lid, get_int(req, "gen", request_id=rid),
+                                    [tuple(a) for a in attempts])
+        elif t == "load_abort":
+            payload = encode_abort(lid, get_int(req, "gen", request_id=rid),
+                                   get_str(req, "reason", default="aborted by the client",
+                                           request_id=rid))
+        else:
+            return error_reply(rid, ErrorCode.BAD_REQUEST, f"unknown load operation {t!r}")
+        batch = Batch.create(payload, 1, kind=BatchKind.CONTROL, timestamp_ms=_now_ms())
+        ans = await host.propose_and_wait(batch, Acks.QUORUM, 30.0)
+        if ans.error != ErrorCode.OK:
+            return self._answer_error(host, rid, ans)
+        # Committed: apply through our entry so the table shows its outcome.
+        self.index.catch_up(host.commit_index())
+        if self.index.table.applied < ans.last_offset:
+            return error_reply(rid, ErrorCode.TIMEOUT, "the load operation committed but is not "
+                                                       "applied yet; retry (it is idempotent)")
+        load = self.index.table.get(lid)
+        desc = load.describe() if load is not None else None
+        log.info("load op=%s load_id=%s offset=%d state=%s", t, lid, ans.base_offset,
+                 desc and desc["state"])
+        return ok_reply(rid, load=desc, offset=ans.base_offset)
+
+    @staticmethod
+    def _answer_error(host: LoadHost, rid: int, ans: Any) -> dict[str, Any]:
+        if ans.error == ErrorCode.NOT_LEADER:
+            return host.not_leader_reply(rid)
+        return error_reply(rid, ans.error, f"{ans.error.name} while writing the load entry; "
+                                           f"retry (load requests are idempotent)")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

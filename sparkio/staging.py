@@ -1,0 +1,287 @@
+"""Blocking wire client for Spark drivers and executors: staged-load requests and fetches.
+
+Spark calls our writer and reader from plain threads (no trio loop), so this speaks the wire
+protocol (raft/wire.py: 4-byte length + msgpack map) over a blocking socket. It follows the
+leader (NOT_LEADER carries its address), reconnects after a dropped connection and retries
+retriable errors with backoff until the caller's deadline. Staged writes are pipelined (a few
+requests in flight) and every one carries its (partition, attempt, seq) tag, so resending after
+a failure can never publish a batch twice: the server keeps the first copy of each seq.
+
+Load operations on the wire (served by raft/load_service.py):
+  load_begin  {load_id}                                   -> {"load": {state, gen, rows, ...}}
+  load_stage  {load_id, gen, partition, attempt, seq, count, payload, acks, timestamp_ms}
+                                                          -> {base_offset, last_offset}
+  load_commit {load_id, gen, attempts: [[p, a, batches, rows]]} -> {"load": {...}}
+  load_abort  {load_id, gen, reason}                      -> {"load": {...}}
+  load_status {load_id}                                   -> {"load": {...} | None}
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import socket
+import struct
+import time
+from collections import deque
+from dataclasses import dataclass
+import msgpack
+
+log = logging.getLogger("sparkio.staging")
+
+_LEN = struct.Struct(">I")
+RETRIABLE = {"NOT_LEADER", "TIMEOUT", "LEADERSHIP_LOST", "TRUNCATED", "BACKPRESSURE",
+             "SHUTTING_DOWN"}
+
+
+class RaftlogError(Exception):
+    """An error reply (code = raft.types.ErrorCode name) or the deadline passing."""
+
+    def __init__(self, code: str, message: str, reply: dict | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code, self.message, self.reply = code, message, reply or {}
+
+
+class LoadClosed(RaftlogError):
+    """The load is committed, aborted or was restarted by a newer run: stop writing."""
+
+
+def parse_servers(servers: str | list[str]) -> list[str]:
+    items = servers.split(",") if isinstance(servers, str) else list(servers)
+    out = [s.strip() for s in items if s.strip()]
+    if not out:
+        raise ValueError("no servers given: pass option servers='host:port,host:port'")
+    for s in out:
+        host, _, port = s.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"bad server address {s!r}: expected host:port")
+    return out
+
+
+class _Conn:
+    def __init__(self, addr: str, timeout: float) -> None:
+        host, _, port = addr.rpartition(":")
+        self.addr = addr
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.settimeout(timeout)
+        self.send({"v": 1, "t": "hello", "role": "client"})
+        hello = self.recv()
+        if hello.get("t") != "hello":
+            raise ConnectionError(f"{addr} answered the hello with {hello!r}")
+
+    def send(self, obj: dict) -> None:
+        body = msgpack.packb(obj, use_bin_type=True)
+        self.sock.sendall(_LEN.pack(len(body)) + body)
+
+    def _read(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            part = self.sock.recv(min(n - len(buf), 1 << 20))
+            if not part:
+                raise ConnectionError(f"{self.addr} closed the connection")
+            buf += part
+        return bytes(buf)
+
+    def recv(self) -> dict:
+        (n,) = _LEN.unpack(self._read(4))
+        obj = msgpack.unpackb(self._read(n), raw=False)
+        if obj.get("t") == "error":
+            raise ConnectionError(f"{self.addr} rejected our frame: {obj.get('message')}")
+        return obj
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+@dataclass(slots=True)
+class _Pending:
+    msg: dict
+    id: int
+
+
+class Session:
+    """One connection to the current leader (or any node for reads), re-established as needed."""
+
+    def __init__(self, servers: str | list[str], timeout_s: float = 60.0,
+                 io_timeout_s: float = 30.0) -> None:
+        self.servers = parse_servers(servers)
+        self.timeout_s = timeout_s
+        self.io_timeout_s = io_timeout_s
+        self._conn: _Conn | None = None
+        self._hint: str | None = None
+        self._ids = itertools.count(1)
+        self._rr = random.Random().randrange(len(self.servers))
+
+    # -- connection management ---------------------------------------------------------------
+    def _connect(self, deadline: float) -> _Conn:
+        if self._conn is not None:
+            return self._conn
+        last: Exception | None = None
+        attempt = 0
+        while time.monotonic() < deadline:
+            addr = self._hint or self.servers[self._rr % len(self.servers)]
+            self._hint = None
+            self._rr += 1
+            try:
+                self._conn = _Conn(addr, min(self.io_timeout_s, max(0.1, deadline -
+                                                                     time.monotonic())))
+                return self._conn
+            except OSError as e:
+                last = e
+                attempt += 1
+                if attempt % len(self.servers) == 0:
+                    time.sleep(min(1.0, 0.05 * attempt))
+        raise RaftlogError("TIMEOUT", f"could not connect to any of {self.servers}: {last}; "
+                                      f"check the servers option and that the cluster is up")
+
+    def _drop(self, hint: str | None = None) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+        self._hint = hint
+
+    def close(self) -> None:
+        self._drop()
+
+    # -- single requests ---------------------------------------------------------------------
+    def call(self, msg: dict, timeout_s: float | None = None) -> dict:
+        """Send one request, follow the leader and retry retriable errors until the deadline."""
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        backoff = 0.02
+        while True:
+            try:
+                conn = self._connect(deadline)
+                rid = next(self._ids)
+                conn.send({**msg, "v": 1, "id": rid})
+                while True:
+                    reply = conn.recv()
+                    if reply.get("id") == rid:
+                        break
+                if reply.get("ok"):
+                    return reply
+                err = reply.get("error") or {}
+                code = str(err.get("code"))
+                if code == "LOAD_CLOSED":
+                    raise LoadClosed(code, str(err.get("message")), reply)
+                if code not in RETRIABLE:
+                    raise RaftlogError(code, str(err.get("message")), reply)
+                self._drop(err.get("leader_addr") if code == "NOT_LEADER" else None)
+                last = RaftlogError(code, str(err.get("message")), reply)
+            except (OSError, ConnectionError, ValueError) as e:
+                self._drop()
+                last = RaftlogError("TIMEOUT", f"connection problem: {e}")
+            if time.monotonic() + backoff > deadline:
+                raise RaftlogError(last.code, f"{last.message} (gave up after "
+                                              f"{timeout_s or self.timeout_s:.0f}s)", last.reply)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 0.5)
+
+    # -- load operations -----------------------------------------------------------------------
+    def load_begin(self, load_id: str) -> dict:
+        return self.call({"t": "load_begin", "load_id": load_id})["load"]
+
+    def load_status(self, load_id: str) -> dict | None:
+        return self.call({"t": "load_status", "load_id": load_id}).get("load")
+
+    def load_commit(self, load_id: str, gen: int,
+                    attempts: list[tuple[int, int, int, int]]) -> dict:
+        return self.call({"t": "load_commit", "load_id": load_id, "gen": gen,
+                          "attempts": [list(a) for a in attempts]})["load"]
+
+    def load_abort(self, load_id: str, gen: int, reason: str) -> dict:
+        return self.call({"t": "load_abort", "load_id": load_id, "gen": gen,
+                          "reason": reason})["load"]
+
+    def fetch(self, offset: int, max_bytes: int = 4 << 20, max_wait_ms: int = 0) -> dict:
+        return self.call({"t": "fetch", "offset": offset, "max_bytes": max_bytes,
+                          "max_wait_ms": max_wait_ms})
+
+    def status(self) -> dict:
+        return self.call({"t": "status"})["status"]
+
+
+class Stager:
+    """Pipelined staged writes of one task attempt. `send` numbers batches 0, 1, 2, ...;
+    `finish` waits for every acknowledgement and returns how many batches were sent."""
+
+    def __init__(self, session: Session, load_id: str, gen: int, partition: int, attempt: int,
+                 acks: str = "leader", max_inflight: int = 4) -> None:
+        self.s = session
+        self.base = {"t": "load_stage", "load_id": load_id, "gen": gen, "partition": partition,
+                     "attempt": attempt, "acks": acks}
+        self.max_inflight = max_inflight
+        self.seq = 0
+        self._inflight: deque[_Pending] = deque()
+
+    def send(self, payload: bytes, count: int) -> None:
+        msg = {**self.base, "seq": self.seq, "count": count, "payload": payload,
+               "timestamp_ms": int(time.time() * 1000), "v": 1}
+        self.seq += 1
+        while len(self._inflight) >= self.max_inflight:
+            self._await_one()
+        self._inflight.append(_Pending(msg, 0))
+        self._transmit(self._inflight[-1])
+
+    def finish(self) -> int:
+        while self._inflight:
+            self._await_one()
+        return self.seq
+
+    def _transmit(self, p: _Pending) -> None:
+        deadline = time.monotonic() + self.s.timeout_s
+        try:
+            conn = self.s._connect(deadline)
+            p.id = next(self.s._ids)
+            conn.send({**p.msg, "id": p.id})
+        except (OSError, ConnectionError) as e:
+            self.s._drop()
+            p.id = 0  # resent by _await_one
+            log.debug("stage send failed err=%s", e)
+
+    def _resend_all(self, hint: str | None, why: str) -> None:
+        self.s._drop(hint)
+        log.info("staging reconnect reason=%s inflight=%d", why, len(self._inflight))
+        for p in self._inflight:
+            self._transmit(p)
+
+    def _await_one(self) -> None:
+        deadline = time.monotonic() + self.s.timeout_s
+        backoff = 0.02
+        while True:
+            head = self._inflight[0]
+            if time.monotonic() > deadline:
+                raise RaftlogError("TIMEOUT", f"staged batch seq={head.msg['seq']} not "
+                                              f"acknowledged within {self.s.timeout_s:.0f}s")
+            if head.id == 0 or self.s._conn is None:
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 0.5)
+                self._resend_all(None, "no connection")
+                continue
+            try:
+                reply = self.s._conn.recv()
+            except (OSError, ConnectionError, ValueError) as e:
+                self._resend_all(None, f"connection: {e}")
+                continue
+            p = next((x for x in self._inflight if x.id == reply.get("id")), None)
+            if p is None:
+                continue  # a reply to a request we already resent elsewhere
+            if reply.get("ok"):
+                self._inflight.remove(p)
+                if p is head:
+                    return
+                continue
+            err = reply.get("error") or {}
+            code = str(err.get("code"))
+            if code == "LOAD_CLOSED":
+                raise LoadClosed(code, str(err.get("message")), reply)
+            if code not in RETRIABLE:
+                raise RaftlogError(code, str(err.get("message")), reply)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 0.5)
+            self._resend_all(err.get("leader_addr") if code == "NOT_LEADER" else None, code)
+
