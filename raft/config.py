@@ -1,0 +1,286 @@
+"""Node configuration: one dataclass, filled from CLI flags or a TOML file, validated up front.
+
+Why validate here and not where values are used: a misconfigured node should fail before it binds
+a port or opens a log, with one line saying which setting to fix (the CLI prints it and exits 2).
+
+Data directory layout: a node keeps its log in `<data_dir>/node-<node_id>/`. Several nodes can
+therefore share one `--data-dir` (as `raftlog up` does) without clobbering each other, and a node
+started with the wrong id finds an empty directory instead of another node's log.
+
+TOML keys are the dataclass field names; `peers` is a table `{ "1" = "127.0.0.1:7101", ... }`
+(or a string in the CLI form `1=HOST:PORT,2=HOST:PORT`). Unknown keys are refused (typos must not
+silently fall back to defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raft.wire import DEFAULT_MAX_FRAME_BYTES
+
+DEFAULT_HOST = "127.0.0.1"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class ConfigError(ValueError):
+    """A setting is wrong; the message names it and says what to write instead."""
+
+
+def parse_address(text: str, *, what: str = "address", allow_port_zero: bool = True) -> tuple[str, int]:
+    """'host:port' (or '[v6]:port') -> (host, port)."""
+    if not isinstance(text, str) or ":" not in text:
+        raise ConfigError(f"{what} {text!r} must look like HOST:PORT, e.g. 127.0.0.1:7101")
+    host, _, port_s = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host:
+        raise ConfigError(f"{what} {text!r} has no host; write HOST:PORT, e.g. 127.0.0.1:7101")
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise ConfigError(f"{what} {text!r} has a non-numeric port {port_s!r}; write HOST:PORT, "
+                          f"e.g. 127.0.0.1:7101") from None
+    lo = 0 if allow_port_zero else 1
+    if not lo <= port <= 65535:
+        raise ConfigError(f"{what} {text!r}: port must be in {lo}..65535")
+    return host, port
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_peers(spec: str | dict[Any, Any]) -> dict[int, str]:
+    """'1=HOST:PORT,2=HOST:PORT' or a mapping -> {node_id: 'host:port'}."""
+    items: list[tuple[Any, Any]]
+    if isinstance(spec, dict):
+        items = list(spec.items())
+    elif isinstance(spec, str):
+        items = []
+        for part in spec.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if "=" not in part:
+                raise ConfigError(f"peer {part!r} must look like ID=HOST:PORT, e.g. "
+                                  f"1=127.0.0.1:7101")
+            k, _, v = part.partition("=")
+            items.append((k.strip(), v.strip()))
+    else:
+        raise ConfigError(f"peers must be 'ID=HOST:PORT,...' or a table, got {type(spec).__name__}")
+    peers: dict[int, str] = {}
+    for k, v in items:
+        try:
+            node_id = int(k)
+        except (TypeError, ValueError):
+            raise ConfigError(f"peer id {k!r} must be a positive integer") from None
+        if node_id <= 0:
+            raise ConfigError(f"peer id {node_id} must be a positive integer (ids start at 1)")
+        if node_id in peers:
+            raise ConfigError(f"peer id {node_id} is listed twice in peers")
+        host, port = parse_address(v, what=f"peer {node_id} address")
+        peers[node_id] = format_address(host, port)
+    return peers
+
+
+@dataclass(slots=True)
+class NodeConfig:
+    """Everything one node needs. `peers` lists every voter, this node included."""
+
+    node_id: int
+    data_dir: Path
+    peers: dict[int, str]
+    # Where to listen; defaults to this node's entry in `peers`. Default bind host is 127.0.0.1:
+    # exposing a node beyond the machine is an explicit choice.
+    listen: str | None = None
+    tick_ms: int = 50
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    # Client connections: requests a connection may have in flight before the node stops
+    # reading from it (per-connection backpressure).
+    max_inflight_per_connection: int = 256
+    # Outgoing per-peer queue: raft messages beyond these bounds are dropped (Raft retries).
+    peer_queue_messages: int = 4096
+    peer_queue_bytes: int = 64 * 1024 * 1024
+    # Peer reconnect backoff (exponential with full jitter).
+    reconnect_min_ms: int = 50
+    reconnect_max_ms: int = 2000
+    # Client request bounds.
+    default_timeout_ms: int = 5000
+    max_timeout_ms: int = 120_000
+    max_fetch_wait_ms: int = 60_000
+    # On SIGTERM a leader hands leadership over first, for at most this long.
+    shutdown_transfer_ms: int = 1000
+    log_level: str = "WARNING"
+    # Raft knobs, passed through to raft.raft.RaftConfig (None = the core's default).
+    election_ticks: int | None = None
+    heartbeat_ticks: int | None = None
+    max_append_bytes: int | None = None
+    recovery_chunk_bytes: int | None = None
+    max_inflight: int | None = None
+    max_inflight_bytes: int | None = None
+    follower_flush_bytes: int | None = None
+    follower_flush_ticks: int | None = None
+    pre_vote: bool | None = None
+    check_quorum: bool | None = None
+    max_pending_produce: int | None = None
+    # Any other RaftConfig keyword (forward compatible with knobs the core adds).
+    raft: dict[str, Any] = field(default_factory=dict)
+
+    _RAFT_KNOBS = ("election_ticks", "heartbeat_ticks", "max_append_bytes",
+                   "recovery_chunk_bytes", "max_inflight", "max_inflight_bytes",
+                   "follower_flush_bytes", "follower_flush_ticks", "pre_vote", "check_quorum",
+                   "max_pending_produce")
+
+    # -- derived ---------------------------------------------------------------------------------
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        return parse_address(self.listen or self.peers[self.node_id], what="listen address")
+
+    @property
+    def node_dir(self) -> Path:
+        return Path(self.data_dir) / f"node-{self.node_id}"
+
+    def raft_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for RaftConfig besides node_id/voters/learners."""
+        out = {k: getattr(self, k) for k in self._RAFT_KNOBS if getattr(self, k) is not None}
+        out.update(self.raft)
+        return out
+
+    # -- validation -------------------------------------------------------------------------------
+    def validate(self) -> "NodeConfig":
+        """Check every setting without side effects; raise ConfigError naming the first bad one."""
+        if isinstance(self.node_id, bool) or not isinstance(self.node_id, int) or self.node_id <= 0:
+            raise ConfigError(f"node id {self.node_id!r} must be a positive integer (--node-id)")
+        if not self.peers:
+            raise ConfigError("no peers given: list every node, this one included, e.g. "
+                              "--peers 1=127.0.0.1:7101,2=127.0.0.1:7102,3=127.0.0.1:7103")
+        self.peers = parse_peers(self.peers)
+        if self.node_id not in self.peers:
+            raise ConfigError(f"node id {self.node_id} is not in peers {sorted(self.peers)}; add "
+                              f"{self.node_id}=HOST:PORT to --peers or fix --node-id")
+        if self.listen is not None:
+            host, port = parse_address(self.listen, what="listen address")
+            self.listen = format_address(host, port)
+        else:
+            self.listen_address  # validates this node's peer entry
+        if not str(self.data_dir):
+            raise ConfigError("data dir is empty; pass --data-dir DIR")
+        self.data_dir = Path(self.data_dir)
+        positive = ("tick_ms", "max_frame_bytes", "max_inflight_per_connection",
+                    "peer_queue_messages", "peer_queue_bytes", "reconnect_min_ms",
+                    "reconnect_max_ms", "default_timeout_ms", "max_timeout_ms",
+                    "max_fetch_wait_ms")
+        for name in positive:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_frame_bytes < 64 * 1024:
+            raise ConfigError(f"max_frame_bytes {self.max_frame_bytes} is below the 65536-byte "
+                              f"minimum (raft batches and headers must fit a frame)")
+        if self.reconnect_max_ms < self.reconnect_min_ms:
+            raise ConfigError("reconnect_max_ms must be >= reconnect_min_ms")
+        if self.shutdown_transfer_ms < 0:
+            raise ConfigError("shutdown_transfer_ms must be >= 0")
+        level = str(self.log_level).upper()
+        if level not in LOG_LEVELS:
+            raise ConfigError(f"log level {self.log_level!r} must be one of "
+                              f"{', '.join(LOG_LEVELS)}")
+        self.log_level = level
+        for name in self._RAFT_KNOBS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if name in ("pre_vote", "check_quorum"):
+                if not isinstance(value, bool):
+                    raise ConfigError(f"{name} must be true or false, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.raft, dict):
+            raise ConfigError("raft must be a table of extra RaftConfig settings")
+        return self
+
+    def check_data_dir(self) -> Path:
+        """Create the node's directory and prove it is writable; return it."""
+        path = self.node_dir
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            probe = path / ".write-test"
+            with open(probe, "wb") as f:
+                f.write(b"ok")
+                f.flush()
+                os.fsync(f.fileno())
+            probe.unlink()
+        except OSError as e:
+            raise ConfigError(f"data dir {path} is not usable ({e.strerror or e}); pass a "
+                              f"writable --data-dir") from None
+        return path
+
+    # -- constructors -----------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], *, source: str = "config") -> "NodeConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ConfigError(f"{source}: unknown setting(s) {', '.join(unknown)}; known: "
+                              f"{', '.join(sorted(names))}")
+        for required in ("node_id", "data_dir", "peers"):
+            if values.get(required) is None:
+                flag = "--" + required.replace("_", "-")
+                raise ConfigError(f"{source}: missing {required} ({flag})")
+        kwargs = dict(values)
+        kwargs["peers"] = parse_peers(kwargs["peers"])
+        kwargs["data_dir"] = Path(kwargs["data_dir"])
+        return cls(**kwargs).validate()
+
+    @classmethod
+    def from_toml(cls, path: str | os.PathLike[str],
+                  overrides: dict[str, Any] | None = None) -> "NodeConfig":
+        """Load a TOML file; `overrides` (e.g. flags given on the command line) win."""
+        try:
+            with open(path, "rb") as f:
+                values = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except OSError as e:
+            raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+        values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return cls.from_dict(values, source=str(path))
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        """The `raftlog serve` flags (the CLI may call this to stay in sync with the fields)."""
+        parser.add_argument("--config", metavar="FILE.toml",
+                            help="read settings from a TOML file (keys = flag names with _)")
+        parser.add_argument("--node-id", type=int, help="this node's id (a key of --peers)")
+        parser.add_argument("--data-dir", help="directory for logs; this node uses "
+                                               "DATA_DIR/node-<id>/")
+        parser.add_argument("--listen", metavar="HOST:PORT",
+                            help="address to listen on (default: this node's --peers entry)")
+        parser.add_argument("--peers", metavar="ID=HOST:PORT,...",
+                            help="every node of the cluster, this one included")
+        parser.add_argument("--tick-ms", type=int, help="raft tick length (default 50)")
+        parser.add_argument("--max-frame-bytes", type=int,
+                            help="largest accepted frame (default 16 MiB)")
+        parser.add_argument("--election-ticks", type=int, help="election timeout in ticks")
+        parser.add_argument("--heartbeat-ticks", type=int, help="heartbeat interval in ticks")
+        parser.add_argument("--log-level", help="DEBUG, INFO, WARNING (default), ERROR")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace | dict[str, Any]) -> "NodeConfig":
+        """Build from parsed `raftlog serve` flags (attribute names = field names). With
+        `config` set, the TOML file is read first and the flags given override it."""
+        values = dict(vars(args)) if isinstance(args, argparse.Namespace) else dict(args)
+        names = {f.name for f in dataclasses.fields(cls)}
+        config_path = values.pop("config", None)
+        picked = {k: v for k, v in values.items() if k in names and v is not None}
+        if config_path:
+            return cls.from_toml(config_path, picked)
+        return cls.from_dict(picked, source="command line")
