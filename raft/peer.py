@@ -1,0 +1,214 @@
+"""One outgoing connection to one peer: a bounded queue, batching, reconnect with backoff.
+
+Why a bounded queue that drops: Raft tolerates lost messages (heartbeats repeat, appends are
+retried from the follower's reported position), while an unbounded queue to a dead or slow peer
+grows memory without limit. So when the queue is full the newest message is dropped and counted.
+
+Why one connection per direction: each node dials each peer and only writes on that connection;
+replies come back on the peer's own outgoing connection. No request/response pairing on a socket
+means a slow peer never blocks our reads, and reconnect logic lives in one place.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import deque
+
+import trio
+
+from raft import wire
+from raft.config import parse_address
+from raft.messages import Message
+
+log = logging.getLogger("raftlog.peer")
+
+CONNECT_TIMEOUT_S = 5.0
+HELLO_TIMEOUT_S = 5.0
+
+
+class PeerLink:
+    def __init__(self, self_id: int, peer_id: int, address: str, *, max_frame_bytes: int,
+                 queue_messages: int, queue_bytes: int, backoff_min_s: float,
+                 backoff_max_s: float, rng: random.Random) -> None:
+        self.self_id = self_id
+        self.peer_id = peer_id
+        self.address = address
+        self._max_frame = max_frame_bytes
+        # A frame carries several messages; keep each well under the limit.
+        self._frame_budget = max(64 * 1024, max_frame_bytes // 2)
+        self._queue: deque[tuple[Message, int]] = deque()
+        self._queued_bytes = 0
+        self._queue_messages = queue_messages
+        self._queue_bytes = queue_bytes
+        self._backoff_min = backoff_min_s
+        self._backoff_max = backoff_max_s
+        self._rng = rng
+        self._has_data = trio.Event()
+        self._address_changed = trio.Event()
+        self._session_scope: trio.CancelScope | None = None
+        self.connected = False
+        self.sent_messages = 0
+        self.dropped_messages = 0
+        self.connects = 0
+
+    # -- called by the node -------------------------------------------------------------------
+    def enqueue(self, msg: Message) -> bool:
+        """Queue a message; False (and counted) when the queue is full."""
+        size = wire.message_wire_size(msg)
+        if (len(self._queue) >= self._queue_messages
+                or (self._queue and self._queued_bytes + size > self._queue_bytes)):
+            self.dropped_messages += 1
+            if self.dropped_messages in (1, 10, 100) or self.dropped_messages % 1000 == 0:
+                log.warning("peer_queue_full peer=%d dropped=%d queued=%d queued_bytes=%d",
+                            self.peer_id, self.dropped_messages, len(self._queue),
+                            self._queued_bytes)
+            return False
+        self._queue.append((msg, size))
+        self._queued_bytes += size
+        self._has_data.set()
+        return True
+
+    def set_address(self, address: str) -> None:
+        """Point the link at a new address (tests bind port 0; membership changes later)."""
+        if address != self.address:
+            self.address = address
+            self._address_changed.set()
+            if self._session_scope is not None:
+                self._session_scope.cancel()
+
+    def status(self) -> dict:
+        return {"address": self.address, "connected": self.connected,
+                "queued": len(self._queue), "sent": self.sent_messages,
+                "dropped": self.dropped_messages, "connects": self.connects}
+
+    # -- the connection loop ----------------------------------------------------------------------
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            address = self.address
+            try:
+                host, port = parse_address(address, what=f"peer {self.peer_id} address")
+                with trio.fail_after(CONNECT_TIMEOUT_S):
+                    stream = await trio.open_tcp_stream(host, port)
+            except (OSError, trio.TooSlowError, ValueError) as e:
+                failures += 1
+                if failures in (1, 10) or failures % 100 == 0:
+                    log.info("peer_connect_failed peer=%d address=%s failures=%d error=%r",
+                             self.peer_id, address, failures, e)
+                await self._backoff(failures)
+                continue
+            try:
+                async with stream:
+                    with trio.CancelScope() as self._session_scope:
+                        await self._session(stream)
+                if self._address_changed.is_set():  # moved: redial at once
+                    self._address_changed = trio.Event()
+                    failures = 0
+                    continue
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
+                    trio.TooSlowError, wire.WireError, wire.ConnectionClosed) as e:
+                log.info("peer_disconnected peer=%d address=%s error=%r", self.peer_id,
+                         address, e)
+            finally:
+                self.connected = False
+                self._session_scope = None
+            failures += 1
+            await self._backoff(failures)
+
+    async def _backoff(self, failures: int) -> None:
+        """Exponential backoff with full jitter; cut short when the address changes."""
+        # Messages queued for a peer we cannot reach are stale by the time we get through;
+        # Raft regenerates what still matters.
+        self._drop_queue()
+        cap = min(self._backoff_max, self._backoff_min * (2 ** min(failures, 20)))
+        delay = self._rng.uniform(self._backoff_min, max(self._backoff_min, cap))
+        with trio.move_on_after(delay):
+            await self._address_changed.wait()
+        if self._address_changed.is_set():
+            self._address_changed = trio.Event()
+
+    def _drop_queue(self) -> None:
+        self.dropped_messages += len(self._queue)
+        self._queue.clear()
+        self._queued_bytes = 0
+
+    async def _session(self, stream: trio.SocketStream) -> None:
+        reader = wire.FrameReader(stream, self._max_frame)
+        await stream.send_all(wire.encode_frame(
+            {"t": "hello", "role": "peer", "node_id": self.self_id}))
+        with trio.fail_after(HELLO_TIMEOUT_S):
+            hello = await reader.receive()
+        if hello is None:
+            raise wire.ConnectionClosed(f"peer {self.peer_id} closed before answering hello")
+        if hello.get("t") == "error":
+            raise wire.WireError(f"peer {self.peer_id} refused us: {hello.get('message')}")
+        if hello.get("t") != "hello" or hello.get("node_id") != self.peer_id:
+            # Misconfiguration (wrong address for this id): keep retrying, loudly.
+            log.error("peer_identity_mismatch peer=%d address=%s answered=%r; check --peers",
+                      self.peer_id, self.address, hello.get("node_id"))
+            raise wire.WireError(f"{self.address} is not node {self.peer_id}")
+        self.connected = True
+        self.connects += 1
+        log.info("peer_connected peer=%d address=%s", self.peer_id, self.address)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch, reader)
+                await self._send_loop(stream)
+        except BaseExceptionGroup as group:
+            raise _first_leaf(group) from None
+
+    async def _watch(self, reader: wire.FrameReader) -> None:
+        """Peers never answer on this connection except with an error before closing; notice
+        the close promptly so we reconnect instead of writing into a dead socket."""
+        while True:
+            frame = await reader.receive()
+            if frame is None:
+                raise wire.ConnectionClosed(f"peer {self.peer_id} closed the connection")
+            if frame.get("t") == "error":
+                log.warning("peer_error_frame peer=%d code=%s message=%r", self.peer_id,
+                            frame.get("code"), frame.get("message"))
+
+    async def _send_loop(self, stream: trio.SocketStream) -> None:
+        while True:
+            while not self._queue:
+                self._has_data = trio.Event()
+                await self._has_data.wait()
+            msgs = []
+            used = 0
+            while self._queue:
+                msg, size = self._queue[0]
+                if msgs and used + size > self._frame_budget:
+                    break
+                self._queue.popleft()
+                self._queued_bytes -= size
+                msgs.append(msg)
+                used += size
+            frame = wire.encode_frame(wire.raft_frame(msgs))
+            if len(frame) - wire.LEN_SIZE > self._max_frame:
+                log.error("peer_message_too_large peer=%d bytes=%d limit=%d; raise "
+                          "--max-frame-bytes above the raft max_append_bytes", self.peer_id,
+                          len(frame), self._max_frame)
+                self.dropped_messages += len(msgs)
+                continue
+            await stream.send_all(frame)
+            self.sent_messages += len(msgs)
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    """The connection failed for one reason, possibly reported twice (reader and writer);
+    surface a plain exception so the reconnect loop can classify it. Cancellation wins."""
+    leaves: list[BaseException] = []
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for sub in e.exceptions:
+                walk(sub)
+        else:
+            leaves.append(e)
+
+    walk(group)
+    for leaf in leaves:
+        if not isinstance(leaf, Exception):
+            return leaf
+    return leaves[0] if leaves else group
