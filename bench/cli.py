@@ -1,0 +1,110 @@
+"""`raftlog bench`: argument parsing. raft/cli.py calls `register(subparsers)`; this module
+also runs alone as `python -m bench.cli ...` (same arguments)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from rich.console import Console
+
+from bench.results import load
+from bench.runner import WORKLOADS, finish, run
+from bench.workloads.common import BenchConfig
+
+DEFAULT_OUT = "bench-results"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("workloads", nargs="*", metavar="WORKLOAD",
+                   help=f"workloads to run (default: all of {', '.join(WORKLOADS)})")
+    p.add_argument("--nodes", type=int, default=3, help="cluster size (default 3)")
+    p.add_argument("--duration", type=float, default=None,
+                   help="measured seconds per point (default 2; 0.5 with --quick)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="repetitions per figure; the median is reported with min and max "
+                        "(default 3; 1 with --quick)")
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help=f"directory for results.json and the PNG plots (default ./{DEFAULT_OUT})")
+    p.add_argument("--compare", metavar="OLD.json",
+                   help="print each figure beside the one in an earlier results.json")
+    p.add_argument("--quick", action="store_true",
+                   help="a tiny version of every workload (about a minute; the smoke test)")
+    p.add_argument("--data-dir", default=None,
+                   help="parent directory for the clusters' temp data dirs (default $TMPDIR); "
+                        "put it on the disk you want to measure")
+    p.add_argument("--batch-bytes", type=int, default=256 << 10,
+                   help="record bytes per produce request (client batching, default 256 KiB)")
+    p.add_argument("--window", type=int, default=8,
+                   help="produce requests in flight per producer (default 8)")
+    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument passed to every `raftlog serve` (repeatable)")
+    p.add_argument("--keep", action="store_true", help="keep the clusters' data dirs and logs")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    if args.nodes < 1:
+        raise SystemExit("bench: --nodes must be at least 1")
+    unknown = [w for w in args.workloads if w not in WORKLOADS]
+    if unknown:
+        raise SystemExit(f"bench: unknown workload {unknown[0]!r}; choose from "
+                         f"{', '.join(WORKLOADS)}")
+    return BenchConfig(
+        workloads=list(args.workloads) or list(WORKLOADS), nodes=args.nodes,
+        duration=args.duration if args.duration is not None else (0.5 if args.quick else 2.0),
+        repeats=args.repeats if args.repeats is not None else (1 if args.quick else 3),
+        quick=args.quick, base_dir=args.data_dir, server_args=list(args.server_arg),
+        batch_bytes=args.batch_bytes, window=args.window, keep=args.keep)
+
+
+def command(args: argparse.Namespace) -> int:
+    """Run the bench described by parsed arguments; the exit code is 0 when it completed."""
+    logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else
+                        logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    console = Console()
+    old = None
+    if args.compare:
+        try:
+            old = load(args.compare)
+        except (OSError, ValueError) as e:
+            console.print(f"[red]bench: cannot read --compare file {args.compare}: {e}[/]")
+            return 2
+    cfg = config_from_args(args)
+    try:
+        results = run(cfg, console, command=["raftlog", "bench", *_argv_of(args)])
+    except KeyboardInterrupt:
+        console.print("[yellow]bench: interrupted; clusters stopped[/]")
+        return 130
+    finish(results, args.out, console, old)
+    return 0
+
+
+def _argv_of(args: argparse.Namespace) -> list[str]:
+    """The arguments as typed (for results.json's `command`)."""
+    return list(getattr(args, "_bench_argv", None) or sys.argv[2:])
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "bench", help="benchmark a fresh local cluster and write results.json and plots",
+        description="Start a fresh cluster of real `raftlog serve` processes on 127.0.0.1, "
+                    "probe the machine's limits, run the workloads, stop the cluster, and write "
+                    "results.json and PNG plots into --out.")
+    add_arguments(p)
+    p.set_defaults(func=command, handler=command)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="raftlog bench")
+    add_arguments(parser)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    args._bench_argv = argv
+    return command(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

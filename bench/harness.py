@@ -1,0 +1,208 @@
+"""A fresh cluster of real `raftlog serve` processes on 127.0.0.1, for benchmarks and smoke tests.
+
+Why real processes: the figures must include everything a user pays for (sockets, msgpack,
+fsync, the trio loop, scheduling between processes on the same cores). The harness only starts,
+observes (status over the wire), kills, restarts and stops nodes; it never reaches inside them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.wire import SyncConn, status_of
+
+log = logging.getLogger("raftlog.bench.harness")
+
+
+class ClusterError(Exception):
+    """The cluster did not reach the state the benchmark needs; the message says where to look."""
+
+
+def serve_command() -> list[str]:
+    """`python -m raft.cli serve`, or $RAFTLOG_BENCH_SERVE (a shell-quoted command) to
+    benchmark another build or a stand-in server with the same flags."""
+    override = os.environ.get("RAFTLOG_BENCH_SERVE")
+    return shlex.split(override) if override else [sys.executable, "-m", "raft.cli", "serve"]
+
+
+def free_ports(n: int) -> list[int]:
+    """Ports the kernel handed out just now (bound together so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@dataclass(slots=True)
+class Node:
+    node_id: int
+    addr: str
+    data_dir: str
+    log_path: str
+    proc: subprocess.Popen | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass
+class Cluster:
+    """`with Cluster(3) as c: c.wait_for_leader()` starts, and on exit stops, every node."""
+
+    size: int = 3
+    base_dir: str | None = None
+    extra_args: list[str] = field(default_factory=list)
+    keep: bool = False
+    nodes: dict[int, Node] = field(default_factory=dict)
+    _tmp: str | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> "Cluster":
+        self._tmp = tempfile.mkdtemp(prefix="raftlog-bench-", dir=self.base_dir)
+        ports = free_ports(self.size)
+        for i, port in enumerate(ports, start=1):
+            d = os.path.join(self._tmp, f"n{i}")
+            os.makedirs(d)
+            self.nodes[i] = Node(i, f"127.0.0.1:{port}", d, os.path.join(self._tmp, f"n{i}.log"))
+        for node_id in self.nodes:
+            self.start_node(node_id)
+        return self
+
+    def peers_arg(self) -> str:
+        return ",".join(f"{n.node_id}={n.addr}" for n in self.nodes.values())
+
+    def start_node(self, node_id: int) -> None:
+        node = self.nodes[node_id]
+        if node.alive:
+            return
+        cmd = [*serve_command(), "--node-id", str(node_id),
+               "--data-dir", node.data_dir, "--listen", node.addr, "--peers", self.peers_arg(),
+               *self.extra_args]
+        out = open(node.log_path, "ab")
+        try:
+            node.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            out.close()
+        log.debug("event=node_started node_id=%s addr=%s pid=%s", node_id, node.addr,
+                  node.proc.pid)
+
+    def kill(self, node_id: int, sig: int = signal.SIGKILL) -> None:
+        node = self.nodes[node_id]
+        if node.alive:
+            node.proc.send_signal(sig)
+            if sig in (signal.SIGKILL, signal.SIGTERM):
+                try:
+                    node.proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    node.proc.kill()
+                    node.proc.wait(5)
+
+    def stop(self) -> None:
+        """SIGTERM everyone (clean shutdown), SIGKILL stragglers, delete the data unless keep."""
+        for node in self.nodes.values():
+            if node.alive:
+                node.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for node in self.nodes.values():
+            if node.proc is None:
+                continue
+            try:
+                node.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("event=node_kill_after_sigterm node_id=%s", node.node_id)
+                node.proc.kill()
+                node.proc.wait(5)
+        if self._tmp and not self.keep:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self) -> "Cluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- observation ----------------------------------------------------------------------------
+    @property
+    def addrs(self) -> list[str]:
+        return [n.addr for n in self.nodes.values()]
+
+    def statuses(self) -> dict[int, dict[str, Any] | None]:
+        return {i: (status_of(n.addr) if n.alive else None) for i, n in self.nodes.items()}
+
+    def _check_alive(self) -> None:
+        for node in self.nodes.values():
+            if node.proc is not None and node.proc.poll() is not None and node.proc.returncode \
+                    not in (-signal.SIGKILL, -signal.SIGTERM, 0):
+                raise ClusterError(f"node {node.node_id} exited with code {node.proc.returncode}; "
+                                   f"its log ends with:\n{self.log_tail(node.node_id)}")
+
+    def log_tail(self, node_id: int, lines: int = 20) -> str:
+        try:
+            with open(self.nodes[node_id].log_path, "rb") as f:
+                return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+        except OSError:
+            return "(no log)"
+
+    def leader(self, exclude: int | None = None) -> int | None:
+        """A node that says it leads and that every other live node follows (or None)."""
+        st = {i: s for i, s in self.statuses().items() if s is not None and i != exclude}
+        leaders = [i for i, s in st.items() if s.get("role") == "leader"]
+        if len(leaders) != 1:
+            return None
+        lid = leaders[0]
+        term = st[lid].get("term")
+        agree = sum(1 for i, s in st.items()
+                    if s.get("term") == term and (i == lid or s.get("leader_id") == lid))
+        return lid if agree >= self.size // 2 + 1 else None
+
+    def wait_for_leader(self, timeout: float = 30.0, exclude: int | None = None) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            lid = self.leader(exclude)
+            if lid is not None:
+                return lid
+            time.sleep(0.05)
+        raise ClusterError(f"no leader within {timeout:.0f}s; node logs are in {self._tmp} "
+                           f"(n1.log ...). Last lines of n1:\n{self.log_tail(1)}")
+
+    def wait_caught_up(self, timeout: float = 60.0) -> None:
+        """Every live node's dirty and commit offsets reached the leader's dirty offset: the
+        backlog of the previous measurement is flushed and replicated before the next starts."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            lid = self.leader()
+            st = self.statuses()
+            if lid is not None and st.get(lid):
+                target = st[lid].get("dirty_offset", -1)
+                live = [s for i, s in st.items() if self.nodes[i].alive]
+                if all(s is not None and s.get("commit_index", -2) >= target
+                       and s.get("flushed_offset", -2) >= target for s in live):
+                    return
+            time.sleep(0.1)
+        raise ClusterError(f"the cluster did not catch up within {timeout:.0f}s: "
+                           f"{self.statuses()!r}")
+
+    def admin(self, node_id: int, msg: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+        with SyncConn(self.nodes[node_id].addr, timeout=timeout) as conn:
+            return conn.request(msg)

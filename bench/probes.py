@@ -1,0 +1,164 @@
+"""Machine limits, measured in the same run as the cluster figures.
+
+Why in the same run: a shared 2-core VM changes speed from minute to minute; a cluster figure
+means something only next to the bound measured beside it. Each probe is small (a second or
+two) and runs in the same temp directory (same file system) as the cluster's data dirs.
+
+- fsync latency: write 4 KiB and fsync, many times: the floor of any quorum-acked latency.
+- sequential write MB/s: 1 MiB writes, one fsync at the end: the disk's streaming rate.
+- loopback TCP MB/s between two processes: the floor of any byte that crosses a socket.
+- raw LMDB append MB/s: sequential puts committed (fsynced) in 4 MiB transactions, the
+  group-commit rate our storage can at best reach.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+
+import lmdb
+
+from bench.stats import Histogram, Summary
+
+MB = 1_000_000
+
+
+@dataclass(slots=True)
+class ProbeSizes:
+    fsyncs: int = 200
+    seq_write_bytes: int = 128 << 20
+    tcp_bytes: int = 512 << 20
+    lmdb_bytes: int = 64 << 20
+
+    @staticmethod
+    def quick() -> "ProbeSizes":
+        return ProbeSizes(fsyncs=30, seq_write_bytes=16 << 20, tcp_bytes=64 << 20,
+                          lmdb_bytes=8 << 20)
+
+
+def fsync_latency(dir_: str, n: int) -> Histogram:
+    """Microseconds per (4 KiB pwrite + fsync) on a preallocated file, like a WAL append."""
+    h = Histogram()
+    path = os.path.join(dir_, "fsync.probe")
+    block = os.urandom(4096)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for i in range(n):
+            t0 = time.perf_counter()
+            os.pwrite(fd, block, (i % 256) * 4096)
+            os.fsync(fd)
+            h.record((time.perf_counter() - t0) * 1e6)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return h
+
+
+def seq_write_mbps(dir_: str, total: int) -> float:
+    path = os.path.join(dir_, "seq.probe")
+    chunk = os.urandom(1 << 20)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        t0 = time.perf_counter()
+        for _ in range(total // len(chunk)):
+            os.write(fd, chunk)
+        os.fsync(fd)
+        dt = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return total / dt / MB
+
+
+def _tcp_sender(port: int, total: int) -> None:
+    chunk = b"\x5a" * (1 << 20)
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        sent = 0
+        while sent < total:
+            s.sendall(chunk)
+            sent += len(chunk)
+
+
+def tcp_loopback_mbps(total: int) -> float:
+    """A child process streams `total` bytes to us over 127.0.0.1; we time the receive side."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        port = srv.getsockname()[1]
+        proc = mp.get_context("spawn").Process(target=_tcp_sender, args=(port, total), daemon=True)
+        proc.start()
+        try:
+            conn, _ = srv.accept()
+            with conn:
+                buf = bytearray(1 << 20)
+                view = memoryview(buf)
+                got = conn.recv_into(view)  # first bytes: start the clock once data flows
+                t0 = time.perf_counter()
+                while got < total:
+                    n = conn.recv_into(view)
+                    if not n:
+                        break
+                    got += n
+                dt = time.perf_counter() - t0
+        finally:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+    return got / dt / MB
+
+
+def lmdb_append_mbps(dir_: str, total: int, value_bytes: int = 64 << 10,
+                     txn_bytes: int = 4 << 20) -> float:
+    """Sequential big-endian keys, fsynced commit every `txn_bytes` (group commit)."""
+    path = os.path.join(dir_, "lmdb.probe")
+    env = lmdb.open(path, map_size=max(4 * total, 64 << 20), sync=True, metasync=True,
+                    writemap=False, subdir=True)
+    value = os.urandom(value_bytes)
+    per_txn = max(1, txn_bytes // value_bytes)
+    n = max(1, total // value_bytes)
+    try:
+        t0 = time.perf_counter()
+        key = 0
+        while key < n:
+            with env.begin(write=True) as txn:
+                for _ in range(min(per_txn, n - key)):
+                    txn.put(key.to_bytes(8, "big"), value, append=True)
+                    key += 1
+        dt = time.perf_counter() - t0
+    finally:
+        env.close()
+        for name in os.listdir(path):
+            os.unlink(os.path.join(path, name))
+        os.rmdir(path)
+    return n * value_bytes / dt / MB
+
+
+def run_probes(dir_: str | None, sizes: ProbeSizes, repeats: int,
+               on_step=lambda name: None) -> dict:
+    """All four limits: medians over `repeats` (fsync: one histogram over all repeats)."""
+    with tempfile.TemporaryDirectory(prefix="raftlog-probe-", dir=dir_) as d:
+        fs = Histogram()
+        seq, tcp, lm = [], [], []
+        for _ in range(repeats):
+            fs.merge(fsync_latency(d, sizes.fsyncs))
+            on_step("fsync")
+            seq.append(seq_write_mbps(d, sizes.seq_write_bytes))
+            on_step("seq_write")
+            tcp.append(tcp_loopback_mbps(sizes.tcp_bytes))
+            on_step("tcp")
+            lm.append(lmdb_append_mbps(d, sizes.lmdb_bytes))
+            on_step("lmdb")
+    return {
+        "fsync_ms": {"p50": fs.percentile(0.5) / 1e3, "p99": fs.percentile(0.99) / 1e3,
+                     "max": fs.max / 1e3, "count": fs.count},
+        "seq_write_MBps": Summary.of(seq).to_json(),
+        "tcp_loopback_MBps": Summary.of(tcp).to_json(),
+        "lmdb_append_MBps": Summary.of(lm).to_json(),
+    }
+
+
+PROBE_STEPS = 4  # on_step calls per repeat (progress bar sizing)

@@ -1,0 +1,219 @@
+"""A lean speaker of the raftlog wire protocol for load generation.
+
+Why not the client library: a load generator must cost the measured system as little as
+possible, and it must keep a fixed window of pipelined requests in flight, which a convenience
+API hides. This module speaks exactly the documented frames (4-byte big-endian length, then a
+msgpack map with `"v": 1`) and nothing else, so the numbers measure the server, not our client.
+
+Two flavours: `SyncConn` (blocking socket) for the orchestrating parent (status polls, admin
+calls), and `AsyncConn` (trio) for the pipelined generators in worker processes.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import trio
+
+FRAME = struct.Struct(">I")
+MAX_FRAME = 64 << 20
+VERSION = 1
+
+
+class WireError(Exception):
+    """The server answered with an error frame or broke the protocol."""
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"bad address {addr!r}: expected HOST:PORT, e.g. 127.0.0.1:7101")
+    return host, int(port)
+
+
+def pack(msg: dict[str, Any]) -> bytes:
+    body = msgpack.packb(msg, use_bin_type=True)
+    return FRAME.pack(len(body)) + body
+
+
+def unpack(body: bytes | memoryview) -> dict[str, Any]:
+    msg = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    if not isinstance(msg, dict):
+        raise WireError(f"expected a msgpack map, got {type(msg).__name__}")
+    return msg
+
+
+class FrameBuffer:
+    """Accumulates received bytes and yields whole frames; compacts lazily so a large fetch
+    reply does not cost a copy per chunk."""
+
+    __slots__ = ("_buf", "_pos")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+
+    def feed(self, data: bytes) -> None:
+        if self._pos and self._pos > len(self._buf) // 2:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def frames(self) -> list[dict[str, Any]]:
+        out = []
+        buf, pos = self._buf, self._pos
+        while len(buf) - pos >= 4:
+            (n,) = FRAME.unpack_from(buf, pos)
+            if n > MAX_FRAME:
+                raise WireError(f"frame of {n} bytes exceeds {MAX_FRAME}")
+            if len(buf) - pos - 4 < n:
+                break
+            out.append(unpack(memoryview(buf)[pos + 4 : pos + 4 + n]))
+            pos += 4 + n
+        self._pos = pos
+        return out
+
+
+def error_code(reply: dict[str, Any]) -> str | None:
+    """The error code name of a reply, or None when it succeeded."""
+    if reply.get("ok"):
+        return None
+    err = reply.get("error") or {}
+    code = err.get("code") if isinstance(err, dict) else None
+    return str(code) if code is not None else "UNKNOWN"
+
+
+# -- blocking ------------------------------------------------------------------------------------
+class SyncConn:
+    """One blocking client connection: hello, then request/reply by id."""
+
+    def __init__(self, addr: str, timeout: float = 2.0) -> None:
+        self.addr = addr
+        self._sock = socket.create_connection(split_addr(addr), timeout=timeout)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._buf = FrameBuffer()
+        self._pending: list[dict[str, Any]] = []
+        self._next_id = 0
+        self._sock.sendall(pack({"v": VERSION, "t": "hello", "role": "client"}))
+        hello = self._read()
+        if hello.get("t") != "hello":
+            raise WireError(f"{addr} answered hello with {hello!r}")
+        self.node_id = hello.get("node_id")
+
+    def _read(self) -> dict[str, Any]:
+        while not self._pending:
+            data = self._sock.recv(1 << 20)
+            if not data:
+                raise ConnectionError(f"{self.addr} closed the connection")
+            self._buf.feed(data)
+            self._pending.extend(self._buf.frames())
+        return self._pending.pop(0)
+
+    def request(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self._next_id += 1
+        rid = self._next_id
+        self._sock.sendall(pack({"v": VERSION, **msg, "id": rid}))
+        while True:
+            reply = self._read()
+            if reply.get("t") == "error":
+                raise WireError(f"{self.addr} rejected the request: {reply!r}")
+            if reply.get("id") == rid:
+                return reply
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> "SyncConn":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def status_of(addr: str, timeout: float = 1.0) -> dict[str, Any] | None:
+    """The node's status map, or None when it does not answer (down, starting, overloaded)."""
+    try:
+        with SyncConn(addr, timeout=timeout) as conn:
+            reply = conn.request({"t": "status"})
+    except (OSError, WireError, ValueError, msgpack.ExtraData, msgpack.FormatError):
+        return None
+    if not reply.get("ok"):
+        return None
+    st = reply.get("status")
+    return st if isinstance(st, dict) else None
+
+
+# -- trio ----------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class AsyncConn:
+    """A pipelined trio connection. `send` never waits for a reply; `recv` returns the next
+    reply frame in arrival order (replies may come out of order; match them by id)."""
+
+    addr: str
+    stream: trio.SocketStream
+    node_id: int | None = None
+    next_id: int = 0
+    _buf: FrameBuffer = field(default_factory=FrameBuffer)
+    _ready: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    async def open(cls, addr: str, timeout: float = 2.0) -> "AsyncConn":
+        host, port = split_addr(addr)
+        with trio.fail_after(timeout):
+            stream = await trio.open_tcp_stream(host, port)
+            conn = cls(addr, stream)
+            await stream.send_all(pack({"v": VERSION, "t": "hello", "role": "client"}))
+            hello = await conn.recv()
+        if hello.get("t") != "hello":
+            await stream.aclose()
+            raise WireError(f"{addr} answered hello with {hello!r}")
+        conn.node_id = hello.get("node_id")
+        return conn
+
+    def new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        await self.stream.send_all(pack(msg))
+
+    async def send_raw(self, frame: bytes) -> None:
+        await self.stream.send_all(frame)
+
+    async def recv(self) -> dict[str, Any]:
+        while not self._ready:
+            data = await self.stream.receive_some(1 << 20)
+            if not data:
+                raise ConnectionError(f"{self.addr} closed the connection")
+            self._buf.feed(data)
+            self._ready.extend(self._buf.frames())
+        msg = self._ready.pop(0)
+        if msg.get("t") == "error":
+            raise WireError(f"{self.addr} rejected a frame: {msg!r}")
+        return msg
+
+    async def request(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Send and wait for this request's reply (only when nothing else is pipelined)."""
+        rid = self.new_id()
+        await self.send({"v": VERSION, **msg, "id": rid})
+        while True:
+            reply = await self.recv()
+            if reply.get("id") == rid:
+                return reply
+
+    async def aclose(self) -> None:
+        with trio.move_on_after(1):
+            await self.stream.aclose()
+
+
+def produce_frame(rid: int, acks: str, payload: bytes, count: int,
+                  timeout_ms: int = 5000) -> bytes:
+    """One encoded produce request; generators pre-build everything but the id."""
+    return pack({"v": VERSION, "t": "produce", "id": rid, "acks": acks, "timeout_ms": timeout_ms,
+                 "payload": payload, "count": count, "producer_id": 0, "sequence": -1,
+                 "timestamp_ms": int(time.time() * 1000)})

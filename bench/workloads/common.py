@@ -1,0 +1,56 @@
+"""What every workload receives from the runner, and shared payload helpers."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.harness import Cluster
+from storage.records import encode_values
+
+MB = 1_000_000
+RECORD_SIZES = {"100B": 100, "1KiB": 1024, "16KiB": 16 << 10}
+
+
+@dataclass(slots=True)
+class BenchConfig:
+    workloads: list[str]
+    nodes: int = 3
+    duration: float = 2.0  # measured seconds per point (after warmup)
+    repeats: int = 3
+    quick: bool = False
+    base_dir: str | None = None  # where cluster data dirs and probe files go (default: $TMPDIR)
+    server_args: list[str] = field(default_factory=list)
+    batch_bytes: int = 256 << 10  # client batching: record bytes per produce request
+    window: int = 8  # produce requests in flight per producer
+    keep: bool = False
+
+
+@dataclass
+class Ctx:
+    cfg: BenchConfig
+    limits: dict[str, Any]
+    advance: Callable[[str], None]  # one progress step done; the text says what runs next
+    describe: Callable[[str], None]
+
+    def cluster(self) -> Cluster:
+        return Cluster(self.cfg.nodes, base_dir=self.cfg.base_dir,
+                       extra_args=list(self.cfg.server_args), keep=self.cfg.keep)
+
+    def limit(self, name: str) -> float | None:
+        v = self.limits.get(name)
+        if isinstance(v, dict):
+            return v.get("median", v.get("p50"))
+        return v
+
+
+def batch_payload(record_size: int, batch_bytes: int) -> tuple[bytes, int]:
+    """One pre-encoded batch of random records (count = how many fit in batch_bytes).
+
+    Encoded once and resent: the server treats payloads as opaque, and encoding per request
+    would measure the generator's CPU instead of the server."""
+    count = max(1, batch_bytes // record_size)
+    value = os.urandom(record_size)
+    return encode_values([value] * count), count

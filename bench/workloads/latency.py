@@ -1,0 +1,171 @@
+"""`latency`: open-loop quorum produce of single small records at fixed rates.
+
+Open loop: request i is due at t0 + i/rate whatever happened before, and its latency is
+measured from that intended instant, not from when it was actually sent. A stall therefore
+shows up in every request it delayed (no coordinated omission, as in wrk2/HdrHistogram).
+The gate follows `etcdctl check perf`: pass when >= 90% of the target rate was achieved
+and p99 stays under the limit.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import trio
+
+from bench.results import figure
+from bench.stats import Histogram, Summary
+from bench.wire import AsyncConn, error_code, produce_frame
+from bench.workers import Sync, WorkerGroup
+from bench.workloads.common import Ctx
+from storage.records import encode_values
+
+P99_LIMIT_MS = 5.0
+P50_TARGET_MS = 1.0
+RECORD_SIZE = 100
+DEFAULT_RATES = (200, 1000, 3000)
+QUICK_RATES = (200,)
+
+
+@dataclass(slots=True)
+class LatencyArgs:
+    addr: str
+    rate: float
+    warmup: float
+    duration: float
+    drain_timeout: float = 5.0
+
+
+async def latency_worker(a: LatencyArgs, sync: Sync) -> None:
+    payload = encode_values([b"x" * RECORD_SIZE])
+    conn = await AsyncConn.open(a.addr)
+    sync.ready()
+    k = 0
+    try:
+        while True:
+            k += 1
+            t0 = await sync.wait_round(k)
+            if t0 is None:
+                return
+            sync.report(k, await latency_round(conn, a, payload, t0))
+    finally:
+        await conn.aclose()
+
+
+async def latency_round(conn: AsyncConn, a: LatencyArgs, payload: bytes, t0: float) -> dict:
+    interval = 1.0 / a.rate
+    n_warm = int(a.warmup * a.rate)
+    n = n_warm + int(a.duration * a.rate)
+    m1 = t0 + n * interval  # end of the measured sending window
+    intended: dict[int, float] = {}
+    hist = Histogram()
+    stats = {"ok_in_window": 0, "ok": 0, "errors": {}, "late_sends": 0}
+    base_id = conn.next_id
+
+    async def receiver() -> None:
+        while True:
+            r = await conn.recv()
+            now = time.monotonic()
+            t_int = intended.pop(r.get("id"), None)
+            if t_int is None:
+                continue
+            if r["id"] - base_id <= n_warm:
+                continue
+            code = error_code(r)
+            hist.record((now - t_int) * 1e6)
+            if code is None:
+                stats["ok"] += 1
+                if now <= m1:
+                    stats["ok_in_window"] += 1
+            else:
+                stats["errors"][code] = stats["errors"].get(code, 0) + 1
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(receiver)
+        for i in range(n):
+            due = t0 + i * interval
+            delay = due - time.monotonic()
+            if delay > 0:
+                await trio.sleep(delay)
+            elif delay < -interval:
+                stats["late_sends"] += 1
+            rid = conn.new_id()
+            intended[rid] = due
+            await conn.send_raw(produce_frame(rid, "quorum", payload, 1))
+        with trio.move_on_after(a.drain_timeout):
+            while intended:
+                await trio.sleep(0.001)
+        nursery.cancel_scope.cancel()
+    # Requests never answered are the worst latencies of all: count them at their age.
+    now = time.monotonic()
+    lost = 0
+    for rid, t_int in intended.items():
+        if rid - base_id > n_warm:
+            hist.record((now - t_int) * 1e6)
+            lost += 1
+    measured = n - n_warm
+    return {"target_rate": a.rate, "sent": measured, "ok": stats["ok"], "lost": lost,
+            "achieved_rate": stats["ok_in_window"] / a.duration, "errors": stats["errors"],
+            "late_sends": stats["late_sends"], "latency": hist.to_json()}
+
+
+def rates(ctx_cfg) -> tuple[int, ...]:
+    return QUICK_RATES if ctx_cfg.quick else DEFAULT_RATES
+
+
+def steps(ctx_cfg) -> int:
+    return len(rates(ctx_cfg)) * ctx_cfg.repeats
+
+
+def _ms(us: float | None) -> float | None:
+    return None if us is None else us / 1e3
+
+
+def run(ctx: Ctx) -> tuple[list[dict], dict]:
+    cfg = ctx.cfg
+    warmup = 0.2 if cfg.quick else 0.5
+    fsync_p50 = (ctx.limits.get("fsync_ms") or {}).get("p50")
+    figures: list[dict] = []
+    details: dict = {"p99_limit_ms": P99_LIMIT_MS, "record_size": RECORD_SIZE, "rates": []}
+    with ctx.cluster() as cluster:
+        leader = cluster.wait_for_leader()
+        for rate in rates(cfg):
+            args = LatencyArgs(cluster.nodes[leader].addr, rate, warmup, cfg.duration)
+            per_rep = []
+            merged = Histogram()
+            with WorkerGroup(latency_worker, [args]) as group:
+                for r in range(cfg.repeats):
+                    ctx.describe(f"latency quorum {rate}/s (repeat {r + 1})")
+                    cluster.wait_caught_up()
+                    _, (res,) = group.round(timeout=warmup + cfg.duration + 30)
+                    h = Histogram.from_json(res["latency"])
+                    merged.merge(h)
+                    per_rep.append({**res, "p50_ms": _ms(h.percentile(0.5)),
+                                    "p99_ms": _ms(h.percentile(0.99)),
+                                    "p999_ms": _ms(h.percentile(0.999)), "max_ms": _ms(h.max)})
+                    ctx.advance("latency")
+            params = {"rate": rate, "acks": "quorum", "record_size": RECORD_SIZE}
+            base = f"latency.quorum.r{rate}"
+            for q, key, tgt in (("p50", "p50_ms", ("<=", P50_TARGET_MS)),
+                                ("p99", "p99_ms", ("<=", P99_LIMIT_MS)),
+                                ("p99.9", "p999_ms", None), ("max", "max_ms", None)):
+                figures.append(figure(
+                    f"{base}.{q}", "latency", f"latency {rate}/s {q}", "ms",
+                    [x[key] for x in per_rep], better="lower", params=params,
+                    limit="fsync_ms.p50" if q == "p50" else None,
+                    limit_value=fsync_p50 if q == "p50" else None, target=tgt))
+            achieved = Summary.of([x["achieved_rate"] for x in per_rep])
+            figures.append(figure(f"{base}.achieved", "latency", f"latency {rate}/s achieved",
+                                  "req/s", achieved.samples, params=params,
+                                  target=(">=", 0.9 * rate)))
+            p99 = Summary.of([x["p99_ms"] for x in per_rep]).median
+            passed = (achieved.median is not None and achieved.median >= 0.9 * rate
+                      and p99 is not None and p99 <= P99_LIMIT_MS)
+            details["rates"].append({
+                "rate": rate, "pass": passed, "repeats": [
+                    {k: v for k, v in x.items() if k != "latency"} for x in per_rep],
+                "cdf_ms": [(v / 1e3, f) for v, f in merged.cdf()],
+                "p50_ms": _ms(merged.percentile(0.5)), "p99_ms": _ms(merged.percentile(0.99)),
+                "p999_ms": _ms(merged.percentile(0.999)), "max_ms": _ms(merged.max)})
+    return figures, details

@@ -1,0 +1,177 @@
+"""`produce`: batched throughput per ack level, record size and producer count.
+
+Each producer is its own process holding `window` pipelined requests of `batch_bytes` of
+records each (what a batching client does with linger and batch size). Only replies received
+inside the measured window count; the warmup fills the pipeline first. Between repeats the
+runner waits until every node flushed and committed the previous backlog, so leader/none acks
+do not leave work that slows the next point.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+import trio
+
+from bench.results import figure
+from bench.stats import Histogram
+from bench.wire import AsyncConn, error_code, produce_frame
+from bench.workers import Sync, WorkerGroup
+from bench.workloads.common import MB, RECORD_SIZES, Ctx, batch_payload
+
+ACKS = ("quorum", "leader", "none")
+TARGETS_MBPS = {("leader", "1KiB"): 150.0, ("quorum", "1KiB"): 100.0}
+TARGETS_RPS = {("leader", "100B"): 1_000_000.0}
+
+
+@dataclass(slots=True)
+class ProduceArgs:
+    addr: str
+    acks: str
+    record_size: int
+    batch_bytes: int
+    window: int
+    warmup: float
+    duration: float
+    max_records: int = 0  # >0: stop after this many acknowledged records (pre-filling a log)
+
+
+async def produce_worker(a: ProduceArgs, sync: Sync) -> None:
+    payload, count = batch_payload(a.record_size, a.batch_bytes)
+    conn = await AsyncConn.open(a.addr)
+    sync.ready()
+    k = 0
+    try:
+        while True:
+            k += 1
+            t0 = await sync.wait_round(k)
+            if t0 is None:
+                return
+            sync.report(k, await produce_round(conn, a, payload, count, t0))
+    finally:
+        await conn.aclose()
+
+
+async def produce_round(conn: AsyncConn, a: ProduceArgs, payload: bytes, count: int,
+                        t0: float) -> dict:
+    m0 = t0 + a.warmup
+    m1 = m0 + a.duration
+    window = trio.Semaphore(a.window)
+    sent: dict[int, float] = {}
+    errors: dict[str, int] = {}
+    lat = Histogram()
+    ok = {"records": 0, "requests": 0, "all_records": 0}
+    backoff_until = 0.0
+    last_reply = t0
+
+    async def receiver() -> None:
+        nonlocal backoff_until, last_reply
+        while True:
+            r = await conn.recv()
+            now = time.monotonic()
+            ts = sent.pop(r.get("id"), None)
+            if ts is None:
+                continue
+            window.release()
+            code = error_code(r)
+            if code is None:
+                ok["all_records"] += count
+                last_reply = now
+                if m0 <= now <= m1:
+                    ok["records"] += count
+                    ok["requests"] += 1
+                    lat.record((now - ts) * 1e6)
+            else:
+                errors[code] = errors.get(code, 0) + 1
+                backoff_until = now + 0.005
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(receiver)
+        while True:
+            now = time.monotonic()
+            if a.max_records:
+                if ok["all_records"] >= a.max_records:
+                    break
+                if ok["all_records"] + len(sent) * count >= a.max_records:
+                    await trio.sleep(0.001)
+                    continue
+            elif now >= m1:
+                break
+            await window.acquire()
+            if backoff_until > time.monotonic():
+                await trio.sleep(backoff_until - time.monotonic())
+            rid = conn.new_id()
+            sent[rid] = time.monotonic()
+            await conn.send_raw(produce_frame(rid, a.acks, payload, count))
+        with trio.move_on_after(15):
+            while sent:
+                await trio.sleep(0.002)
+        nursery.cancel_scope.cancel()
+    return {"ok_records": ok["records"], "ok_requests": ok["requests"],
+            "all_ok_records": ok["all_records"], "errors": errors, "lost": len(sent),
+            "elapsed": last_reply - t0, "latency": lat.to_json()}
+
+
+def configs(quick: bool) -> list[tuple[str, str, int]]:
+    if quick:
+        return [("quorum", "1KiB", 1), ("leader", "1KiB", 1), ("none", "1KiB", 1),
+                ("quorum", "1KiB", 2)]
+    return [(acks, size, n) for n, acks, size in
+            itertools.product((1, 8), ACKS, RECORD_SIZES)]
+
+
+def steps(ctx_cfg) -> int:
+    return len(configs(ctx_cfg.quick)) * ctx_cfg.repeats
+
+
+def run(ctx: Ctx) -> tuple[list[dict], dict]:
+    cfg = ctx.cfg
+    warmup = 0.2 if cfg.quick else 0.5
+    figures: list[dict] = []
+    details: dict = {"points": [], "batch_bytes": cfg.batch_bytes, "window": cfg.window,
+                     "warmup_s": warmup, "duration_s": cfg.duration}
+    with ctx.cluster() as cluster:
+        leader = cluster.wait_for_leader()
+        for acks, size_name, nprod in configs(cfg.quick):
+            size = RECORD_SIZES[size_name]
+            args = ProduceArgs(cluster.nodes[leader].addr, acks, size, cfg.batch_bytes,
+                               cfg.window, warmup, cfg.duration)
+            rps, mbps, errs, lat = [], [], {}, Histogram()
+            with WorkerGroup(produce_worker, [args] * nprod) as group:
+                for r in range(cfg.repeats):
+                    ctx.describe(f"produce acks={acks} {size_name} ×{nprod} (repeat {r + 1})")
+                    cluster.wait_caught_up()
+                    _, res = group.round(timeout=warmup + cfg.duration + 60)
+                    recs = sum(x["ok_records"] for x in res)
+                    rps.append(recs / cfg.duration)
+                    mbps.append(recs * size / cfg.duration / MB)
+                    for x in res:
+                        for k, v in x["errors"].items():
+                            errs[k] = errs.get(k, 0) + v
+                        lat.merge(Histogram.from_json(x["latency"]))
+                    ctx.advance("produce")
+            params = {"acks": acks, "record_size": size, "producers": nprod,
+                      "batch_bytes": cfg.batch_bytes, "window": cfg.window}
+            base = f"produce.{acks}.{size_name}.p{nprod}"
+            limit = "lmdb_append_MBps" if acks == "quorum" else "tcp_loopback_MBps"
+            figures.append(figure(
+                f"{base}.MBps", "produce", f"produce {acks} {size_name} ×{nprod}", "MB/s", mbps,
+                params=params, limit=limit, limit_value=ctx.limit(limit),
+                target=(">=", TARGETS_MBPS[(acks, size_name)])
+                if (acks, size_name) in TARGETS_MBPS else None))
+            figures.append(figure(
+                f"{base}.rps", "produce", f"produce {acks} {size_name} ×{nprod} records/s",
+                "rec/s", rps, params=params,
+                target=(">=", TARGETS_RPS[(acks, size_name)])
+                if (acks, size_name) in TARGETS_RPS else None))
+            details["points"].append({
+                **params, "MBps": mbps, "records_per_s": rps, "errors": errs,
+                "request_latency_ms": {"p50": _ms(lat.percentile(0.5)),
+                                       "p99": _ms(lat.percentile(0.99)), "max": _ms(lat.max)}})
+    return figures, details
+
+
+def _ms(us: float | None) -> float | None:
+    return None if us is None else us / 1e3
