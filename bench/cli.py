@@ -64,6 +64,8 @@ def command(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else
                         logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=120)  # logs and CI: wide enough for one row per figure
     old = None
     if args.compare:
         try:

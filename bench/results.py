@@ -87,6 +87,10 @@ def fmt(v: float | None, unit: str = "") -> str:
     return f"{s} {unit}".strip()
 
 
+_LIMIT_SHORT = {"tcp_loopback_MBps": "tcp", "lmdb_append_MBps": "lmdb", "fsync_ms.p50": "fsync",
+                "seq_write_MBps": "disk"}
+
+
 def summary_table(results: dict[str, Any], title: str = "raftlog bench") -> Table:
     t = Table(title=title, title_justify="left")
     t.add_column("figure")
@@ -103,7 +107,8 @@ def summary_table(results: dict[str, Any], title: str = "raftlog bench") -> Tabl
             + ("[green]met[/]" if met else "[red]missed[/]" if met is False else "—"))
         t.add_row(fig["title"], fmt(fig["median"], fig["unit"]),
                   f"{fmt(fig['min'])} … {fmt(fig['max'])}",
-                  "" if frac is None else f"{frac:.0%} {fig.get('limit') or ''}".strip(), tgt_s)
+                  "" if frac is None else f"{frac:.0%} of {_LIMIT_SHORT.get(fig.get('limit'), '')}",
+                  tgt_s)
     return t
 
 
