@@ -54,11 +54,12 @@ def split(start: int, end: int, parts: int) -> list[OffsetRange]:
 
 class RaftlogReader(DataSourceReader):
     def __init__(self, options: dict[str, str], arrow_tz: str) -> None:
+        options = {k.lower(): v for k, v in options.items()}  # Spark options ignore case
         if "servers" not in options:
             raise ValueError("raftlog reader needs option servers='host:port,host:port,...'")
         self.servers = parse_servers(options["servers"])
-        self.timeout_s = int(options.get("requestTimeoutMs", 60_000)) / 1000
-        self.fetch_bytes = int(options.get("fetchBytes", 4 << 20))
+        self.timeout_s = int(options.get("requesttimeoutms", 60_000)) / 1000
+        self.fetch_bytes = int(options.get("fetchbytes", 4 << 20))
         self.arrow_tz = arrow_tz
         session = Session(self.servers, self.timeout_s)
         try:
@@ -66,12 +67,12 @@ class RaftlogReader(DataSourceReader):
         finally:
             session.close()
         log_start, hw = int(info["start_offset"]), int(info["high_watermark"])
-        start = _parse_offset(options.get("startingOffset"), {"earliest": None}) or 0
-        end = _parse_offset(options.get("endingOffset"), {"latest": None})
+        start = _parse_offset(options.get("startingoffset"), {"earliest": None}) or 0
+        end = _parse_offset(options.get("endingoffset"), {"latest": None})
         self.start = max(start, log_start)
         self.end = hw + 1 if end is None else min(end, hw + 1)
         default_parts = max(1, min(64, -(-(self.end - self.start) // 500_000)))
-        self.num_partitions = int(options.get("numPartitions", default_parts))
+        self.num_partitions = int(options.get("numpartitions", default_parts))
 
     def partitions(self) -> list[OffsetRange]:
         return split(self.start, self.end, self.num_partitions)

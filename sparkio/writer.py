@@ -55,6 +55,8 @@ class WriteOptions:
 
     @staticmethod
     def parse(options: dict[str, str]) -> "WriteOptions":
+        # Spark hands options over case-insensitively (keys lower-cased).
+        options = {k.lower(): v for k, v in options.items()}
         if "servers" not in options:
             raise ValueError("raftlog writer needs option servers='host:port,host:port,...'")
         acks = options.get("acks", "leader")
@@ -66,11 +68,11 @@ class WriteOptions:
 
         return WriteOptions(
             servers=parse_servers(options["servers"]), acks=acks,
-            load_id=options.get("loadId") or f"spark-{uuid.uuid4()}",
-            batch_bytes=int(options.get("batchBytes", DEFAULT_BATCH_BYTES)),
-            max_inflight=int(options.get("maxInflight", 4)),
-            timeout_s=int(options.get("requestTimeoutMs", 60_000)) / 1000,
-            fail_once=opt_int("failOnce"), fail_always=opt_int("failAlways"))
+            load_id=options.get("loadid") or f"spark-{uuid.uuid4()}",
+            batch_bytes=int(options.get("batchbytes", DEFAULT_BATCH_BYTES)),
+            max_inflight=int(options.get("maxinflight", 4)),
+            timeout_s=int(options.get("requesttimeoutms", 60_000)) / 1000,
+            fail_once=opt_int("failonce"), fail_always=opt_int("failalways"))
 
 
 def check_schema(schema: StructType) -> None:

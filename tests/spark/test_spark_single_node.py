@@ -1,0 +1,54 @@
+"""The Spark writer and reader against the one-process stand-in server (no Raft): the Spark-side
+contract (schema, retries of tasks, re-runs, keys/headers) checked quickly. Replication and
+leader loss are test_spark_cluster.py's job."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+
+def _write(df, servers: str, load_id: str, **opts) -> None:
+    w = df.write.format("raftlog").option("servers", servers).option("loadId", load_id)
+    for k, v in opts.items():
+        w = w.option(k, str(v))
+    w.mode("append").save()
+
+
+def _values(spark, servers: str, start: int, tag: str) -> list[str]:
+    df = (spark.read.format("raftlog").option("servers", servers)
+          .option("startingOffset", str(start)).load())
+    return [r.v for r in df.selectExpr("CAST(value AS STRING) AS v").collect()
+            if r.v.startswith(tag + "-")]
+
+
+def test_fail_once_rerun_and_schema_errors(spark, single_node):
+    tag = f"s{uuid.uuid4().hex[:6]}"
+    n = 20_000
+    df = spark.range(n, numPartitions=3).selectExpr(f"concat('{tag}-', id) AS value")
+    start = single_node.stable_offset() + 1
+    _write(df, single_node.servers, f"load-{tag}", failOnce=2, batchBytes=16 << 10)
+    got = _values(spark, single_node.servers, start, tag)
+    assert sorted(got) == sorted(f"{tag}-{i}" for i in range(n))
+    before = single_node.stable_offset()
+    _write(df, single_node.servers, f"load-{tag}")  # same loadId: a no-op
+    assert single_node.stable_offset() == before
+    bad = spark.range(2).selectExpr("CAST(id AS STRING) AS value", "id AS extra")
+    with pytest.raises(Exception, match="'extra'"):
+        _write(bad, single_node.servers, f"bad-{tag}")
+
+
+def test_failed_job_invisible_then_rerun(spark, single_node):
+    tag = f"a{uuid.uuid4().hex[:6]}"
+    n = 10_000
+    df = spark.range(n, numPartitions=2).selectExpr(f"concat('{tag}-', id) AS value")
+    start = single_node.stable_offset() + 1
+    with pytest.raises(Exception, match="test-only failure"):
+        _write(df, single_node.servers, f"load-{tag}", failAlways=1, batchBytes=16 << 10)
+    assert _values(spark, single_node.servers, start, tag) == []
+    _write(df, single_node.servers, f"load-{tag}")
+    assert sorted(_values(spark, single_node.servers, start, tag)) == \
+        sorted(f"{tag}-{i}" for i in range(n))
