@@ -17,6 +17,8 @@ import os
 import time
 from typing import Any, Protocol
 
+import trio
+
 from raft.loads import (
     DEFAULT_LOAD_TIMEOUT_MS,
     LoadIndex,
@@ -153,7 +155,7 @@ class LoadService:
         lid = get_str(req, "load_id", request_id=rid)
         if not lid or len(lid.encode()) > 256:
             return error_reply(rid, ErrorCode.BAD_REQUEST, "load_id must be 1..256 bytes")
-        self.index.catch_up(host.commit_index())
+        await self._catch_up_fully(host)
         if t == "load_begin":
             known = self.index.table.get(lid)
             if known is not None and known.state.value == "committed":
@@ -179,7 +181,7 @@ class LoadService:
         if ans.error != ErrorCode.OK:
             return self._answer_error(host, rid, ans)
         # Committed: apply through our entry so the table shows its outcome.
-        self.index.catch_up(host.commit_index())
+        await self._catch_up_fully(host)
         if self.index.table.applied < ans.last_offset:
             return error_reply(rid, ErrorCode.TIMEOUT, "the load operation committed but is not "
                                                        "applied yet; retry (it is idempotent)")
@@ -188,6 +190,17 @@ class LoadService:
         log.info("load op=%s load_id=%s offset=%d state=%s", t, lid, ans.base_offset,
                  desc and desc["state"])
         return ok_reply(rid, load=desc, offset=ans.base_offset)
+
+    async def _catch_up_fully(self, host: LoadHost) -> None:
+        """Apply everything committed (after a restart that can be a long scan: yield to the
+        event loop between chunks). The answer to a load request must reflect the whole log."""
+        while True:
+            before = self.index.table.applied
+            if self.index.catch_up(host.commit_index()):
+                return
+            if self.index.table.applied == before:
+                return  # nothing more can be applied yet
+            await trio.lowlevel.checkpoint()
 
     @staticmethod
     def _answer_error(host: LoadHost, rid: int, ans: Any) -> dict[str, Any]:
