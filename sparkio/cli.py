@@ -67,6 +67,7 @@ def run_load(args: argparse.Namespace) -> int:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     load_id = args.load_id or f"load-{uuid.uuid4()}"
+    owns_session = SparkSession.getActiveSession() is None  # embedded callers keep theirs
     spark = (SparkSession.builder.master(args.master).appName(f"raftlog load {load_id}")
              .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
@@ -102,7 +103,8 @@ def run_load(args: argparse.Namespace) -> int:
         load = s.load_status(load_id) or {}
     finally:
         s.close()
-        spark.stop()
+        if owns_session:
+            spark.stop()
     rows = int(load.get("rows", 0))
     print(f"\rload {load_id}: {load.get('state')} rows={rows} seconds={secs:.1f} "
           f"rows_per_s={rows / max(secs, 1e-9):.0f}", file=sys.stderr)

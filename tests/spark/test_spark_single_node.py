@@ -52,3 +52,39 @@ def test_failed_job_invisible_then_rerun(spark, single_node):
     _write(df, single_node.servers, f"load-{tag}")
     assert sorted(_values(spark, single_node.servers, start, tag)) == \
         sorted(f"{tag}-{i}" for i in range(n))
+
+
+def test_cli_load_parquet_and_csv(spark, single_node, tmp_path, capsys):
+    import argparse
+
+    from sparkio import cli
+
+    tag = f"c{uuid.uuid4().hex[:6]}"
+    pq = str(tmp_path / "in.parquet")
+    spark.range(1000, numPartitions=2).selectExpr(f"concat('{tag}-', id) AS value") \
+        .write.parquet(pq)
+    csv = tmp_path / "in.csv"
+    csv.write_text("name,n\n" + "".join(f"{tag}x,{i}\n" for i in range(10)))
+    parser = argparse.ArgumentParser(prog="raftlog")
+    cli.register(parser.add_subparsers())
+    start = single_node.stable_offset() + 1
+    args = parser.parse_args(["load", "--servers", single_node.servers, "--input", pq,
+                              "--format", "parquet", "--load-id", f"cli-{tag}"])
+    assert args.func(args) == 0
+    assert "committed rows=1000" in capsys.readouterr().err
+    assert sorted(_values(spark, single_node.servers, start, tag)) == \
+        sorted(f"{tag}-{i}" for i in range(1000))
+    # Same load id again: nothing new.
+    before = single_node.stable_offset()
+    assert args.func(args) == 0
+    assert single_node.stable_offset() == before
+    # CSV with other columns: one JSON value per row.
+    args = parser.parse_args(["load", "--servers", single_node.servers, "--input", str(csv),
+                              "--format", "csv", "--csv-header"])
+    assert args.func(args) == 0
+    df = (spark.read.format("raftlog").option("servers", single_node.servers)
+          .option("startingOffset", str(before + 1)).load())
+    vals = [r.v for r in df.selectExpr("CAST(value AS STRING) AS v").collect()]
+    assert sorted(vals) == sorted(f'{{"name":"{tag}x","n":"{i}"}}' for i in range(10))
+    assert args.func(parser.parse_args(["load", "--servers", single_node.servers, "--input",
+                                        str(tmp_path / "missing"), "--format", "csv"])) == 2
