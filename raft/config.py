@@ -183,6 +183,9 @@ class NodeConfig:
         if self.max_frame_bytes < 64 * 1024:
             raise ConfigError(f"max_frame_bytes {self.max_frame_bytes} is below the 65536-byte "
                               f"minimum (raft batches and headers must fit a frame)")
+        if self.default_timeout_ms > self.max_timeout_ms:
+            raise ConfigError(f"default_timeout_ms {self.default_timeout_ms} must be <= "
+                              f"max_timeout_ms {self.max_timeout_ms}")
         if self.reconnect_max_ms < self.reconnect_min_ms:
             raise ConfigError("reconnect_max_ms must be >= reconnect_min_ms")
         if self.shutdown_transfer_ms < 0:

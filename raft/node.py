@@ -129,9 +129,6 @@ class Node:
         self._meta = Meta()
         self._wake = trio.Event()
         self._flush_wanted = trio.Event()
-        self._flush_running = False
-        self._flush_idle = trio.Event()
-        self._flush_idle.set()
         self._hw_changed = trio.Event()
         self._state_changed = trio.Event()
         self._last_hw = -1
@@ -145,6 +142,7 @@ class Node:
         self._requests_idle = trio.Event()
         self._requests_idle.set()
         self._accept_scope: trio.CancelScope | None = None
+        self._run_scope = trio.CancelScope()
         self.loads: Any = None  # raft.load_service.LoadService once the log is open
         self._handlers: dict[str, tuple[Callable[[dict, int], Any],
                                         Callable[[Any, int], Awaitable[dict]]]] = {
@@ -160,6 +158,11 @@ class Node:
     def request_shutdown(self) -> None:
         """Begin a graceful stop (what SIGTERM does); `run` returns when it is done."""
         self._shutdown_requested.set()
+
+    def abort(self) -> None:
+        """Stop at once without flushing (what SIGKILL does; tests pair it with
+        MemoryLog.crash() to drop the unflushed tail)."""
+        self._run_scope.cancel()
 
     def set_peer_address(self, peer_id: int, address: str) -> None:
         self.peer_addresses[peer_id] = address
@@ -177,6 +180,10 @@ class Node:
     async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
         from raft.raft import RaftConfig, RaftCore  # the core lands independently of the runtime
 
+        with self._run_scope:
+            await self._run(RaftConfig, RaftCore, task_status)
+
+    async def _run(self, RaftConfig: Any, RaftCore: Any, task_status: trio.TaskStatus[Node]) -> None:
         if self.log is None:
             self.log = await _open_log_with_progress(self.config)
         try:
@@ -195,9 +202,6 @@ class Node:
                      self.node_id, self.address, self.peer_addresses, self.core.term,
                      self.log.dirty_offset, self.log.flushed_offset)
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._tick_loop)
-                nursery.start_soon(self._ready_loop)
-                nursery.start_soon(self._flush_loop)
                 for peer_id, address in sorted(self.peer_addresses.items()):
                     link = PeerLink(
                         self.node_id, peer_id, address,
@@ -209,13 +213,20 @@ class Node:
                         rng=random.Random(self._rng.getrandbits(64)))
                     self.links[peer_id] = link
                     nursery.start_soon(link.run)
-                async with trio.open_nursery() as conn_nursery:
-                    self._accept_scope = trio.CancelScope()
-                    conn_nursery.start_soon(self._accept, listeners, conn_nursery)
-                    task_status.started(self)
-                    await self._shutdown_requested.wait()
-                    await self._graceful_stop()
-                    conn_nursery.cancel_scope.cancel()
+                async with trio.open_nursery() as driver:
+                    driver.start_soon(self._tick_loop)
+                    driver.start_soon(self._ready_loop)
+                    driver.start_soon(self._flush_loop)
+                    async with trio.open_nursery() as conn_nursery:
+                        self._accept_scope = trio.CancelScope()
+                        conn_nursery.start_soon(self._accept, listeners, conn_nursery)
+                        task_status.started(self)
+                        await self._shutdown_requested.wait()
+                        await self._graceful_stop()
+                        conn_nursery.cancel_scope.cancel()
+                    # Stopping the driver waits for a running save_meta/flush thread (those
+                    # are not abandoned on cancel), so the final flush below runs alone.
+                    driver.cancel_scope.cancel()
                 await self._final_flush()
                 nursery.cancel_scope.cancel()
         finally:
@@ -259,8 +270,6 @@ class Node:
 
     async def _final_flush(self) -> None:
         """Make everything appended durable and persist metadata before closing the log."""
-        with trio.move_on_after(30):
-            await self._flush_idle.wait()
         rd = self.core.ready()
         if rd.hard_state is not None:
             await self._save_meta(rd.hard_state)
@@ -346,11 +355,7 @@ class Node:
         while True:
             await self._flush_wanted.wait()
             self._flush_wanted = trio.Event()
-            self._flush_idle = trio.Event()
-            try:
-                flushed = await self._run_io(self.log.flush)
-            finally:
-                self._flush_idle.set()
+            flushed = await self._run_io(self.log.flush)
             # A truncation may have raced the flush; never report more than the log holds.
             self.core.flushed(min(flushed, self.log.flushed_offset))
             self._kick()
