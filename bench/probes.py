@@ -9,6 +9,8 @@ two) and runs in the same temp directory (same file system) as the cluster's dat
 - loopback TCP MB/s between two processes: the floor of any byte that crosses a socket.
 - raw LMDB append MB/s: sequential puts committed (fsynced) in 4 MiB transactions, the
   group-commit rate our storage can at best reach.
+- RPC floor: sequential request/reply round trips (trio + msgpack framing, loopback) against a
+  server that does nothing: the client/transport share of every latency figure.
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ MB = 1_000_000
 @dataclass(slots=True)
 class ProbeSizes:
     fsyncs: int = 200
+    rpcs: int = 2000
     seq_write_bytes: int = 128 << 20
     tcp_bytes: int = 512 << 20
     lmdb_bytes: int = 64 << 20
 
     @staticmethod
     def quick() -> "ProbeSizes":
-        return ProbeSizes(fsyncs=30, seq_write_bytes=16 << 20, tcp_bytes=64 << 20,
+        return ProbeSizes(fsyncs=30, rpcs=200, seq_write_bytes=16 << 20, tcp_bytes=64 << 20,
                           lmdb_bytes=8 << 20)
 
 
@@ -137,13 +140,38 @@ def lmdb_append_mbps(dir_: str, total: int, value_bytes: int = 64 << 10,
     return n * value_bytes / dt / MB
 
 
+def rpc_floor(n: int) -> Histogram:
+    """Round trips of single small produce-shaped requests against bench.echo in a child."""
+    import trio
+
+    from bench import echo
+    from storage.records import encode_values
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    port = srv.getsockname()[1]
+    proc = mp.get_context("spawn").Process(target=echo.serve, args=(srv,), daemon=True)
+    proc.start()
+    srv.close()
+    try:
+        payload = encode_values([b"x" * 100])
+        return trio.run(echo.ping, f"127.0.0.1:{port}", n, payload)
+    finally:
+        proc.kill()
+        proc.join(5)
+
+
 def run_probes(dir_: str | None, sizes: ProbeSizes, repeats: int,
                on_step=lambda name: None) -> dict:
     """All four limits: medians over `repeats` (fsync: one histogram over all repeats)."""
     with tempfile.TemporaryDirectory(prefix="raftlog-probe-", dir=dir_) as d:
         fs = Histogram()
         seq, tcp, lm = [], [], []
+        rpc = Histogram()
         for _ in range(repeats):
+            rpc.merge(rpc_floor(sizes.rpcs))
+            on_step("rpc_floor")
             fs.merge(fsync_latency(d, sizes.fsyncs))
             on_step("fsync")
             seq.append(seq_write_mbps(d, sizes.seq_write_bytes))
@@ -155,10 +183,12 @@ def run_probes(dir_: str | None, sizes: ProbeSizes, repeats: int,
     return {
         "fsync_ms": {"p50": fs.percentile(0.5) / 1e3, "p99": fs.percentile(0.99) / 1e3,
                      "max": fs.max / 1e3, "count": fs.count},
+        "rpc_floor_ms": {"p50": rpc.percentile(0.5) / 1e3, "p99": rpc.percentile(0.99) / 1e3,
+                         "max": rpc.max / 1e3, "count": rpc.count},
         "seq_write_MBps": Summary.of(seq).to_json(),
         "tcp_loopback_MBps": Summary.of(tcp).to_json(),
         "lmdb_append_MBps": Summary.of(lm).to_json(),
     }
 
 
-PROBE_STEPS = 4  # on_step calls per repeat (progress bar sizing)
+PROBE_STEPS = 5  # on_step calls per repeat (progress bar sizing)

@@ -16,6 +16,8 @@ def limits_markdown(results: dict) -> str:
     rows = [
         ("fsync latency (4 KiB write + fsync)",
          f"p50 {lim['fsync_ms']['p50']:.3f} ms, p99 {lim['fsync_ms']['p99']:.3f} ms"),
+        ("RPC floor (round trip to a do-nothing wire server)",
+         f"p50 {lim['rpc_floor_ms']['p50']:.3f} ms, p99 {lim['rpc_floor_ms']['p99']:.3f} ms"),
         ("sequential write, 1 MiB writes + fsync", _mmm(lim["seq_write_MBps"], "MB/s")),
         ("loopback TCP between two processes", _mmm(lim["tcp_loopback_MBps"], "MB/s")),
         ("raw LMDB append, fsynced 4 MiB transactions", _mmm(lim["lmdb_append_MBps"], "MB/s")),

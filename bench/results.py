@@ -21,7 +21,7 @@ FIGURE_FIELDS = ("id", "workload", "title", "unit", "better", "params", "median"
                  "samples", "limit", "limit_value", "fraction_of_limit", "target", "met")
 TOP_FIELDS = ("schema", "tool", "date", "command", "machine", "config", "limits", "figures",
               "details", "plots", "elapsed_s")
-LIMIT_FIELDS = ("fsync_ms", "seq_write_MBps", "tcp_loopback_MBps", "lmdb_append_MBps")
+LIMIT_FIELDS = ("fsync_ms", "rpc_floor_ms", "seq_write_MBps", "tcp_loopback_MBps", "lmdb_append_MBps")
 
 
 def figure(id: str, workload: str, title: str, unit: str, samples: list[float | None], *,
@@ -87,7 +87,7 @@ def fmt(v: float | None, unit: str = "") -> str:
     return f"{s} {unit}".strip()
 
 
-_LIMIT_SHORT = {"tcp_loopback_MBps": "tcp", "lmdb_append_MBps": "lmdb", "fsync_ms.p50": "fsync",
+_LIMIT_SHORT = {"tcp_loopback_MBps": "tcp", "lmdb_append_MBps": "lmdb", "quorum_floor_ms": "floor",
                 "seq_write_MBps": "disk"}
 
 

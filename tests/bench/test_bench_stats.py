@@ -54,7 +54,7 @@ def test_figure_fraction_target_and_direction() -> None:
                  limit_value=400.0, target=(">=", 150.0))
     assert thr["median"] == 100 and thr["fraction_of_limit"] == 0.25 and thr["met"] is False
     lat = figure("l", "latency", "l", "ms", [2.0, 4.0, 3.0], better="lower",
-                 limit="fsync_ms.p50", limit_value=0.3, target=("<=", 5.0))
+                 limit="quorum_floor_ms", limit_value=0.3, target=("<=", 5.0))
     assert lat["met"] is True and abs(lat["fraction_of_limit"] - 0.1) < 1e-9
     empty = figure("e", "fetch", "e", "MB/s", [], limit_value=1.0)
     assert empty["median"] is None and empty["fraction_of_limit"] is None
@@ -63,7 +63,7 @@ def test_figure_fraction_target_and_direction() -> None:
 def test_missing_fields_names_what_is_absent_and_tables_render() -> None:
     fig = figure("p", "produce", "produce", "MB/s", [1.0, 2.0])
     res = {"schema": 1, "tool": "t", "date": "d", "command": "c", "machine": {}, "config": {},
-           "limits": {"fsync_ms": {}, "seq_write_MBps": {}, "tcp_loopback_MBps": {},
+           "limits": {"fsync_ms": {}, "rpc_floor_ms": {}, "seq_write_MBps": {}, "tcp_loopback_MBps": {},
                       "lmdb_append_MBps": {}},
            "figures": [fig], "details": {}, "plots": [], "elapsed_s": 1.0}
     assert missing_fields(res) == []
