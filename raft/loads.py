@@ -39,12 +39,15 @@ DEFAULT_LOAD_TIMEOUT_MS = 60 * 60 * 1000  # an open load idle this long is abort
 
 # -- STAGED payload: tag + records ------------------------------------------------------------
 _TAG_LEN = struct.Struct("<H")
-_TAG_NUMS = struct.Struct("<qiii")  # gen, partition, attempt, seq
+_TAG_NUMS = struct.Struct("<qiqi")  # gen, partition, attempt, seq
 MAX_LOAD_ID_BYTES = 256
 
 
 @dataclass(slots=True, frozen=True)
 class StageTag:
+    """`attempt` must identify one task attempt uniquely within the load's generation: Spark's
+    taskAttemptId (attemptNumber restarts at 0 when a whole stage is retried)."""
+
     load_id: str
     gen: int
     partition: int

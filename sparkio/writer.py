@@ -111,7 +111,10 @@ class RaftlogWriter(DataSourceArrowWriter):
 
         ctx = TaskContext.get()
         part = ctx.partitionId() if ctx else 0
-        attempt = ctx.attemptNumber() if ctx else 0
+        # taskAttemptId is unique per attempt in the application; attemptNumber restarts at 0
+        # when a whole stage is retried, so two attempts of a partition could share it.
+        attempt = ctx.taskAttemptId() if ctx else 0
+        first_try = ctx.attemptNumber() == 0 if ctx else True
         t0 = time.monotonic()
         o = self.opts
         if self.already:
@@ -127,7 +130,7 @@ class RaftlogWriter(DataSourceArrowWriter):
                 return LoadCommitMessage(part, attempt, 0, 0, 0, 0.0, why)
             stager = Stager(session, o.load_id, self.gen, part, attempt, o.acks, o.max_inflight)
             rows = nbytes = 0
-            fail = (o.fail_once == part and attempt == 0) or o.fail_always == part
+            fail = (o.fail_once == part and first_try) or o.fail_always == part
             try:
                 for chunk in chunks(iterator, o.batch_bytes):
                     stager.send(chunk.payload, chunk.count)
