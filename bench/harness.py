@@ -29,11 +29,14 @@ class ClusterError(Exception):
     """The cluster did not reach the state the benchmark needs; the message says where to look."""
 
 
-def serve_command() -> list[str]:
-    """`python -m raft.cli serve`, or $RAFTLOG_BENCH_SERVE (a shell-quoted command) to
-    benchmark another build or a stand-in server with the same flags."""
+def serve_command(node_id: int) -> list[str]:
+    """`python -m raft.cli serve`, or $RAFTLOG_BENCH_SERVE (a shell-quoted command, `{node_id}`
+    substituted) to benchmark another build or to wrap nodes in a profiler, e.g.
+    `python -m pyinstrument -o /tmp/n{node_id}.txt -m raft.cli serve`."""
     override = os.environ.get("RAFTLOG_BENCH_SERVE")
-    return shlex.split(override) if override else [sys.executable, "-m", "raft.cli", "serve"]
+    if not override:
+        return [sys.executable, "-m", "raft.cli", "serve"]
+    return [part.replace("{node_id}", str(node_id)) for part in shlex.split(override)]
 
 
 def free_ports(n: int) -> list[int]:
@@ -93,7 +96,7 @@ class Cluster:
         node = self.nodes[node_id]
         if node.alive:
             return
-        cmd = [*serve_command(), "--node-id", str(node_id),
+        cmd = [*serve_command(node_id), "--node-id", str(node_id),
                "--data-dir", node.data_dir, "--listen", node.addr, "--peers", self.peers_arg(),
                *self.extra_args]
         out = open(node.log_path, "ab")
