@@ -15,7 +15,7 @@ import msgpack
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from sparkio.staging import Session, parse_servers
+from sparkio.staging import RaftlogError, Session, parse_servers
 
 READ_SCHEMA = ("key binary, value binary, offset long, timestamp timestamp, "
                "headers array<struct<key: string, value: binary>>")
@@ -85,8 +85,20 @@ class RaftlogReader(DataSourceReader):
         try:
             offset = start
             deadline = time.monotonic() + self.timeout_s
+            session.call({"t": "load_status"})  # lands the connection on the leader
             while offset < end:
-                r = session.fetch(offset, self.fetch_bytes, max_wait_ms=200)
+                try:
+                    r = session.fetch(offset, self.fetch_bytes, max_wait_ms=200)
+                except RaftlogError as e:
+                    # A replica that lags the leader we planned against: go back to the leader.
+                    err = e.reply.get("error") or {}
+                    if e.code != "OFFSET_OUT_OF_RANGE" or offset < int(err.get("start_offset", 0)) \
+                            or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+                    session.close()
+                    session.call({"t": "load_status"})
+                    continue
                 batches = r.get("batches") or []
                 rb = self._to_arrow(batches, offset, end)
                 if rb is not None and rb.num_rows:
