@@ -265,6 +265,7 @@ class Node:
         for pending in list(self._pending.values()):
             pending.event.set()  # answered SHUTTING_DOWN by their handlers
         self._hw_changed.set()  # long polls return now
+        self._state_changed.set()  # so do transfer_leader waits
         with trio.move_on_after(2.0):
             await self._requests_idle.wait()
 
@@ -416,6 +417,16 @@ class Node:
 
     # -- connections -------------------------------------------------------------------------------
     async def _handle_connection(self, stream: trio.SocketStream) -> None:
+        """One connection's task. Whatever goes wrong with one connection ends that connection
+        only; a core invariant failure (AssertionError) or cancellation propagates (fail-stop)."""
+        try:
+            await self._connection(stream)
+        except BaseException as exc:
+            fatal = _split_connection_errors(exc, self.node_id)
+            if fatal is not None:
+                raise fatal from None
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
         reader = wire.FrameReader(stream, self.config.max_frame_bytes)
         try:
             async with stream:
@@ -509,6 +520,9 @@ class Node:
                     # Raised outside the nursery: trio would wrap it in an ExceptionGroup.
                     failure = e
                     nursery.cancel_scope.cancel()
+                    break
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    nursery.cancel_scope.cancel()  # the client is gone: nobody to answer
                     break
                 nursery.start_soon(self._run_request, execute, request, rid, send, limiter,
                                    nursery.cancel_scope)
@@ -705,8 +719,10 @@ class Node:
             return self._error(rid, ErrorCode.BAD_REQUEST, str(e))
         self._kick()
         with trio.move_on_after(req["timeout_ms"] / 1000):
-            while self.core.role == Role.LEADER:
+            while self.core.role == Role.LEADER and not self._closing:
                 await self._wait_state_change()
+        if self._closing:
+            return self._error(rid, ErrorCode.SHUTTING_DOWN)
         if self.core.role == Role.LEADER:
             return self._error(rid, ErrorCode.TIMEOUT,
                                f"leadership did not move within {req['timeout_ms']} ms; the "
@@ -731,6 +747,28 @@ class Node:
                                "by this build yet")
         return self._error(rid, ErrorCode.BAD_REQUEST,
                            "membership changes are not wired into the node runtime yet")
+
+
+_NETWORK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, wire.WireError,
+                   wire.ConnectionClosed)
+
+
+def _split_connection_errors(exc: BaseException, node_id: int) -> BaseException | None:
+    """What must propagate out of a connection task (None: the connection just ends).
+    Network errors end quietly; other bugs are logged and end only that connection."""
+    if isinstance(exc, BaseExceptionGroup):
+        fatal = exc.split(lambda e: not isinstance(e, Exception) or isinstance(e, AssertionError))[0]
+        benign = exc.split(lambda e: isinstance(e, Exception) and not isinstance(e, AssertionError))[0]
+        if benign is not None:
+            _, unexpected = benign.split(_NETWORK_ERRORS)
+            if unexpected is not None:
+                log.error("connection_task_failed node=%d", node_id, exc_info=unexpected)
+        return fatal
+    if not isinstance(exc, Exception) or isinstance(exc, AssertionError):
+        return exc
+    if not isinstance(exc, _NETWORK_ERRORS):
+        log.error("connection_task_failed node=%d", node_id, exc_info=exc)
+    return None
 
 
 async def _send_error(stream: trio.abc.SendStream, err: wire.WireError) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import traceback
 from typing import Any
 
 import msgpack
@@ -61,6 +62,7 @@ class LiveCluster:
         try:
             trio.run(self._run)
         except BaseException as e:  # surfaced by the final test
+            traceback.print_exc()
             self.error = e
             self.ready.set()
 
@@ -267,7 +269,7 @@ def test_truncated_frames_just_close(live: LiveCluster, data: bytes) -> None:
 
 # -- generated cases -----------------------------------------------------------------------------------
 
-scalars = (st.none() | st.booleans() | st.integers(-(2**64), 2**64 - 1)
+scalars = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1)
            | st.floats(allow_nan=False) | st.text(max_size=8) | st.binary(max_size=16))
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
                       | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=6)
