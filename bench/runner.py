@@ -19,13 +19,29 @@ from bench import plots, probes
 from bench.results import SCHEMA_VERSION, print_summary, save
 from bench.workloads.common import BenchConfig, Ctx
 
-WORKLOADS = ("produce", "latency", "fetch", "failover")
+WORKLOADS = ("produce", "latency", "fetch", "failover")  # the default set
+
+
+def available_workloads() -> list[str]:
+    """The default set plus every other module in bench/workloads offering steps() and run()
+    (recovery, spark, ...: run only when named)."""
+    import pkgutil
+
+    import bench.workloads as pkg
+
+    extra = sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)
+                   if m.name not in WORKLOADS and m.name != "common")
+    return [*WORKLOADS, *extra]
 
 
 def workload_module(name: str):
-    if name not in WORKLOADS:
-        raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
-    return importlib.import_module(f"bench.workloads.{name}")
+    if name not in available_workloads():
+        raise ValueError(f"unknown workload {name!r}; choose from "
+                         f"{', '.join(available_workloads())}")
+    mod = importlib.import_module(f"bench.workloads.{name}")
+    if not (hasattr(mod, "run") and hasattr(mod, "steps")):
+        raise ValueError(f"bench.workloads.{name} is not a workload (needs steps() and run())")
+    return mod
 
 
 def machine() -> dict[str, Any]:
