@@ -93,6 +93,11 @@ async def serve(port: int) -> None:
                     await send(await svc.handle(host, req))
                 elif t == "fetch":
                     await send(await fetch(req))
+                elif t == "status":
+                    await send(ok_reply(req["id"], status={
+                        "node_id": 1, "role": "leader", "leader_id": 1,
+                        "dirty_offset": log.dirty_offset, "commit_index": log.dirty_offset,
+                        "high_watermark": svc.stable_offset(log.dirty_offset)}))
                 else:
                     await send(error_reply(req.get("id", 0), ErrorCode.BAD_REQUEST, t))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
