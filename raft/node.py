@@ -615,7 +615,8 @@ class Node:
     # -- fetch -----------------------------------------------------------------------------------
     def _parse_fetch(self, frame: dict[str, Any], rid: int) -> dict[str, Any]:
         w = "fetch"
-        limit = self.config.max_frame_bytes - FRAME_OVERHEAD
+        # Leave room for the reply envelope so the reply itself fits the frame limit.
+        limit = self.config.max_frame_bytes - min(FRAME_OVERHEAD, self.config.max_frame_bytes // 8)
         return {
             "offset": wire.get_int(frame, "offset", minimum=-(2**63), maximum=2**63 - 1,
                                    where=w),

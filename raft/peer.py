@@ -60,9 +60,9 @@ class PeerLink:
                 or (self._queue and self._queued_bytes + size > self._queue_bytes)):
             self.dropped_messages += 1
             if self.dropped_messages in (1, 10, 100) or self.dropped_messages % 1000 == 0:
-                log.warning("peer_queue_full peer=%d dropped=%d queued=%d queued_bytes=%d",
-                            self.peer_id, self.dropped_messages, len(self._queue),
-                            self._queued_bytes)
+                log.warning("peer_queue_full node=%d peer=%d dropped=%d queued=%d "
+                            "queued_bytes=%d", self.self_id, self.peer_id,
+                            self.dropped_messages, len(self._queue), self._queued_bytes)
             return False
         self._queue.append((msg, size))
         self._queued_bytes += size
@@ -94,8 +94,8 @@ class PeerLink:
             except (OSError, trio.TooSlowError, ValueError) as e:
                 failures += 1
                 if failures in (1, 10) or failures % 100 == 0:
-                    log.info("peer_connect_failed peer=%d address=%s failures=%d error=%r",
-                             self.peer_id, address, failures, e)
+                    log.info("peer_connect_failed node=%d peer=%d address=%s failures=%d "
+                             "error=%r", self.self_id, self.peer_id, address, failures, e)
                 await self._backoff(failures)
                 continue
             try:
@@ -108,8 +108,8 @@ class PeerLink:
                     continue
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
                     trio.TooSlowError, wire.WireError, wire.ConnectionClosed) as e:
-                log.info("peer_disconnected peer=%d address=%s error=%r", self.peer_id,
-                         address, e)
+                log.info("peer_disconnected node=%d peer=%d address=%s error=%r", self.self_id,
+                         self.peer_id, address, e)
             finally:
                 self.connected = False
                 self._session_scope = None
@@ -150,7 +150,8 @@ class PeerLink:
             raise wire.WireError(f"{self.address} is not node {self.peer_id}")
         self.connected = True
         self.connects += 1
-        log.info("peer_connected peer=%d address=%s", self.peer_id, self.address)
+        log.info("peer_connected node=%d peer=%d address=%s", self.self_id, self.peer_id,
+                 self.address)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch, reader)
