@@ -98,6 +98,7 @@ class PeerLink:
                              "error=%r", self.self_id, self.peer_id, address, failures, e)
                 await self._backoff(failures)
                 continue
+            connects_before = self.connects
             try:
                 async with stream:
                     with trio.CancelScope() as self._session_scope:
@@ -113,7 +114,9 @@ class PeerLink:
             finally:
                 self.connected = False
                 self._session_scope = None
-            failures += 1
+            # A session that got through the handshake resets the backoff: the next attempt
+            # is quick; only repeated failures wait longer.
+            failures = 1 if self.connects > connects_before else failures + 1
             await self._backoff(failures)
 
     async def _backoff(self, failures: int) -> None:
