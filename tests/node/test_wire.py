@@ -231,3 +231,99 @@ async def test_reader_clean_eof() -> None:
     reader = wire.FrameReader(recv, max_frame_bytes=1024)
     await send.aclose()
     assert await reader.receive() is None
+
+
+# -- peer links ---------------------------------------------------------------------------------------
+
+def _link(address: str, **kw) -> "PeerLink":
+    from raft.peer import PeerLink
+    import random
+    opts = dict(max_frame_bytes=1 << 20, queue_messages=100, queue_bytes=1 << 20,
+                backoff_min_s=0.005, backoff_max_s=0.05, rng=random.Random(1))
+    opts.update(kw)
+    return PeerLink(1, 2, address, **opts)
+
+
+def _hb(seq: int) -> m.Heartbeat:
+    return m.Heartbeat(src=1, dst=2, term=1, commit_index=-1, seq=seq)
+
+
+def test_peer_link_queue_is_bounded_and_drops() -> None:
+    link = _link("127.0.0.1:1", queue_messages=3)
+    accepted = [link.enqueue(_hb(i)) for i in range(10)]
+    assert accepted == [True] * 3 + [False] * 7
+    assert link.status()["dropped"] == 7 and link.status()["queued"] == 3
+    big = m.AppendEntries(src=1, dst=2, term=1, prev_offset=-1, prev_term=0,
+                          batches=[Batch.create(b"x" * 5000, 1).placed(0, 1)],
+                          commit_index=-1, flush=True, seq=1)
+    small_bytes = _link("127.0.0.1:1", queue_bytes=6000)
+    assert small_bytes.enqueue(big) is True  # one message always fits an empty queue
+    assert small_bytes.enqueue(big) is False
+
+
+@trio_test
+async def test_peer_link_delivers_in_batches_and_reconnects() -> None:
+    received: list[m.Message] = []
+    hellos: list[dict] = []
+    connections = 0
+    got_some = trio.Event()
+
+    async def handler(stream: trio.SocketStream) -> None:
+        nonlocal connections
+        connections += 1
+        first = connections == 1
+        reader = wire.FrameReader(stream, 1 << 20)
+        hellos.append(await reader.receive())
+        await stream.send_all(wire.encode_frame({"t": "hello", "node_id": 2}))
+        while (frame := await reader.receive()) is not None:
+            received.extend(wire.messages_from_frame(frame))
+            got_some.set()
+            if first:  # the peer "restarts" after its first frame
+                await stream.aclose()
+                return
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        link = _link(f"127.0.0.1:{port}")
+        nursery.start_soon(link.run)
+        for i in range(5):
+            link.enqueue(_hb(i))
+        with trio.fail_after(10):
+            await got_some.wait()
+            # Keep offering messages until the link has redialled and delivers again.
+            i = 100
+            while not any(h.seq >= 100 for h in received):
+                link.enqueue(_hb(i))
+                i += 1
+                await trio.sleep(0.01)
+        assert hellos[0] == {"v": 1, "t": "hello", "role": "peer", "node_id": 1}
+        assert connections >= 2 and link.status()["connects"] >= 2
+        assert all(isinstance(x, m.Heartbeat) and x.dst == 2 for x in received)
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_peer_link_refuses_the_wrong_node() -> None:
+    attempts = 0
+    enough = trio.Event()
+
+    async def handler(stream: trio.SocketStream) -> None:
+        nonlocal attempts
+        attempts += 1
+        reader = wire.FrameReader(stream, 1 << 20)
+        await reader.receive()
+        await stream.send_all(wire.encode_frame({"t": "hello", "node_id": 3}))
+        if attempts >= 3:
+            enough.set()
+        await reader.receive()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        link = _link(f"127.0.0.1:{port}")
+        nursery.start_soon(link.run)
+        with trio.fail_after(10):
+            await enough.wait()
+        assert link.connected is False and link.status()["connects"] == 0
+        nursery.cancel_scope.cancel()
