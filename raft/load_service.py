@@ -141,9 +141,10 @@ class LoadService:
             data = encode_staged_payload(tag, payload)
         except ValueError as e:
             return error_reply(rid, ErrorCode.BAD_REQUEST, str(e))
-        batch = Batch.create(data, count, kind=BatchKind.STAGED,
-                             timestamp_ms=get_int(req, "timestamp_ms", default=_now_ms(),
-                                                  request_id=rid))
+        # The leader's clock stamps staged batches (like Kafka's LogAppendTime): the load
+        # timeout measures idleness by these stamps, so a client's skewed clock cannot keep a
+        # load open forever or expire it early.
+        batch = Batch.create(data, count, kind=BatchKind.STAGED, timestamp_ms=_now_ms())
         ans = await host.propose_and_wait(batch, acks, get_int(req, "timeout_ms", default=30_000,
                                                                request_id=rid) / 1000)
         if ans.error != ErrorCode.OK:
