@@ -804,13 +804,14 @@ async def _open_log_with_progress(config: NodeConfig) -> LogStorage:
     return opened
 
 
-async def run_node(config: NodeConfig, *,
+async def run_node(config: NodeConfig, *, log_storage: LogStorage | None = None,
                    task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
     """`raftlog serve`: run one node until SIGTERM/SIGINT, then stop cleanly (flush, save
     metadata, close the log) and return. A second signal during the stop is ignored on purpose:
-    the stop is bounded and exiting half-way would skip the final flush."""
+    the stop is bounded and exiting half-way would skip the final flush. `log_storage` is for
+    tests (the node otherwise opens its durable log under the data dir)."""
     configure_logging(config.log_level)
-    node = Node(config)
+    node = Node(config, log_storage=log_storage)
     async with trio.open_nursery() as nursery:
         async def watch_signals(*, task_status=trio.TASK_STATUS_IGNORED) -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
