@@ -156,17 +156,19 @@ class Cluster:
 
 
 class SingleNode:
-    """tests/spark/single_node.py in a subprocess: the wire contract without Raft (fast)."""
+    """tests/spark/solo_node.py in a subprocess: the real trio Node and wire path with a
+    one-voter stand-in core (no replication), for fast Spark-side tests."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, load_timeout_ms: int = LOAD_TIMEOUT_MS) -> None:
         self.port = _free_ports(1)[0]
         self.servers = f"127.0.0.1:{self.port}"
-        out = open(root / "single-node.log", "ab")
+        out = open(root / f"solo-node-{self.port}.log", "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, str(REPO / "tests" / "spark" / "single_node.py"), str(self.port)],
+            [sys.executable, str(REPO / "tests" / "spark" / "solo_node.py"), str(self.port)],
             stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)})
-        wait_for(lambda: self.stable_offset() >= -1, "the single node to serve", timeout=30)
+            env={**os.environ, "PYTHONPATH": str(REPO),
+                 "RAFTLOG_LOAD_TIMEOUT_MS": str(load_timeout_ms)})
+        wait_for(lambda: self.stable_offset() >= -1, "the solo node to serve", timeout=30)
 
     def session(self) -> Session:
         return Session(self.servers, timeout_s=30)
@@ -180,4 +182,8 @@ class SingleNode:
 
     def stop(self) -> None:
         self.proc.terminate()
-        self.proc.wait(timeout=10)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

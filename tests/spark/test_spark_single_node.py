@@ -1,6 +1,7 @@
-"""The Spark writer and reader against the one-process stand-in server (no Raft): the Spark-side
-contract (schema, retries of tasks, re-runs, keys/headers) checked quickly. Replication and
-leader loss are test_spark_cluster.py's job."""
+"""The Spark writer and reader against one real Node with a one-voter stand-in core
+(tests/spark/solo_node.py): the Spark-side contract (schema, task retries, re-runs, the CLI) and
+the node's load hooks, checked quickly. Replication and leader loss are test_spark_cluster.py's
+job."""
 
 from __future__ import annotations
 
@@ -88,3 +89,20 @@ def test_cli_load_parquet_and_csv(spark, single_node, tmp_path, capsys):
     assert sorted(vals) == sorted(f'{{"name":"{tag}x","n":"{i}"}}' for i in range(10))
     assert args.func(parser.parse_args(["load", "--servers", single_node.servers, "--input",
                                         str(tmp_path / "missing"), "--format", "csv"])) == 2
+
+
+def test_idle_load_is_aborted_by_the_leader_tick(tmp_path):
+    from spark_cluster import SingleNode, wait_for
+
+    node = SingleNode(tmp_path, load_timeout_ms=500)
+    s = node.session()
+    try:
+        load = s.load_begin("idle")
+        assert load["state"] == "open" and node.stable_offset() == load["gen"] - 1
+        wait_for(lambda: s.load_status("idle")["state"] == "aborted",
+                 "the node to abort the idle load", timeout=30)
+        assert "no activity" in s.load_status("idle")["reason"]
+        assert node.stable_offset() >= load["gen"]
+    finally:
+        s.close()
+        node.stop()
