@@ -109,3 +109,15 @@ def run_load(args: argparse.Namespace) -> int:
     print(f"\rload {load_id}: {load.get('state')} rows={rows} seconds={secs:.1f} "
           f"rows_per_s={rows / max(secs, 1e-9):.0f}", file=sys.stderr)
     return 0 if load.get("state") == "committed" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m sparkio.cli load ...`: the same subcommand without the rest of the raftlog CLI."""
+    parser = argparse.ArgumentParser(prog="raftlog")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
