@@ -70,6 +70,25 @@ async def fetch_round(conn: AsyncConn, a: FetchArgs) -> dict:
             "elapsed": dt, "error": error}
 
 
+def _read_repeats(ctx: Ctx, source: str, addr: str,
+                  end: int) -> tuple[list[float], list[float], list[str]]:
+    """MB/s and records/s of reading [0, end] from `addr`, once per repeat."""
+    mbps: list[float] = []
+    rps: list[float] = []
+    errors: list[str] = []
+    with WorkerGroup(fetch_worker, [FetchArgs(addr, end)]) as group:
+        for r in range(ctx.cfg.repeats):
+            ctx.describe(f"fetch from {source} (repeat {r + 1})")
+            _, (x,) = group.round(timeout=300)
+            if x["error"] is None and x["elapsed"] > 0:
+                mbps.append(x["records"] * RECORD_SIZE / x["elapsed"] / MB)
+                rps.append(x["records"] / x["elapsed"])
+            else:
+                errors.append(x["error"])
+            ctx.advance("fetch")
+    return mbps, rps, errors
+
+
 def prefill_bytes(ctx_cfg) -> int:
     return (4 << 20) if ctx_cfg.quick else (128 << 20)
 
@@ -98,20 +117,14 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
         details["prefill_records"] = res["all_ok_records"]
         details["high_watermark"] = end
         ctx.advance("fetch")
-        follower = next(i for i in cluster.nodes if i != leader)
+        follower = next((i for i in cluster.nodes if i != leader), None)
         for source, node_id in (("leader", leader), ("follower", follower)):
-            args = FetchArgs(cluster.nodes[node_id].addr, end)
-            mbps, rps, errors = [], [], []
-            with WorkerGroup(fetch_worker, [args]) as group:
-                for r in range(cfg.repeats):
-                    ctx.describe(f"fetch from {source} (repeat {r + 1})")
-                    _, (x,) = group.round(timeout=300)
-                    if x["error"] is None and x["elapsed"] > 0:
-                        mbps.append(x["records"] * RECORD_SIZE / x["elapsed"] / MB)
-                        rps.append(x["records"] / x["elapsed"])
-                    else:
-                        errors.append(x["error"])
+            if node_id is None:  # a 1-node cluster has no follower to read from
+                mbps, rps, errors = [], [], ["no follower in a 1-node cluster"]
+                for _ in range(cfg.repeats):
                     ctx.advance("fetch")
+            else:
+                mbps, rps, errors = _read_repeats(ctx, source, cluster.nodes[node_id].addr, end)
             params = {"source": source, "record_size": RECORD_SIZE, "log_bytes": total,
                       "max_bytes": FETCH_MAX_BYTES}
             figures.append(figure(f"fetch.{source}.MBps", "fetch", f"fetch from {source}",
