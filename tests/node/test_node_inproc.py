@@ -16,15 +16,20 @@ import trio
 pytest.importorskip("raft.raft", reason="the consensus core (raft/raft.py) has not landed")
 
 from inproc_cluster import (DEADLINE_S, Producer, RawClient, check_acked, fetched_values,
-                            read_all, running_cluster, trio_test, values_payload)
+                            lmdb_available, read_all, running_cluster, trio_test,
+                            values_payload)
 from raft.config import NodeConfig
 from raft.node import run_node
 from raft.types import Role
 
+STORAGES = ["memory", pytest.param("lmdb", marks=pytest.mark.skipif(
+    not lmdb_available(), reason="storage.lmdb_log has not landed"))]
 
+
+@pytest.mark.parametrize("storage", STORAGES)
 @trio_test
-async def test_produce_fetch_status_at_every_ack_level() -> None:
-    async with running_cluster(3) as cluster:
+async def test_produce_fetch_status_at_every_ack_level(storage: str, tmp_path) -> None:
+    async with running_cluster(3, storage=storage, tmp_path=tmp_path) as cluster:
         leader = await cluster.wait_leader()
         client = await RawClient.connect(leader.address)
         offsets = {}
@@ -218,11 +223,12 @@ async def test_leader_stop_failover_restart_catch_up() -> None:
         await producer.aclose()
 
 
+@pytest.mark.parametrize("storage", STORAGES)
 @trio_test
-async def test_crash_loses_nothing_quorum_acked() -> None:
+async def test_crash_loses_nothing_quorum_acked(storage: str, tmp_path) -> None:
     """Abort the leader mid-stream and drop its unflushed tail: every quorum-acked record
     survives, exactly once, on every node after it restarts and catches up."""
-    async with running_cluster(3) as cluster:
+    async with running_cluster(3, storage=storage, tmp_path=tmp_path) as cluster:
         for round_ in range(2):
             leader = await cluster.wait_leader()
             producers = [Producer([n.address for n in cluster.live], producer_id=100 + k)
