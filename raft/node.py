@@ -34,7 +34,7 @@ from typing import Any
 import trio
 
 from raft import wire
-from raft.config import NodeConfig, format_address
+from raft.config import ConfigError, NodeConfig, format_address
 from raft.messages import MESSAGE_TYPES, Message
 from raft.peer import PeerLink
 from raft.ready import ProduceAnswer
@@ -195,7 +195,12 @@ class Node:
             self.loads = _make_load_service(self.log)
             self._last_hw = self.core.high_watermark
             host, port = self.config.listen_address
-            listeners = await trio.open_tcp_listeners(port, host=host)
+            try:
+                listeners = await trio.open_tcp_listeners(port, host=host)
+            except OSError as e:
+                raise ConfigError(f"cannot listen on {format_address(host, port)}: "
+                                  f"{e.strerror or e}; pick a free --listen address (or stop "
+                                  f"the process using it)") from None
             bound = listeners[0].socket.getsockname()
             self.address = format_address(host, bound[1])
             log.info("node_started node=%d address=%s peers=%s term=%d dirty=%d flushed=%d",
@@ -812,6 +817,25 @@ async def run_node(config: NodeConfig, *, log_storage: LogStorage | None = None,
     tests (the node otherwise opens its durable log under the data dir)."""
     configure_logging(config.log_level)
     node = Node(config, log_storage=log_storage)
+    try:
+        await _run_node(node, config, task_status)
+    except BaseExceptionGroup as group:
+        # A startup configuration problem (port in use, data dir) is one clear error for the
+        # CLI (exit 2), not an exception group.
+        matched, _ = group.split(ConfigError)
+        if matched is not None:
+            raise _leaves(matched)[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out.extend(_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+    return out
+
+
+async def _run_node(node: Node, config: NodeConfig, task_status: trio.TaskStatus[Node]) -> None:
     async with trio.open_nursery() as nursery:
         async def watch_signals(*, task_status=trio.TASK_STATUS_IGNORED) -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -835,3 +859,31 @@ def _make_load_service(log_storage: LogStorage) -> Any:
     except ImportError:
         return None
     return LoadService(log_storage)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m raft.node --node-id 1 --data-dir DIR --peers ...`: the node alone, without the
+    full CLI (`raftlog serve` does the same). Exit codes: 0 clean stop, 2 configuration error."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m raft.node",
+                                     description="Run one raftlog node until SIGTERM/SIGINT.")
+    NodeConfig.add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        config = NodeConfig.from_args(args)
+        config.check_data_dir()
+    except ConfigError as e:
+        print(f"raftlog: {e}", file=sys.stderr)
+        return 2
+    try:
+        trio.run(run_node, config)
+    except ConfigError as e:
+        print(f"raftlog: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
