@@ -20,7 +20,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, StringType, StructType
 
 from sparkio.encode import SchemaError, check_columns, chunks
-from sparkio.staging import LoadClosed, Session, Stager, parse_servers
+from sparkio.staging import LoadClosed, RaftlogError, Session, Stager, parse_servers
 
 log = logging.getLogger("sparkio.writer")
 
@@ -144,6 +144,12 @@ class RaftlogWriter(DataSourceArrowWriter):
             except LoadClosed as e:
                 log.warning("task stopped partition=%d attempt=%d reason=%s", part, attempt, e)
                 return LoadCommitMessage(part, attempt, 0, 0, 0, time.monotonic() - t0, str(e))
+            except RaftlogError as e:
+                if e.code == "TOO_LARGE":
+                    raise RaftlogError(e.code, f"the cluster refused a staged batch of about "
+                                               f"{o.batch_bytes} bytes ({e.message}); set a "
+                                               f"smaller .option('batchBytes', ...)") from e
+                raise
         finally:
             session.close()
         secs = time.monotonic() - t0
