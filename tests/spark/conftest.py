@@ -13,15 +13,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from spark_cluster import Cluster, SingleNode
+from spark_cluster import Cluster, SingleNode, missing_for_cluster
 
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    import importlib.util
-
-    missing = [m for m in ("raft.raft", "raft.cli", "storage.lmdb_log")
-               if importlib.util.find_spec(m) is None]
+    missing = missing_for_cluster()
     if missing:
         pytest.skip(f"the 3-node cluster needs {', '.join(missing)} (not in this build yet)")
     c = Cluster(tmp_path_factory.mktemp("spark-cluster"))

@@ -34,6 +34,27 @@ def wait_for(cond: Callable[[], object], what: str, timeout: float = 60.0,
                          f"{last_err})")
 
 
+def serve_module() -> list[str]:
+    """`raftlog serve` when the full CLI is in the build, else the node's own entry point."""
+    import importlib.util
+
+    if importlib.util.find_spec("raft.cli") is not None:
+        return ["raft.cli", "serve"]
+    return ["raft.node"]
+
+
+def missing_for_cluster() -> list[str]:
+    """What this build lacks to run real server processes (the consensus core, a durable log)."""
+    import importlib.util
+
+    import storage
+
+    missing = [] if importlib.util.find_spec("raft.raft") is not None else ["raft.raft"]
+    if not hasattr(storage, "open_log"):
+        missing.append("storage.open_log")
+    return missing
+
+
 def _free_ports(n: int) -> list[int]:
     socks = []
     for _ in range(n):
@@ -62,7 +83,7 @@ class Cluster:
                "PYTHONPATH": str(REPO)}
         out = open(self.root / f"node-{i}.log", "ab")
         self.procs[i] = subprocess.Popen(
-            [sys.executable, "-m", "raft.cli", "serve", "--node-id", str(i),
+            [sys.executable, "-m", *serve_module(), "--node-id", str(i),
              "--data-dir", str(self.root / "data"), "--listen", self.addr[i], "--peers", peers],
             stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
 
