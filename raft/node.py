@@ -111,7 +111,8 @@ class Node:
     the bound address (pass port 0 in `listen` to get a free port in tests)."""
 
     def __init__(self, config: NodeConfig, *, log_storage: LogStorage | None = None,
-                 rng: random.Random | None = None, inline_io: bool | None = None) -> None:
+                 rng: random.Random | None = None, inline_io: bool | None = None,
+                 core_classes: tuple[Any, Any] | None = None) -> None:
         self.config = config.validate()
         self.node_id = config.node_id
         self.log: LogStorage | None = log_storage
@@ -120,6 +121,8 @@ class Node:
         if inline_io is None:
             inline_io = log_storage is not None and type(log_storage).__name__ == "MemoryLog"
         self._inline_io = inline_io
+        # (RaftConfig, RaftCore) to drive; None = raft.raft's. Tests may pass a stand-in.
+        self._core_classes = core_classes
         self._rng = rng or random.Random(int.from_bytes(os.urandom(8), "big"))
         self.core: Any = None
         self.address: str | None = None
@@ -178,7 +181,10 @@ class Node:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
-        from raft.raft import RaftConfig, RaftCore  # the core lands independently of the runtime
+        if self._core_classes is not None:
+            RaftConfig, RaftCore = self._core_classes
+        else:
+            from raft.raft import RaftConfig, RaftCore
 
         with self._run_scope:
             await self._run(RaftConfig, RaftCore, task_status)
@@ -810,13 +816,14 @@ async def _open_log_with_progress(config: NodeConfig) -> LogStorage:
 
 
 async def run_node(config: NodeConfig, *, log_storage: LogStorage | None = None,
+                   core_classes: tuple[Any, Any] | None = None,
                    task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
     """`raftlog serve`: run one node until SIGTERM/SIGINT, then stop cleanly (flush, save
     metadata, close the log) and return. A second signal during the stop is ignored on purpose:
     the stop is bounded and exiting half-way would skip the final flush. `log_storage` is for
-    tests (the node otherwise opens its durable log under the data dir)."""
+    tests (the node otherwise opens its durable log under the data dir), as is `core_classes`."""
     configure_logging(config.log_level)
-    node = Node(config, log_storage=log_storage)
+    node = Node(config, log_storage=log_storage, core_classes=core_classes)
     try:
         await _run_node(node, config, task_status)
     except BaseExceptionGroup as group:

@@ -21,8 +21,6 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("raft.raft", reason="the consensus core (raft/raft.py) has not landed")
-
 from inproc_cluster import (Producer, RawClient, check_acked, read_all, running_cluster)
 from raft import wire
 
