@@ -654,8 +654,12 @@ class Node:
             if offset <= hw:
                 try:
                     batches, next_offset = self._read_committed(offset, hw, req["max_bytes"])
-                except OffsetOutOfRange:
-                    continue  # retention moved the start under us: re-check the range
+                except OffsetOutOfRange:  # retention moved the log start under us
+                    start = self.log.start_offset
+                    return self._error(
+                        rid, ErrorCode.OFFSET_OUT_OF_RANGE,
+                        f"offset {offset} was removed by retention while reading; fetch from "
+                        f"start_offset {start}", start_offset=start, high_watermark=hw)
                 except CorruptBatch as e:
                     return self._error(rid, ErrorCode.INTERNAL, str(e))
                 return wire.ok_reply(rid, batches=batches, high_watermark=hw,
