@@ -7,6 +7,7 @@ observes (status over the wire), kills, restarts and stops nodes; it never reach
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import shutil
@@ -35,6 +36,10 @@ def serve_command(node_id: int) -> list[str]:
     `python -m pyinstrument -o /tmp/n{node_id}.txt -m raft.cli serve`."""
     override = os.environ.get("RAFTLOG_BENCH_SERVE")
     if not override:
+        # `raftlog serve` and `python -m raft.node` take the same flags; the latter lets the
+        # bench run before the CLI module exists.
+        if importlib.util.find_spec("raft.cli") is None:
+            return [sys.executable, "-m", "raft.node"]
         return [sys.executable, "-m", "raft.cli", "serve"]
     return [part.replace("{node_id}", str(node_id)) for part in shlex.split(override)]
 
