@@ -92,7 +92,7 @@ def _headers_column(col: pa.Array) -> pa.Array:
             out.append(b"\xc0")
         else:
             pairs = [[e["key"], e["value"].encode() if isinstance(e["value"], str)
-                      else e["value"]] for e in h]
+                      else e["value"]] for e in h]  # a null header value stays nil
             out.append(msgpack.packb(pairs, use_bin_type=True))
     return pa.array(out, pa.binary())
 
