@@ -1,0 +1,37 @@
+"""raftlog storage: the log contract and its two implementations.
+
+`open_log(path)` is how the runtime gets a log: a path gives the durable LMDB log, None the
+in-memory twin (simulation, tests).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from storage.api import (
+    DEFAULT_MAX_TAIL_BYTES,
+    DiskFull,
+    LogStorage,
+    Meta,
+    OffsetOutOfRange,
+    StorageError,
+    TailFull,
+)
+from storage.batch import Batch, BatchKind, CorruptBatch
+from storage.memory import MemoryLog
+
+__all__ = [
+    "DEFAULT_MAX_TAIL_BYTES", "Batch", "BatchKind", "CorruptBatch", "DiskFull", "LogStorage",
+    "MemoryLog", "Meta", "OffsetOutOfRange", "StorageError", "TailFull", "open_log",
+]
+
+
+def open_log(path: str | os.PathLike[str] | None, **opts: Any) -> LogStorage:
+    """The LMDB log in directory `path` (created if missing), or a MemoryLog for None.
+    Options go to the implementation (max_tail_bytes; LMDB also map_size, max_map_size)."""
+    if path is None:
+        return MemoryLog(**{k: v for k, v in opts.items() if k == "max_tail_bytes"})
+    from storage.lmdb_log import LmdbLog  # lmdb is imported only when a durable log is wanted
+
+    return LmdbLog(path, **opts)

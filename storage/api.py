@@ -104,10 +104,12 @@ class LogStorage(abc.ABC):
         ValueError for a gap, overlap or term going backwards."""
 
     @abc.abstractmethod
-    def flush(self) -> int:
+    def flush(self, upto: int | None = None) -> int:
         """Make everything appended before this call durable in one fsynced transaction;
         return the new flushed offset. Safe to call from a worker thread while the owning
-        thread appends; concurrent flushes are serialised."""
+        thread appends; concurrent flushes are serialised. With `upto`, only batches whose
+        last offset is <= upto are flushed (lets a simulation model "a flush covers what was
+        appended before it started"). Truncations and reset wait for an in-flight flush."""
 
     @abc.abstractmethod
     def truncate_suffix(self, after_offset: int) -> None:

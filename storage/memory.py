@@ -81,12 +81,20 @@ class MemoryLog(LogStorage):
             self._bases.append(b.base_offset)
         self._unflushed_bytes += size
 
-    def flush(self) -> int:
-        n_durable = len(self._d_batches)
-        # Invariant: the durable list is a prefix of the live list up to the flushed offset.
-        self._d_batches.extend(self._batches[n_durable:])
-        self._flushed = self.dirty_offset
-        self._unflushed_bytes = 0
+    def flush(self, upto: int | None = None) -> int:
+        # Invariant: the durable list holds exactly the live batches up to the flushed offset.
+        i = bisect.bisect_right(self._bases, self._flushed)
+        j = len(self._batches)
+        if upto is not None:
+            j = bisect.bisect_right(self._bases, upto)
+            while j > i and self._batches[j - 1].last_offset > upto:
+                j -= 1
+        if j <= i:
+            return self._flushed
+        new = self._batches[i:j]
+        self._d_batches.extend(new)
+        self._flushed = new[-1].last_offset
+        self._unflushed_bytes -= sum(b.size for b in new)
         return self._flushed
 
     def truncate_suffix(self, after_offset: int) -> None:

@@ -1,0 +1,236 @@
+"""One contract suite for both log implementations, checked against a tiny model.
+
+The model is a list of batches plus the flushed offset and the durable start; after a crash
+(MemoryLog.crash(), or dropping an LmdbLog without flush and reopening its directory) the log
+must equal the model cut at the flushed offset: nothing flushed lost, nothing unflushed kept.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    run_state_machine_as_test,
+)
+from hypothesis.stateful import initialize, invariant, precondition, rule
+
+from storage import open_log
+from storage.api import LogStorage, Meta, OffsetOutOfRange, TailFull
+from storage.batch import Batch, BatchKind
+from storage.memory import MemoryLog
+
+MAX_TAIL = 6000
+
+
+class LogMachine(RuleBasedStateMachine):
+    impl = "memory"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir: str | None = None
+        self.log: LogStorage
+        self.batches: list[Batch] = []
+        self.start = 0
+        self.start_term = 0
+        self.flushed = -1
+        self.meta = Meta()
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _open(self) -> LogStorage:
+        if self.impl == "memory":
+            return MemoryLog(max_tail_bytes=MAX_TAIL)
+        return open_log(self.dir, max_tail_bytes=MAX_TAIL, map_size=1 << 16)
+
+    @initialize()
+    def setup(self) -> None:
+        if self.impl == "lmdb":
+            self.dir = tempfile.mkdtemp(prefix="raftlog-contract-")
+        self.log = self._open()
+
+    def teardown(self) -> None:
+        if hasattr(self, "log"):
+            self.log.close()
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    @property
+    def dirty(self) -> int:
+        return self.batches[-1].last_offset if self.batches else self.start - 1
+
+    def last_term(self) -> int:
+        return self.batches[-1].term if self.batches else self.start_term
+
+    def unflushed(self) -> int:
+        return sum(b.size for b in self.batches if b.last_offset > self.flushed)
+
+    # -- writes ---------------------------------------------------------------------------
+    @rule(specs=st.lists(st.tuples(st.integers(1, 5), st.integers(0, 1500), st.booleans(),
+                                   st.sampled_from(list(BatchKind))), min_size=1, max_size=4))
+    def append(self, specs: list[tuple[int, int, bool, BatchKind]]) -> None:
+        off, term = self.dirty + 1, self.last_term()
+        new = []
+        for count, plen, bump, kind in specs:
+            term += int(bump)
+            payload = bytes([off % 251]) * plen
+            new.append(Batch.create(payload, count, kind=kind, timestamp_ms=off,
+                                    producer_id=off % 3, sequence=off).placed(off, max(term, 1)))
+            term = max(term, 1)
+            off += count
+        size = sum(b.size for b in new)
+        pending = self.unflushed()
+        if pending and pending + size > MAX_TAIL:
+            with pytest.raises(TailFull):
+                self.log.append(new)
+            return
+        self.log.append(new)
+        self.batches.extend(new)
+
+    @rule()
+    def append_rejects_gap(self) -> None:
+        with pytest.raises(ValueError):
+            self.log.append([Batch.create(b"g", 1).placed(self.dirty + 2, self.last_term())])
+
+    @rule()
+    def flush_all(self) -> None:
+        assert self.log.flush() == self.dirty
+        self.flushed = self.dirty
+
+    @rule(data=st.data())
+    def flush_upto(self, data: st.DataObject) -> None:
+        upto = data.draw(st.integers(self.start - 1, self.dirty + 2), label="upto")
+        covered = [b.last_offset for b in self.batches if b.last_offset <= upto]
+        want = max([self.flushed, *covered])
+        assert self.log.flush(upto=upto) == want
+        self.flushed = want
+
+    @rule(data=st.data())
+    def truncate_suffix(self, data: st.DataObject) -> None:
+        ends = [self.start - 1] + [b.last_offset for b in self.batches]
+        after = data.draw(st.sampled_from(ends), label="after")
+        self.log.truncate_suffix(after)
+        self.batches = [b for b in self.batches if b.last_offset <= after]
+        self.flushed = min(self.flushed, after)
+
+    @precondition(lambda self: self.batches)
+    @rule(data=st.data())
+    def truncate_suffix_mid_batch_rejected(self, data: st.DataObject) -> None:
+        multi = [b for b in self.batches if b.count > 1]
+        if not multi:
+            return
+        b = data.draw(st.sampled_from(multi), label="batch")
+        with pytest.raises(ValueError):
+            self.log.truncate_suffix(b.base_offset)
+
+    @rule(data=st.data())
+    def truncate_prefix(self, data: st.DataObject) -> None:
+        cands = [b.base_offset for b in self.batches if b.base_offset <= self.flushed + 1]
+        if self.flushed == self.dirty:
+            cands.append(self.dirty + 1)
+        if not cands:
+            return
+        offset = data.draw(st.sampled_from(cands), label="offset")
+        if offset > self.start:
+            new_term = [b.term for b in self.batches if b.last_offset == offset - 1][0]
+            self.batches = [b for b in self.batches if b.base_offset >= offset]
+            self.start, self.start_term = offset, new_term
+        self.log.truncate_prefix(offset)
+
+    @precondition(lambda self: self.dirty > self.flushed)
+    @rule()
+    def truncate_prefix_past_flushed_rejected(self) -> None:
+        with pytest.raises(ValueError):
+            self.log.truncate_prefix(self.dirty + 1)
+
+    @rule(skip=st.integers(0, 20), term_bump=st.integers(0, 2))
+    def reset(self, skip: int, term_bump: int) -> None:
+        start, term = self.dirty + 1 + skip, self.last_term() + term_bump
+        self.log.reset(start, term)
+        self.batches, self.start, self.start_term, self.flushed = [], start, term, start - 1
+
+    @rule(term=st.integers(0, 50), vote=st.none() | st.integers(1, 5),
+          voters=st.lists(st.integers(1, 9), max_size=3), note=st.binary(max_size=8))
+    def save_meta(self, term: int, vote: int | None, voters: list[int], note: bytes) -> None:
+        meta = Meta(term=term, voted_for=vote,
+                    config={"voters": voters, "addresses": {v: f"h:{v}" for v in voters}},
+                    extra={"note": note})
+        self.log.save_meta(meta)
+        self.meta = meta
+
+    @rule()
+    def crash(self) -> None:
+        if self.impl == "memory":
+            assert isinstance(self.log, MemoryLog)
+            self.log.crash()
+        else:
+            self.log.close()  # no flush: dirty batches are dropped, as in a process crash
+            self.log = self._open()
+        self.batches = [b for b in self.batches if b.last_offset <= self.flushed]
+
+    # -- reads ----------------------------------------------------------------------------
+    @rule(data=st.data(), budget=st.integers(0, 5000))
+    def read(self, data: st.DataObject, budget: int) -> None:
+        offset = data.draw(st.integers(self.start - 2, self.dirty + 2), label="offset")
+        if offset == self.dirty + 1:
+            assert self.log.read(offset, budget) == []
+            return
+        if not (self.start <= offset <= self.dirty):
+            with pytest.raises(OffsetOutOfRange):
+                self.log.read(offset, budget)
+            return
+        want: list[Batch] = []
+        used = 0
+        for b in self.batches:
+            if b.last_offset < offset:
+                continue
+            if want and used + b.size > budget:
+                break
+            want.append(b)
+            used += b.size
+        assert self.log.read(offset, budget) == want
+
+    @rule(data=st.data())
+    def term_at(self, data: st.DataObject) -> None:
+        offset = data.draw(st.integers(self.start - 2, self.dirty + 1), label="offset")
+        if offset == self.start - 1:
+            assert self.log.term_at(offset) == self.start_term
+        elif self.start <= offset <= self.dirty:
+            want = [b.term for b in self.batches if b.base_offset <= offset <= b.last_offset][0]
+            assert self.log.term_at(offset) == want
+        else:
+            with pytest.raises(OffsetOutOfRange):
+                self.log.term_at(offset)
+
+    @invariant()
+    def positions_match(self) -> None:
+        if not hasattr(self, "log"):
+            return
+        assert self.log.start_offset == self.start
+        assert self.log.start_term == self.start_term
+        assert self.log.dirty_offset == self.dirty
+        assert self.log.flushed_offset == self.flushed
+        assert self.log.flushed_offset <= self.log.dirty_offset
+        assert self.log.unflushed_bytes == self.unflushed()
+        assert self.log.last_term() == self.last_term()
+        assert self.log.load_meta() == self.meta
+
+
+class MemoryMachine(LogMachine):
+    impl = "memory"
+
+
+class LmdbMachine(LogMachine):
+    impl = "lmdb"
+
+
+_SETTINGS = settings(max_examples=200, stateful_step_count=25, deadline=None,
+                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+@pytest.mark.parametrize("machine", [MemoryMachine, LmdbMachine], ids=["memory", "lmdb"])
+def test_contract(machine: type[LogMachine]) -> None:
+    run_state_machine_as_test(machine, settings=_SETTINGS)
