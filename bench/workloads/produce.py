@@ -49,7 +49,12 @@ async def produce_worker(a: ProduceArgs, sync: Sync) -> None:
             t0 = await sync.wait_round(k)
             if t0 is None:
                 return
-            sync.report(k, await produce_round(conn, a, payload, count, t0))
+            result = await produce_round(conn, a, payload, count, t0)
+            sync.report(k, result)
+            if result["stalled"] or result["lost"]:
+                # A send may have been cut mid-frame: start the next round on a clean stream.
+                await conn.aclose()
+                conn = await AsyncConn.open(a.addr)
     finally:
         await conn.aclose()
 
@@ -87,31 +92,38 @@ async def produce_round(conn: AsyncConn, a: ProduceArgs, payload: bytes, count: 
                 errors[code] = errors.get(code, 0) + 1
                 backoff_until = now + 0.005
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(receiver)
+    async def _send_loop() -> None:
         while True:
-            now = time.monotonic()
             if a.max_records:
                 if ok["all_records"] >= a.max_records:
-                    break
+                    return
                 if ok["all_records"] + len(sent) * count >= a.max_records:
                     await trio.sleep(0.001)
                     continue
-            elif now >= m1:
-                break
+            elif time.monotonic() >= m1:
+                return
             await window.acquire()
             if backoff_until > time.monotonic():
                 await trio.sleep(backoff_until - time.monotonic())
             rid = conn.new_id()
             sent[rid] = time.monotonic()
             await conn.send_raw(produce_frame(rid, a.acks, payload, count))
+
+    # A stalled server must not hang the generator: sending stops at the window's end (or, when
+    # pre-filling, after a generous bound) even if the window never frees or the socket blocks.
+    send_deadline = m1 if not a.max_records else t0 + 600.0
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(receiver)
+        with trio.move_on_after(max(0.0, send_deadline - time.monotonic())) as scope:
+            await _send_loop()
         with trio.move_on_after(15):
             while sent:
                 await trio.sleep(0.002)
         nursery.cancel_scope.cancel()
     return {"ok_records": ok["records"], "ok_requests": ok["requests"],
             "all_ok_records": ok["all_records"], "errors": errors, "lost": len(sent),
-            "elapsed": last_reply - t0, "latency": lat.to_json()}
+            "elapsed": last_reply - t0, "latency": lat.to_json(),
+            "stalled": scope.cancelled_caught}
 
 
 def configs(quick: bool) -> list[tuple[str, str, int]]:
@@ -148,6 +160,9 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
                     rps.append(recs / cfg.duration)
                     mbps.append(recs * size / cfg.duration / MB)
                     for x in res:
+                        if x["stalled"] or x["lost"]:
+                            errs["STALLED_OR_UNANSWERED"] = errs.get(
+                                "STALLED_OR_UNANSWERED", 0) + x["lost"] + 1
                         for k, v in x["errors"].items():
                             errs[k] = errs.get(k, 0) + v
                         lat.merge(Histogram.from_json(x["latency"]))
