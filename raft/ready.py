@@ -36,6 +36,7 @@ class ProduceAnswer:
     last_offset: int = -1
     leader_id: int | None = None  # set with NOT_LEADER when known
     duplicate: bool = False  # an idempotent retry: offsets are those of the original write
+    message: str = ""  # for errors the caller shows as-is (what went wrong, what to do next)
 
 
 @dataclass(slots=True)
