@@ -30,6 +30,9 @@ class AppendEntries:
     # chunks; the follower then flushes on its own schedule and reports flushed offsets later.
     flush: bool
     seq: int  # leader's per-follower request number, echoed in the reply
+    # prev_offset is the leader's log start - 1 (retention dropped everything before): a
+    # follower whose log does not reach or match it restarts its log there.
+    log_start_reset: bool = False
 
 
 @dataclass(slots=True)

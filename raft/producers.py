@@ -1,0 +1,80 @@
+"""Idempotent producers: the last few (producer id, sequence) -> offsets, derived from the log.
+
+Every node keeps the table, built from the batches it appends (each DATA batch carries its
+producer id and sequence), so a new leader already knows what the old one accepted: the state
+lives in the replicated log, not in one leader's memory (Kafka keeps it the same way). A retry of
+a remembered sequence gets the original offsets back instead of a second copy.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from enum import Enum
+
+from storage.batch import NO_PRODUCER, Batch, BatchKind
+
+
+class Verdict(Enum):
+    NEW = "new"  # not seen: append it
+    DUPLICATE = "duplicate"  # seen: answer with the original offsets
+    TOO_OLD = "too_old"  # older than the remembered window: cannot tell, refuse
+
+
+@dataclass(slots=True, frozen=True)
+class Written:
+    sequence: int
+    base_offset: int
+    last_offset: int
+
+
+class ProducerTable:
+    def __init__(self, window: int = 8, max_producers: int = 100_000) -> None:
+        if window < 1 or max_producers < 1:
+            raise ValueError("producer window and max_producers must be >= 1")
+        self.window = window
+        self.max_producers = max_producers
+        # Least recently written first, so the oldest producer is evicted at the bound.
+        self._by_pid: OrderedDict[int, deque[Written]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._by_pid)
+
+    def lookup(self, producer_id: int, sequence: int) -> tuple[Verdict, Written | None]:
+        seen = self._by_pid.get(producer_id)
+        if not seen:
+            return Verdict.NEW, None
+        for w in reversed(seen):
+            if w.sequence == sequence:
+                return Verdict.DUPLICATE, w
+        # Older than everything remembered while the window is full: it may have been written
+        # and forgotten. Anything else not found was never written (a request overtaken by a
+        # later one, then retried) and is new.
+        if sequence < seen[0].sequence and len(seen) >= self.window:
+            return Verdict.TOO_OLD, None
+        return Verdict.NEW, None
+
+    def record(self, batch: Batch) -> None:
+        if batch.producer_id == NO_PRODUCER or batch.kind != BatchKind.DATA:
+            return
+        seen = self._by_pid.get(batch.producer_id)
+        if seen is None:
+            seen = deque(maxlen=self.window)
+            self._by_pid[batch.producer_id] = seen
+            if len(self._by_pid) > self.max_producers:
+                self._by_pid.popitem(last=False)
+        else:
+            self._by_pid.move_to_end(batch.producer_id)
+        seen.append(Written(batch.sequence, batch.base_offset, batch.last_offset))
+
+    def truncate_after(self, offset: int) -> None:
+        """Forget writes past `offset` (the log dropped them)."""
+        for pid in list(self._by_pid):
+            seen = self._by_pid[pid]
+            while seen and seen[-1].base_offset > offset:
+                seen.pop()
+            if not seen:
+                del self._by_pid[pid]
+
+    def clear(self) -> None:
+        self._by_pid.clear()
