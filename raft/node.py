@@ -614,9 +614,10 @@ class Node:
         if answer.error == ErrorCode.OK:
             return wire.ok_reply(rid, base_offset=answer.base_offset,
                                  last_offset=answer.last_offset, duplicate=answer.duplicate)
+        message = getattr(answer, "message", "") or None
         if answer.error == ErrorCode.NOT_LEADER:
-            return self._error(rid, ErrorCode.NOT_LEADER, leader_id=answer.leader_id)
-        return self._error(rid, answer.error)
+            return self._error(rid, ErrorCode.NOT_LEADER, message, leader_id=answer.leader_id)
+        return self._error(rid, answer.error, message)
 
     async def _load_request(self, frame: dict[str, Any], rid: int) -> dict[str, Any]:
         if self._closing:
@@ -683,7 +684,10 @@ class Node:
         out: list[dict[str, Any]] = []
         used = 0
         pos = offset
-        while pos <= hw and used < max_bytes:
+        # Skipped batches (no-ops, configuration, unpublished staged data) count against a
+        # separate scan bound so a reply still carries data when there is some just past them.
+        scanned, scan_limit = 0, 4 * max_bytes + (1 << 20)
+        while pos <= hw and (used < max_bytes or not out) and scanned < scan_limit:
             got = self.log.read(pos, max(1, max_bytes - used))
             if not got:
                 break
@@ -697,7 +701,8 @@ class Node:
                 if payload is not None:
                     out.append({"base_offset": b.base_offset, "count": b.count,
                                 "timestamp_ms": b.timestamp_ms, "payload": payload})
-                used += b.size
+                    used += b.size
+                scanned += b.size
                 pos = b.last_offset + 1
         return out, pos
 
