@@ -806,6 +806,12 @@ class RaftCore:
             pr.match_index = max(pr.flushed_offset, min(pr.match_index, msg.dirty_offset))
             self._seq += 1
             pr.become_probe(msg.dirty_offset + 1, self._seq)
+        elif fresh and pr.state == ProgressState.REPLICATE and any(
+                f.seq < msg.seq and f.last_offset > msg.dirty_offset for f in pr.inflight):
+            # The follower answered a later heartbeat without having appended earlier
+            # requests: they were lost (a dropped connection or queue). Resend from the match.
+            self._seq += 1
+            pr.become_probe(pr.match_index + 1, self._seq)
         if pr.state == ProgressState.PROBE:
             pr.probe_sent = False  # a probe may have been lost: try again
         self._maybe_commit()
