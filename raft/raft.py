@@ -20,10 +20,9 @@ tail); flushes and metadata writes are the driver's work, announced through Read
 
 from __future__ import annotations
 
-import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from raft import messages as m
 from raft.membership import ClusterConfig
@@ -40,6 +39,13 @@ from storage.batch import Batch, BatchKind
 _CONFIG_HISTORY = 4
 # Request id of proposals the core makes itself (no-op, promotions): nobody waits for them.
 INTERNAL_REQUEST = -1
+
+
+class Rng(Protocol):
+    """The only randomness the core uses (election timeouts), passed in already seeded: the
+    runtime seeds it from the OS, the simulation from its schedule seed."""
+
+    def randrange(self, stop: int) -> int: ...
 
 
 class InvariantViolation(AssertionError):
@@ -79,6 +85,10 @@ class RaftConfig:
     # Baseline for benchmarks only: every recovery chunk asks the follower to flush before it
     # replies (the behaviour the RFC replaces). Off in production.
     recovery_flush_per_chunk: bool = False
+    # The commit index is saved with the metadata at most this often (and whenever term, vote
+    # or configuration change), so a restarted node starts from a recent commit index instead
+    # of -1 (Kafka checkpoints its high watermark the same way). 0 = only with other changes.
+    commit_checkpoint_ticks: int = 20
 
     def validate(self) -> "RaftConfig":
         def positive(name: str) -> None:
@@ -117,7 +127,7 @@ class _Waiting:
 
 
 class RaftCore:
-    def __init__(self, cfg: RaftConfig, log: LogStorage, rng: random.Random) -> None:
+    def __init__(self, cfg: RaftConfig, log: LogStorage, rng: Rng) -> None:
         self.cfg = cfg.validate()
         self.log = log
         self.rng = rng
@@ -127,7 +137,12 @@ class RaftCore:
         self.voted_for: int | None = meta.voted_for
         self.role = Role.FOLLOWER
         self.leader_id: int | None = None
-        self.commit_index = log.start_offset - 1
+        # The last checkpointed commit index, bounded by what survived in our log.
+        saved_commit = int((meta.config or {}).get("commit", -1))
+        self.commit_index = max(log.start_offset - 1,
+                                min(saved_commit, log.flushed_offset, log.dirty_offset))
+        self._saved_commit = self.commit_index
+        self._checkpoint_elapsed = 0
         self._configs: list[_ConfigEntry] = self._load_configs(meta.config)
         self.producers = ProducerTable(cfg.producer_window, cfg.max_producers)
         self._rebuild_from_log()
@@ -178,6 +193,10 @@ class RaftCore:
 
     # ================================================================== inputs
     def tick(self) -> None:
+        self._checkpoint_elapsed += 1
+        if (self.cfg.commit_checkpoint_ticks and self.commit_index > self._saved_commit
+                and self._checkpoint_elapsed >= self.cfg.commit_checkpoint_ticks):
+            self._hs_dirty = True
         if self.role == Role.LEADER:
             self._tick_leader()
         else:
@@ -360,6 +379,8 @@ class RaftCore:
         if self._hs_dirty:
             hs = HardState(self.term, self.voted_for, self._config_meta())
             self._hs_dirty = False
+            self._saved_commit = self.commit_index
+            self._checkpoint_elapsed = 0
         rd = Ready(hs, self._messages, self._flush_wanted, self._answers)
         self._messages, self._answers, self._flush_wanted = [], [], False
         return rd
@@ -941,7 +962,8 @@ class RaftCore:
 
     def _config_meta(self) -> dict[str, Any]:
         return {"history": [{"offset": c.offset, "term": c.term, "config": c.config.to_dict()}
-                            for c in self._configs]}
+                            for c in self._configs],
+                "commit": self.commit_index}
 
     def _load_configs(self, meta: dict | None) -> list[_ConfigEntry]:
         """The latest configuration entry still in the log (a crash may have dropped newer,
