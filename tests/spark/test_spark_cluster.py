@@ -111,6 +111,9 @@ def test_leader_killed_during_load(spark, cluster):
     outcome: dict[str, object] = {}
 
     def job() -> None:
+        # A Python thread maps to its own JVM thread, which has no active SparkSession: the
+        # data source lookup would then miss the registration made on `spark`.
+        spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
         try:
             write(df, cluster, load_id, batchBytes=32 << 10, acks="leader")
             outcome["ok"] = True
