@@ -89,6 +89,14 @@ def parse_peers(spec: str | dict[Any, Any]) -> dict[int, str]:
     return peers
 
 
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
 @dataclass(slots=True)
 class NodeConfig:
     """Everything one node needs. `peers` lists every voter, this node included."""
@@ -275,6 +283,19 @@ class NodeConfig:
         parser.add_argument("--election-ticks", type=int, help="election timeout in ticks")
         parser.add_argument("--heartbeat-ticks", type=int, help="heartbeat interval in ticks")
         parser.add_argument("--log-level", help="DEBUG, INFO, WARNING (default), ERROR")
+        # Every other setting as a flag too (the README's settings table explains them).
+        given = {"election_ticks", "heartbeat_ticks", "tick_ms", "max_frame_bytes"}
+        for f in dataclasses.fields(NodeConfig):
+            if f.name in given or f.name.startswith("_") or f.name in (
+                    "node_id", "data_dir", "peers", "listen", "log_level", "raft"):
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if "bool" in str(f.type):
+                parser.add_argument(flag, type=_parse_bool, metavar="true|false",
+                                    help=f"(default: the core's, on)")
+            else:
+                parser.add_argument(flag, type=int, metavar="N",
+                                    help=f"(default {f.default if f.default is not None else 'the core default'})")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace | dict[str, Any]) -> "NodeConfig":
