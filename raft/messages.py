@@ -54,6 +54,8 @@ class AppendEntriesReply:
     # backs up a whole term at a time.
     conflict_term: int = 0
     conflict_offset: int = -1
+    # On failure: the request's prev_offset, so the leader's search stays below it.
+    reject_offset: int = -1
     # Failure because the follower's unflushed tail is full: the leader keeps next_index and
     # retries after the follower reports a flush, instead of backing up.
     busy: bool = False

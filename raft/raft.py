@@ -662,6 +662,7 @@ class RaftCore:
     def _reject(self, msg: m.AppendEntries) -> None:
         log = self.log
         reply = self._append_reply(msg.src, msg.seq, False)
+        reply.reject_offset = msg.prev_offset
         if msg.prev_offset > log.dirty_offset:
             reply.conflict_term, reply.conflict_offset = 0, log.dirty_offset + 1
         else:
@@ -800,9 +801,18 @@ class RaftCore:
         if msg.conflict_term == 0:
             nxt = msg.conflict_offset
         else:
-            limit = min(msg.conflict_offset if msg.conflict_offset >= 0 else log.dirty_offset,
-                        log.dirty_offset)
-            nxt = self._last_offset_with_term_at_most(msg.conflict_term, limit) + 1
+            # If we hold entries of the follower's conflicting term, those match up to our
+            # last one of that term; otherwise its whole run of that term is wrong: resend from
+            # where that term starts on the follower.
+            limit = log.dirty_offset if msg.reject_offset < 0 else \
+                min(log.dirty_offset, msg.reject_offset)
+            last = self._last_offset_with_term_at_most(msg.conflict_term, limit)
+            if last >= log.start_offset and log.term_at(last) == msg.conflict_term:
+                nxt = last + 1
+            else:
+                nxt = msg.conflict_offset
+        if msg.reject_offset >= 0:
+            nxt = min(nxt, msg.reject_offset)  # always strictly below the rejected probe
         nxt = max(min(nxt, log.dirty_offset + 1), 0)
         # Whatever the follower held beyond this point is no longer known to match.
         pr.match_index = min(pr.match_index, nxt - 1)
