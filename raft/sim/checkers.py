@@ -1,0 +1,168 @@
+"""Safety and liveness checks over a simulated cluster. Each records a Violation instead of
+raising, so a run reports every broken property with the simulated time it broke at."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from raft.quorum import majority
+from storage.batch import Batch, BatchKind
+
+if TYPE_CHECKING:
+    from raft.sim.node import SimNode
+
+
+@dataclass(slots=True, frozen=True)
+class Violation:
+    time_us: int
+    prop: str
+    detail: str
+
+
+def _entry_id(b: Batch) -> tuple[int, int, int, int]:
+    """What makes an entry itself: its term, kind, CRC and count (offsets are positions)."""
+    return (b.term, int(b.kind), b.crc, b.count)
+
+
+@dataclass
+class Checkers:
+    violations: list[Violation] = field(default_factory=list)
+    leaders: dict[int, int] = field(default_factory=dict)  # term -> leader
+    committed: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # base -> id
+    commit_seen: dict[int, int] = field(default_factory=dict)  # node -> commit index (alive)
+    max_commit: int = -1
+    check_flushed_majority: bool = True
+
+    def fail(self, now: int, prop: str, detail: str) -> None:
+        if len(self.violations) < 50:
+            self.violations.append(Violation(now, prop, detail))
+
+    # -- after every Ready of a node -------------------------------------------------------
+    def on_ready(self, now: int, node: "SimNode", nodes: dict[int, "SimNode"]) -> None:
+        core = node.core
+        assert core is not None
+        if core.role.value == "leader":
+            other = self.leaders.setdefault(core.term, node.node_id)
+            if other != node.node_id:
+                self.fail(now, "election safety",
+                          f"term {core.term} has two leaders: {other} and {node.node_id}")
+        prev = self.commit_seen.get(node.node_id, core.commit_index)
+        if core.commit_index < prev:
+            self.fail(now, "commit monotonic", f"node {node.node_id} commit index went from "
+                                               f"{prev} back to {core.commit_index}")
+        if core.commit_index > prev:
+            self._check_committed_range(now, node, prev + 1, core.commit_index)
+            if core.role.value == "leader" and self.check_flushed_majority:
+                self._check_flushed_majority(now, node, nodes, core.commit_index)
+        self.commit_seen[node.node_id] = core.commit_index
+        self.max_commit = max(self.max_commit, core.commit_index)
+
+    def on_restart(self, node: "SimNode") -> None:
+        """A restarted node starts from its checkpointed commit index (it may be lower than
+        before the crash; the high watermark it serves never passes what was committed)."""
+        assert node.core is not None
+        self.commit_seen[node.node_id] = node.core.commit_index
+        if node.core.commit_index >= 0:
+            self._check_committed_range(0, node, node.log.start_offset, node.core.commit_index)
+
+    def _check_committed_range(self, now: int, node: "SimNode", lo: int, hi: int) -> None:
+        """Entries a node reports committed (what consumers may read from it) must be the same
+        entries on every node, forever."""
+        log = node.log
+        off = max(lo, log.start_offset)
+        while off <= hi:
+            batches = log.read(off, 1 << 20)
+            if not batches:
+                self.fail(now, "committed data present",
+                          f"node {node.node_id} commit index {hi} passes its log end "
+                          f"{log.dirty_offset}")
+                return
+            for b in batches:
+                if b.base_offset > hi:
+                    return
+                if b.last_offset > hi:
+                    self.fail(now, "commit on batch boundary",
+                              f"node {node.node_id} committed {hi} inside batch "
+                              f"{b.base_offset}..{b.last_offset}")
+                    return
+                known = self.committed.setdefault(b.base_offset, _entry_id(b))
+                if known != _entry_id(b):
+                    self.fail(now, "committed prefix identical",
+                              f"node {node.node_id} has {_entry_id(b)} at committed offset "
+                              f"{b.base_offset}; committed there before: {known}")
+                off = b.last_offset + 1
+
+    def _check_flushed_majority(self, now: int, leader: "SimNode",
+                                nodes: dict[int, "SimNode"], commit: int) -> None:
+        """Dirty offsets never count: whatever the leader commits is flushed, as this very
+        entry, on a majority of the voters at this moment."""
+        core = leader.core
+        assert core is not None
+        term = leader.log.term_at(commit)
+        holders = 0
+        voters = core.config.voters
+        for v in voters:
+            n = nodes.get(v)
+            if n is None:
+                continue
+            log = n.log
+            if log.flushed_offset >= commit:
+                try:
+                    same = log.term_at(commit) == term
+                except Exception:  # noqa: BLE001 (out of range: not held)
+                    same = False
+                holders += same
+        if holders < majority(len(voters)):
+            self.fail(now, "commit needs a flushed majority",
+                      f"leader {leader.node_id} committed {commit} (term {term}) but only "
+                      f"{holders} of {len(voters)} voters have it flushed")
+
+    # -- at the end ----------------------------------------------------------------------
+    def check_log_matching(self, now: int, nodes: dict[int, "SimNode"]) -> None:
+        """If two logs hold an entry with the same offset and term, they are identical up to
+        there (checked at each pair's last common offset of equal term)."""
+        ids = sorted(nodes)
+        logs = {i: _entries(nodes[i]) for i in ids}
+        for x in range(len(ids)):
+            for y in range(x + 1, len(ids)):
+                a, b = logs[ids[x]], logs[ids[y]]
+                common = sorted(set(a) & set(b))
+                agree = [o for o in common if a[o][0] == b[o][0]]
+                if not agree:
+                    continue
+                top = agree[-1]
+                for o in common:
+                    if o > top:
+                        break
+                    if a[o] != b[o]:
+                        self.fail(now, "log matching",
+                                  f"nodes {ids[x]} and {ids[y]} agree on the term at {top} but "
+                                  f"differ at {o}: {a[o]} vs {b[o]}")
+                        break
+
+
+def _entries(node: "SimNode") -> dict[int, tuple[int, int, int, int]]:
+    out = {}
+    off = node.log.start_offset
+    while off <= node.log.dirty_offset:
+        batches = node.log.read(off, 1 << 22)
+        for b in batches:
+            out[b.base_offset] = _entry_id(b)
+        off = batches[-1].last_offset + 1
+    return out
+
+
+def data_records(node: "SimNode", upto: int) -> list[tuple[int, bytes]]:
+    """(base offset, payload) of DATA batches up to `upto` (what a consumer reads)."""
+    out = []
+    off = node.log.start_offset
+    while off <= min(upto, node.log.dirty_offset):
+        batches = node.log.read(off, 1 << 22)
+        for b in batches:
+            if b.last_offset > upto:
+                return out
+            if b.kind == BatchKind.DATA:
+                out.append((b.base_offset, b.payload))
+        off = batches[-1].last_offset + 1
+    return out

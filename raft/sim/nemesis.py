@@ -1,0 +1,94 @@
+"""Seeded faults: partitions (also one-way), crashes (the unflushed tail is lost), leader kills,
+pauses, loss and duplication bursts. Every fault heals within a bounded time, and everything
+heals at the end of the fault window so liveness can be checked."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from raft.sim.runner import Simulation
+
+KINDS = ("partition", "one_way", "crash", "crash_leader", "pause", "loss", "duplicate")
+
+
+@dataclass
+class Nemesis:
+    sim: "Simulation"
+    rng: random.Random
+    mean_gap_us: int = 150_000
+    kinds: tuple[str, ...] = KINDS
+    log: list[str] | None = None
+
+    def schedule(self, start_us: int, end_us: int) -> None:
+        t = start_us
+        while True:
+            t += int(self.rng.expovariate(1 / self.mean_gap_us))
+            if t >= end_us:
+                break
+            kind = self.rng.choice(self.kinds)
+            self.sim.loop.at(t, lambda kind=kind: self._fault(kind, end_us))
+        self.sim.loop.at(end_us, self.heal_all)
+
+    def _note(self, text: str) -> None:
+        if self.log is not None:
+            self.log.append(f"{self.sim.loop.now:>10} us  {text}")
+
+    def _fault(self, kind: str, end_us: int) -> None:
+        sim, rng = self.sim, self.rng
+        ids = sorted(sim.nodes)
+        heal_in = rng.randint(20_000, 400_000)
+        if kind == "partition":
+            rng.shuffle(ids)
+            cut = rng.randint(1, len(ids) - 1)
+            groups = [sorted(ids[:cut]), sorted(ids[cut:])]
+            sim.network.partition(groups)
+            self._note(f"partition {groups}")
+            sim.loop.after(heal_in, self._heal_network)
+        elif kind == "one_way":
+            a, b = rng.sample(ids, 2)
+            sim.network.block_one_way(a, b)
+            self._note(f"one-way block {a}->{b}")
+            sim.loop.after(heal_in, self._heal_network)
+        elif kind in ("crash", "crash_leader"):
+            leaders = [i for i in ids if sim.nodes[i].is_leader]
+            victim = leaders[0] if kind == "crash_leader" and leaders else rng.choice(ids)
+            node = sim.nodes[victim]
+            if node.up:
+                node.crash()
+                self._note(f"crash node {victim}")
+                sim.loop.after(heal_in, lambda: self._restart(victim))
+        elif kind == "pause":
+            victim = rng.choice(ids)
+            sim.nodes[victim].pause()
+            self._note(f"pause node {victim}")
+            sim.loop.after(heal_in, lambda: sim.nodes[victim].resume())
+        elif kind == "loss":
+            sim.network.faults.loss = rng.choice([0.05, 0.2, 0.5])
+            self._note(f"loss {sim.network.faults.loss}")
+            sim.loop.after(heal_in, lambda: setattr(sim.network.faults, "loss", 0.0))
+        elif kind == "duplicate":
+            sim.network.faults.duplicate = 0.2
+            self._note("duplicate 0.2")
+            sim.loop.after(heal_in, lambda: setattr(sim.network.faults, "duplicate", 0.0))
+
+    def _restart(self, node_id: int) -> None:
+        node = self.sim.nodes[node_id]
+        if not node.up:
+            node.start()
+            self._note(f"restart node {node_id}")
+
+    def _heal_network(self) -> None:
+        self.sim.network.heal()
+
+    def heal_all(self) -> None:
+        self._note("heal everything")
+        self.sim.network.heal()
+        self.sim.network.faults.loss = 0.0
+        self.sim.network.faults.duplicate = 0.0
+        for i, node in self.sim.nodes.items():
+            if not node.up:
+                node.start()
+            node.resume()

@@ -1,0 +1,166 @@
+"""One simulated node: the real RaftCore on a MemoryLog, driven exactly as raft/ready.py says.
+
+Hard state is saved before the Ready's messages leave. One flush runs at a time and takes
+simulated disk time; it covers what was appended before it started (`flush(upto=...)`), and only
+then does the core hear `flushed()`. A crash drops everything past the flushed offset
+(MemoryLog.crash) and any flush in progress, and the node restarts later with a fresh core on
+the same log, as a real process would."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from raft import messages as m
+from raft.raft import RaftConfig, RaftCore
+from raft.ready import ProduceAnswer
+from raft.sim.loop import EventLoop
+from raft.types import Role
+from storage.api import Meta
+from storage.memory import MemoryLog
+
+
+@dataclass(slots=True)
+class DiskModel:
+    min_flush_us: int = 300
+    max_flush_us: int = 4_000
+
+
+@dataclass
+class SimNode:
+    node_id: int
+    loop: EventLoop
+    rng: random.Random
+    make_config: Callable[[int], RaftConfig]
+    send: Callable[[m.Message], None]
+    on_answer: Callable[[int, ProduceAnswer], None]
+    on_event: Callable[["SimNode", str], None]
+    tick_us: int = 10_000
+    disk: DiskModel = field(default_factory=DiskModel)
+    # Mutation hook for the teeth tests: a driver that forgets to persist the vote/term.
+    persist_hard_state: bool = True
+
+    def __post_init__(self) -> None:
+        self.log = MemoryLog(max_tail_bytes=64 << 20)
+        self.up = False
+        self.paused = False
+        self.epoch = 0  # bumped on crash: stale timers and flush completions are ignored
+        self.flushing = False
+        self.flush_again = False
+        self.inbox: list[m.Message] = []  # messages that arrived while paused
+        self.core: RaftCore | None = None
+        self.restarts = 0
+        self.start()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        self.core = RaftCore(self.make_config(self.node_id), self.log,
+                             random.Random(self.rng.getrandbits(64)))
+        self.up = True
+        self.paused = False
+        self.flushing = False
+        self.flush_again = False
+        self.epoch += 1
+        epoch = self.epoch
+        self.loop.after(self.rng.randint(0, self.tick_us), lambda: self._tick(epoch))
+        self.on_event(self, "start")
+
+    def crash(self) -> None:
+        """SIGKILL / power cut: the unflushed tail and the in-flight flush are lost."""
+        if not self.up:
+            return
+        self.up = False
+        self.epoch += 1
+        self.inbox.clear()
+        self.log.crash()
+        self.core = None
+        self.restarts += 1
+        self.on_event(self, "crash")
+
+    def pause(self) -> None:
+        if self.up:
+            self.paused = True
+
+    def resume(self) -> None:
+        if self.up and self.paused:
+            self.paused = False
+            inbox, self.inbox = self.inbox, []
+            for msg in inbox:
+                self.receive(msg)
+
+    # -- inputs ----------------------------------------------------------------------------
+    def _tick(self, epoch: int) -> None:
+        if epoch != self.epoch or not self.up:
+            return
+        self.loop.after(self.tick_us, lambda: self._tick(epoch))
+        if self.paused:
+            return
+        assert self.core is not None
+        self.core.tick()
+        self.process()
+
+    def receive(self, msg: m.Message) -> None:
+        if not self.up:
+            return
+        if self.paused:
+            self.inbox.append(msg)
+            return
+        assert self.core is not None
+        self.core.step(msg)
+        self.process()
+
+    def propose(self, request_id: int, batch, acks) -> bool:  # noqa: ANN001
+        if not self.up or self.paused:
+            return False
+        assert self.core is not None
+        self.core.propose(request_id, batch, acks)
+        self.process()
+        return True
+
+    # -- the Ready loop --------------------------------------------------------------------
+    def process(self) -> None:
+        core = self.core
+        assert core is not None
+        rd = core.ready()
+        if rd.hard_state is not None and self.persist_hard_state:
+            hs = rd.hard_state
+            self.log.save_meta(Meta(hs.term, hs.voted_for, hs.config))
+        self.on_event(self, "ready")
+        for msg in rd.messages:
+            self.send(msg)
+        for answer in rd.answers:
+            self.on_answer(self.node_id, answer)
+        if rd.flush:
+            if self.flushing:
+                self.flush_again = True
+            else:
+                self._start_flush()
+
+    def _start_flush(self) -> None:
+        self.flushing = True
+        self.flush_again = False
+        upto = self.log.dirty_offset
+        epoch = self.epoch
+        delay = self.rng.randint(self.disk.min_flush_us, self.disk.max_flush_us)
+        self.loop.after(delay, lambda: self._flush_done(epoch, upto))
+
+    def _flush_done(self, epoch: int, upto: int) -> None:
+        if epoch != self.epoch or not self.up:
+            return
+        # Truncation may have cut below `upto` meanwhile: flush what is there.
+        self.log.flush(min(upto, self.log.dirty_offset))
+        self.flushing = False
+        if self.paused:
+            self.flush_again = True
+            return
+        assert self.core is not None
+        self.core.flushed(self.log.flushed_offset)
+        self.on_event(self, "flushed")
+        self.process()
+        if self.flush_again and not self.flushing:
+            self._start_flush()
+
+    @property
+    def is_leader(self) -> bool:
+        return self.up and self.core is not None and self.core.role == Role.LEADER

@@ -1,0 +1,121 @@
+"""Simulated producers and their bookkeeping: every answer is remembered with its ack level so
+the checkers can hold the cluster to it. Each client is a sequential idempotent producer (one
+request outstanding); after an error or silence it retries the same sequence elsewhere."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from raft.ready import ProduceAnswer
+from raft.types import Acks, ErrorCode
+from storage.batch import Batch
+from storage.records import encode_values
+
+if TYPE_CHECKING:
+    from raft.sim.runner import Simulation
+
+REQUEST_TIMEOUT_US = 300_000
+
+
+@dataclass
+class Client:
+    cid: int
+    producer_id: int
+    sequence: int = 0
+    hint: int | None = None
+    acks: Acks = Acks.QUORUM
+    outstanding: int | None = None  # request id
+    attempts: int = 0
+
+
+@dataclass
+class Workload:
+    sim: "Simulation"
+    rng: random.Random
+    clients: list[Client] = field(default_factory=list)
+    requests: dict[int, tuple[Client, int, Acks, bytes]] = field(default_factory=dict)
+    next_rid: int = 1
+    acked: dict[bytes, tuple[Acks, int]] = field(default_factory=dict)  # value -> (acks, base)
+    quorum_acked: dict[bytes, int] = field(default_factory=dict)
+    sent: int = 0
+    stopped: bool = False
+
+    def start(self, n_clients: int) -> None:
+        for c in range(n_clients):
+            client = Client(c, producer_id=1000 + c)
+            self.clients.append(client)
+            self.sim.loop.after(self.rng.randint(0, 20_000), lambda cl=client: self._next(cl))
+
+    def _value(self, c: Client) -> bytes:
+        return f"c{c.cid}-s{c.sequence}".encode()
+
+    def _next(self, c: Client) -> None:
+        if self.stopped or c.outstanding is not None:
+            return
+        c.acks = self.rng.choices([Acks.QUORUM, Acks.LEADER, Acks.NONE], [6, 3, 1])[0]
+        self._send(c)
+
+    def _send(self, c: Client) -> None:
+        nodes = self.sim.nodes
+        target = c.hint if c.hint in nodes and self.rng.random() < 0.9 else \
+            self.rng.choice(sorted(nodes))
+        rid = self.next_rid
+        self.next_rid += 1
+        value = self._value(c)
+        c.outstanding = rid
+        c.attempts += 1
+        self.requests[rid] = (c, c.sequence, c.acks, value)
+        batch = Batch.create(encode_values([value]), 1, producer_id=c.producer_id,
+                             sequence=c.sequence)
+        delay = self.rng.randint(100, 2_000)
+        node = nodes[target]
+
+        def arrive() -> None:
+            if not node.propose(rid, batch, c.acks):
+                return  # down or paused: the client times out and retries
+            self.sent += 1
+
+        self.sim.loop.after(delay, arrive)
+        self.sim.loop.after(REQUEST_TIMEOUT_US, lambda: self._timeout(c, rid))
+
+    def _timeout(self, c: Client, rid: int) -> None:
+        if c.outstanding == rid:
+            c.outstanding = None
+            c.hint = None
+            self._retry(c)
+
+    def _retry(self, c: Client) -> None:
+        if self.stopped:
+            return
+        self.sim.loop.after(self.rng.randint(1_000, 20_000),
+                            lambda: (c.outstanding is None) and self._send(c))
+
+    def on_answer(self, node_id: int, a: ProduceAnswer) -> None:
+        req = self.requests.pop(a.request_id, None)
+        if req is None:
+            return
+        c, seq, acks, value = req
+        if c.outstanding != a.request_id:
+            return  # a late answer to a request already retried
+        c.outstanding = None
+        if a.error == ErrorCode.OK:
+            prev = self.acked.get(value)
+            if prev is not None and prev[1] != a.base_offset:
+                self.sim.checkers.fail(self.sim.loop.now, "idempotent retry",
+                                       f"{value!r} acknowledged at {prev[1]} and again at "
+                                       f"{a.base_offset}")
+            self.acked[value] = (acks, a.base_offset)
+            if acks == Acks.QUORUM:
+                self.quorum_acked[value] = a.base_offset
+            c.hint = node_id
+            c.sequence += 1
+            c.attempts = 0
+            self.sim.loop.after(self.rng.randint(500, 10_000), lambda: self._next(c))
+        elif a.error == ErrorCode.NOT_LEADER:
+            c.hint = a.leader_id
+            self._retry(c)
+        else:
+            c.hint = None
+            self._retry(c)
