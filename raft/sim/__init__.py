@@ -5,6 +5,6 @@ Driven by a plain discrete-event loop (raft/sim/loop.py), not trio: trio randomi
 scheduler, and worker threads under a mock clock let simulated time leap. See
 `python -m raft.sim --help` and the README's "Safety testing" section."""
 
-from raft.sim.runner import SimConfig, SimResult, run_simulation
+from raft.sim.runner import PROFILES, SimConfig, SimResult, profile_config, run_simulation
 
-__all__ = ["SimConfig", "SimResult", "run_simulation"]
+__all__ = ["PROFILES", "SimConfig", "SimResult", "profile_config", "run_simulation"]

@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from raft.sim.runner import SimConfig, run_simulation
+from raft.sim.runner import PROFILES, profile_config, run_simulation
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,13 +16,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, choices=[3, 5], default=3)
     p.add_argument("--runs", type=int, default=1, help="run seeds seed..seed+runs-1")
     p.add_argument("--fault-ms", type=int, default=2000, help="fault window (default 2000)")
+    p.add_argument("--profile", choices=sorted(PROFILES), default="mixed",
+                   help="fault mix (default mixed)")
     p.add_argument("--verbose", action="store_true", help="print every run's summary")
     args = p.parse_args(argv)
     failed = 0
     t0 = time.monotonic()
     for seed in range(args.seed, args.seed + args.runs):
-        res = run_simulation(SimConfig(seed=seed, nodes=args.nodes,
-                                       fault_time_us=args.fault_ms * 1000))
+        res = run_simulation(profile_config(seed, args.nodes, args.profile,
+                                            fault_time_us=args.fault_ms * 1000))
         if not res.ok or args.verbose or args.runs == 1:
             print(res.describe())
         failed += not res.ok

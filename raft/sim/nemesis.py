@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from raft.sim.runner import Simulation
 
 KINDS = ("partition", "one_way", "crash", "crash_leader", "pause", "loss", "duplicate")
+MEMBERSHIP = "member"
 
 
 @dataclass
@@ -69,10 +70,34 @@ class Nemesis:
             sim.network.faults.loss = rng.choice([0.05, 0.2, 0.5])
             self._note(f"loss {sim.network.faults.loss}")
             sim.loop.after(heal_in, lambda: setattr(sim.network.faults, "loss", 0.0))
+        elif kind == MEMBERSHIP:
+            self._membership()
         elif kind == "duplicate":
             sim.network.faults.duplicate = 0.2
             self._note("duplicate 0.2")
             sim.loop.after(heal_in, lambda: setattr(sim.network.faults, "duplicate", 0.0))
+
+    def _membership(self) -> None:
+        """Add a node that is outside the configuration, or remove a member (keeping at least
+        three voters). The leader refuses while another change is uncommitted; that is fine."""
+        sim, rng = self.sim, self.rng
+        leaders = sim.leaders()
+        if len(leaders) != 1:
+            return
+        core = sim.nodes[leaders[0]].core
+        assert core is not None
+        cfg = core.config
+        outside = [i for i in sorted(sim.nodes) if i not in cfg.members]
+        rid = -1000 - sim.loop.events_run  # nobody waits for these answers
+        if outside and (len(cfg.voters) <= 3 or rng.random() < 0.5):
+            new = rng.choice(outside)
+            core.propose_config(rid, add_learner=new, address=f"sim:{new}")
+            self._note(f"add learner {new} (via leader {leaders[0]})")
+        elif len(cfg.voters) > 3:
+            gone = rng.choice(list(cfg.members))
+            core.propose_config(rid, remove=gone)
+            self._note(f"remove node {gone} (via leader {leaders[0]})")
+        sim.nodes[leaders[0]].process()
 
     def _restart(self, node_id: int) -> None:
         node = self.sim.nodes[node_id]
