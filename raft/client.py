@@ -247,15 +247,16 @@ class Client:
         return self._rotation.pop()
 
     async def call(self, t: str, *, timeout: float | None = None, leader: bool = True,
-                   address: str | None = None, **fields: Any) -> dict[str, Any]:
+                   server: str | None = None, **fields: Any) -> dict[str, Any]:
         """Send one request and return its OK reply. With `leader`, follow NOT_LEADER redirects;
-        retriable errors and connection failures are retried with backoff until `timeout`."""
+        retriable errors and connection failures are retried with backoff until `timeout`.
+        `server` pins the request to one node (no redirects)."""
         budget = self.timeout if timeout is None else timeout
         deadline = trio.current_time() + budget
         backoff = 0.01
         last: RaftlogError | None = None
         while True:
-            target = address or self._next_target()
+            target = server or self._next_target()
             remaining = deadline - trio.current_time()
             if remaining <= 0:
                 break
@@ -278,11 +279,11 @@ class Client:
                 raise e
             else:
                 if reply.get("ok"):
-                    if leader and not address:
+                    if leader and not server:
                         self._leader_addr = target
                     return reply
                 err = error_from_reply(reply.get("error") or {})
-                if isinstance(err, NotLeaderError) and leader and not address:
+                if isinstance(err, NotLeaderError) and leader and not server:
                     self._leader_addr = err.leader_addr if err.leader_addr != target else None
                     last = err
                     if self._leader_addr:
@@ -329,7 +330,7 @@ class Client:
         """Committed records from `offset` (long-polls up to `max_wait` s when there is nothing
         new). Reads from the leader unless `address` names a node."""
         budget = (self.timeout if timeout is None else timeout) + max_wait
-        reply = await self.call("fetch", timeout=budget, address=address,
+        reply = await self.call("fetch", timeout=budget, server=address,
                                 offset=offset, max_bytes=max_bytes,
                                 max_wait_ms=int(max_wait * 1000))
         out: list[FetchedRecord] = []
@@ -344,7 +345,7 @@ class Client:
 
     async def status(self, address: str | None = None) -> dict[str, Any]:
         """One node's status (the leader's when no address is given)."""
-        reply = await self.call("status", address=address, leader=address is None)
+        reply = await self.call("status", server=address, leader=address is None)
         return reply["status"]
 
     async def cluster_status(self, timeout: float = 2.0) -> dict[str, dict[str, Any]]:
@@ -357,7 +358,7 @@ class Client:
             if addr in seen:
                 continue
             try:
-                st = await self.call("status", address=addr, leader=False, timeout=timeout)
+                st = await self.call("status", server=addr, leader=False, timeout=timeout)
                 seen[addr] = st["status"]
                 for peer in (st["status"].get("peers") or {}).values():
                     if peer and peer not in seen and peer not in todo:

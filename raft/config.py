@@ -124,6 +124,14 @@ class NodeConfig:
     max_fetch_wait_ms: int = 60_000
     # On SIGTERM a leader hands leadership over first, for at most this long.
     shutdown_transfer_ms: int = 1000
+    # Node-wide limit on recovery traffic (AppendEntries chunks sent with flush=False while a
+    # follower catches up), in MiB/s; 0 = unlimited. Keeps catch-up from starving live writes.
+    recovery_rate: float = 0.0
+    # Tokens the recovery limit may bank while idle, in MiB.
+    recovery_burst: float = 4.0
+    # Start outside the configuration: this node waits to be added (`raftlog add-node`) instead
+    # of counting itself a voter of the --peers it was given.
+    join: bool = False
     log_level: str = "WARNING"
     # Raft knobs, passed through to raft.raft.RaftConfig (None = the core's default).
     election_ticks: int | None = None
@@ -198,6 +206,14 @@ class NodeConfig:
             raise ConfigError("reconnect_max_ms must be >= reconnect_min_ms")
         if self.shutdown_transfer_ms < 0:
             raise ConfigError("shutdown_transfer_ms must be >= 0")
+        for name in ("recovery_rate", "recovery_burst"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ConfigError(f"{name} must be a number >= 0 (MiB/s or MiB), got {value!r}")
+        if self.recovery_rate and not self.recovery_burst:
+            raise ConfigError("recovery_burst must be above 0 when recovery_rate is set")
+        if not isinstance(self.join, bool):
+            raise ConfigError(f"join must be true or false, got {self.join!r}")
         level = str(self.log_level).upper()
         if level not in LOG_LEVELS:
             raise ConfigError(f"log level {self.log_level!r} must be one of "
@@ -290,7 +306,17 @@ class NodeConfig:
                     "node_id", "data_dir", "peers", "listen", "log_level", "raft"):
                 continue
             flag = "--" + f.name.replace("_", "-")
-            if "bool" in str(f.type):
+            if f.name == "recovery_rate":
+                parser.add_argument(flag, type=float, metavar="MiB/s",
+                                    help="limit recovery traffic (default 0 = unlimited)")
+            elif f.name == "recovery_burst":
+                parser.add_argument(flag, type=float, metavar="MiB",
+                                    help="recovery limit burst (default 4)")
+            elif f.name == "join":
+                parser.add_argument(flag, action="store_const", const=True, default=None,
+                                    help="start outside the configuration and wait to be "
+                                         "added with `raftlog add-node`")
+            elif "bool" in str(f.type):
                 parser.add_argument(flag, type=_parse_bool, metavar="true|false",
                                     help=f"(default: the core's, on)")
             else:

@@ -64,6 +64,7 @@ class LocalCluster:
         ports = ([self.base_port + i for i in range(self.nodes)] if self.base_port
                  else free_ports(self.nodes))
         self.addresses = {i + 1: f"127.0.0.1:{p}" for i, p in enumerate(ports)}
+        self.joining: set[int] = set()
         self._client: BlockingClient | None = None
 
     @property
@@ -75,8 +76,18 @@ class LocalCluster:
         return ",".join(f"{i}={a}" for i, a in self.addresses.items())
 
     def command(self, node_id: int) -> list[str]:
+        extra = ["--join"] if node_id in self.joining else []
         return [sys.executable, "-m", "raft.cli", "serve", "--node-id", str(node_id),
-                "--data-dir", str(self.data_dir), "--peers", self.peers_spec, *self.extra_args]
+                "--data-dir", str(self.data_dir), "--peers", self.peers_spec, *self.extra_args,
+                *extra]
+
+    def new_node(self) -> int:
+        """Reserve an id and a port for a node that will join with `raftlog add-node`; start
+        it with start(id) (it runs `serve --join`)."""
+        node_id = max(self.addresses) + 1
+        self.addresses[node_id] = f"127.0.0.1:{free_ports(1)[0]}"
+        self.joining.add(node_id)
+        return node_id
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, node_id: int | None = None) -> None:
@@ -154,7 +165,7 @@ class LocalCluster:
             return None
         try:
             return self.client._call(self.client._client.call, "status",
-                                     address=self.addresses[node_id], leader=False,
+                                     server=self.addresses[node_id], leader=False,
                                      timeout=timeout)["status"]
         except RaftlogError:
             return None

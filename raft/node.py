@@ -20,6 +20,7 @@ Data directory: with no log passed in, the node opens `<data_dir>/node-<id>/` vi
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import logging
@@ -34,11 +35,12 @@ from typing import Any
 import trio
 
 from raft import wire
-from raft.config import ConfigError, NodeConfig, format_address
-from raft.messages import MESSAGE_TYPES, Message
+from raft.config import ConfigError, NodeConfig, format_address, parse_address
+from raft.messages import MESSAGE_TYPES, AppendEntries, Message
 from raft.peer import PeerLink
 from raft.ready import ProduceAnswer
 from raft.types import Acks, ErrorCode, Role
+from recovery.ratelimit import TokenBucket
 from storage.api import LogStorage, Meta, OffsetOutOfRange
 from storage.batch import Batch, BatchKind, CorruptBatch
 
@@ -147,6 +149,21 @@ class Node:
         self._accept_scope: trio.CancelScope | None = None
         self._run_scope = trio.CancelScope()
         self.loads: Any = None  # raft.load_service.LoadService once the log is open
+        self._link_nursery: trio.Nursery | None = None
+        self._link_scopes: dict[int, trio.CancelScope] = {}
+        self._known_config: Any = None
+        # Recovery throttle (NodeConfig.recovery_rate): flush=False chunks wait for tokens in
+        # per-follower FIFO queues, bounded by the core's in-flight window per follower.
+        self._recovery_limiter: TokenBucket | None = None
+        if config.recovery_rate > 0:
+            self._recovery_limiter = TokenBucket(config.recovery_rate * (1 << 20),
+                                                 config.recovery_burst * (1 << 20),
+                                                 trio.current_time)
+        self._throttled: dict[int, collections.deque[Message]] = {}
+        self._throttle_wake = trio.Event()
+        # Per follower: recent (time, match index, acked bytes) samples for the catch-up rate.
+        self._progress_samples: dict[int, collections.deque[tuple[float, int, int]]] = {}
+        self._bytes_per_offset = 0.0
         self._handlers: dict[str, tuple[Callable[[dict, int], Any],
                                         Callable[[Any, int], Awaitable[dict]]]] = {
             "produce": (self._parse_produce, self._produce),
@@ -195,6 +212,9 @@ class Node:
         try:
             self._meta = self.log.load_meta()
             voters = sorted(self.config.peers)
+            if self.config.join:
+                # Not a member until the cluster adds it: the others decide, via the log.
+                voters = sorted(p for p in self.config.peers if p != self.node_id)
             raft_cfg = RaftConfig(node_id=self.node_id, voters=voters, learners=[],
                                   **self.config.raft_kwargs())
             self.core = RaftCore(raft_cfg, self.log, self._rng)
@@ -213,18 +233,14 @@ class Node:
                      self.node_id, self.address, self.peer_addresses, self.core.term,
                      self.log.dirty_offset, self.log.flushed_offset)
             async with trio.open_nursery() as nursery:
+                self._link_nursery = nursery
+                self._sync_members()
                 for peer_id, address in sorted(self.peer_addresses.items()):
-                    link = PeerLink(
-                        self.node_id, peer_id, address,
-                        max_frame_bytes=self.config.max_frame_bytes,
-                        queue_messages=self.config.peer_queue_messages,
-                        queue_bytes=self.config.peer_queue_bytes,
-                        backoff_min_s=self.config.reconnect_min_ms / 1000,
-                        backoff_max_s=self.config.reconnect_max_ms / 1000,
-                        rng=random.Random(self._rng.getrandbits(64)))
-                    self.links[peer_id] = link
-                    nursery.start_soon(link.run)
+                    self._open_link(peer_id, address)
                 async with trio.open_nursery() as driver:
+                    if self._recovery_limiter is not None:
+                        driver.start_soon(self._recovery_sender)
+                    driver.start_soon(self._progress_sampler)
                     driver.start_soon(self._tick_loop)
                     driver.start_soon(self._ready_loop)
                     driver.start_soon(self._flush_loop)
@@ -331,11 +347,13 @@ class Node:
             # A term or vote must be durable before anyone can see a message that depends on it.
             await self._save_meta(rd.hard_state)
         for msg in rd.messages:
-            link = self.links.get(msg.dst)
-            if link is None:
-                log.debug("message_to_unknown_peer node=%d dst=%d", self.node_id, msg.dst)
+            if self._recovery_limiter is not None and isinstance(msg, AppendEntries) and (
+                    msg.dst in self._throttled or (not msg.flush and msg.batches)):
+                # Recovery chunk (or anything queued behind one, to keep the order).
+                self._throttled.setdefault(msg.dst, collections.deque()).append(msg)
+                self._throttle_wake.set()
                 continue
-            link.enqueue(msg)
+            self._send_peer(msg)
         if rd.flush:
             self._flush_wanted.set()
         for answer in rd.answers:
@@ -345,7 +363,122 @@ class Node:
                 pending.event.set()
         self._notify_changes()
 
+    def _send_peer(self, msg: Message) -> None:
+        link = self.links.get(msg.dst)
+        if link is None:
+            log.debug("message_to_unknown_peer node=%d dst=%d", self.node_id, msg.dst)
+            return
+        link.enqueue(msg)
+
+    async def _recovery_sender(self) -> None:
+        """Release throttled recovery chunks as the token bucket allows, in order per
+        follower, round-robin across followers."""
+        limiter = self._recovery_limiter
+        assert limiter is not None
+        while True:
+            if not self._throttled:
+                await self._throttle_wake.wait()
+                self._throttle_wake = trio.Event()
+                continue
+            for dst in list(self._throttled):
+                queue = self._throttled[dst]
+                msg = queue[0]
+                cost = sum(b.size for b in msg.batches) if not msg.flush else 0
+                delay = limiter.delay_for(cost) if cost else 0.0
+                if delay > 0:
+                    await trio.sleep(delay)  # the throttle itself: wait for tokens
+                if cost:
+                    limiter.take(cost)
+                queue.popleft()
+                if not queue:
+                    del self._throttled[dst]
+                self._send_peer(msg)
+
+    def _open_link(self, peer_id: int, address: str) -> None:
+        if peer_id in self.links or self._link_nursery is None or peer_id == self.node_id:
+            return
+        link = PeerLink(
+            self.node_id, peer_id, address,
+            max_frame_bytes=self.config.max_frame_bytes,
+            queue_messages=self.config.peer_queue_messages,
+            queue_bytes=self.config.peer_queue_bytes,
+            backoff_min_s=self.config.reconnect_min_ms / 1000,
+            backoff_max_s=self.config.reconnect_max_ms / 1000,
+            rng=random.Random(self._rng.getrandbits(64)))
+        self.links[peer_id] = link
+        scope = trio.CancelScope()
+        self._link_scopes[peer_id] = scope
+
+        async def run_link() -> None:
+            with scope:
+                await link.run()
+
+        self._link_nursery.start_soon(run_link)
+
+    def _sync_members(self) -> None:
+        """Follow the configuration in force: learn new members' addresses from it and keep a
+        link to every member (a removed node's link is closed)."""
+        cfg = getattr(self.core, "config", None)
+        if cfg is None or cfg == self._known_config:
+            return
+        self._known_config = cfg
+        for node_id, address in cfg.addresses.items():
+            if node_id != self.node_id and address:
+                self.peer_addresses[node_id] = address
+                if node_id in self.links:
+                    self.links[node_id].set_address(address)
+        if self._link_nursery is None:
+            return
+        members = set(cfg.members)
+        for node_id in sorted(members):
+            address = self.peer_addresses.get(node_id)
+            if address and node_id != self.node_id:
+                self._open_link(node_id, address)
+        for node_id in list(self.links):
+            if node_id not in members and node_id not in self.config.peers:
+                self._link_scopes.pop(node_id).cancel()
+                del self.links[node_id]
+                self.peer_addresses.pop(node_id, None)
+
+    async def _progress_sampler(self) -> None:
+        """Twice a second, remember each follower's match index and acked bytes, so status
+        can show a catch-up rate over the last few seconds."""
+        while True:
+            await trio.sleep(0.5)
+            if self.core is None or self.core.role != Role.LEADER or \
+                    not hasattr(self.core, "progress"):
+                self._progress_samples.clear()
+                continue
+            now = trio.current_time()
+            for f in self.core.status().followers:
+                pr = self.core.progress(f.node_id)
+                q = self._progress_samples.setdefault(f.node_id, collections.deque(maxlen=12))
+                q.append((now, f.match_index, getattr(pr, "acked_bytes", 0)))
+
+    def _recovery_view(self, followers: list[dict[str, Any]]) -> None:
+        """Add bytes behind (estimated from offsets and the average bytes per offset) and the
+        catch-up rate to each follower's status entry."""
+        dirty = self.log.dirty_offset if self.log is not None else -1
+        per = self._bytes_per_offset or 0.0
+        if not per and self.log is not None and dirty >= self.log.start_offset:
+            last = self.log.read(dirty, 1)  # the last batch stands for the average
+            per = last[0].size / last[0].count if last else 0.0
+        for f in followers:
+            behind = max(0, dirty - f["match_index"])
+            f["offsets_behind"] = behind
+            f["bytes_behind"] = int(behind * per)
+            q = self._progress_samples.get(f["node_id"])
+            rate_o, rate_b = 0.0, 0.0
+            if q and len(q) >= 2 and q[-1][0] > q[0][0]:
+                dt = q[-1][0] - q[0][0]
+                rate_o = max(0, q[-1][1] - q[0][1]) / dt
+                rate_b = max(0, q[-1][2] - q[0][2]) / dt
+            f["catchup_offsets_per_s"] = round(rate_o, 1)
+            f["catchup_bytes_per_s"] = round(rate_b, 1)
+            f["eta_s"] = round(behind / rate_o, 1) if rate_o > 0 and behind else None
+
     def _notify_changes(self) -> None:
+        self._sync_members()
         hw = self.core.high_watermark
         if hw != self._last_hw:
             self._last_hw = hw
@@ -595,6 +728,9 @@ class Node:
         if req["producer_id"] and req["sequence"] < 0:
             return self._error(rid, ErrorCode.BAD_REQUEST,
                                "an idempotent produce (producer_id != 0) needs sequence >= 0")
+        per = (len(req["payload"]) + 64) / req["count"] if req["count"] > 0 else 0.0
+        self._bytes_per_offset = per if not self._bytes_per_offset else \
+            0.9 * self._bytes_per_offset + 0.1 * per
         batch = Batch.create(req["payload"], req["count"], timestamp_ms=req["timestamp_ms"],
                              producer_id=req["producer_id"],
                              sequence=req["sequence"] if req["producer_id"] else -1)
@@ -709,6 +845,10 @@ class Node:
     # -- status and admin --------------------------------------------------------------------------
     async def _status(self, _req: None, rid: int) -> dict[str, Any]:
         st = status_to_wire(self.core.status())
+        self._recovery_view(st.get("followers") or [])
+        cfg = getattr(self.core, "config", None)
+        if cfg is not None:
+            st["addresses"] = {str(k): v for k, v in sorted(cfg.addresses.items())}
         st["address"] = self.address
         # String keys: msgpack maps with int keys trip strict decoders and are not JSON.
         st["peers"] = {str(k): v for k, v in sorted(
@@ -762,12 +902,46 @@ class Node:
                                                         where="remove_node")}
 
     async def _membership(self, req: dict[str, Any], rid: int) -> dict[str, Any]:
+        """add_node / remove_node: one configuration change through the log. Answered when the
+        entry commits (add: the node is a learner now, promoted to voter automatically once it
+        has caught up)."""
+        if self._closing:
+            return self._error(rid, ErrorCode.SHUTTING_DOWN)
         if not hasattr(self.core, "propose_config"):
             return self._error(rid, ErrorCode.BAD_REQUEST,
-                               "membership changes (add_node/remove_node) are not supported "
-                               "by this build yet")
-        return self._error(rid, ErrorCode.BAD_REQUEST,
-                           "membership changes are not wired into the node runtime yet")
+                               "this core does not support membership changes")
+        if self.core.role != Role.LEADER:
+            return self._error(rid, ErrorCode.NOT_LEADER)
+        core_id = next(self._request_ids)
+        pending = _Pending(trio.Event())
+        self._pending[core_id] = pending
+        try:
+            if req["op"] == "add":
+                try:
+                    host, port = parse_address(req["address"], what="address")
+                except ConfigError as e:
+                    return self._error(rid, ErrorCode.BAD_REQUEST, str(e))
+                self.core.propose_config(core_id, add_learner=req["node_id"],
+                                         address=format_address(host, port))
+            else:
+                self.core.propose_config(core_id, remove=req["node_id"])
+            self._kick()
+            with trio.move_on_after(self.config.default_timeout_ms / 1000):
+                await pending.event.wait()
+        finally:
+            self._pending.pop(core_id, None)
+        answer = pending.answer
+        if answer is None:
+            return self._error(rid, ErrorCode.SHUTTING_DOWN if self._closing
+                               else ErrorCode.TIMEOUT,
+                               "the configuration change did not commit in time; check "
+                               "`raftlog status` and retry")
+        if answer.error != ErrorCode.OK:
+            return self._error(rid, answer.error, answer.message or None,
+                               leader_id=answer.leader_id)
+        cfg = self.core.config
+        return wire.ok_reply(rid, offset=answer.base_offset, voters=list(cfg.voters),
+                             learners=list(cfg.learners))
 
 
 _NETWORK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, wire.WireError,

@@ -282,8 +282,10 @@ async def test_transfer_leader_admin_op() -> None:
         bad = await RawClient.connect(target.address)
         reply = await bad.request("transfer_leader", to=42)
         assert reply["error"]["code"] == "BAD_REQUEST" and "not a peer" in reply["error"]["message"]
-        reply = await bad.request("add_node", node_id=4, address="127.0.0.1:1")
+        # Adding a node that is already a member is refused with the reason.
+        reply = await bad.request("add_node", node_id=1, address="127.0.0.1:1")
         assert reply["ok"] is False and reply["error"]["code"] == "BAD_REQUEST"
+        assert "already a member" in reply["error"]["message"]
 
 
 @trio_test
