@@ -89,6 +89,28 @@ def parse_peers(spec: str | dict[Any, Any]) -> dict[int, str]:
     return peers
 
 
+def _parse_raft_options(items: list[str]) -> dict[str, Any]:
+    """['k=v', ...] -> {k: int | float | bool | str}."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--raft {item!r} must look like KEY=VALUE, e.g. "
+                              f"--raft max_inflight=8")
+        value: Any = raw.strip()
+        if value.lower() in ("true", "false"):
+            value = value.lower() == "true"
+        else:
+            for conv in (int, float):
+                try:
+                    value = conv(value)
+                    break
+                except ValueError:
+                    pass
+        out[key.strip()] = value
+    return out
+
+
 def _parse_bool(text: str) -> bool:
     if text.lower() in ("1", "true", "yes", "on"):
         return True
@@ -299,6 +321,9 @@ class NodeConfig:
         parser.add_argument("--election-ticks", type=int, help="election timeout in ticks")
         parser.add_argument("--heartbeat-ticks", type=int, help="heartbeat interval in ticks")
         parser.add_argument("--log-level", help="DEBUG, INFO, WARNING (default), ERROR")
+        parser.add_argument("--raft", action="append", metavar="KEY=VALUE",
+                            help="any other raft.raft.RaftConfig setting (repeatable), e.g. "
+                                 "--raft recovery_flush_per_chunk=true")
         # Every other setting as a flag too (the README's settings table explains them).
         given = {"election_ticks", "heartbeat_ticks", "tick_ms", "max_frame_bytes"}
         for f in dataclasses.fields(NodeConfig):
@@ -328,6 +353,8 @@ class NodeConfig:
         """Build from parsed `raftlog serve` flags (attribute names = field names). With
         `config` set, the TOML file is read first and the flags given override it."""
         values = dict(vars(args)) if isinstance(args, argparse.Namespace) else dict(args)
+        if isinstance(values.get("raft"), list):
+            values["raft"] = _parse_raft_options(values["raft"])
         names = {f.name for f in dataclasses.fields(cls)}
         config_path = values.pop("config", None)
         picked = {k: v for k, v in values.items() if k in names and v is not None}

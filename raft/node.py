@@ -215,9 +215,13 @@ class Node:
             if self.config.join:
                 # Not a member until the cluster adds it: the others decide, via the log.
                 voters = sorted(p for p in self.config.peers if p != self.node_id)
-            raft_cfg = RaftConfig(node_id=self.node_id, voters=voters, learners=[],
-                                  **self.config.raft_kwargs())
-            self.core = RaftCore(raft_cfg, self.log, self._rng)
+            try:
+                raft_cfg = RaftConfig(node_id=self.node_id, voters=voters, learners=[],
+                                      **self.config.raft_kwargs())
+                self.core = RaftCore(raft_cfg, self.log, self._rng)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"raft settings: {e}; check --raft KEY=VALUE options and "
+                                  f"the [raft] table of the config file") from None
             self.loads = _make_load_service(self.log)
             self._last_hw = self.core.high_watermark
             host, port = self.config.listen_address
