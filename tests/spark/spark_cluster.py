@@ -178,7 +178,7 @@ class Cluster:
 
 class SingleNode:
     """tests/spark/solo_node.py in a subprocess: the real trio Node and wire path with a
-    one-voter stand-in core (no replication), for fast Spark-side tests."""
+    real core with one voter (no replication), for fast Spark-side tests."""
 
     def __init__(self, root: Path, load_timeout_ms: int = LOAD_TIMEOUT_MS) -> None:
         self.port = _free_ports(1)[0]

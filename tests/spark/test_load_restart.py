@@ -1,4 +1,4 @@
-"""Through the real trio Node (one-voter stand-in core): a restarted node rebuilds its load table
+"""Through the real trio Node (the real core, one voter): a restarted node rebuilds its load table
 from the log, so a committed load stays committed (re-runs write nothing) and its published
 records, and only those, are served again."""
 
@@ -11,7 +11,6 @@ import trio
 
 from raft.config import NodeConfig
 from raft.node import Node
-from solo_node import SoloConfig, SoloCore
 from sparkio.staging import Session, Stager
 from spark_cluster import _free_ports
 from storage.memory import MemoryLog
@@ -23,12 +22,11 @@ async def _with_node(log: MemoryLog, fn) -> None:  # noqa: ANN001
     addr = f"127.0.0.1:{port}"
     node = Node(NodeConfig(node_id=1, data_dir=Path(tempfile.mkdtemp()), peers={1: addr},
                            listen=addr), log_storage=log)
-    async def run(task_status=trio.TASK_STATUS_IGNORED) -> None:  # noqa: ANN001
-        with node._run_scope:  # what node.run() does, with the stand-in core
-            await node._run(SoloConfig, SoloCore, task_status)
-
     async with trio.open_nursery() as nursery:
-        await nursery.start(run)
+        await nursery.start(node.run)  # the real core, one voter
+        with trio.fail_after(30):
+            while not node.is_leader():
+                await trio.sleep(0.01)  # polling the node's own state for its first election
         try:
             await trio.to_thread.run_sync(fn, addr)
         finally:

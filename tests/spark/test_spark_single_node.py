@@ -1,4 +1,4 @@
-"""The Spark writer and reader against one real Node with a one-voter stand-in core
+"""The Spark writer and reader against one real Node (the real core, one voter)
 (tests/spark/solo_node.py): the Spark-side contract (schema, task retries, re-runs, the CLI) and
 the node's load hooks, checked quickly. Replication and leader loss are test_spark_cluster.py's
 job."""
