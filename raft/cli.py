@@ -15,6 +15,7 @@ Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration.
 from __future__ import annotations
 
 import argparse
+import base64
 import importlib
 import json
 import logging
@@ -124,17 +125,23 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 # ============================================================================ consume
 def cmd_consume(args: argparse.Namespace) -> int:
+    """Records from --from (default: the log start) up to --to (exclusive); stops at the high
+    watermark unless --follow."""
     async def run() -> int:
         printed = 0
-        offset = args.offset
+        offset = args.from_offset
         async with Client(args.servers, timeout=args.timeout) as client:
             if offset < 0:
                 offset = (await client.fetch(0, max_bytes=1, address=args.node)).start_offset
             while args.count is None or printed < args.count:
+                if args.to is not None and offset >= args.to:
+                    return 0
                 res = await client.fetch(offset, max_bytes=args.max_bytes,
                                          max_wait=args.max_wait if args.follow else 0.0,
                                          address=args.node)
                 for r in res.records:
+                    if args.to is not None and r.offset >= args.to:
+                        return 0
                     _print_record(r, args.json)
                     printed += 1
                     if args.count is not None and printed >= args.count:
@@ -152,20 +159,28 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
 def _print_record(r: FetchedRecord, as_json: bool) -> None:
     if as_json:
-        out: dict[str, Any] = {"offset": r.offset, "value": _text(r.value),
-                               "timestamp_ms": r.timestamp_ms}
+        out: dict[str, Any] = {"offset": r.offset, "timestamp_ms": r.timestamp_ms}
+        _put_bytes(out, "value", r.value)
         if r.key is not None:
-            out["key"] = _text(r.key)
+            _put_bytes(out, "key", r.key)
         print(json.dumps(out))
     else:
         print(f"{r.offset}\t{_text(r.value)}")
+
+
+def _put_bytes(out: dict[str, Any], name: str, b: bytes) -> None:
+    """UTF-8 text as `name`, anything else base64 as `name_b64`."""
+    try:
+        out[name] = b.decode()
+    except UnicodeDecodeError:
+        out[f"{name}_b64"] = base64.b64encode(b).decode()
 
 
 def _text(b: bytes) -> str:
     try:
         return b.decode()
     except UnicodeDecodeError:
-        return b.hex()
+        return "b64:" + base64.b64encode(b).decode()
 
 
 # ============================================================================ status
@@ -173,10 +188,24 @@ def cmd_status(args: argparse.Namespace) -> int:
     with BlockingClient(args.servers, timeout=args.timeout) as client:
         statuses = client.cluster_status(timeout=args.timeout)
     if args.json:
-        print(json.dumps(statuses, indent=2, sort_keys=True))
+        print(json.dumps(status_json(statuses), indent=2, sort_keys=True))
     else:
         render_status(statuses)
     return 0 if any("error" not in st for st in statuses.values()) else 1
+
+
+def status_json(statuses: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """`status --json`: {"nodes": [{node_id, address, role, term, leader_id, dirty_offset,
+    flushed_offset, commit_index, high_watermark, lag, ..., followers (leader only)}]}."""
+    nodes = []
+    top = max((st.get("dirty_offset", -1) for st in statuses.values() if "error" not in st),
+              default=-1)
+    for addr, st in sorted(statuses.items(), key=lambda kv: kv[1].get("node_id", 1 << 30)):
+        entry = {"address": addr, **st}
+        if "error" not in st:
+            entry["lag"] = top - st.get("dirty_offset", -1)
+        nodes.append(entry)
+    return {"nodes": nodes}
 
 
 def render_status(statuses: dict[str, dict[str, Any]], console: Any = None) -> None:
@@ -186,30 +215,34 @@ def render_status(statuses: dict[str, dict[str, Any]], console: Any = None) -> N
     console = console or Console()
     nodes = Table(title="raftlog nodes")
     for col in ("node", "address", "role", "term", "leader", "dirty", "flushed", "commit",
-                "high watermark"):
+                "high watermark", "lag"):
         nodes.add_column(col, justify="right" if col not in ("address", "role") else "left")
     leader_st = None
+    top = max((st.get("dirty_offset", -1) for st in statuses.values() if "error" not in st),
+              default=-1)
     for addr, st in sorted(statuses.items(), key=lambda kv: kv[1].get("node_id", 1 << 30)):
         if "error" in st:
-            nodes.add_row("?", addr, f"[red]{st['error']}[/]", *[""] * 6)
+            nodes.add_row("?", addr, f"[red]{st['error']}[/]", *[""] * 7)
             continue
         if st.get("role") == "leader":
             leader_st = st
         nodes.add_row(str(st["node_id"]), addr, st["role"], str(st["term"]),
                       str(st.get("leader_id")), str(st["dirty_offset"]),
                       str(st["flushed_offset"]), str(st["commit_index"]),
-                      str(st["high_watermark"]))
+                      str(st["high_watermark"]), str(top - st["dirty_offset"]))
     console.print(nodes)
     if leader_st and leader_st.get("followers"):
         prog = Table(title=f"followers of leader {leader_st['node_id']}")
         for col in ("node", "match", "next", "dirty", "flushed", "in flight", "recovering",
-                    "learner", "last heard (ticks)"):
+                    "bytes behind", "catch-up", "learner", "last heard (ticks)"):
             prog.add_column(col, justify="right")
         for f in leader_st["followers"]:
             prog.add_row(str(f["node_id"]), str(f["match_index"]), str(f["next_index"]),
                          str(f["dirty_offset"]), str(f["flushed_offset"]),
                          f"{f['inflight']} / {f['inflight_bytes']} B",
                          "yes" if f.get("recovering") else "no",
+                         f"{f.get('bytes_behind', 0):,}",
+                         f"{f.get('catchup_bytes_per_s', 0) / 1e6:.1f} MB/s",
                          "yes" if f.get("learner") else "no", str(f["last_heard_ticks"]))
         console.print(prog)
 
@@ -264,8 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("consume", help="print committed records from an offset")
     servers_arg(p)
-    p.add_argument("--offset", type=int, default=-1,
-                   help="first offset to read (default: the log start)")
+    p.add_argument("--from", "--offset", dest="from_offset", type=int, default=-1,
+                   metavar="OFFSET", help="first offset to read (default: the log start)")
+    p.add_argument("--to", type=int, default=None, metavar="OFFSET",
+                   help="stop before this offset (exclusive)")
     p.add_argument("--count", type=_positive_int, default=None,
                    help="stop after this many records")
     p.add_argument("--follow", action="store_true", help="keep waiting for new records")

@@ -4,6 +4,7 @@ round-trip; bad input exits non-zero with a message."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -49,18 +50,29 @@ def test_cli_produce_json_consume_and_status_round_trip(cluster: LocalCluster) -
     offsets = [o["offset"] for o in out]
     assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
 
-    res = raftlog("consume", "--servers", cluster.servers, "--offset", str(offsets[0]),
-                  "--count", "500", "--json")
+    res = raftlog("consume", "--servers", cluster.servers, "--from", str(offsets[0]),
+                  "--to", str(offsets[-1] + 1), "--json")
     assert res.returncode == 0, res.stderr
     got = [json.loads(x) for x in res.stdout.splitlines()]
     assert [(g["offset"], g["value"]) for g in got] == list(zip(offsets, lines))
+    # --to is exclusive; without --follow reading stops at the high watermark.
+    res = raftlog("consume", "--servers", cluster.servers, "--from", str(offsets[0]),
+                  "--to", str(offsets[10]), "--json")
+    assert [json.loads(x)["offset"] for x in res.stdout.splitlines()] == offsets[:10]
+
+    # Values that are not UTF-8 come out base64-encoded as value_b64.
+    with BlockingClient(cluster.servers) as c:
+        (raw_at,) = c.produce_idempotent([b"\xff\xfe raw"], acks="quorum")
+    res = raftlog("consume", "--servers", cluster.servers, "--from", str(raw_at), "--json")
+    (rec,) = [json.loads(x) for x in res.stdout.splitlines()]
+    assert "value" not in rec and base64.b64decode(rec["value_b64"]) == b"\xff\xfe raw"
 
     res = raftlog("status", "--servers", cluster.servers, "--json")
     assert res.returncode == 0, res.stderr
-    st = json.loads(res.stdout)
-    roles = sorted(s["role"] for s in st.values())
+    st = json.loads(res.stdout)["nodes"]
+    roles = sorted(s["role"] for s in st)
     assert roles == ["follower", "follower", "leader"]
-    leader = next(s for s in st.values() if s["role"] == "leader")
+    leader = next(s for s in st if s["role"] == "leader")
     assert len(leader["followers"]) == 2
     assert leader["commit_index"] >= offsets[-1]
 
