@@ -45,6 +45,10 @@ from storage.api import (
 )
 from storage.batch import HEADER_SIZE, Batch, CorruptBatch
 
+# BENCH ONLY: RAFTLOG_BENCH_FSYNC_DELAY_MS adds a fixed delay to every fsynced transaction, to
+# show what deferred flushing buys on a slow (cloud) disk. Never set it in production.
+_BENCH_FSYNC_DELAY_S = float(os.environ.get("RAFTLOG_BENCH_FSYNC_DELAY_MS", "0") or 0) / 1000
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MAP_SIZE = 64 << 20
@@ -161,7 +165,10 @@ class LmdbLog(LogStorage):
         while True:
             try:
                 with self._env.begin(write=True) as txn:
-                    return body(txn)
+                    out = body(txn)
+                if _BENCH_FSYNC_DELAY_S:
+                    time.sleep(_BENCH_FSYNC_DELAY_S)  # bench-only emulated slow disk
+                return out
             except lmdb.MapFullError:
                 self._grow(what)
             except lmdb.Error as e:

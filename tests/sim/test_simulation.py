@@ -2,7 +2,7 @@
 (seed, cluster size, fault mix); a failure shrinks and prints the replay command.
 
 CI runs RAFTLOG_SIM_EXAMPLES (default 300) schedules; a soak sets it to thousands:
-    RAFTLOG_SIM_EXAMPLES=5000 pytest tests/sim -k schedules
+    RAFTLOG_SIM_EXAMPLES=5000 pytest tests/sim -k schedules --timeout=0
 """
 
 from __future__ import annotations
