@@ -247,12 +247,21 @@ class Client:
         return self._rotation.pop()
 
     async def call(self, t: str, *, timeout: float | None = None, leader: bool = True,
-                   server: str | None = None, **fields: Any) -> dict[str, Any]:
+                   server: str | None = None, attempt_timeout: float | None = None,
+                   **fields: Any) -> dict[str, Any]:
         """Send one request and return its OK reply. With `leader`, follow NOT_LEADER redirects;
         retriable errors and connection failures are retried with backoff until `timeout`.
-        `server` pins the request to one node (no redirects)."""
+        `server` pins the request to one node (no redirects). One attempt waits at most
+        `attempt_timeout` (default a third of the budget, at least 2 s), so a hung node does
+        not eat the whole budget.
+
+        A produce without a producer id is not idempotent: once it may have reached the
+        server, an ambiguous failure (no answer, connection lost, leadership lost) is raised
+        instead of retried, since a retry could write the batch twice."""
         budget = self.timeout if timeout is None else timeout
+        per_attempt = attempt_timeout if attempt_timeout is not None else max(2.0, budget / 3)
         deadline = trio.current_time() + budget
+        safe_to_retry = t != "produce" or bool(fields.get("producer_id"))
         backoff = 0.01
         last: RaftlogError | None = None
         while True:
@@ -260,20 +269,28 @@ class Client:
             remaining = deadline - trio.current_time()
             if remaining <= 0:
                 break
+            sent = False
             try:
-                with trio.fail_after(remaining):
+                with trio.fail_after(min(remaining, per_attempt)):
                     conn = await self._conn(target)
+                    sent = True
                     reply = await conn.request({"t": t, **fields}, next(self._ids))
             except trio.TooSlowError:
                 await self._drop(target)
-                last = RequestTimeout(f"no answer from {target} to {t} within {budget:.1f} s")
-                break
+                if self._leader_addr == target:
+                    self._leader_addr = None
+                last = RequestTimeout(f"no answer from {target} to {t} within "
+                                      f"{min(remaining, per_attempt):.1f} s")
+                if sent and not safe_to_retry:
+                    raise last from None
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
                     wire.WireError) as e:
                 await self._drop(target)
                 if self._leader_addr == target:
                     self._leader_addr = None
                 last = UnavailableError(f"{target}: {e}; check the node is running")
+                if sent and not safe_to_retry:
+                    raise last from None
             except RaftlogError as e:  # the server hung up on our frame: not retriable
                 await self._drop(target)
                 raise e
@@ -290,6 +307,8 @@ class Client:
                         continue  # follow the redirect at once
                 elif err.code not in RETRIABLE:
                     raise err
+                elif not safe_to_retry and err.code not in ("NOT_LEADER", "BACKPRESSURE"):
+                    raise err  # it may have been written: the caller decides
                 else:
                     last = err
                     if isinstance(err, ShuttingDownError) and self._leader_addr == target:
@@ -309,8 +328,8 @@ class Client:
                       timeout: float | None = None, producer_id: int = 0,
                       sequence: int = -1, timestamp_ms: int = 0) -> ProduceResult:
         """Write records as one batch. Returns its offsets (with acks="none" too: the leader
-        assigns them on acceptance). Retries are only safe with a producer id; without one a
-        retry after a timeout may write the batch twice, so none is made after a send."""
+        assigns them on acceptance). Retries are only safe with a producer id (use Producer);
+        without one, an ambiguous failure after the send is raised, not retried."""
         recs = [_as_record(r) for r in records]
         if not recs:
             raise ValueError("produce needs at least one record")
@@ -331,6 +350,7 @@ class Client:
         new). Reads from the leader unless `address` names a node."""
         budget = (self.timeout if timeout is None else timeout) + max_wait
         reply = await self.call("fetch", timeout=budget, server=address,
+                                attempt_timeout=max_wait + max(2.0, budget / 3),
                                 offset=offset, max_bytes=max_bytes,
                                 max_wait_ms=int(max_wait * 1000))
         out: list[FetchedRecord] = []
