@@ -429,7 +429,10 @@ class RaftCore:
             self._transfer_elapsed += 1
             if self._transfer_elapsed >= self.cfg.election_ticks:
                 self._transfer_target = None  # gave up: keep leading
-        if self._check_quorum_elapsed >= self.cfg.election_ticks:
+        # Two election timeouts, not one: a leader whose event loop lags under a burst of
+        # client load (replies queued, not lost) must not depose itself; an isolated leader
+        # still steps down well before clients give up.
+        if self._check_quorum_elapsed >= 2 * self.cfg.election_ticks:
             self._check_quorum_elapsed = 0
             if self.cfg.check_quorum:
                 active = sum(1 for v in self.config.voters
