@@ -9,9 +9,11 @@ import sys
 
 from rich.console import Console
 
-from bench.results import load
-from bench.runner import WORKLOADS, available_workloads, finish, run
 from bench.workloads.common import BenchConfig
+
+# bench.runner pulls in matplotlib (plots): imported only when a bench runs, so `raftlog serve`
+# and every other command start without it.
+WORKLOADS = ("produce", "latency", "fetch", "failover")
 
 DEFAULT_OUT = "bench-results"
 
@@ -48,6 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if args.nodes < 1:
         raise SystemExit("bench: --nodes must be at least 1")
+    from bench.runner import available_workloads
+
     known = available_workloads()
     unknown = [w for w in args.workloads if w not in known]
     if unknown:
@@ -70,11 +74,15 @@ def command(args: argparse.Namespace) -> int:
         console = Console(width=120)  # logs and CI: wide enough for one row per figure
     old = None
     if args.compare:
+        from bench.results import load
+
         try:
             old = load(args.compare)
         except (OSError, ValueError) as e:
             console.print(f"[red]bench: cannot read --compare file {args.compare}: {e}[/]")
             return 2
+    from bench.runner import finish, run
+
     cfg = config_from_args(args)
     try:
         results = run(cfg, console, command=["raftlog", "bench", *_argv_of(args)])
