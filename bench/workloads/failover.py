@@ -131,7 +131,7 @@ def timeline(events: list, event_at: float) -> list[tuple[float, float, bool]]:
 
 
 def repeats(ctx_cfg) -> int:
-    return 1 if ctx_cfg.quick else max(ctx_cfg.repeats, 5)
+    return 1 if ctx_cfg.quick else max(ctx_cfg.repeats, 3)
 
 
 def steps(ctx_cfg) -> int:

@@ -24,7 +24,7 @@ from storage.records import encode_values
 P99_LIMIT_MS = 5.0
 P50_TARGET_MS = 1.0
 RECORD_SIZE = 100
-DEFAULT_RATES = (200, 1000, 3000)
+DEFAULT_RATES = (200, 1000, 2000)
 QUICK_RATES = (200,)
 _TIMER_SLACK = 0.001
 
