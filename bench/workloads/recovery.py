@@ -41,17 +41,24 @@ def _status(addr: str) -> dict:
         return conn.request({"t": "status"})["status"]
 
 
+# Producers batch ~32 KiB per request here: the log's batches are then the baseline's 32 KiB
+# chunks (a chunk is never smaller than one batch), while raftlog's recovery packs 16 of them
+# into each 512 KiB chunk.
+RECORDS_PER_BATCH = 32
+
+
 def _fill(addr: str, total_mb: int) -> int:
-    """Write total_mb of 1 KiB records in ~1 MiB leader-acked requests; the last offset."""
+    """Write total_mb MiB of 1000-byte records in ~32 KiB leader-acked requests; the last
+    offset."""
     import msgpack
 
     record = os.urandom(1000)
-    payload = msgpack.packb([[None, record, None]] * 1000, use_bin_type=True)
+    payload = msgpack.packb([[None, record, None]] * RECORDS_PER_BATCH, use_bin_type=True)
     last = -1
     with SyncConn(addr, timeout=60) as conn:
-        for _ in range(total_mb):
+        for _ in range(total_mb * (1 << 20) // (1000 * RECORDS_PER_BATCH)):
             reply = conn.request({"t": "produce", "acks": "leader", "payload": payload,
-                                  "count": 1000, "timeout_ms": 60_000})
+                                  "count": RECORDS_PER_BATCH, "timeout_ms": 60_000})
             if not reply.get("ok"):
                 raise RuntimeError(f"bulk write failed: {reply.get('error')}")
             last = reply["last_offset"]
@@ -106,7 +113,7 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
     for disk, delay in DISKS.items():
         label = "local disk" if not delay else f"EMULATED slow disk (+{delay} ms per fsync)"
         params = {"bulk_MiB": bulk, "record_bytes": 1000, "acks": "leader",
-                  "fsync_delay_ms": delay}
+                  "batch_records": RECORDS_PER_BATCH, "fsync_delay_ms": delay}
         figures += [
             figure(f"recovery.deferred.{disk}.MBps", "recovery",
                    f"catch-up, raftlog recovery, {label}", "MB/s", rates[("deferred", disk)],
