@@ -37,21 +37,9 @@ DEFAULT_SERVERS = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
 
 # ============================================================================ serve
 def cmd_serve(args: argparse.Namespace) -> int:
-    from raft.node import run_node
+    from raft.node import serve
 
-    try:
-        config = NodeConfig.from_args({k: v for k, v in vars(args).items()
-                                       if k not in ("func", "command")})
-        config.check_data_dir()
-    except ConfigError as e:
-        print(f"raftlog serve: {e}", file=sys.stderr)
-        return 2
-    try:
-        trio.run(run_node, config)
-    except ConfigError as e:
-        print(f"raftlog serve: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return serve({k: v for k, v in vars(args).items() if k not in ("func", "command", "verbose")})
 
 
 # ============================================================================ up

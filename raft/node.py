@@ -1059,22 +1059,26 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m raft.node --node-id 1 --data-dir DIR --peers ...`: the node alone, without the
     full CLI (`raftlog serve` does the same). Exit codes: 0 clean stop, 2 configuration error."""
     import argparse
-    import sys
 
     parser = argparse.ArgumentParser(prog="python -m raft.node",
                                      description="Run one raftlog node until SIGTERM/SIGINT.")
     NodeConfig.add_arguments(parser)
     args = parser.parse_args(argv)
+    return serve(vars(args), prog="raftlog")
+
+
+def serve(settings: dict[str, Any], prog: str = "raftlog serve") -> int:
+    """Validate settings (flag values, or --config's TOML plus flags) and run the node until
+    SIGTERM. Exit code 0 after a clean stop, 2 after a configuration error (one line on
+    stderr saying what to fix)."""
+    import sys
+
     try:
-        config = NodeConfig.from_args(args)
+        config = NodeConfig.from_args(settings)
         config.check_data_dir()
-    except ConfigError as e:
-        print(f"raftlog: {e}", file=sys.stderr)
-        return 2
-    try:
         trio.run(run_node, config)
     except ConfigError as e:
-        print(f"raftlog: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 2
     return 0
 
