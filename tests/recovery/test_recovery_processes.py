@@ -88,6 +88,35 @@ def test_follower_missing_200_mib_is_caught_up_exactly(tmp_path: Path) -> None:
         assert digests[leader][0] >= 200 * per_batch
 
 
+class _Load:
+    """A background quorum writer (idempotent) for membership changes under load."""
+
+    def __init__(self, servers: str) -> None:
+        import threading
+
+        self.acked = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(servers,), daemon=True)
+        self.thread.start()
+
+    def _run(self, servers: str) -> None:
+        from raft.client import RaftlogError
+
+        with BlockingClient(servers, timeout=20) as c:
+            i = 0
+            while not self.stop.is_set():
+                try:
+                    c.produce_idempotent([f"load-{i}".encode() * 50], acks="quorum")
+                    self.acked += 1
+                except RaftlogError:
+                    pass
+                i += 1
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=60)
+
+
 def test_add_learner_promote_then_remove_members(tmp_path: Path) -> None:
     with LocalCluster(tmp_path, nodes=3) as cluster:
         leader = cluster.wait_leader()
@@ -95,21 +124,34 @@ def test_add_learner_promote_then_remove_members(tmp_path: Path) -> None:
             c.produce_idempotent([f"before-{i}".encode() for i in range(2000)], acks="quorum")
         new = cluster.new_node()
         cluster.start(new)
-        res = raftlog("add-node", "--id", str(new), "--address", cluster.addresses[new],
-                      "--servers", cluster.servers)
-        assert res.returncode == 0, res.stderr
+        load = _Load(cluster.servers)  # the node joins while writes go on
+        try:
+            res = raftlog("add-node", "--id", str(new), "--address", cluster.addresses[new],
+                          "--servers", cluster.servers)
+            assert res.returncode == 0, res.stderr
 
-        def promoted() -> bool:
-            st = cluster.status_of(cluster.wait_leader(), timeout=5)
-            return bool(st and new in st["voters"] and not st["learners"])
-        wait_for(promoted, f"node {new} to be promoted to voter", timeout=60)
+            def promoted() -> bool:
+                st = cluster.status_of(cluster.wait_leader(), timeout=5)
+                return bool(st and new in st["voters"] and not st["learners"])
+            wait_for(promoted, f"node {new} to be promoted to voter", timeout=60)
+            before = load.acked
+            wait_for(lambda: load.acked > before + 50, "writes to go on after the promotion")
+
+            # Remove a follower: it stops receiving the log while writes go on.
+            leader = cluster.wait_leader()
+            gone = next(i for i in (1, 2, 3) if i != leader)
+            res = raftlog("remove-node", "--id", str(gone), "--servers", cluster.servers)
+            assert res.returncode == 0, res.stderr
+            before = load.acked
+            wait_for(lambda: load.acked > before + 100, "writes after the removal")
+            frozen = cluster.status_of(gone)
+            leader_st = cluster.status_of(cluster.wait_leader())
+            assert frozen is not None and leader_st is not None
+            assert frozen["dirty_offset"] < leader_st["dirty_offset"] - 50
+            assert gone not in [f["node_id"] for f in leader_st["followers"]]
+        finally:
+            load.close()
         cluster.wait_caught_up(new, timeout=60)
-
-        # Remove a follower, then the leader itself (it hands over first).
-        leader = cluster.wait_leader()
-        gone = next(i for i in (1, 2, 3) if i != leader)
-        res = raftlog("remove-node", "--id", str(gone), "--servers", cluster.servers)
-        assert res.returncode == 0, res.stderr
         res = raftlog("remove-node", "--id", str(leader), "--servers", cluster.servers)
         assert res.returncode == 0, res.stderr
         final = cluster.wait_leader(timeout=30, exclude=leader)
