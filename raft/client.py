@@ -164,8 +164,10 @@ class _Connection:
             reader = wire.FrameReader(stream, max_frame_bytes)
             hello = await reader.receive()
             if hello is None or hello.get("t") != "hello":
-                raise UnavailableError(f"{address} did not answer the hello ({hello!r}); is it "
-                                       f"a raftlog node?")
+                # A node that is stopping hangs up or answers an error: try another node
+                # (ConnectionError is an OSError, which call() retries).
+                raise ConnectionError(f"{address} did not answer the hello ({hello!r}); is it "
+                                      f"a running raftlog node?")
         except BaseException:
             await stream.aclose()
             raise
