@@ -281,6 +281,8 @@ class Client:
                 await self._drop(target)
                 if self._leader_addr == target:
                     self._leader_addr = None
+                if last is not None and remaining <= per_attempt:
+                    break  # out of time: report the more telling earlier error
                 last = RequestTimeout(f"no answer from {target} to {t} within "
                                       f"{min(remaining, per_attempt):.1f} s")
                 if sent and not safe_to_retry:
@@ -302,6 +304,8 @@ class Client:
                         self._leader_addr = target
                     return reply
                 err = error_from_reply(reply.get("error") or {})
+                if isinstance(err, NotLeaderError) and server:
+                    raise err  # pinned to this node: no redirect to follow
                 if isinstance(err, NotLeaderError) and leader and not server:
                     self._leader_addr = err.leader_addr if err.leader_addr != target else None
                     last = err
