@@ -132,7 +132,11 @@ class LogStorage(abc.ABC):
         """Batches from the one containing `offset`, stopping before the batch that would pass
         `max_bytes` (at least one batch is returned whenever offset <= dirty_offset).
         [] at dirty_offset + 1; OffsetOutOfRange outside [start_offset, dirty_offset + 1].
-        A batch failing its CRC raises CorruptBatch naming its offset."""
+        A batch read back from disk that fails its CRC raises CorruptBatch naming its offset.
+        Batches still in memory (the dirty tail) are returned as appended without re-hashing:
+        every batch is checked once where it enters the process (Batch.create on the leader,
+        the wire decoder for replicated ones), and re-hashing each read would charge the CRC
+        again for every follower and consumer of the hot tail."""
 
     @abc.abstractmethod
     def term_at(self, offset: int) -> int:
