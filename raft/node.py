@@ -131,6 +131,7 @@ class Node:
         self.peer_addresses: dict[int, str] = {k: v for k, v in config.peers.items()
                                                if k != self.node_id}
         self.links: dict[int, PeerLink] = {}
+        self._encodings = wire.BatchEncodings()  # one encoding per batch for all followers
         self._meta = Meta()
         self._wake = trio.Event()
         self._flush_wanted = trio.Event()
@@ -408,7 +409,7 @@ class Node:
             queue_bytes=self.config.peer_queue_bytes,
             backoff_min_s=self.config.reconnect_min_ms / 1000,
             backoff_max_s=self.config.reconnect_max_ms / 1000,
-            rng=random.Random(self._rng.getrandbits(64)))
+            rng=random.Random(self._rng.getrandbits(64)), encodings=self._encodings)
         self.links[peer_id] = link
         scope = trio.CancelScope()
         self._link_scopes[peer_id] = scope

@@ -64,10 +64,17 @@ class ConnectionClosed(Exception):
 
 def encode_frame(obj: dict[str, Any]) -> bytes:
     """One frame: length prefix + msgpack map. Adds `"v": 1` if the caller left it out."""
+    prefix, body = encode_frame_parts(obj)
+    return prefix + body
+
+
+def encode_frame_parts(obj: dict[str, Any]) -> tuple[bytes, bytes]:
+    """A frame as (length prefix, body): large frames are sent as two writes rather than
+    copied once more to join them."""
     if "v" not in obj:
         obj = {"v": PROTOCOL_VERSION, **obj}
     body = msgpack.packb(obj, use_bin_type=True)
-    return _LEN.pack(len(body)) + body
+    return _LEN.pack(len(body)), body
 
 
 def decode_body(body: bytes | bytearray | memoryview) -> dict[str, Any]:
@@ -256,14 +263,56 @@ def _schema(cls: type) -> tuple[_Field, ...]:
 _SCHEMAS: dict[type, tuple[_Field, ...]] = {cls: _schema(cls) for cls in _KIND_OF}
 
 
-def message_to_wire(msg: m.Message) -> dict[str, Any]:
+class BatchEncodings:
+    """Encoded bytes of recently sent batches, shared by a node's peer links.
+
+    A leader sends the same batch objects (read from its dirty tail) to every follower; encoding
+    once instead of once per follower saves a copy of every replicated byte. Entries are keyed by
+    object identity and hold the object, so an id cannot be reused while its entry lives. Bounded
+    in entries and bytes; the oldest entry goes first."""
+
+    def __init__(self, max_entries: int = 512, max_bytes: int = 32 << 20) -> None:
+        if max_entries < 1 or max_bytes < 1:
+            raise ValueError("BatchEncodings needs room for at least one entry and one byte")
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._entries: dict[int, tuple[Batch, bytes]] = {}
+        self._bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def encode(self, batch: Batch) -> bytes:
+        entry = self._entries.get(id(batch))
+        if entry is not None and entry[0] is batch:
+            self.hits += 1
+            return entry[1]
+        self.misses += 1
+        data = batch.encode()
+        if len(data) > self.max_bytes:
+            return data
+        self._entries[id(batch)] = (batch, data)
+        self._bytes += len(data)
+        while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
+            _, (_, old) = _pop_oldest(self._entries)
+            self._bytes -= len(old)
+        return data
+
+
+def _pop_oldest(d: dict[int, tuple[Batch, bytes]]) -> tuple[int, tuple[Batch, bytes]]:
+    key = next(iter(d))
+    return key, d.pop(key)
+
+
+def message_to_wire(msg: m.Message,
+                    encodings: BatchEncodings | None = None) -> dict[str, Any]:
     """A raft message as a msgpack-ready map (batches as their encoded bytes)."""
     cls = type(msg)
     out: dict[str, Any] = {"k": _KIND_OF[cls]}
     for f in _SCHEMAS[cls]:
         value = getattr(msg, f.name)
         if f.kind == "batches":
-            value = [b.encode() for b in value]
+            value = ([encodings.encode(b) for b in value] if encodings is not None
+                     else [b.encode() for b in value])
         out[f.name] = value
     return out
 
@@ -317,8 +366,10 @@ def message_from_wire(obj: Any) -> m.Message:
     return cls(**values)
 
 
-def raft_frame(msgs: Iterable[m.Message]) -> dict[str, Any]:
-    return {"v": PROTOCOL_VERSION, "t": "raft", "msgs": [message_to_wire(x) for x in msgs]}
+def raft_frame(msgs: Iterable[m.Message],
+               encodings: BatchEncodings | None = None) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "t": "raft",
+            "msgs": [message_to_wire(x, encodings) for x in msgs]}
 
 
 def messages_from_frame(frame: dict[str, Any]) -> list[m.Message]:

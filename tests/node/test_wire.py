@@ -327,3 +327,26 @@ async def test_peer_link_refuses_the_wrong_node() -> None:
             await enough.wait()
         assert link.connected is False and link.status()["connects"] == 0
         nursery.cancel_scope.cancel()
+
+
+def test_batch_encodings_encode_each_batch_once_and_stay_bounded() -> None:
+    enc = wire.BatchEncodings(max_entries=3, max_bytes=1 << 20)
+    batches = [Batch.create(bytes([i]) * 100, 1, base_offset=i, term=1) for i in range(5)]
+    first = [enc.encode(b) for b in batches]
+    assert [enc.encode(b) for b in batches[2:]] == first[2:]
+    assert enc.hits == 3 and enc.misses == 5
+    assert len(enc._entries) == 3  # oldest evicted
+    assert enc.encode(batches[0]) == batches[0].encode()  # evicted: re-encoded, same bytes
+    # An equal but distinct object is never confused with the cached one.
+    twin = Batch.create(bytes([4]) * 100, 1, base_offset=4, term=1)
+    before = enc.misses
+    assert enc.encode(twin) == twin.encode() and enc.misses == before + 1
+
+
+def test_batch_encodings_byte_bound() -> None:
+    enc = wire.BatchEncodings(max_entries=100, max_bytes=1000)
+    for i in range(10):
+        enc.encode(Batch.create(b"x" * 300, 1, base_offset=i, term=1))
+    assert enc._bytes <= 1000
+    big = Batch.create(b"y" * 5000, 1, base_offset=99, term=1)
+    assert Batch.decode(enc.encode(big)) == big  # too big to keep, still encoded
