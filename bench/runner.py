@@ -78,13 +78,17 @@ def run(cfg: BenchConfig, console: Console, command: list[str] | None = None) ->
         def describe(text: str) -> None:
             progress.update(task, description=text)
 
+        t0 = time.monotonic()
         results["limits"] = probes.run_probes(cfg.base_dir, sizes, probe_repeats,
                                               on_step=lambda name: (describe(f"probe {name}"),
                                                                     advance(name)))
+        results["limits"]["elapsed_s"] = round(time.monotonic() - t0, 1)
         ctx = Ctx(cfg, results["limits"], advance, describe)
         for name, mod in zip(cfg.workloads, mods):
             describe(f"{name}: starting a fresh {cfg.nodes}-node cluster")
+            t0 = time.monotonic()
             figures, details = mod.run(ctx)
+            details["elapsed_s"] = round(time.monotonic() - t0, 1)
             results["figures"].extend(figures)
             results["details"][name] = details
         describe("done")
