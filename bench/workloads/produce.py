@@ -24,6 +24,7 @@ from bench.workloads.common import MB, RECORD_SIZES, Ctx, batch_payload
 ACKS = ("quorum", "leader", "none")
 TARGETS_MBPS = {("leader", "1KiB"): 150.0, ("quorum", "1KiB"): 100.0}
 TARGETS_RPS = {("leader", "100B"): 1_000_000.0}
+STUCK_WRITE_S = 10.0  # a frame not written by then means the server stopped reading
 
 
 @dataclass(slots=True)
@@ -70,10 +71,9 @@ async def produce_round(conn: AsyncConn, a: ProduceArgs, payload: bytes, count: 
     ok = {"records": 0, "requests": 0, "all_records": 0}
     backoff_until = 0.0
     last_reply = t0
-    # True while a frame is being written: a deadline that lands there may cut the frame, so the
-    # connection must be replaced. Waiting for a window slot at the deadline is the normal end
-    # of a saturated round, not a stall.
-    writing = [False]
+    # Set when a frame could not be written within STUCK_WRITE_S: the server stopped reading
+    # (a real stall). The connection is replaced after such a round.
+    stalled = [False]
 
     async def receiver() -> None:
         nonlocal backoff_until, last_reply
@@ -111,16 +111,23 @@ async def produce_round(conn: AsyncConn, a: ProduceArgs, payload: bytes, count: 
                 await trio.sleep(backoff_until - time.monotonic())
             rid = conn.new_id()
             sent[rid] = time.monotonic()
-            writing[0] = True
-            await conn.send_raw(produce_frame(rid, a.acks, payload, count))
-            writing[0] = False
+            # Shielded from the round's deadline: a frame cut off half-written would leave the
+            # server waiting for its rest, and its request unanswerable. A saturated server
+            # reads the rest as soon as a window slot frees (its per-connection backpressure).
+            with trio.CancelScope(shield=True) as write_scope:
+                write_scope.deadline = trio.current_time() + STUCK_WRITE_S
+                await conn.send_raw(produce_frame(rid, a.acks, payload, count))
+            if write_scope.cancelled_caught:
+                sent.pop(rid, None)
+                stalled[0] = True
+                return
 
     # A stalled server must not hang the generator: sending stops at the window's end (or, when
     # pre-filling, after a generous bound) even if the window never frees or the socket blocks.
     send_deadline = m1 if not a.max_records else t0 + 600.0
     async with trio.open_nursery() as nursery:
         nursery.start_soon(receiver)
-        with trio.move_on_after(max(0.0, send_deadline - time.monotonic())) as scope:
+        with trio.move_on_after(max(0.0, send_deadline - time.monotonic())):
             await _send_loop()
         with trio.move_on_after(15):
             while sent:
@@ -129,7 +136,7 @@ async def produce_round(conn: AsyncConn, a: ProduceArgs, payload: bytes, count: 
     return {"ok_records": ok["records"], "ok_requests": ok["requests"],
             "all_ok_records": ok["all_records"], "errors": errors, "lost": len(sent),
             "elapsed": last_reply - t0, "latency": lat.to_json(),
-            "stalled": scope.cancelled_caught and writing[0]}
+            "stalled": stalled[0]}
 
 
 def configs(quick: bool) -> list[tuple[str, str, int]]:
