@@ -9,6 +9,8 @@ two) and runs in the same temp directory (same file system) as the cluster's dat
 - loopback TCP MB/s between two processes: the floor of any byte that crosses a socket.
 - raw LMDB append MB/s: sequential puts committed (fsynced) in 4 MiB transactions, the
   group-commit rate our storage can at best reach.
+- LMDB commit latency: one small record per fsynced LMDB transaction (LMDB syncs the data
+  pages, then the meta page: two fsyncs): what a lone quorum write pays on every node.
 - RPC floor: sequential request/reply round trips (trio + msgpack framing, loopback) against a
   server that does nothing: the client/transport share of every latency figure.
 """
@@ -140,6 +142,27 @@ def lmdb_append_mbps(dir_: str, total: int, value_bytes: int = 64 << 10,
     return n * value_bytes / dt / MB
 
 
+def lmdb_commit_latency(dir_: str, n: int) -> Histogram:
+    """Microseconds per LMDB write transaction holding one 100-byte put, committed durably
+    (sync and metasync on, as storage/lmdb_log.py opens it)."""
+    h = Histogram()
+    path = os.path.join(dir_, "lmdb-commit.probe")
+    env = lmdb.open(path, map_size=64 << 20, sync=True, metasync=True, subdir=True)
+    value = os.urandom(100)
+    try:
+        for key in range(n):
+            t0 = time.perf_counter()
+            with env.begin(write=True) as txn:
+                txn.put(key.to_bytes(8, "big"), value, append=True)
+            h.record((time.perf_counter() - t0) * 1e6)
+    finally:
+        env.close()
+        for name in os.listdir(path):
+            os.unlink(os.path.join(path, name))
+        os.rmdir(path)
+    return h
+
+
 def rpc_floor(n: int) -> Histogram:
     """Round trips of single small produce-shaped requests against bench.echo in a child."""
     import trio
@@ -164,16 +187,19 @@ def rpc_floor(n: int) -> Histogram:
 
 def run_probes(dir_: str | None, sizes: ProbeSizes, repeats: int,
                on_step=lambda name: None) -> dict:
-    """All four limits: medians over `repeats` (fsync: one histogram over all repeats)."""
+    """Every limit: medians over `repeats` (fsync: one histogram over all repeats)."""
     with tempfile.TemporaryDirectory(prefix="raftlog-probe-", dir=dir_) as d:
         fs = Histogram()
         seq, tcp, lm = [], [], []
         rpc = Histogram()
+        lc = Histogram()
         for _ in range(repeats):
             rpc.merge(rpc_floor(sizes.rpcs))
             on_step("rpc_floor")
             fs.merge(fsync_latency(d, sizes.fsyncs))
             on_step("fsync")
+            lc.merge(lmdb_commit_latency(d, sizes.fsyncs))
+            on_step("lmdb_commit")
             seq.append(seq_write_mbps(d, sizes.seq_write_bytes))
             on_step("seq_write")
             tcp.append(tcp_loopback_mbps(sizes.tcp_bytes))
@@ -183,6 +209,8 @@ def run_probes(dir_: str | None, sizes: ProbeSizes, repeats: int,
     return {
         "fsync_ms": {"p50": fs.percentile(0.5) / 1e3, "p99": fs.percentile(0.99) / 1e3,
                      "max": fs.max / 1e3, "count": fs.count},
+        "lmdb_commit_ms": {"p50": lc.percentile(0.5) / 1e3, "p99": lc.percentile(0.99) / 1e3,
+                           "max": lc.max / 1e3, "count": lc.count},
         "rpc_floor_ms": {"p50": rpc.percentile(0.5) / 1e3, "p99": rpc.percentile(0.99) / 1e3,
                          "max": rpc.max / 1e3, "count": rpc.count},
         "seq_write_MBps": Summary.of(seq).to_json(),
@@ -191,4 +219,4 @@ def run_probes(dir_: str | None, sizes: ProbeSizes, repeats: int,
     }
 
 
-PROBE_STEPS = 5  # on_step calls per repeat (progress bar sizing)
+PROBE_STEPS = 6  # on_step calls per repeat (progress bar sizing)

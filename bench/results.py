@@ -21,7 +21,8 @@ FIGURE_FIELDS = ("id", "workload", "title", "unit", "better", "params", "median"
                  "samples", "limit", "limit_value", "fraction_of_limit", "target", "met")
 TOP_FIELDS = ("schema", "tool", "date", "command", "machine", "config", "limits", "figures",
               "details", "plots", "elapsed_s")
-LIMIT_FIELDS = ("fsync_ms", "rpc_floor_ms", "seq_write_MBps", "tcp_loopback_MBps", "lmdb_append_MBps")
+LIMIT_FIELDS = ("fsync_ms", "lmdb_commit_ms", "rpc_floor_ms", "seq_write_MBps",
+                "tcp_loopback_MBps", "lmdb_append_MBps")
 
 
 def figure(id: str, workload: str, title: str, unit: str, samples: list[float | None], *,

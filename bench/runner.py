@@ -106,7 +106,8 @@ def finish(results: dict[str, Any], out_dir: str, console: Console,
     lim = results["limits"]
     console.print(
         f"machine limits: fsync p50 {lim['fsync_ms']['p50']:.3f} ms, p99 "
-        f"{lim['fsync_ms']['p99']:.3f} ms; RPC floor p50 {lim['rpc_floor_ms']['p50']:.3f} ms; "
+        f"{lim['fsync_ms']['p99']:.3f} ms; LMDB commit p50 {lim['lmdb_commit_ms']['p50']:.3f} ms; "
+        f"RPC floor p50 {lim['rpc_floor_ms']['p50']:.3f} ms; "
         f"sequential write "
         f"{lim['seq_write_MBps']['median']:.0f} MB/s; loopback TCP "
         f"{lim['tcp_loopback_MBps']['median']:.0f} MB/s; raw LMDB append "

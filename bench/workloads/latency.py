@@ -118,10 +118,11 @@ async def latency_round(conn: AsyncConn, a: LatencyArgs, payload: bytes, t0: flo
 
 def quorum_floor_ms(limits: dict) -> float | None:
     """The least a quorum write can take here: the client's round trip to the leader, the
-    leader's round trip to a follower (both the RPC floor) and one fsync (leader and follower
-    fsync in parallel at best)."""
+    leader's round trip to a follower (both the RPC floor) and one durable LMDB commit (leader
+    and follower commit in parallel at best; LMDB syncs data and meta page, two fsyncs)."""
     try:
-        return limits["fsync_ms"]["p50"] + 2 * limits["rpc_floor_ms"]["p50"]
+        commit = limits.get("lmdb_commit_ms", limits["fsync_ms"])["p50"]
+        return commit + 2 * limits["rpc_floor_ms"]["p50"]
     except (KeyError, TypeError):
         return None
 

@@ -63,7 +63,8 @@ def test_figure_fraction_target_and_direction() -> None:
 def test_missing_fields_names_what_is_absent_and_tables_render() -> None:
     fig = figure("p", "produce", "produce", "MB/s", [1.0, 2.0])
     res = {"schema": 1, "tool": "t", "date": "d", "command": "c", "machine": {}, "config": {},
-           "limits": {"fsync_ms": {}, "rpc_floor_ms": {}, "seq_write_MBps": {}, "tcp_loopback_MBps": {},
+           "limits": {"fsync_ms": {}, "lmdb_commit_ms": {}, "rpc_floor_ms": {}, "seq_write_MBps": {},
+                      "tcp_loopback_MBps": {},
                       "lmdb_append_MBps": {}},
            "figures": [fig], "details": {}, "plots": [], "elapsed_s": 1.0}
     assert missing_fields(res) == []
