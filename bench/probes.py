@@ -135,10 +135,7 @@ def lmdb_append_mbps(dir_: str, total: int, value_bytes: int = 64 << 10,
                     key += 1
         dt = time.perf_counter() - t0
     finally:
-        env.close()
-        for name in os.listdir(path):
-            os.unlink(os.path.join(path, name))
-        os.rmdir(path)
+        _remove_env(env, path)
     return n * value_bytes / dt / MB
 
 
@@ -156,11 +153,15 @@ def lmdb_commit_latency(dir_: str, n: int) -> Histogram:
                 txn.put(key.to_bytes(8, "big"), value, append=True)
             h.record((time.perf_counter() - t0) * 1e6)
     finally:
-        env.close()
-        for name in os.listdir(path):
-            os.unlink(os.path.join(path, name))
-        os.rmdir(path)
+        _remove_env(env, path)
     return h
+
+
+def _remove_env(env: lmdb.Environment, path: str) -> None:
+    env.close()
+    for name in os.listdir(path):
+        os.unlink(os.path.join(path, name))
+    os.rmdir(path)
 
 
 def rpc_floor(n: int) -> Histogram:
