@@ -293,14 +293,9 @@ class BatchEncodings:
         self._entries[id(batch)] = (batch, data)
         self._bytes += len(data)
         while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
-            _, (_, old) = _pop_oldest(self._entries)
-            self._bytes -= len(old)
+            _, evicted = self._entries.pop(next(iter(self._entries)))  # dicts keep insertion order
+            self._bytes -= len(evicted)
         return data
-
-
-def _pop_oldest(d: dict[int, tuple[Batch, bytes]]) -> tuple[int, tuple[Batch, bytes]]:
-    key = next(iter(d))
-    return key, d.pop(key)
 
 
 def message_to_wire(msg: m.Message,
