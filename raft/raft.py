@@ -55,7 +55,7 @@ class InvariantViolation(AssertionError):
 
 @dataclass(slots=True)
 class RaftConfig:
-    """Knobs of the core. Ticks are the runtime's unit of time (raft.config.NodeConfig.tick_ms,
+    """Knobs of the core. Ticks are the runtime's unit of time (raft.node.config.NodeConfig.tick_ms,
     50 ms by default)."""
 
     node_id: int

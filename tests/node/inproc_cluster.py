@@ -16,9 +16,9 @@ from typing import Any
 
 import trio
 
-from raft import wire
-from raft.config import NodeConfig, parse_address
-from raft.node import Node
+from raft.node import wire
+from raft.node.config import NodeConfig, parse_address
+from raft.node.server import Node
 from raft.types import Role
 from storage.api import LogStorage
 from storage.memory import MemoryLog

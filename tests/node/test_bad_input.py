@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inproc_cluster import (Producer, RawClient, check_acked, read_all, running_cluster)
-from raft import wire
+from raft.node import wire
 
 MAX_FRAME = 256 * 1024
 SOCKET_TIMEOUT_S = 20.0

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from raft.config import ConfigError, NodeConfig, parse_address, parse_peers
+from raft.node.config import ConfigError, NodeConfig, parse_address, parse_peers
 
 PEERS = "1=127.0.0.1:7101,2=127.0.0.1:7102,3=127.0.0.1:7103"
 

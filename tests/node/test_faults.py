@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from raft.client import BlockingClient, RaftlogError
-from raft.demo import verify
-from raft.localcluster import LocalCluster, free_ports, wait_for
+from raft.cli.demo import verify
+from raft.cli.localcluster import LocalCluster, free_ports, wait_for
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

@@ -19,8 +19,8 @@ import trio
 from inproc_cluster import (CORE_CLASSES, DEADLINE_S, REAL_CORE, Producer, RawClient,
                             check_acked, fetched_values, lmdb_available, read_all,
                             running_cluster, trio_test, values_payload)
-from raft.config import NodeConfig
-from raft.node import run_node
+from raft.node.config import NodeConfig
+from raft.node.server import run_node
 from raft.types import Role
 
 # Elections, failover and idempotency need the real core (the stand-in has a fixed leader).

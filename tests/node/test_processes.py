@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from raft.client import BlockingClient, NotLeaderError, RaftlogError
-from raft.demo import verify
-from raft.localcluster import LocalCluster, wait_for
+from raft.cli.demo import verify
+from raft.cli.localcluster import LocalCluster, wait_for
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

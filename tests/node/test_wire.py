@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raft import messages as m
-from raft import wire
+from raft.node import wire
 from raft.types import ErrorCode
 from storage.batch import Batch, BatchKind
 
@@ -236,7 +236,7 @@ async def test_reader_clean_eof() -> None:
 # -- peer links ---------------------------------------------------------------------------------------
 
 def _link(address: str, **kw) -> "PeerLink":
-    from raft.peer import PeerLink
+    from raft.node.peer import PeerLink
     import random
     opts = dict(max_frame_bytes=1 << 20, queue_messages=100, queue_bytes=1 << 20,
                 backoff_min_s=0.005, backoff_max_s=0.05, rng=random.Random(1))

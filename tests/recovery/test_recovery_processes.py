@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from raft.client import BlockingClient
-from raft.localcluster import LocalCluster, wait_for
+from raft.cli.localcluster import LocalCluster, wait_for
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

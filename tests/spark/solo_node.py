@@ -12,8 +12,8 @@ from pathlib import Path
 
 import trio
 
-from raft.config import NodeConfig
-from raft.node import Node
+from raft.node.config import NodeConfig
+from raft.node.server import Node
 from storage.memory import MemoryLog
 
 

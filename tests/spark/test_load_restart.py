@@ -9,8 +9,8 @@ from pathlib import Path
 
 import trio
 
-from raft.config import NodeConfig
-from raft.node import Node
+from raft.node.config import NodeConfig
+from raft.node.server import Node
 from sparkio.staging import Session, Stager
 from spark_cluster import _free_ports
 from storage.memory import MemoryLog

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import trio
 
-from raft.load_service import LoadService
+from raft.node.load_service import LoadService
 from raft.ready import ProduceAnswer
 from raft.types import ErrorCode
-from raft.wire import error_reply
+from raft.node.wire import error_reply
 from storage.memory import MemoryLog
 from storage.records import encode_values
 

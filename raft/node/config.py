@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raft.wire import DEFAULT_MAX_FRAME_BYTES
+from raft.node.wire import DEFAULT_MAX_FRAME_BYTES
 
 DEFAULT_HOST = "127.0.0.1"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -15,7 +15,7 @@ the batch, and the commit index counts only flushed offsets, so a SIGKILL at any
 nothing quorum-acked.
 
 Data directory: with no log passed in, the node opens `<data_dir>/node-<id>/` via
-`storage.open_log` (see raft.config). In-process tests pass a log (MemoryLog or LmdbLog) instead.
+`storage.open_log` (see raft.node.config). In-process tests pass a log (MemoryLog or LmdbLog) instead.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from typing import Any
 
 import trio
 
-from raft import wire
-from raft.config import ConfigError, NodeConfig, format_address, parse_address
+from raft.node import wire
+from raft.node.config import ConfigError, NodeConfig, format_address, parse_address
 from raft.messages import MESSAGE_TYPES, AppendEntries, Message
-from raft.peer import PeerLink
+from raft.node.peer import PeerLink
 from raft.ready import ProduceAnswer
 from raft.types import Acks, ErrorCode, Role
 from recovery.ratelimit import TokenBucket
@@ -149,7 +149,7 @@ class Node:
         self._requests_idle.set()
         self._accept_scope: trio.CancelScope | None = None
         self._run_scope = trio.CancelScope()
-        self.loads: Any = None  # raft.load_service.LoadService once the log is open
+        self.loads: Any = None  # raft.node.load_service.LoadService once the log is open
         self._link_nursery: trio.Nursery | None = None
         self._link_scopes: dict[int, trio.CancelScope] = {}
         self._known_config: Any = None
@@ -522,7 +522,7 @@ class Node:
         if batches:
             self._kick()
 
-    # -- LoadHost (raft.load_service) ------------------------------------------------------------
+    # -- LoadHost (raft.node.load_service) ------------------------------------------------------------
     def is_leader(self) -> bool:
         return self.core is not None and self.core.role == Role.LEADER and not self._closing
 
@@ -1048,9 +1048,9 @@ async def _run_node(node: Node, config: NodeConfig, task_status: trio.TaskStatus
 
 
 def _make_load_service(log_storage: LogStorage) -> Any:
-    """Staged Spark loads (raft.load_service) when that module is present in this build."""
+    """Staged Spark loads (raft.node.load_service) when that module is present in this build."""
     try:
-        from raft.load_service import LoadService
+        from raft.node.load_service import LoadService
     except ImportError:
         return None
     return LoadService(log_storage)

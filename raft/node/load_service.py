@@ -29,7 +29,7 @@ from raft.loads import (
     encode_staged_payload,
 )
 from raft.types import Acks, ErrorCode
-from raft.wire import WireError, error_reply, get_bytes, get_int, get_str, ok_reply
+from raft.node.wire import WireError, error_reply, get_bytes, get_int, get_str, ok_reply
 from storage.batch import Batch, BatchKind
 
 log = logging.getLogger("raft.loads")

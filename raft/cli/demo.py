@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from raft.client import BlockingClient, RaftlogError
-from raft.localcluster import LocalCluster
+from raft.cli.localcluster import LocalCluster
 
 
 def run_demo(records: int = 3000, keep: bool = False, nodes: int = 3) -> int:
@@ -108,7 +108,7 @@ def run_demo(records: int = 3000, keep: bool = False, nodes: int = 3) -> int:
                            else f"[red]{len(problems)} problems[/]")))
         client.close()
 
-        from raft.cli import render_status
+        from raft.cli.main import render_status
         with BlockingClient(cluster.servers) as c:
             render_status(c.cluster_status(), console)
         table = Table(title="demo summary", show_header=False)

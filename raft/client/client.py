@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 
 import trio
 
-from raft import wire
-from raft.config import ConfigError, parse_address
+from raft.node import wire
+from raft.node.config import ConfigError, parse_address
 from storage.records import Record, decode_records, encode_records
 
 T = TypeVar("T")

@@ -17,8 +17,8 @@ from collections import deque
 
 import trio
 
-from raft import wire
-from raft.config import parse_address
+from raft.node import wire
+from raft.node.config import parse_address
 from raft.messages import Message
 
 log = logging.getLogger("raftlog.peer")

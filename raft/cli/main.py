@@ -29,15 +29,15 @@ import trio
 
 from raft.client import (BlockingClient, Client, FetchedRecord, Producer, RaftlogError,
                          parse_servers)
-from raft.config import ConfigError, NodeConfig
+from raft.node.config import ConfigError, NodeConfig
 
-PLUGINS = ("bench.cli", "sparkio.cli", "recovery.cli")
+PLUGINS = ("bench.cli", "sparkio.cli", "raft.cli.membership")
 DEFAULT_SERVERS = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
 
 
 # ============================================================================ serve
 def cmd_serve(args: argparse.Namespace) -> int:
-    from raft.node import serve
+    from raft.node.server import serve
 
     return serve({k: v for k, v in vars(args).items() if k not in ("func", "command", "verbose")})
 
@@ -46,7 +46,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from raft.localcluster import LocalCluster
+    from raft.cli.localcluster import LocalCluster
 
     console = Console(stderr=True)
     cluster = LocalCluster(Path(args.data_dir), nodes=args.nodes, base_port=args.base_port)
@@ -237,7 +237,7 @@ def render_status(statuses: dict[str, dict[str, Any]], console: Any = None) -> N
 
 # ============================================================================ demo
 def cmd_demo(args: argparse.Namespace) -> int:
-    from raft.demo import run_demo
+    from raft.cli.demo import run_demo
 
     return run_demo(records=args.records, keep=args.keep)
 
