@@ -67,3 +67,13 @@ class ClusterConfig:
         return ClusterConfig(tuple(n for n in self.voters if n != node_id),
                              tuple(n for n in self.learners if n != node_id),
                              {k: v for k, v in self.addresses.items() if k != node_id})
+
+
+@dataclass(slots=True)
+class ConfigEntry:
+    """A configuration and where it entered the log (offset -1: the bootstrap configuration,
+    which is not in the log)."""
+
+    offset: int
+    term: int
+    config: ClusterConfig

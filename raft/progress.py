@@ -12,9 +12,10 @@ crashes loses its unflushed tail, and a quorum-acked write must survive that.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
+
+from recovery.window import InflightWindow
 
 
 class ProgressState(str, Enum):
@@ -22,13 +23,6 @@ class ProgressState(str, Enum):
     PROBE = "probe"
     # Match point known: pipeline up to the in-flight limits.
     REPLICATE = "replicate"
-
-
-@dataclass(slots=True)
-class Inflight:
-    seq: int
-    last_offset: int
-    nbytes: int
 
 
 @dataclass(slots=True)
@@ -42,8 +36,8 @@ class FollowerProgress:
     state: ProgressState = ProgressState.PROBE
     # In probe state: a request is out and we wait for its answer (or a heartbeat reply).
     probe_sent: bool = False
-    inflight: deque[Inflight] = field(default_factory=deque)
-    inflight_bytes: int = 0
+    # Requests sent and not yet acknowledged (recovery.window).
+    inflight: InflightWindow = field(default_factory=InflightWindow)
     # Replies to requests sent before the last reset (seq < reset_seq) may describe a log the
     # follower no longer has (it crashed and lost its unflushed tail): they may not raise
     # match_index or trigger another back-off.
@@ -59,6 +53,10 @@ class FollowerProgress:
     # Bytes acknowledged (for the runtime's catch-up rate), monotonic.
     acked_bytes: int = 0
 
+    @property
+    def inflight_bytes(self) -> int:
+        return self.inflight.bytes
+
     def durable_offset(self) -> int:
         """What this follower contributes to the commit index: matched AND flushed."""
         return min(self.match_index, self.flushed_offset)
@@ -68,15 +66,13 @@ class FollowerProgress:
             return False
         if self.state == ProgressState.PROBE:
             return not self.probe_sent
-        return len(self.inflight) < max_inflight and self.inflight_bytes < max_inflight_bytes
+        return not self.inflight.full(max_inflight, max_inflight_bytes)
 
     def sent(self, seq: int, last_offset: int, nbytes: int) -> None:
         if self.state == ProgressState.PROBE:
             self.probe_sent = True
             self.inflight.clear()
-            self.inflight_bytes = 0
-        self.inflight.append(Inflight(seq, last_offset, nbytes))
-        self.inflight_bytes += nbytes
+        self.inflight.add(seq, last_offset, nbytes)
         if self.state == ProgressState.REPLICATE:
             self.next_index = last_offset + 1
 
@@ -86,11 +82,7 @@ class FollowerProgress:
         moved = last_appended > self.match_index
         if moved:
             self.match_index = last_appended
-        freed = 0
-        while self.inflight and self.inflight[0].last_offset <= last_appended:
-            freed += self.inflight.popleft().nbytes
-        self.inflight_bytes -= freed
-        self.acked_bytes += freed
+        self.acked_bytes += self.inflight.release_upto(last_appended)
         self.ticks_since_ack = 0
         if self.state == ProgressState.PROBE:
             self.become_replicate()
@@ -101,7 +93,6 @@ class FollowerProgress:
         self.state = ProgressState.PROBE
         self.probe_sent = False
         self.inflight.clear()
-        self.inflight_bytes = 0
         self.next_index = max(next_index, 0)
         self.reset_seq = seq
         self.ticks_since_ack = 0
@@ -110,7 +101,6 @@ class FollowerProgress:
         self.state = ProgressState.REPLICATE
         self.probe_sent = False
         self.inflight.clear()
-        self.inflight_bytes = 0
         self.next_index = self.match_index + 1
 
     def note_flushed(self, offset: int) -> None:

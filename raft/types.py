@@ -37,3 +37,8 @@ class ErrorCode(IntEnum):
     # A staged-load write for a load that is already committed or aborted, or was restarted by a
     # newer run (raft/loads.py): the writer stops; nothing it sends could be published.
     LOAD_CLOSED = 11
+
+
+class InvariantViolation(AssertionError):
+    """A safety invariant failed. Fail-stop: the runtime lets this crash the node rather than
+    continue with a log it can no longer trust."""

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import raft.progress
-import raft.raft
+import raft.leader
 from raft.sim.runner import PROFILES, SimConfig, Simulation, profile_config, run_simulation
 from raft.types import Acks
 from storage.batch import Batch
@@ -60,7 +60,7 @@ def test_teeth_commit_on_dirty_offsets_loses_data(monkeypatch: pytest.MonkeyPatc
 
 
 def test_teeth_commit_without_majority(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(raft.raft, "committed_index", lambda values: max(values))
+    monkeypatch.setattr(raft.leader, "committed_index", lambda values: max(values))
     assert _first_failure("mixed", range(1, 40), check_flushed_majority=False) is not None
 
 

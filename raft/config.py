@@ -1,0 +1,73 @@
+"""The core's knobs (RaftConfig) and the one source of randomness it takes (Rng).
+
+Ticks are the runtime's unit of time; the runtime maps them to milliseconds
+(raft.node.config.NodeConfig.tick_ms), the simulation to simulated microseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Rng(Protocol):
+    """The only randomness the core uses (election timeouts), passed in already seeded: the
+    runtime seeds it from the OS, the simulation from its schedule seed."""
+
+    def randrange(self, stop: int) -> int: ...
+
+
+@dataclass(slots=True)
+class RaftConfig:
+    """Knobs of the core. Ticks are the runtime's unit of time (raft.node.config.NodeConfig.tick_ms,
+    50 ms by default)."""
+
+    node_id: int
+    voters: list[int]
+    learners: list[int] = field(default_factory=list)
+    # A follower that hears nothing for a random [election_ticks, 2 * election_ticks) campaigns.
+    election_ticks: int = 10
+    heartbeat_ticks: int = 1
+    # Bytes per AppendEntries in normal replication and per recovery chunk (at least one batch
+    # is always sent, whatever its size).
+    max_append_bytes: int = 1 << 20
+    recovery_chunk_bytes: int = 512 << 10
+    # Pipelining limits per follower.
+    max_inflight: int = 4
+    max_inflight_bytes: int = 8 << 20
+    # A follower receiving flush=False data flushes once this many bytes are unflushed, or
+    # after this many ticks, whichever comes first.
+    follower_flush_bytes: int = 8 << 20
+    follower_flush_ticks: int = 2
+    pre_vote: bool = True
+    check_quorum: bool = True
+    # Quorum produce requests waiting for commit; beyond it the leader answers BACKPRESSURE.
+    max_pending_produce: int = 10_000
+    # Sequences remembered per idempotent producer, and producers remembered.
+    producer_window: int = 8
+    max_producers: int = 100_000
+    # Baseline for benchmarks only: every recovery chunk asks the follower to flush before it
+    # replies (the behaviour the RFC replaces). Off in production.
+    recovery_flush_per_chunk: bool = False
+    # The commit index is saved with the metadata at most this often (and whenever term, vote
+    # or configuration change), so a restarted node starts from a recent commit index instead
+    # of -1 (Kafka checkpoints its high watermark the same way). 0 = only with other changes.
+    commit_checkpoint_ticks: int = 20
+
+    def validate(self) -> "RaftConfig":
+        def positive(name: str) -> None:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"raft setting {name}={value!r} must be a positive integer")
+
+        for name in ("node_id", "election_ticks", "heartbeat_ticks", "max_append_bytes",
+                     "recovery_chunk_bytes", "max_inflight", "max_inflight_bytes",
+                     "follower_flush_bytes", "follower_flush_ticks", "max_pending_produce",
+                     "producer_window", "max_producers"):
+            positive(name)
+        if self.heartbeat_ticks >= self.election_ticks:
+            raise ValueError(f"heartbeat_ticks ({self.heartbeat_ticks}) must be below "
+                             f"election_ticks ({self.election_ticks}); raise election_ticks")
+        if not self.voters:
+            raise ValueError("voters is empty: list every voting node, this one included")
+        return self

@@ -1,0 +1,112 @@
+"""Elections: pre-vote, votes and the CheckQuorum lease.
+
+Rules held here:
+- A vote is granted only to a voter whose log is at least as up to date as ours (last term,
+  then last offset), once per term; the grant marks hard state dirty, and the driver persists it
+  before the reply leaves (raft/ready.py), so a restart cannot vote twice in one term.
+- A pre-vote never changes our term or vote: it only asks "would you vote for me?".
+- While we heard from a leader within the election timeout, a (non-transfer) vote request is
+  ignored (the lease), so a partitioned node rejoining cannot depose a healthy leader.
+
+A mixin of RaftCore (raft/raft.py), which owns the state it reads and writes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from raft import messages as m
+from raft.quorum import VoteResult, vote_result
+from raft.types import Role
+
+if TYPE_CHECKING:
+    from raft.config import RaftConfig
+    from storage.api import LogStorage
+
+
+class Elections:
+    """Election state lives on RaftCore: `term`, `voted_for`, `_votes`, `_election_elapsed`."""
+
+    cfg: "RaftConfig"
+    log: "LogStorage"
+
+    def _campaign(self, *, transfer: bool) -> None:
+        if self.cfg.pre_vote and not transfer:
+            self.role = Role.PRE_CANDIDATE
+            self.leader_id = None
+            self._votes = {self.node_id: True}
+            term = self.term + 1
+        else:
+            self.role = Role.CANDIDATE
+            self.term += 1
+            self.voted_for = self.node_id
+            self._hs_dirty = True
+            self.leader_id = None
+            self._votes = {self.node_id: True}
+            term = self.term
+            self._leader_commit = -1
+            self._matched_upto = -1
+            self._held_replies = []
+        self._election_elapsed = 0
+        self._reset_randomized_timeout()
+        if vote_result(self.config.voters, self._votes) == VoteResult.WON:
+            if self.role == Role.PRE_CANDIDATE:
+                self._campaign(transfer=True)
+            else:
+                self._become_leader()
+            return
+        last_offset, last_term = self.log.dirty_offset, self.log.last_term()
+        for v in self.config.voters:
+            if v != self.node_id:
+                self._send(m.RequestVote(self.node_id, v, term, last_offset, last_term,
+                                         pre_vote=self.role == Role.PRE_CANDIDATE,
+                                         transfer=transfer))
+
+    def _in_lease(self, msg: m.RequestVote) -> bool:
+        """CheckQuorum's lease: while we heard from a leader within the election timeout, a
+        vote request (not a transfer) is ignored, so a partitioned node rejoining cannot depose
+        a healthy leader."""
+        return (self.cfg.check_quorum and not msg.transfer and self.leader_id is not None
+                and self._election_elapsed < self.cfg.election_ticks)
+
+    def _log_up_to_date(self, last_offset: int, last_term: int) -> bool:
+        my_term = self.log.last_term()
+        return last_term > my_term or (last_term == my_term
+                                       and last_offset >= self.log.dirty_offset)
+
+    def _handle_pre_vote(self, msg: m.RequestVote) -> None:
+        granted = self.is_voter(msg.src) and self._log_up_to_date(msg.last_offset,
+                                                                   msg.last_term)
+        self._send(m.RequestVoteReply(self.node_id, msg.src, msg.term if granted else self.term,
+                                      granted, pre_vote=True))
+
+    def _handle_vote(self, msg: m.RequestVote) -> None:
+        if msg.pre_vote:  # same term as ours: a pre-candidate of our own term cannot win
+            self._send(m.RequestVoteReply(self.node_id, msg.src, self.term, False, True))
+            return
+        can_vote = (self.voted_for in (None, msg.src) and self.leader_id is None
+                    and self.role != Role.LEADER) or self.voted_for == msg.src
+        granted = (can_vote and self.is_voter(msg.src)
+                   and self._log_up_to_date(msg.last_offset, msg.last_term))
+        if granted:
+            self.voted_for = msg.src
+            self._hs_dirty = True  # durable before the reply leaves (driver contract)
+            self._election_elapsed = 0
+        self._send(m.RequestVoteReply(self.node_id, msg.src, self.term, granted, False))
+
+    def _handle_vote_reply(self, msg: m.RequestVoteReply) -> None:
+        if msg.pre_vote != (self.role == Role.PRE_CANDIDATE):
+            return
+        if self.role not in (Role.PRE_CANDIDATE, Role.CANDIDATE):
+            return
+        if msg.pre_vote and msg.granted and msg.term != self.term + 1:
+            return  # a reply to an older pre-campaign
+        self._votes[msg.src] = msg.granted
+        result = vote_result(self.config.voters, self._votes)
+        if result == VoteResult.WON:
+            if self.role == Role.PRE_CANDIDATE:
+                self._campaign(transfer=True)  # real election, pre-vote done
+            else:
+                self._become_leader()
+        elif result == VoteResult.LOST:
+            self._become_follower(self.term, None)

@@ -1,0 +1,181 @@
+"""The follower side of replication: accepting AppendEntries and heartbeats, the follower's
+commit index, and the replies that carry its dirty and flushed offsets.
+
+Rules held here:
+- An append is accepted only if the log holds `prev_offset` with `prev_term` (log matching);
+  otherwise the reply carries a conflict hint (recovery.probe) so the leader can jump back.
+- Entries already held with the same term are never rewritten; a different term from some
+  offset on means an old term's tail: it is truncated first, never at or below the commit index
+  (InvariantViolation: fail-stop).
+- Follower commit index = min(leader commit, own flushed offset, last offset verified to match
+  this term's leader). Dirty data is never reported as committed.
+- A `flush=True` request is answered only after the flush; `flush=False` (recovery) data is
+  flushed on the deferred schedule (recovery.deferred_flush) and reported unasked.
+
+A mixin of RaftCore (raft/raft.py), which owns the state it reads and writes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from raft import messages as m
+from raft.types import InvariantViolation, Role
+from recovery.deferred_flush import DeferredFlush
+from recovery.probe import conflict_hint
+from storage.api import OffsetOutOfRange, TailFull
+from storage.batch import Batch
+
+if TYPE_CHECKING:
+    from raft.config import RaftConfig
+    from storage.api import LogStorage
+
+
+class FollowerSide:
+    """Follower-side state lives on RaftCore: `_leader_commit`, `_matched_upto`,
+    `_held_replies`, `_reported_flushed`, `_deferred_flush`."""
+
+    cfg: "RaftConfig"
+    log: "LogStorage"
+    _deferred_flush: DeferredFlush
+
+    def _handle_append(self, msg: m.AppendEntries) -> None:
+        self.role = Role.FOLLOWER
+        self.leader_id = msg.src
+        self._election_elapsed = 0
+        log = self.log
+        prev = msg.prev_offset
+        batches = msg.batches
+        if prev < log.start_offset - 1:
+            # Below our log start: that prefix was committed (we only drop committed data), so
+            # it matches; skip what we no longer hold.
+            batches = [b for b in batches if b.last_offset >= log.start_offset]
+            if batches and batches[0].base_offset != log.start_offset:
+                batches = []  # not aligned with our start: wait for a better request
+            prev = log.start_offset - 1
+        elif prev > log.dirty_offset or log.term_at(prev) != msg.prev_term:
+            if msg.log_start_reset:
+                if self.commit_index > prev:
+                    raise InvariantViolation(
+                        f"node {self.node_id}: reset to log start {prev + 1} would drop "
+                        f"committed offsets up to {self.commit_index}")
+                log.reset(prev + 1, msg.prev_term)
+                self.producers.clear()
+                self._configs = [c for c in self._configs if c.offset <= prev]
+                if not self._configs:
+                    self._configs = [self._bootstrap_config()]
+                self._hs_dirty = True
+            else:
+                self._reject(msg)
+                return
+        last = prev
+        fresh: list[Batch] = []
+        for b in batches:
+            if not fresh and b.base_offset <= log.dirty_offset:
+                if b.last_offset <= log.dirty_offset and log.term_at(b.last_offset) == b.term:
+                    last = b.last_offset
+                    continue  # already held: not rewritten
+                # Our entries from here differ from the leader's (an old term's tail).
+                self._truncate_suffix(b.base_offset - 1)
+            fresh.append(b)
+        if fresh:
+            if fresh[0].base_offset != log.dirty_offset + 1:
+                self._reject(msg)
+                return
+            # No CRC check here: the transport verified every batch as it decoded it
+            # (raft/wire.py), and hashing again would cost a second pass per byte.
+            try:
+                log.append(fresh)
+            except TailFull:
+                self._flush_wanted = True
+                reply = self._append_reply(msg.src, msg.seq, False)
+                reply.busy = True
+                self._send(reply)
+                return
+            for b in fresh:
+                self._applied_to_log(b)
+            last = fresh[-1].last_offset
+        self._matched_upto = max(self._matched_upto, last)
+        self._leader_commit = max(self._leader_commit, msg.commit_index)
+        self._advance_follower_commit()
+        reply = self._append_reply(msg.src, msg.seq, True, last)
+        if msg.flush and log.flushed_offset < last:
+            self._flush_wanted = True
+            self._held_replies.append(reply)
+            return
+        if self._deferred_flush.on_append(log.unflushed_bytes):
+            self._flush_wanted = True
+        self._send(reply)
+
+    def _reject(self, msg: m.AppendEntries) -> None:
+        log = self.log
+        reply = self._append_reply(msg.src, msg.seq, False)
+        reply.reject_offset = msg.prev_offset
+        reply.conflict_term, reply.conflict_offset = conflict_hint(log, msg.prev_offset)
+        self._send(reply)
+
+    def _handle_heartbeat(self, msg: m.Heartbeat) -> None:
+        self.role = Role.FOLLOWER
+        self.leader_id = msg.src
+        self._election_elapsed = 0
+        # The leader sends min(commit, what it knows we match): safe to take up to our flush.
+        self._leader_commit = max(self._leader_commit, msg.commit_index)
+        self._matched_upto = max(self._matched_upto, msg.commit_index)
+        self._advance_follower_commit()
+        self._send(self._heartbeat_reply(msg.src, msg.seq))
+
+    def _advance_follower_commit(self) -> None:
+        if self.role == Role.LEADER:
+            return
+        new = min(self._leader_commit, self._matched_upto, self.log.flushed_offset)
+        if new > self.commit_index:
+            self.commit_index = new
+
+    def _truncate_suffix(self, after: int) -> None:
+        if after < self.commit_index:
+            raise InvariantViolation(
+                f"node {self.node_id}: truncating after offset {after} would drop committed "
+                f"offsets up to {self.commit_index}")
+        self.log.truncate_suffix(after)
+        self.producers.truncate_after(after)
+        if self._configs[-1].offset > after:
+            self._configs = [c for c in self._configs if c.offset <= after]
+            if not self._configs:
+                self._configs = [self._bootstrap_config()]
+            self._hs_dirty = True
+
+    def _append_reply(self, dst: int, seq: int, success: bool,
+                      last_appended: int = -1) -> m.AppendEntriesReply:
+        log = self.log
+        return m.AppendEntriesReply(
+            self.node_id, dst, self.term, seq, success, last_appended if success else -1,
+            log.dirty_offset, log.last_term(), log.flushed_offset,
+            self._term_or_zero(log.flushed_offset))
+
+    def _refresh_reply(self, reply: m.AppendEntriesReply) -> m.AppendEntriesReply:
+        log = self.log
+        reply.dirty_offset, reply.dirty_term = log.dirty_offset, log.last_term()
+        reply.flushed_offset = log.flushed_offset
+        reply.flushed_term = self._term_or_zero(log.flushed_offset)
+        return reply
+
+    def _heartbeat_reply(self, dst: int, seq: int) -> m.HeartbeatReply:
+        log = self.log
+        return m.HeartbeatReply(self.node_id, dst, self.term, seq, log.dirty_offset,
+                                log.last_term(), log.flushed_offset,
+                                self._term_or_zero(log.flushed_offset))
+
+    def _tick_flush_schedule(self) -> None:
+        """Followers flush deferred (flush=False) data after follower_flush_ticks."""
+        if self.role == Role.LEADER:
+            if self.log.dirty_offset > self.log.flushed_offset:
+                self._flush_wanted = True
+            return
+        if self._deferred_flush.on_tick(self.log.dirty_offset, self.log.flushed_offset):
+            self._flush_wanted = True
+
+    def _term_or_zero(self, offset: int) -> int:
+        try:
+            return self.log.term_at(offset)
+        except OffsetOutOfRange:
+            return 0

@@ -1,0 +1,273 @@
+"""The leader side of replication: appending proposals, sending what each follower lacks,
+taking replies, and advancing the commit index.
+
+Rules held here:
+- Commit index = the highest offset N of the leader's *current term* such that a majority of
+  voters has min(match, verified flushed) >= N; the leader counts its own flushed offset, never
+  a dirty offset (raft.quorum.committed_index over FollowerProgress.durable_offset()).
+- A follower's reported flushed (or dirty) offset counts only if the leader's own term at that
+  offset equals the term the follower reported for it (`_matches_our_log`).
+- Replies to requests sent before the last reset of a follower's stream (`seq < reset_seq`)
+  may describe a log the follower no longer has: they neither raise match nor back off.
+- Leadership transfer: catch the target up, then TimeoutNow.
+
+How a lagging follower is caught up (chunks, flush=False, the window, probing with term hints)
+is recovery's (recovery/); this file calls it.
+
+A mixin of RaftCore (raft/raft.py), which owns the state it reads and writes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from raft import messages as m
+from raft.progress import FollowerProgress, ProgressState
+from raft.quorum import committed_index, majority
+from raft.types import Acks, ErrorCode, Role
+from recovery.probe import backoff_next
+from recovery.stream import StreamLimits, next_chunk
+from storage.api import TailFull
+from storage.batch import Batch
+
+if TYPE_CHECKING:
+    from raft.config import RaftConfig
+    from storage.api import LogStorage
+
+
+@dataclass(slots=True)
+class Waiting:
+    """A quorum produce waiting for the commit index."""
+
+    request_id: int
+    base_offset: int
+    last_offset: int
+    duplicate: bool = False
+
+
+class LeaderSide:
+    """Leader-side state lives on RaftCore: `_progress` (one FollowerProgress per member),
+    `_waiting` (quorum produces awaiting commit), `_transfer_target`, `_stream_limits`."""
+
+    cfg: "RaftConfig"
+    log: "LogStorage"
+    _stream_limits: StreamLimits
+
+    def transfer_leadership(self, to: int | None = None) -> None:
+        """Hand leadership to `to` (or the most caught-up voter): catch it up, then TimeoutNow."""
+        if self.role != Role.LEADER:
+            raise ValueError(f"node {self.node_id} is not the leader; ask node "
+                             f"{self.leader_id} instead")
+        candidates = [v for v in self.config.voters if v != self.node_id]
+        if to is None:
+            if not candidates:
+                raise ValueError("no other voter to transfer leadership to; add a node first")
+            to = max(candidates, key=lambda v: (self._progress[v].match_index, -v))
+        elif to == self.node_id:
+            return
+        elif to not in candidates:
+            raise ValueError(f"node {to} is not a voter of this cluster (voters: "
+                             f"{list(self.config.voters)}); pick one of them")
+        self._transfer_target = to
+        self._transfer_elapsed = 0
+        self._maybe_send_timeout_now()
+        self._send_append(self._progress[to])
+
+    def _tick_leader(self) -> None:
+        self._heartbeat_elapsed += 1
+        self._check_quorum_elapsed += 1
+        for pr in self._progress.values():
+            pr.ticks_since_heard += 1
+            if pr.inflight or pr.probe_sent:
+                pr.ticks_since_ack += 1
+                if pr.ticks_since_ack >= self.cfg.election_ticks:
+                    # Requests or their replies were lost: start over from what is known.
+                    pr.become_probe(pr.match_index + 1, self._next_seq_peek())
+        if self._heartbeat_elapsed >= self.cfg.heartbeat_ticks:
+            self._heartbeat_elapsed = 0
+            for pr in self._progress.values():
+                self._seq += 1
+                self._send(m.Heartbeat(self.node_id, pr.node_id, self.term,
+                                       min(self.commit_index, pr.match_index), self._seq))
+        if self._transfer_target is not None:
+            self._transfer_elapsed += 1
+            if self._transfer_elapsed >= self.cfg.election_ticks:
+                self._transfer_target = None  # gave up: keep leading
+        # Two election timeouts, not one: a leader whose event loop lags under a burst of
+        # client load (replies queued, not lost) must not depose itself; an isolated leader
+        # still steps down well before clients give up.
+        if self._check_quorum_elapsed >= 2 * self.cfg.election_ticks:
+            self._check_quorum_elapsed = 0
+            if self.cfg.check_quorum:
+                active = sum(1 for v in self.config.voters
+                             if v == self.node_id or (v in self._progress
+                                                      and self._progress[v].recent_active))
+                for pr in self._progress.values():
+                    pr.recent_active = False
+                if active < majority(len(self.config.voters)):
+                    self._become_follower(self.term, None)
+                    return
+        self._bcast_wanted = True
+
+    def _append_as_leader(self, batch: Batch, *, force: bool = False) -> Batch | None:
+        placed = batch.placed(self.log.dirty_offset + 1, self.term)
+        try:
+            self.log.append([placed])
+        except TailFull:
+            self._flush_wanted = True
+            if not force:
+                return None
+            raise
+        self._applied_to_log(placed)
+        self._flush_wanted = True  # the leader flushes in parallel with replication
+        self._bcast_wanted = True
+        return placed
+
+    def _send_append(self, pr: FollowerProgress) -> None:
+        """Send what `pr` lacks, as far as its flow-control window allows (the chunks are
+        planned by recovery.stream)."""
+        log = self.log
+        while pr.can_send(self.cfg.max_inflight, self.cfg.max_inflight_bytes):
+            chunk = next_chunk(log, pr.next_index,
+                               replicating=pr.state == ProgressState.REPLICATE,
+                               recovering=pr.recovering, limits=self._stream_limits)
+            if chunk is None:
+                return  # nothing new; heartbeats carry the commit index
+            pr.recovering = not chunk.at_tail
+            self._seq += 1
+            self._send(m.AppendEntries(self.node_id, pr.node_id, self.term, chunk.prev_offset,
+                                       log.term_at(chunk.prev_offset), chunk.batches,
+                                       self.commit_index, chunk.flush, self._seq,
+                                       log_start_reset=chunk.log_start_reset))
+            pr.sent(self._seq, chunk.last_offset, chunk.nbytes)
+            if pr.state == ProgressState.PROBE or chunk.at_tail:
+                return
+
+    def _handle_append_reply(self, msg: m.AppendEntriesReply) -> None:
+        if self.role != Role.LEADER:
+            return
+        pr = self._progress.get(msg.src)
+        if pr is None:
+            return
+        self._heard(pr)
+        fresh = msg.seq >= pr.reset_seq
+        self._note_offsets(pr, msg.dirty_offset, msg.dirty_term, msg.flushed_offset,
+                           msg.flushed_term, fresh)
+        if msg.success:
+            if fresh or msg.last_appended > pr.match_index:
+                pr.acked(msg.last_appended)
+            pr.busy = False
+        elif msg.busy:
+            pr.busy = True  # resumes on its next flush report
+            if pr.state == ProgressState.PROBE:
+                pr.probe_sent = False
+        elif fresh:
+            self._back_off(pr, msg)
+        self._maybe_commit()
+        self._maybe_promote(pr)
+        self._maybe_send_timeout_now()
+        self._send_append(pr)
+
+    def _back_off(self, pr: FollowerProgress, msg: m.AppendEntriesReply) -> None:
+        """The follower's log does not match at the request's prev offset: jump back a whole
+        term (the conflict hint), or to its dirty offset + 1 when its log is too short."""
+        nxt = backoff_next(self.log, msg.conflict_term, msg.conflict_offset,
+                           msg.reject_offset)
+        # Whatever the follower held beyond this point is no longer known to match.
+        pr.match_index = min(pr.match_index, nxt - 1)
+        pr.flushed_offset = min(pr.flushed_offset, pr.match_index)
+        self._seq += 1
+        pr.become_probe(nxt, self._seq)
+
+    def _handle_heartbeat_reply(self, msg: m.HeartbeatReply) -> None:
+        if self.role != Role.LEADER:
+            return
+        pr = self._progress.get(msg.src)
+        if pr is None:
+            return
+        self._heard(pr)
+        fresh = msg.seq != 0 and msg.seq >= pr.reset_seq
+        self._note_offsets(pr, msg.dirty_offset, msg.dirty_term, msg.flushed_offset,
+                           msg.flushed_term, fresh)
+        if pr.busy and msg.flushed_offset >= msg.dirty_offset:
+            pr.busy = False
+        if fresh and msg.dirty_offset < pr.match_index:
+            # It lost its unflushed tail (crash): replicate again from what it has.
+            pr.match_index = max(pr.flushed_offset, min(pr.match_index, msg.dirty_offset))
+            self._seq += 1
+            pr.become_probe(msg.dirty_offset + 1, self._seq)
+        elif fresh and pr.state == ProgressState.REPLICATE and pr.inflight.lost_before(
+                msg.seq, msg.dirty_offset):
+            # The follower answered a later heartbeat without having appended earlier
+            # requests: they were lost (a dropped connection or queue). Resend from the match.
+            self._seq += 1
+            pr.become_probe(pr.match_index + 1, self._seq)
+        if pr.state == ProgressState.PROBE:
+            pr.probe_sent = False  # a probe may have been lost: try again
+        self._maybe_commit()
+        self._maybe_promote(pr)
+        self._maybe_send_timeout_now()
+        self._send_append(pr)
+
+    def _note_offsets(self, pr: FollowerProgress, dirty: int, dirty_term: int, flushed: int,
+                      flushed_term: int, fresh: bool) -> None:
+        pr.dirty_offset = dirty
+        if self._matches_our_log(flushed, flushed_term):
+            pr.note_flushed(flushed)
+        if fresh and self._matches_our_log(dirty, dirty_term) and dirty > pr.match_index:
+            pr.match_index = dirty
+            if pr.state == ProgressState.PROBE:
+                pr.become_replicate()
+            pr.next_index = max(pr.next_index, dirty + 1)
+
+    def _matches_our_log(self, offset: int, term: int) -> bool:
+        log = self.log
+        if offset < log.start_offset - 1 or offset > log.dirty_offset:
+            return False
+        return log.term_at(offset) == term
+
+    def _heard(self, pr: FollowerProgress) -> None:
+        pr.ticks_since_heard = 0
+        pr.recent_active = True
+
+    def _maybe_commit(self) -> None:
+        if self.role != Role.LEADER:
+            return
+        durable = {self.node_id: self.log.flushed_offset}
+        for v in self.config.voters:
+            if v != self.node_id:
+                pr = self._progress.get(v)
+                durable[v] = pr.durable_offset() if pr is not None else -1
+        if self.node_id not in self.config.voters:
+            del durable[self.node_id]  # removed leader: manages but does not count
+        candidate = committed_index(durable.values())
+        if candidate > self.commit_index and candidate <= self.log.dirty_offset and \
+                self.log.term_at(candidate) == self.term:
+            self.commit_index = candidate
+            self._answer_committed()
+            self._on_commit()
+
+    def _answer_committed(self) -> None:
+        while self._waiting and self._waiting[0].last_offset <= self.commit_index:
+            w = self._waiting.popleft()
+            self._answer(w.request_id, ErrorCode.OK, base_offset=w.base_offset,
+                         last_offset=w.last_offset, duplicate=w.duplicate)
+
+    def _answer_duplicate(self, request_id: int, base: int, last: int, acks: Acks) -> None:
+        if acks == Acks.QUORUM and last > self.commit_index:
+            # The original is not committed yet: answer with it.
+            self._waiting.append(Waiting(request_id, base, last, duplicate=True))
+            self._waiting = deque(sorted(self._waiting, key=lambda w: w.last_offset))
+            return
+        self._answer(request_id, ErrorCode.OK, base_offset=base, last_offset=last,
+                     duplicate=True)
+
+    def _maybe_send_timeout_now(self) -> None:
+        to = self._transfer_target
+        if to is None or self.role != Role.LEADER:
+            return
+        pr = self._progress.get(to)
+        if pr is not None and pr.match_index >= self.log.dirty_offset:
+            self._send(m.TimeoutNow(self.node_id, to, self.term))

@@ -1,0 +1,65 @@
+"""Planning what the leader sends a follower next: the RFC's recovery stream.
+
+A follower at the leader's tail gets normal AppendEntries (up to `max_append_bytes`, asking for a
+flush, so quorum writes commit quickly). A follower further behind is *recovering*: it gets
+chunks of `recovery_chunk_bytes` sent with `flush=False`, so it appends them to its in-memory
+tail without an fsync per chunk and flushes on its own schedule (`deferred_flush`); the chunk
+that reaches the leader's tail asks for a flush again. A follower behind the leader's log start
+is reset to it (`log_start_reset`).
+
+The chunk is never smaller than one batch, whatever its size, so a large batch still moves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from storage.api import LogStorage
+from storage.batch import Batch
+
+
+@dataclass(slots=True, frozen=True)
+class StreamLimits:
+    max_append_bytes: int
+    recovery_chunk_bytes: int
+    # Benchmark baseline only: every chunk asks for a flush (the behaviour the RFC replaces).
+    flush_per_chunk: bool = False
+
+
+@dataclass(slots=True)
+class Chunk:
+    prev_offset: int  # the offset just before the first batch (the log-matching check)
+    batches: list[Batch]
+    last_offset: int  # the last offset the chunk carries (prev_offset when empty: a probe)
+    at_tail: bool  # it reaches the leader's dirty offset: the follower is caught up after it
+    flush: bool  # the follower must flush before it answers
+    log_start_reset: bool  # the follower is behind our log start: reset it there
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.size for b in self.batches)
+
+
+def next_chunk(log: LogStorage, next_index: int, *, replicating: bool, recovering: bool,
+               limits: StreamLimits) -> Chunk | None:
+    """The next request for a follower whose next index is `next_index`, or None when a
+    replicating follower already has everything (heartbeats carry the commit index then).
+    A probing follower always gets a request, empty if need be."""
+    nxt = next_index
+    reset = False
+    if nxt < log.start_offset:
+        nxt, reset = log.start_offset, log.start_offset > 0
+    if nxt > log.dirty_offset + 1:
+        nxt = log.dirty_offset + 1
+    if replicating and nxt > log.dirty_offset:
+        return None
+    budget = limits.recovery_chunk_bytes if recovering else limits.max_append_bytes
+    batches = log.read(nxt, budget) if nxt <= log.dirty_offset else []
+    prev = batches[0].base_offset - 1 if batches else nxt - 1
+    if prev < log.start_offset - 1:
+        batches = log.read(log.start_offset, budget)
+        prev = log.start_offset - 1
+    reset = reset or (prev == log.start_offset - 1 and log.start_offset > 0)
+    last = batches[-1].last_offset if batches else prev
+    at_tail = last >= log.dirty_offset
+    return Chunk(prev, batches, last, at_tail, at_tail or limits.flush_per_chunk, reset)
