@@ -19,8 +19,9 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(PY) -m raft.cli demo
 
-## Set up and run the whole test suite (what CI runs).
+## Set up and run the whole test suite (what CI runs): the architecture contracts, then pytest.
 test: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean:
