@@ -103,8 +103,8 @@ class ConfChanges:
     def _maybe_promote(self, pr: FollowerProgress) -> None:
         """A learner is promoted once it holds everything the leader has flushed."""
         if (not pr.learner or pr.node_id not in self.config.learners
-                or self._config_change_blocked()):
-            return
+                or self._config_change_blocked() or self._transfer_target is not None):
+            return  # (a promotion appended during a transfer would leave the target behind)
         if pr.match_index >= self.log.flushed_offset:
             self._propose_config(INTERNAL_REQUEST, self.config.promoted(pr.node_id))
 

@@ -53,6 +53,12 @@ class RaftConfig:
     # or configuration change), so a restarted node starts from a recent commit index instead
     # of -1 (Kafka checkpoints its high watermark the same way). 0 = only with other changes.
     commit_checkpoint_ticks: int = 20
+    # Recovery throttle: bytes of flush=False catch-up chunks the leader may send per tick,
+    # summed over all followers (0 = unlimited), with bursts up to recovery_burst_bytes
+    # (0 = one recovery chunk). It lives in the core, in ticks, so throttled chunks are never
+    # queued behind later heartbeats (which made followers look like they lost them).
+    recovery_rate_bytes_per_tick: int = 0
+    recovery_burst_bytes: int = 0
 
     def validate(self) -> "RaftConfig":
         def positive(name: str) -> None:
@@ -65,6 +71,11 @@ class RaftConfig:
                      "follower_flush_bytes", "follower_flush_ticks", "max_pending_produce",
                      "producer_window", "max_producers"):
             positive(name)
+        for name in ("recovery_rate_bytes_per_tick", "recovery_burst_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"raft setting {name}={value!r} must be an integer >= 0 "
+                                 f"(0 = no limit)")
         if self.heartbeat_ticks >= self.election_ticks:
             raise ValueError(f"heartbeat_ticks ({self.heartbeat_ticks}) must be below "
                              f"election_ticks ({self.election_ticks}); raise election_ticks")

@@ -1,9 +1,12 @@
 """Elections: pre-vote, votes and the CheckQuorum lease.
 
 Rules held here:
-- A vote is granted only to a voter whose log is at least as up to date as ours (last term,
+- A vote is granted only to a candidate whose log is at least as up to date as ours (last term,
   then last offset), once per term; the grant marks hard state dirty, and the driver persists it
   before the reply leaves (raft/ready.py), so a restart cannot vote twice in one term.
+- Whether the candidate is in *our* configuration does not matter (ours may be stale; the Raft
+  thesis grants such votes): the candidate counts only votes of its own configuration's voters,
+  and the lease below keeps a removed node from disrupting a cluster that has a leader.
 - A pre-vote never changes our term or vote: it only asks "would you vote for me?".
 - While we heard from a leader within the election timeout, a (non-transfer) vote request is
   ignored (the lease), so a partitioned node rejoining cannot depose a healthy leader.
@@ -75,8 +78,7 @@ class Elections:
                                        and last_offset >= self.log.dirty_offset)
 
     def _handle_pre_vote(self, msg: m.RequestVote) -> None:
-        granted = self.is_voter(msg.src) and self._log_up_to_date(msg.last_offset,
-                                                                   msg.last_term)
+        granted = self._log_up_to_date(msg.last_offset, msg.last_term)
         self._send(m.RequestVoteReply(self.node_id, msg.src, msg.term if granted else self.term,
                                       granted, pre_vote=True))
 
@@ -86,8 +88,7 @@ class Elections:
             return
         can_vote = (self.voted_for in (None, msg.src) and self.leader_id is None
                     and self.role != Role.LEADER) or self.voted_for == msg.src
-        granted = (can_vote and self.is_voter(msg.src)
-                   and self._log_up_to_date(msg.last_offset, msg.last_term))
+        granted = (can_vote and self._log_up_to_date(msg.last_offset, msg.last_term))
         if granted:
             self.voted_for = msg.src
             self._hs_dirty = True  # durable before the reply leaves (driver contract)

@@ -34,6 +34,7 @@ from storage.batch import Batch
 
 if TYPE_CHECKING:
     from raft.config import RaftConfig
+    from recovery.ratelimit import TokenBucket
     from storage.api import LogStorage
 
 
@@ -54,6 +55,7 @@ class LeaderSide:
     cfg: "RaftConfig"
     log: "LogStorage"
     _stream_limits: StreamLimits
+    _recovery_throttle: "TokenBucket | None"
 
     def transfer_leadership(self, to: int | None = None) -> None:
         """Hand leadership to `to` (or the most caught-up voter): catch it up, then TimeoutNow."""
@@ -129,7 +131,11 @@ class LeaderSide:
         """Send what `pr` lacks, as far as its flow-control window allows (the chunks are
         planned by recovery.stream)."""
         log = self.log
+        throttle = self._recovery_throttle
         while pr.can_send(self.cfg.max_inflight, self.cfg.max_inflight_bytes):
+            if (throttle is not None and pr.recovering
+                    and throttle.delay_for(self.cfg.recovery_chunk_bytes) > 0):
+                return  # the recovery budget is spent: a later tick resumes the stream
             chunk = next_chunk(log, pr.next_index,
                                replicating=pr.state == ProgressState.REPLICATE,
                                recovering=pr.recovering, limits=self._stream_limits)
@@ -142,6 +148,8 @@ class LeaderSide:
                                        self.commit_index, chunk.flush, self._seq,
                                        log_start_reset=chunk.log_start_reset))
             pr.sent(self._seq, chunk.last_offset, chunk.nbytes)
+            if throttle is not None and not chunk.flush and chunk.batches:
+                throttle.take(chunk.nbytes)
             if pr.state == ProgressState.PROBE or chunk.at_tail:
                 return
 
@@ -156,7 +164,9 @@ class LeaderSide:
         self._note_offsets(pr, msg.dirty_offset, msg.dirty_term, msg.flushed_offset,
                            msg.flushed_term, fresh)
         if msg.success:
-            if fresh or msg.last_appended > pr.match_index:
+            if fresh:
+                # Only a reply to a request sent since the last reset says what the follower
+                # holds now; an older one may describe a tail it has since lost (a crash).
                 pr.acked(msg.last_appended)
             pr.busy = False
         elif msg.busy:

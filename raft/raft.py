@@ -41,6 +41,7 @@ from raft.progress import FollowerProgress
 from raft.ready import FollowerStatus, HardState, ProduceAnswer, Ready, Status
 from raft.types import Acks, ErrorCode, InvariantViolation, Role
 from recovery.deferred_flush import DeferredFlush
+from recovery.ratelimit import TokenBucket
 from recovery.stream import StreamLimits
 from storage.api import LogStorage, StorageError
 from storage.batch import Batch, BatchKind
@@ -79,6 +80,12 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges):
         self._seq = 0
         self._stream_limits = StreamLimits(cfg.max_append_bytes, cfg.recovery_chunk_bytes,
                                            cfg.recovery_flush_per_chunk)
+        self._ticks = 0  # the recovery throttle's clock
+        self._recovery_throttle: TokenBucket | None = None
+        if cfg.recovery_rate_bytes_per_tick:
+            self._recovery_throttle = TokenBucket(
+                cfg.recovery_rate_bytes_per_tick,
+                cfg.recovery_burst_bytes or cfg.recovery_chunk_bytes, lambda: self._ticks)
         self._waiting: deque[Waiting] = deque()
         self._noop_offset = -1  # this leader's first entry; commit past it = "committed in term"
         self._transfer_target: int | None = None
@@ -119,6 +126,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges):
 
     # ------------------------------------------------------------------ inputs
     def tick(self) -> None:
+        self._ticks += 1
         self._checkpoint_elapsed += 1
         if (self.cfg.commit_checkpoint_ticks and self.commit_index > self._saved_commit
                 and self._checkpoint_elapsed >= self.cfg.commit_checkpoint_ticks):
@@ -132,8 +140,6 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges):
     def step(self, msg: m.Message) -> None:
         if msg.dst != self.node_id:
             return
-        if isinstance(msg, m.RequestVote) and msg.src not in self.config.members:
-            return  # a removed (or never added) node must not disturb the cluster's term
         if msg.term > self.term:
             if isinstance(msg, m.RequestVote):
                 if self._in_lease(msg):

@@ -1,7 +1,9 @@
 """A node-wide token bucket for recovery traffic, so catching a follower up cannot starve live
 writes of disk and network bandwidth (Redpanda's recovery throttle plays the same role).
 
-Pure arithmetic over a clock passed in: the runtime gives it trio's clock, tests a fake one."""
+Pure arithmetic over a clock passed in. The core runs it on its own tick count (the rate is then
+bytes per tick: RaftConfig.recovery_rate_bytes_per_tick), so throttled chunks wait inside the
+core instead of in a queue that later heartbeats would overtake; tests give it a fake clock."""
 
 from __future__ import annotations
 

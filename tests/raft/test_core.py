@@ -349,3 +349,34 @@ def test_core_is_sans_io(name: str) -> None:
         elif isinstance(node, ast.ImportFrom) and node.module:
             mods = [node.module.split(".")[0]]
         assert not (set(mods) & FORBIDDEN), f"{name} imports {mods}"
+
+
+def test_recovery_throttle_spends_its_budget_per_tick_and_resends_nothing() -> None:
+    """The recovery throttle lives in the core, in ticks: a throttled chunk is not sent (and so
+    cannot be overtaken by a heartbeat that makes it look lost). The follower catches up at
+    about the rate, and no range is sent twice."""
+    rate = 8192
+    c = Cluster(3, recovery_chunk_bytes=4096, max_append_bytes=4096,
+                recovery_rate_bytes_per_tick=rate)
+    leader = c.elect()
+    c.tick(2)
+    lag = next(i for i in c.ids if i != leader)
+    c.down.add(lag)
+    for _ in range(200):
+        c.propose(leader, [b"x" * 1000], Acks.LEADER)
+    c.tick(2)
+    c.down.discard(lag)
+    behind = sum(b.size for b in c.logs[leader].read(c.logs[lag].dirty_offset + 1, 1 << 30))
+    per_tick: list[int] = []
+    for _ in range(200):
+        c.sent.clear()
+        c.tick()
+        per_tick.append(sum(b.size for x in c.sent if isinstance(x, m.AppendEntries)
+                            and x.dst == lag and not x.flush for b in x.batches))
+        if c.logs[lag].dirty_offset == c.logs[leader].dirty_offset:
+            break
+    assert c.logs[lag].dirty_offset == c.logs[leader].dirty_offset, "never caught up"
+    # Within the budget (one chunk of burst on top), and at about the rate overall.
+    assert max(per_tick) <= rate + 4096, per_tick
+    assert len(per_tick) >= behind // (rate + 4096)
+    assert sum(per_tick) <= behind * 1.02, f"sent {sum(per_tick)} bytes for {behind} behind"
