@@ -3,8 +3,8 @@
 One trio program per node. What is whose:
 - here, the node: its lifecycle (start, graceful stop, abort), the listener (peers and clients
   on the same address; the first frame, `hello`, says which), peer frames handed to the group,
-  each client connection's request loop (pipelining limit, backpressure), and the request
-  handlers;
+  and each client connection's request loop (pipelining limit, backpressure), routing requests
+  through the registry in raft.node.api;
 - raft.node.group.RaftGroup: one Raft group's driver (tick, Ready loop, flusher, the client
   requests waiting for the core's answers). Today a node runs one group;
 - raft.node.transport.PeerTransport: the peer links and the address book, which all of a node's
@@ -14,58 +14,25 @@ One trio program per node. What is whose:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import random
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
-from raft.node import wire
-from raft.node.config import ConfigError, NodeConfig, format_address, parse_address
+from raft.node import api, wire
+from raft.node.config import ConfigError, NodeConfig, format_address
 from raft.node.group import RaftGroup
 from raft.node.peer import PeerLink
 from raft.node.transport import PeerTransport
-from raft.ready import ProduceAnswer
-from raft.types import Acks, ErrorCode, Role
-from storage.api import LogStorage, OffsetOutOfRange
-from storage.batch import Batch, BatchKind, CorruptBatch
+from raft.types import ErrorCode
+from storage.api import LogStorage
 
 log = logging.getLogger("raftlog.node")
 
 HELLO_TIMEOUT_S = 10.0
-DEFAULT_FETCH_MAX_BYTES = 1 << 20
-# Room for the reply envelope around fetched payloads.
-FRAME_OVERHEAD = 64 * 1024
-
-_ERROR_ADVICE: dict[ErrorCode, str] = {
-    ErrorCode.NOT_LEADER: "this node is not the leader; send the request to leader_addr (or "
-                          "retry shortly if no leader is known yet: an election is running)",
-    ErrorCode.BACKPRESSURE: "the leader's unflushed tail or in-flight window is full; retry "
-                            "after a short backoff",
-    ErrorCode.TOO_LARGE: "the batch exceeds the leader's limit; split it into smaller batches",
-    ErrorCode.LEADERSHIP_LOST: "leadership changed before the write committed; it may or may "
-                               "not be in the log: retry (idempotent producers make the retry "
-                               "safe)",
-    ErrorCode.TRUNCATED: "a new leader overwrote the write; it will never commit: retry it",
-    ErrorCode.SHUTTING_DOWN: "this node is shutting down; retry on another node",
-    ErrorCode.TIMEOUT: "no answer within timeout_ms; the write may still commit: retry with "
-                       "the same producer_id/sequence (idempotent) or check with fetch",
-    ErrorCode.BAD_REQUEST: "the request was refused as malformed",
-    ErrorCode.INTERNAL: "internal error on the node; see its log",
-}
-
-
-def status_to_wire(status: Any) -> dict[str, Any]:
-    """raft.ready.Status -> plain msgpack map (role as its string value)."""
-    out = dataclasses.asdict(status)
-    role = getattr(status, "role", None)
-    out["role"] = role.value if isinstance(role, Role) else role
-    return out
-
 
 
 class Node:
@@ -82,6 +49,7 @@ class Node:
         self.transport = PeerTransport(config, rng)
         self.group = RaftGroup(config, self.transport, log_storage=log_storage, rng=rng,
                                inline_io=inline_io, core_classes=core_classes)
+        self.api = api.ApiContext(config=config, group=self.group, peers=self.transport)
         self._shutdown_requested = trio.Event()
         self._stopped = trio.Event()
         self._active_requests = 0
@@ -89,15 +57,6 @@ class Node:
         self._requests_idle.set()
         self._accept_scope: trio.CancelScope | None = None
         self._run_scope = trio.CancelScope()
-        self._handlers: dict[str, tuple[Callable[[dict, int], Any],
-                                        Callable[[Any, int], Awaitable[dict]]]] = {
-            "produce": (self._parse_produce, self._produce),
-            "fetch": (self._parse_fetch, self._fetch),
-            "status": (lambda frame, rid: None, self._status),
-            "transfer_leader": (self._parse_transfer, self._transfer_leader),
-            "add_node": (self._parse_add_node, self._membership),
-            "remove_node": (self._parse_remove_node, self._membership),
-        }
 
     # -- the group and the peers, as tests and tools see them -------------------------------------
     @property
@@ -128,6 +87,9 @@ class Node:
     @property
     def _closing(self) -> bool:
         return self.group.closing
+
+    def is_leader(self) -> bool:
+        return self.group.is_leader()
 
     # -- public control ----------------------------------------------------------------------------
     def request_shutdown(self) -> None:
@@ -294,19 +256,16 @@ class Node:
                         limiter.release()
                         break  # client half-closed: finish in-flight replies, then hang up
                     rid = wire.get_int(frame, "id", where=f'request "{frame["t"]}"')
-                    entry = self._handlers.get(frame["t"])
-                    if entry is None and self.loads is not None and self.loads.handles(frame["t"]):
-                        entry = (lambda f, _rid: f, self._load_request)
-                    if entry is None:
+                    handler = api.lookup(self.api, frame["t"])
+                    if handler is None:
                         limiter.release()
                         await send(wire.error_reply(
                             rid, ErrorCode.BAD_REQUEST,
                             f'unknown request type {frame["t"]!r}; known: '
-                            f'{", ".join(sorted(self._handlers))}'))
+                            f'{", ".join(sorted(api.REQUESTS))}'))
                         continue
-                    parse, execute = entry
                     try:
-                        request = parse(frame, rid)
+                        request = handler.parse(self.api, frame, rid)
                     except wire.WireError as e:
                         e.request_id = rid
                         raise
@@ -318,19 +277,19 @@ class Node:
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     nursery.cancel_scope.cancel()  # the client is gone: nobody to answer
                     break
-                nursery.start_soon(self._run_request, execute, request, rid, send, limiter,
-                                   nursery.cancel_scope)
+                nursery.start_soon(self._run_request, handler.execute, request, rid, send,
+                                   limiter, nursery.cancel_scope)
         if failure is not None:
             raise failure
 
-    async def _run_request(self, execute: Callable[[Any, int], Awaitable[dict]], request: Any,
-                           rid: int, send: Callable[[dict], Awaitable[None]],
+    async def _run_request(self, execute: Callable[[api.ApiContext, Any, int], Awaitable[dict]],
+                           request: Any, rid: int, send: Callable[[dict], Awaitable[None]],
                            limiter: trio.Semaphore, scope: trio.CancelScope) -> None:
         self._active_requests += 1
         self._requests_idle = trio.Event() if self._active_requests == 1 else self._requests_idle
         try:
             try:
-                reply = await execute(request, rid)
+                reply = await execute(self.api, request, rid)
             except Exception as e:
                 log.exception("request_failed node=%d id=%d", self.node_id, rid)
                 reply = wire.error_reply(rid, ErrorCode.INTERNAL,
@@ -344,262 +303,6 @@ class Node:
             self._active_requests -= 1
             if self._active_requests == 0:
                 self._requests_idle.set()
-
-
-    # -- LoadHost (raft.node.load_service) ------------------------------------------------------------
-    def is_leader(self) -> bool:
-        return self.group.is_leader()
-
-    def commit_index(self) -> int:
-        return self.core.commit_index
-
-    def not_leader_reply(self, request_id: int) -> dict[str, Any]:
-        if self._closing:
-            return self._error(request_id, ErrorCode.SHUTTING_DOWN)
-        return self._error(request_id, ErrorCode.NOT_LEADER)
-
-    async def propose_and_wait(self, batch: Batch, acks: Acks, timeout_s: float) -> ProduceAnswer:
-        return await self.group.propose_and_wait(batch, acks, timeout_s)
-
-    def _error(self, rid: int, code: ErrorCode, message: str | None = None,
-               **extra: Any) -> dict[str, Any]:
-        if code == ErrorCode.NOT_LEADER and "leader_id" not in extra and self.core is not None:
-            extra["leader_id"] = self.core.leader_id
-        if code == ErrorCode.NOT_LEADER:
-            extra.setdefault("leader_addr", self.peer_address(extra.get("leader_id")))
-        return wire.error_reply(rid, code, message or _ERROR_ADVICE.get(code, code.name),
-                                **extra)
-
-    # -- produce ---------------------------------------------------------------------------------
-    def _parse_produce(self, frame: dict[str, Any], rid: int) -> dict[str, Any]:
-        w = "produce"
-        return {
-            "acks": Acks(wire.get_str(frame, "acks", default="quorum",
-                                      choices=[a.value for a in Acks], where=w)),
-            "timeout_ms": wire.get_int(frame, "timeout_ms", default=self.config.default_timeout_ms,
-                                       minimum=1, maximum=self.config.max_timeout_ms, where=w),
-            "payload": wire.get_bytes(frame, "payload", where=w),
-            "count": wire.get_int(frame, "count", minimum=1, maximum=2**31 - 1, where=w),
-            "producer_id": wire.get_int(frame, "producer_id", default=0, minimum=0,
-                                        maximum=2**63 - 1, where=w),
-            "sequence": wire.get_int(frame, "sequence", default=-1, minimum=-1,
-                                     maximum=2**63 - 1, where=w),
-            "timestamp_ms": wire.get_int(frame, "timestamp_ms", default=int(time.time() * 1000),
-                                         minimum=-(2**63), maximum=2**63 - 1, where=w),
-        }
-
-    async def _produce(self, req: dict[str, Any], rid: int) -> dict[str, Any]:
-        if self._closing:
-            return self._error(rid, ErrorCode.SHUTTING_DOWN)
-        if req["producer_id"] and req["sequence"] < 0:
-            return self._error(rid, ErrorCode.BAD_REQUEST,
-                               "an idempotent produce (producer_id != 0) needs sequence >= 0")
-        self.group.catchup.note_produce(len(req["payload"]), req["count"])
-        batch = Batch.create(req["payload"], req["count"], timestamp_ms=req["timestamp_ms"],
-                             producer_id=req["producer_id"],
-                             sequence=req["sequence"] if req["producer_id"] else -1)
-        try:
-            answer = await self.group.propose_and_wait(batch, req["acks"], req["timeout_ms"] / 1000)
-        except ValueError as e:  # the core refused the batch's shape
-            return self._error(rid, ErrorCode.BAD_REQUEST, str(e))
-        if answer.error == ErrorCode.SHUTTING_DOWN and answer.request_id != -1:
-            return self._error(rid, ErrorCode.SHUTTING_DOWN,
-                               "this node is shutting down; the write may or may not commit: "
-                               "retry on another node (idempotent producers make the retry "
-                               "safe)")
-        if answer.error == ErrorCode.TIMEOUT:
-            return self._error(rid, ErrorCode.TIMEOUT,
-                               f"no answer within {req['timeout_ms']} ms; "
-                               + _ERROR_ADVICE[ErrorCode.TIMEOUT])
-        if answer.error == ErrorCode.OK:
-            return wire.ok_reply(rid, base_offset=answer.base_offset,
-                                 last_offset=answer.last_offset, duplicate=answer.duplicate)
-        message = getattr(answer, "message", "") or None
-        if answer.error == ErrorCode.NOT_LEADER:
-            return self._error(rid, ErrorCode.NOT_LEADER, message, leader_id=answer.leader_id)
-        return self._error(rid, answer.error, message)
-
-    async def _load_request(self, frame: dict[str, Any], rid: int) -> dict[str, Any]:
-        if self._closing:
-            return self._error(rid, ErrorCode.SHUTTING_DOWN)
-        return await self.loads.handle(self, frame)
-
-    # -- fetch -----------------------------------------------------------------------------------
-    def _parse_fetch(self, frame: dict[str, Any], rid: int) -> dict[str, Any]:
-        w = "fetch"
-        # Leave room for the reply envelope so the reply itself fits the frame limit.
-        limit = self.config.max_frame_bytes - min(FRAME_OVERHEAD, self.config.max_frame_bytes // 8)
-        return {
-            "offset": wire.get_int(frame, "offset", minimum=-(2**63), maximum=2**63 - 1,
-                                   where=w),
-            "max_bytes": min(limit, wire.get_int(frame, "max_bytes",
-                                                 default=DEFAULT_FETCH_MAX_BYTES, minimum=1,
-                                                 maximum=2**63 - 1, where=w)),
-            "max_wait_ms": min(self.config.max_fetch_wait_ms,
-                               wire.get_int(frame, "max_wait_ms", default=0, minimum=0,
-                                            maximum=2**63 - 1, where=w)),
-        }
-
-    async def _fetch(self, req: dict[str, Any], rid: int) -> dict[str, Any]:
-        offset = req["offset"]
-        deadline = trio.current_time() + req["max_wait_ms"] / 1000
-        while True:
-            hw = self._visible_hw()
-            start = self.log.start_offset
-            if offset < start or offset > hw + 1:
-                return self._error(
-                    rid, ErrorCode.OFFSET_OUT_OF_RANGE,
-                    f"offset {offset} is outside the readable range [{start}, {hw + 1}]; fetch "
-                    f"from start_offset or at most high_watermark + 1",
-                    start_offset=start, high_watermark=hw)
-            if offset <= hw:
-                try:
-                    batches, next_offset = self._read_committed(offset, hw, req["max_bytes"])
-                except OffsetOutOfRange:  # retention moved the log start under us
-                    start = self.log.start_offset
-                    return self._error(
-                        rid, ErrorCode.OFFSET_OUT_OF_RANGE,
-                        f"offset {offset} was removed by retention while reading; fetch from "
-                        f"start_offset {start}", start_offset=start, high_watermark=hw)
-                except CorruptBatch as e:
-                    return self._error(rid, ErrorCode.INTERNAL, str(e))
-                return wire.ok_reply(rid, batches=batches, high_watermark=hw,
-                                     start_offset=start, next_offset=next_offset)
-            remaining = deadline - trio.current_time()
-            if remaining <= 0 or self._closing:
-                return wire.ok_reply(rid, batches=[], high_watermark=hw, start_offset=start,
-                                     next_offset=offset)
-            with trio.move_on_after(remaining):
-                await self.group.wait_hw_change()
-
-    def _visible_hw(self) -> int:
-        """What consumers may read: the commit index, held back before any open staged load."""
-        hw = self.core.high_watermark
-        return hw if self.loads is None else min(hw, self.loads.stable_offset(hw))
-
-    def _read_committed(self, offset: int, hw: int, max_bytes: int) -> tuple[list[dict], int]:
-        """DATA batches from `offset` up to `hw` within `max_bytes` (at least one batch when
-        there is one), and the offset to fetch next (past any skipped control batches)."""
-        out: list[dict[str, Any]] = []
-        used = 0
-        pos = offset
-        # Skipped batches (no-ops, configuration, unpublished staged data) count against a
-        # separate scan bound so a reply still carries data when there is some just past them.
-        scanned, scan_limit = 0, 4 * max_bytes + (1 << 20)
-        while pos <= hw and (used < max_bytes or not out) and scanned < scan_limit:
-            got = self.log.read(pos, max(1, max_bytes - used))
-            if not got:
-                break
-            for b in got:
-                if b.last_offset > hw or (out and used + b.size > max_bytes):
-                    return out, pos
-                if self.loads is not None:
-                    payload = next((p for _, p in self.loads.visible([b], hw)), None)
-                else:
-                    payload = b.payload if b.kind == BatchKind.DATA else None
-                if payload is not None:
-                    out.append({"base_offset": b.base_offset, "count": b.count,
-                                "timestamp_ms": b.timestamp_ms, "payload": payload})
-                    used += b.size
-                scanned += b.size
-                pos = b.last_offset + 1
-        return out, pos
-
-    # -- status and admin --------------------------------------------------------------------------
-    async def _status(self, _req: None, rid: int) -> dict[str, Any]:
-        st = status_to_wire(self.core.status())
-        self.group.catchup.recovery_view(st.get("followers") or [])
-        cfg = getattr(self.core, "config", None)
-        if cfg is not None:
-            st["addresses"] = {str(k): v for k, v in sorted(cfg.addresses.items())}
-        st["address"] = self.address
-        # String keys: msgpack maps with int keys trip strict decoders and are not JSON.
-        st["peers"] = {str(k): v for k, v in sorted(
-            {**self.peer_addresses, self.node_id: self.address}.items())}
-        st["leader_addr"] = self.peer_address(self.core.leader_id)
-        st["links"] = self.transport.link_status()
-        return wire.ok_reply(rid, status=st)
-
-    def _parse_transfer(self, frame: dict[str, Any], rid: int) -> dict[str, Any]:
-        return {"to": wire.get_opt_int(frame, "to", where="transfer_leader"),
-                "timeout_ms": wire.get_int(frame, "timeout_ms",
-                                           default=self.config.default_timeout_ms, minimum=1,
-                                           maximum=self.config.max_timeout_ms,
-                                           where="transfer_leader")}
-
-    async def _transfer_leader(self, req: dict[str, Any], rid: int) -> dict[str, Any]:
-        if self._closing:
-            return self._error(rid, ErrorCode.SHUTTING_DOWN)
-        if self.core.role != Role.LEADER:
-            return self._error(rid, ErrorCode.NOT_LEADER)
-        to = req["to"]
-        if to is not None and to not in self.peer_addresses:
-            return self._error(rid, ErrorCode.BAD_REQUEST,
-                               f"node {to} is not a peer; pick one of "
-                               f"{sorted(self.peer_addresses)}")
-        try:
-            self.core.transfer_leadership(to)
-        except ValueError as e:
-            return self._error(rid, ErrorCode.BAD_REQUEST, str(e))
-        self.group.kick()
-        with trio.move_on_after(req["timeout_ms"] / 1000):
-            while self.core.role == Role.LEADER and not self._closing:
-                await self.group.wait_state_change()
-        if self._closing:
-            return self._error(rid, ErrorCode.SHUTTING_DOWN)
-        if self.core.role == Role.LEADER:
-            return self._error(rid, ErrorCode.TIMEOUT,
-                               f"leadership did not move within {req['timeout_ms']} ms; the "
-                               f"target may be lagging: retry later")
-        return wire.ok_reply(rid, leader_id=self.core.leader_id,
-                             leader_addr=self.peer_address(self.core.leader_id))
-
-    def _parse_add_node(self, frame: dict[str, Any], rid: int) -> dict[str, Any]:
-        address = wire.get_str(frame, "address", where="add_node")
-        return {"op": "add", "node_id": wire.get_int(frame, "node_id", minimum=1,
-                                                     where="add_node"),
-                "address": address}
-
-    def _parse_remove_node(self, frame: dict[str, Any], rid: int) -> dict[str, Any]:
-        return {"op": "remove", "node_id": wire.get_int(frame, "node_id", minimum=1,
-                                                        where="remove_node")}
-
-    async def _membership(self, req: dict[str, Any], rid: int) -> dict[str, Any]:
-        """add_node / remove_node: one configuration change through the log. Answered when the
-        entry commits (add: the node is a learner now, promoted to voter automatically once it
-        has caught up)."""
-        if self._closing:
-            return self._error(rid, ErrorCode.SHUTTING_DOWN)
-        if not hasattr(self.core, "propose_config"):
-            return self._error(rid, ErrorCode.BAD_REQUEST,
-                               "this core does not support membership changes")
-        if self.core.role != Role.LEADER:
-            return self._error(rid, ErrorCode.NOT_LEADER)
-        core = self.core
-        if req["op"] == "add":
-            try:
-                host, port = parse_address(req["address"], what="address")
-            except ConfigError as e:
-                return self._error(rid, ErrorCode.BAD_REQUEST, str(e))
-            address = format_address(host, port)
-
-            def propose(request_id: int) -> None:
-                core.propose_config(request_id, add_learner=req["node_id"], address=address)
-        else:
-            def propose(request_id: int) -> None:
-                core.propose_config(request_id, remove=req["node_id"])
-        _, answer = await self.group.call_core(propose, self.config.default_timeout_ms / 1000)
-        if answer is None:
-            return self._error(rid, ErrorCode.SHUTTING_DOWN if self._closing
-                               else ErrorCode.TIMEOUT,
-                               "the configuration change did not commit in time; check "
-                               "`raftlog status` and retry")
-        if answer.error != ErrorCode.OK:
-            return self._error(rid, answer.error, answer.message or None,
-                               leader_id=answer.leader_id)
-        cfg = self.core.config
-        return wire.ok_reply(rid, offset=answer.base_offset, voters=list(cfg.voters),
-                             learners=list(cfg.learners))
 
 
 _NETWORK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, wire.WireError,
