@@ -37,7 +37,7 @@ DEFAULT_SERVERS = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
 
 # ============================================================================ serve
 def cmd_serve(args: argparse.Namespace) -> int:
-    from raft.node.server import serve
+    from raft.node.serve import serve
 
     return serve({k: v for k, v in vars(args).items() if k not in ("func", "command", "verbose")})
 

@@ -20,7 +20,7 @@ from inproc_cluster import (CORE_CLASSES, DEADLINE_S, REAL_CORE, Producer, RawCl
                             check_acked, fetched_values, lmdb_available, read_all,
                             running_cluster, trio_test, values_payload)
 from raft.node.config import NodeConfig
-from raft.node.server import run_node
+from raft.node.serve import run_node
 from raft.types import Role
 
 # Elections, failover and idempotency need the real core (the stand-in has a fixed leader).

@@ -1,0 +1,84 @@
+"""`status` (the node's view of the group, its peers and links, followers' catch-up) and
+`transfer_leader` (hand leadership to a peer and wait until it moved)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import trio
+
+from raft.node import wire
+from raft.node.api.context import ApiContext, Request
+from raft.types import ErrorCode, Role
+
+
+def status_to_wire(status: Any) -> dict[str, Any]:
+    """raft.ready.Status -> plain msgpack map (role as its string value)."""
+    out = dataclasses.asdict(status)
+    role = getattr(status, "role", None)
+    out["role"] = role.value if isinstance(role, Role) else role
+    return out
+
+
+def parse_status(ctx: ApiContext, frame: dict[str, Any], rid: int) -> None:
+    return None
+
+
+async def status(ctx: ApiContext, _req: None, rid: int) -> dict[str, Any]:
+    core, peers = ctx.group.core, ctx.peers
+    st = status_to_wire(core.status())
+    ctx.group.catchup.recovery_view(st.get("followers") or [])
+    cfg = getattr(core, "config", None)
+    if cfg is not None:
+        st["addresses"] = {str(k): v for k, v in sorted(cfg.addresses.items())}
+    st["address"] = peers.address
+    # String keys: msgpack maps with int keys trip strict decoders and are not JSON.
+    st["peers"] = {str(k): v for k, v in sorted(
+        {**peers.peer_addresses, peers.node_id: peers.address}.items())}
+    st["leader_addr"] = peers.address_of(core.leader_id)
+    st["links"] = peers.link_status()
+    return wire.ok_reply(rid, status=st)
+
+
+def parse_transfer(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:
+    return {"to": wire.get_opt_int(frame, "to", where="transfer_leader"),
+            "timeout_ms": wire.get_int(frame, "timeout_ms",
+                                       default=ctx.config.default_timeout_ms, minimum=1,
+                                       maximum=ctx.config.max_timeout_ms,
+                                       where="transfer_leader")}
+
+
+async def transfer_leader(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str, Any]:
+    group, peer_addresses = ctx.group, ctx.peers.peer_addresses
+    if ctx.closing:
+        return ctx.error(rid, ErrorCode.SHUTTING_DOWN)
+    if group.core.role != Role.LEADER:
+        return ctx.error(rid, ErrorCode.NOT_LEADER)
+    to = req["to"]
+    if to is not None and to not in peer_addresses:
+        return ctx.error(rid, ErrorCode.BAD_REQUEST,
+                         f"node {to} is not a peer; pick one of "
+                         f"{sorted(peer_addresses)}")
+    try:
+        group.core.transfer_leadership(to)
+    except ValueError as e:
+        return ctx.error(rid, ErrorCode.BAD_REQUEST, str(e))
+    group.kick()
+    with trio.move_on_after(req["timeout_ms"] / 1000):
+        while group.core.role == Role.LEADER and not ctx.closing:
+            await group.wait_state_change()
+    if ctx.closing:
+        return ctx.error(rid, ErrorCode.SHUTTING_DOWN)
+    if group.core.role == Role.LEADER:
+        return ctx.error(rid, ErrorCode.TIMEOUT,
+                         f"leadership did not move within {req['timeout_ms']} ms; the "
+                         f"target may be lagging: retry later")
+    return wire.ok_reply(rid, leader_id=group.core.leader_id,
+                         leader_addr=ctx.peers.address_of(group.core.leader_id))
+
+
+REQUESTS = {
+    "status": Request(parse_status, status),
+    "transfer_leader": Request(parse_transfer, transfer_leader),
+}

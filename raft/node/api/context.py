@@ -1,0 +1,77 @@
+"""What a client request handler sees of the node, and the shape of a handler.
+
+Handlers get an `ApiContext`, not the node: the Raft group the request is for, the node's
+settings, the address book (where this node and its peers listen, link status) and the error
+helper that fills in the leader's address. The context is also the `LoadHost` that
+raft.node.load_service expects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from raft.node.config import NodeConfig
+from raft.node.errors import advised_error
+from raft.node.group import RaftGroup
+from raft.ready import ProduceAnswer
+from raft.types import Acks, ErrorCode
+from storage.batch import Batch
+
+
+class AddressBook(Protocol):
+    """Where the nodes are (raft.node.transport.PeerTransport)."""
+
+    node_id: int
+    address: str | None  # this node's bound address
+    peer_addresses: dict[int, str]
+
+    def address_of(self, node_id: int | None) -> str | None: ...
+
+    def link_status(self) -> dict[str, Any]: ...
+
+
+@dataclass(slots=True)
+class ApiContext:
+    config: NodeConfig
+    group: RaftGroup
+    peers: AddressBook
+
+    @property
+    def closing(self) -> bool:
+        return self.group.closing
+
+    def error(self, rid: int, code: ErrorCode, message: str | None = None,
+              **extra: Any) -> dict[str, Any]:
+        """An error reply; NOT_LEADER ones name the leader (id and address) when known."""
+        core = self.group.core
+        if code == ErrorCode.NOT_LEADER and "leader_id" not in extra and core is not None:
+            extra["leader_id"] = core.leader_id
+        if code == ErrorCode.NOT_LEADER:
+            extra.setdefault("leader_addr", self.peers.address_of(extra.get("leader_id")))
+        return advised_error(rid, code, message, **extra)
+
+    # -- LoadHost (raft.node.load_service) ---------------------------------------------------------
+    def is_leader(self) -> bool:
+        return self.group.is_leader()
+
+    def commit_index(self) -> int:
+        return self.group.core.commit_index
+
+    def not_leader_reply(self, request_id: int) -> dict[str, Any]:
+        if self.closing:
+            return self.error(request_id, ErrorCode.SHUTTING_DOWN)
+        return self.error(request_id, ErrorCode.NOT_LEADER)
+
+    async def propose_and_wait(self, batch: Batch, acks: Acks, timeout_s: float) -> ProduceAnswer:
+        return await self.group.propose_and_wait(batch, acks, timeout_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request type: `parse` checks the frame's fields (raising wire.WireError hangs up on
+    the client, after an error frame); `execute` answers the parsed request with a reply frame."""
+
+    parse: Callable[[ApiContext, dict[str, Any], int], Any]
+    execute: Callable[[ApiContext, Any, int], Awaitable[dict[str, Any]]]

@@ -1,0 +1,113 @@
+"""`fetch`: read committed DATA batches, with an optional long poll for new ones.
+
+Consumers see up to the visible high watermark: the commit index, held back before any open
+staged load (raft.node.load_service), whose batches stay hidden until the load commits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from raft.node import wire
+from raft.node.api.context import ApiContext, Request
+from raft.node.group import RaftGroup
+from raft.types import ErrorCode
+from storage.api import OffsetOutOfRange
+from storage.batch import BatchKind, CorruptBatch
+
+DEFAULT_FETCH_MAX_BYTES = 1 << 20
+# Room for the reply envelope around fetched payloads.
+FRAME_OVERHEAD = 64 * 1024
+
+
+def parse(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:
+    w = "fetch"
+    config = ctx.config
+    # Leave room for the reply envelope so the reply itself fits the frame limit.
+    limit = config.max_frame_bytes - min(FRAME_OVERHEAD, config.max_frame_bytes // 8)
+    return {
+        "offset": wire.get_int(frame, "offset", minimum=-(2**63), maximum=2**63 - 1,
+                               where=w),
+        "max_bytes": min(limit, wire.get_int(frame, "max_bytes",
+                                             default=DEFAULT_FETCH_MAX_BYTES, minimum=1,
+                                             maximum=2**63 - 1, where=w)),
+        "max_wait_ms": min(config.max_fetch_wait_ms,
+                           wire.get_int(frame, "max_wait_ms", default=0, minimum=0,
+                                        maximum=2**63 - 1, where=w)),
+    }
+
+
+async def execute(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str, Any]:
+    group = ctx.group
+    offset = req["offset"]
+    deadline = trio.current_time() + req["max_wait_ms"] / 1000
+    while True:
+        hw = visible_hw(group)
+        start = group.log.start_offset
+        if offset < start or offset > hw + 1:
+            return ctx.error(
+                rid, ErrorCode.OFFSET_OUT_OF_RANGE,
+                f"offset {offset} is outside the readable range [{start}, {hw + 1}]; fetch "
+                f"from start_offset or at most high_watermark + 1",
+                start_offset=start, high_watermark=hw)
+        if offset <= hw:
+            try:
+                batches, next_offset = read_committed(group, offset, hw, req["max_bytes"])
+            except OffsetOutOfRange:  # retention moved the log start under us
+                start = group.log.start_offset
+                return ctx.error(
+                    rid, ErrorCode.OFFSET_OUT_OF_RANGE,
+                    f"offset {offset} was removed by retention while reading; fetch from "
+                    f"start_offset {start}", start_offset=start, high_watermark=hw)
+            except CorruptBatch as e:
+                return ctx.error(rid, ErrorCode.INTERNAL, str(e))
+            return wire.ok_reply(rid, batches=batches, high_watermark=hw,
+                                 start_offset=start, next_offset=next_offset)
+        remaining = deadline - trio.current_time()
+        if remaining <= 0 or ctx.closing:
+            return wire.ok_reply(rid, batches=[], high_watermark=hw, start_offset=start,
+                                 next_offset=offset)
+        with trio.move_on_after(remaining):
+            await group.wait_hw_change()
+
+
+def visible_hw(group: RaftGroup) -> int:
+    """What consumers may read: the commit index, held back before any open staged load."""
+    hw = group.core.high_watermark
+    return hw if group.loads is None else min(hw, group.loads.stable_offset(hw))
+
+
+def read_committed(group: RaftGroup, offset: int, hw: int,
+                   max_bytes: int) -> tuple[list[dict], int]:
+    """DATA batches from `offset` up to `hw` within `max_bytes` (at least one batch when
+    there is one), and the offset to fetch next (past any skipped control batches)."""
+    log_storage, loads = group.log, group.loads
+    out: list[dict[str, Any]] = []
+    used = 0
+    pos = offset
+    # Skipped batches (no-ops, configuration, unpublished staged data) count against a
+    # separate scan bound so a reply still carries data when there is some just past them.
+    scanned, scan_limit = 0, 4 * max_bytes + (1 << 20)
+    while pos <= hw and (used < max_bytes or not out) and scanned < scan_limit:
+        got = log_storage.read(pos, max(1, max_bytes - used))
+        if not got:
+            break
+        for b in got:
+            if b.last_offset > hw or (out and used + b.size > max_bytes):
+                return out, pos
+            if loads is not None:
+                payload = next((p for _, p in loads.visible([b], hw)), None)
+            else:
+                payload = b.payload if b.kind == BatchKind.DATA else None
+            if payload is not None:
+                out.append({"base_offset": b.base_offset, "count": b.count,
+                            "timestamp_ms": b.timestamp_ms, "payload": payload})
+                used += b.size
+            scanned += b.size
+            pos = b.last_offset + 1
+    return out, pos
+
+
+REQUESTS = {"fetch": Request(parse, execute)}

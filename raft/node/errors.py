@@ -1,0 +1,31 @@
+"""Error replies to clients: every error code comes with advice on what to do next."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raft.node import wire
+from raft.types import ErrorCode
+
+ERROR_ADVICE: dict[ErrorCode, str] = {
+    ErrorCode.NOT_LEADER: "this node is not the leader; send the request to leader_addr (or "
+                          "retry shortly if no leader is known yet: an election is running)",
+    ErrorCode.BACKPRESSURE: "the leader's unflushed tail or in-flight window is full; retry "
+                            "after a short backoff",
+    ErrorCode.TOO_LARGE: "the batch exceeds the leader's limit; split it into smaller batches",
+    ErrorCode.LEADERSHIP_LOST: "leadership changed before the write committed; it may or may "
+                               "not be in the log: retry (idempotent producers make the retry "
+                               "safe)",
+    ErrorCode.TRUNCATED: "a new leader overwrote the write; it will never commit: retry it",
+    ErrorCode.SHUTTING_DOWN: "this node is shutting down; retry on another node",
+    ErrorCode.TIMEOUT: "no answer within timeout_ms; the write may still commit: retry with "
+                       "the same producer_id/sequence (idempotent) or check with fetch",
+    ErrorCode.BAD_REQUEST: "the request was refused as malformed",
+    ErrorCode.INTERNAL: "internal error on the node; see its log",
+}
+
+
+def advised_error(rid: int, code: ErrorCode, message: str | None = None,
+                  **extra: Any) -> dict[str, Any]:
+    """An error reply; without a message, the code's advice (or its name) stands in."""
+    return wire.error_reply(rid, code, message or ERROR_ADVICE.get(code, code.name), **extra)

@@ -1,0 +1,344 @@
+"""One Raft group's driver: feeds the sans-IO core and carries out what its Ready asks.
+
+Tasks (started into the node's driver nursery by `start`):
+- a tick task (`tick_ms`), which also has the leader expire idle staged loads now and then;
+- the Ready loop, woken by an event whenever an input reached the core (no polling);
+- the flusher: one `log.flush()` at a time in a worker thread; appends continue meanwhile and the
+  next flush takes everything appended since (group commit);
+- the catch-up sampler (raft.node.catchup) behind `status`.
+
+Driver contract (raft/ready.py), in the order the Ready loop applies it: persist `hard_state`
+(fsync) BEFORE enqueueing `messages`; request a flush when `flush` is set; route `answers` to the
+client requests waiting for them. Quorum acks come from the core only once the commit index covers
+the batch, and the commit index counts only flushed offsets, so a SIGKILL at any moment loses
+nothing quorum-acked.
+
+Messages leave through an `Outbox` (the node's peer links, shared by all of its groups); the group
+never sees a connection.
+
+Data directory: with no log passed in, the group opens `<data_dir>/node-<id>/` via
+`storage.open_log` (see raft.node.config). In-process tests pass a log (MemoryLog or LmdbLog) instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import trio
+
+from raft.messages import Message
+from raft.node.catchup import CatchupTracker
+from raft.node.config import ConfigError, NodeConfig
+from raft.ready import ProduceAnswer
+from raft.types import Acks, ErrorCode, Role
+from storage.api import LogStorage, Meta
+from storage.batch import Batch
+
+log = logging.getLogger("raftlog.node")
+
+OPEN_PROGRESS_EVERY_S = 2.0
+LOAD_CHECK_TICKS = 20  # how often (in ticks) the leader looks for timed-out staged loads
+
+
+class Outbox(Protocol):
+    """Where a group's messages go (raft.node.transport.PeerTransport)."""
+
+    def send(self, msg: Message) -> None: ...
+
+    def sync_members(self, cfg: Any) -> None:
+        """Called after every Ready with the configuration in force (None if the core has
+        none), so links follow membership changes."""
+        ...
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A produce request waiting for its answer from a later Ready."""
+
+    event: trio.Event
+    answer: ProduceAnswer | None = None
+
+
+class RaftGroup:
+    def __init__(self, config: NodeConfig, outbox: Outbox, *, log_storage: LogStorage | None,
+                 rng: random.Random, inline_io: bool | None, core_classes: tuple[Any, Any] | None) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self._outbox = outbox
+        self.log: LogStorage | None = log_storage
+        self.owns_log = log_storage is None
+        # MemoryLog is not thread safe (and has no I/O to hide): run its "I/O" inline.
+        if inline_io is None:
+            inline_io = log_storage is not None and type(log_storage).__name__ == "MemoryLog"
+        self._inline_io = inline_io
+        # (RaftConfig, RaftCore) to drive; None = raft.raft's. Tests may pass a stand-in.
+        self._core_classes = core_classes
+        self._rng = rng
+        self.core: Any = None
+        self.loads: Any = None  # raft.node.load_service.LoadService once the log is open
+        self.catchup = CatchupTracker(self)
+        self.closing = False
+        self._meta = Meta()
+        self._wake = trio.Event()
+        self._flush_wanted = trio.Event()
+        self._hw_changed = trio.Event()
+        self._state_changed = trio.Event()
+        self._last_hw = -1
+        self._last_state: tuple[Any, ...] = ()
+        self._pending: dict[int, _Pending] = {}
+        self._request_ids = itertools.count(1)
+
+    # -- opening and closing -----------------------------------------------------------------------
+    async def open_log(self) -> None:
+        """Pick the core classes, then open the durable log unless one was passed in."""
+        if self._core_classes is None:
+            from raft.raft import RaftConfig, RaftCore
+            self._core_classes = (RaftConfig, RaftCore)
+        if self.log is None:
+            self.log = await open_log_with_progress(self.config)
+
+    def start_core(self) -> None:
+        """Load the metadata and build the core and the load service on the open log."""
+        assert self.log is not None
+        RaftConfig, RaftCore = self._core_classes
+        self._meta = self.log.load_meta()
+        voters = sorted(self.config.peers)
+        if self.config.join:
+            # Not a member until the cluster adds it: the others decide, via the log.
+            voters = sorted(p for p in self.config.peers if p != self.node_id)
+        try:
+            raft_cfg = RaftConfig(node_id=self.node_id, voters=voters, learners=[],
+                                  **self.config.raft_kwargs())
+            self.core = RaftCore(raft_cfg, self.log, self._rng)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"raft settings: {e}; check --raft KEY=VALUE options and "
+                              f"the [raft] table of the config file") from None
+        self.loads = _make_load_service(self.log)
+        self._last_hw = self.core.high_watermark
+
+    def membership(self) -> Any:
+        """The configuration in force (None with a core that has none)."""
+        return getattr(self.core, "config", None)
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Start the driver tasks; cancelling `nursery` stops them (a running save_meta/flush
+        thread is waited for, not abandoned)."""
+        nursery.start_soon(self.catchup.run_sampler)
+        nursery.start_soon(self._tick_loop)
+        nursery.start_soon(self._ready_loop)
+        nursery.start_soon(self._flush_loop)
+
+    async def hand_over_leadership(self) -> None:
+        """On a graceful stop, a leader hands leadership over (bounded by shutdown_transfer_ms)."""
+        if (self.core.role == Role.LEADER and self.config.shutdown_transfer_ms > 0
+                and len(self.config.peers) > 1 and hasattr(self.core, "transfer_leadership")):
+            with trio.move_on_after(self.config.shutdown_transfer_ms / 1000):
+                try:
+                    self.core.transfer_leadership(None)
+                except Exception:  # a refusal must not block shutdown
+                    log.exception("transfer_on_shutdown_failed node=%d", self.node_id)
+                else:
+                    self.kick()
+                    while self.core.role == Role.LEADER:
+                        await self.wait_state_change()
+
+    def begin_shutdown(self) -> None:
+        """Graceful stop: refuse new work, answer waiters (SHUTTING_DOWN, by their handlers),
+        and return long polls and transfer_leader waits now."""
+        self.closing = True
+        for pending in list(self._pending.values()):
+            pending.event.set()  # answered SHUTTING_DOWN by their handlers
+        self._hw_changed.set()  # long polls return now
+        self._state_changed.set()  # so do transfer_leader waits
+
+    def mark_closed(self) -> None:
+        """The node stopped (gracefully or not): wake whoever still waits for an answer."""
+        self.closing = True
+        for pending in self._pending.values():
+            pending.event.set()
+
+    async def final_flush(self) -> None:
+        """Make everything appended durable and persist metadata before closing the log."""
+        rd = self.core.ready()
+        if rd.hard_state is not None:
+            await self._save_meta(rd.hard_state)
+        flushed = await self._run_io(self.log.flush)
+        self.core.flushed(min(flushed, self.log.flushed_offset))
+        log.info("final_flush node=%d flushed=%d", self.node_id, flushed)
+
+    # -- inputs ------------------------------------------------------------------------------------
+    def kick(self) -> None:
+        """An input reached the core: let the Ready loop run."""
+        self._wake.set()
+
+    def deliver(self, msgs: list[Message], *, from_peer: int) -> None:
+        for msg in msgs:
+            if msg.dst != self.node_id or msg.src != from_peer:
+                log.warning("misaddressed_message node=%d from=%d src=%d dst=%d", self.node_id,
+                            from_peer, msg.src, msg.dst)
+                continue
+            self.core.step(msg)
+        self.kick()
+
+    def is_leader(self) -> bool:
+        return self.core is not None and self.core.role == Role.LEADER and not self.closing
+
+    async def propose_and_wait(self, batch: Batch, acks: Acks, timeout_s: float) -> ProduceAnswer:
+        """Propose a batch and wait for the core's answer (TIMEOUT/SHUTTING_DOWN answers are
+        synthesised when none comes)."""
+        if self.closing:
+            return ProduceAnswer(-1, ErrorCode.SHUTTING_DOWN)
+        core_id, answer = await self.call_core(
+            lambda request_id: self.core.propose(request_id, batch, acks), timeout_s)
+        if answer is not None:
+            return answer
+        return ProduceAnswer(core_id, ErrorCode.SHUTTING_DOWN if self.closing
+                             else ErrorCode.TIMEOUT)
+
+    async def call_core(self, propose: Callable[[int], Any],
+                        timeout_s: float) -> tuple[int, ProduceAnswer | None]:
+        """`propose(request_id)` into the core, then wait up to `timeout_s` for the answer a
+        later Ready carries for that id. Returns (request_id, answer or None: no answer in time,
+        or the group is closing)."""
+        core_id = next(self._request_ids)
+        pending = _Pending(trio.Event())
+        self._pending[core_id] = pending
+        try:
+            propose(core_id)
+            self.kick()
+            with trio.move_on_after(timeout_s):
+                await pending.event.wait()
+        finally:
+            self._pending.pop(core_id, None)
+        return core_id, pending.answer
+
+    async def wait_state_change(self) -> None:
+        """Until role, term or leader changes (or the group begins shutting down)."""
+        await self._state_changed.wait()
+
+    async def wait_hw_change(self) -> None:
+        """Until the high watermark moves (or the group begins shutting down)."""
+        await self._hw_changed.wait()
+
+    # -- the driver loops --------------------------------------------------------------------------
+    async def _run_io(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self._inline_io:
+            return fn(*args)
+        return await trio.to_thread.run_sync(fn, *args)
+
+    async def _tick_loop(self) -> None:
+        interval = self.config.tick_ms / 1000
+        deadline = trio.current_time()
+        ticks = 0
+        while True:
+            deadline += interval
+            now = trio.current_time()
+            if deadline < now - 10 * interval:  # we were stalled: do not replay missed ticks
+                deadline = now
+            await trio.sleep_until(deadline)
+            self.core.tick()
+            self.kick()
+            ticks += 1
+            if self.loads is not None and ticks % LOAD_CHECK_TICKS == 0:
+                self._expire_loads()
+
+    async def _ready_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            await self._process_ready()
+
+    async def _save_meta(self, hard_state: Any) -> None:
+        self._meta = Meta(term=hard_state.term, voted_for=hard_state.voted_for,
+                          config=hard_state.config, extra=self._meta.extra)
+        await self._run_io(self.log.save_meta, self._meta)
+
+    async def _process_ready(self) -> None:
+        rd = self.core.ready()
+        if rd.hard_state is not None:
+            # A term or vote must be durable before anyone can see a message that depends on it.
+            await self._save_meta(rd.hard_state)
+        for msg in rd.messages:
+            self._outbox.send(msg)
+        if rd.flush:
+            self._flush_wanted.set()
+        for answer in rd.answers:
+            pending = self._pending.get(answer.request_id)
+            if pending is not None:
+                pending.answer = answer
+                pending.event.set()
+        self._notify_changes()
+
+    def _notify_changes(self) -> None:
+        self._outbox.sync_members(self.membership())
+        hw = self.core.high_watermark
+        if hw != self._last_hw:
+            self._last_hw = hw
+            self._hw_changed.set()
+            self._hw_changed = trio.Event()
+        state = (self.core.role, self.core.term, self.core.leader_id)
+        if state != self._last_state:
+            if self._last_state:
+                log.info("state_changed node=%d role=%s term=%d leader=%s", self.node_id,
+                         state[0].value, state[1], state[2])
+            self._last_state = state
+            self._state_changed.set()
+            self._state_changed = trio.Event()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._flush_wanted.wait()
+            self._flush_wanted = trio.Event()
+            flushed = await self._run_io(self.log.flush)
+            # A truncation may have raced the flush; never report more than the log holds.
+            self.core.flushed(min(flushed, self.log.flushed_offset))
+            self.kick()
+
+    def _expire_loads(self) -> None:
+        try:
+            batches = self.loads.expired(self.is_leader(), self.core.commit_index,
+                                         int(time.time() * 1000))
+        except Exception:
+            log.exception("load_expiry_failed node=%d", self.node_id)
+            return
+        for batch in batches:  # fire and forget: a lost abort is retried a minute later
+            self.core.propose(next(self._request_ids), batch, Acks.QUORUM)
+        if batches:
+            self.kick()
+
+
+def _make_load_service(log_storage: LogStorage) -> Any:
+    """Staged Spark loads (raft.node.load_service) when that module is present in this build."""
+    try:
+        from raft.node.load_service import LoadService
+    except ImportError:
+        return None
+    return LoadService(log_storage)
+
+
+async def open_log_with_progress(config: NodeConfig) -> LogStorage:
+    """Open `<data_dir>/node-<id>/` in a worker thread, printing progress for long opens
+    (a large LMDB log may take a while to verify its tail)."""
+    path = config.check_data_dir()
+    try:
+        from storage import open_log
+    except ImportError:
+        raise RuntimeError("storage.open_log is not available in this build; cannot open a "
+                           "durable log") from None
+    started = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        async def progress() -> None:
+            while True:
+                await trio.sleep(OPEN_PROGRESS_EVERY_S)
+                log.warning("opening_log path=%s elapsed_s=%.0f", path,
+                            trio.current_time() - started)
+        nursery.start_soon(progress)
+        opened = await trio.to_thread.run_sync(open_log, path)
+        nursery.cancel_scope.cancel()
+    return opened

@@ -1,0 +1,109 @@
+"""Running one node as a program: `raftlog serve`, `python -m raft.node`, logging and signals.
+
+SIGTERM/SIGINT begin a graceful stop (raft.node.server.Node.request_shutdown); a second signal
+during the stop is ignored on purpose. Exit codes: 0 after a clean stop, 2 after a configuration
+error (one line on stderr saying what to fix).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Any
+
+import trio
+
+from raft.node.config import ConfigError, NodeConfig
+from raft.node.server import Node
+from storage.api import LogStorage
+
+log = logging.getLogger("raftlog.node")
+
+
+def configure_logging(level: str = "WARNING") -> None:
+    """Structured key=value lines on stderr; quiet (WARNING) unless asked."""
+    root = logging.getLogger("raftlog")
+    root.setLevel(getattr(logging, level.upper(), logging.WARNING))
+    if not any(getattr(h, "_raftlog", False) for h in root.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(
+            "ts=%(asctime)s level=%(levelname)s logger=%(name)s event=%(message)s"))
+        handler._raftlog = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+        root.propagate = False
+
+
+async def run_node(config: NodeConfig, *, log_storage: LogStorage | None = None,
+                   core_classes: tuple[Any, Any] | None = None,
+                   task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
+    """`raftlog serve`: run one node until SIGTERM/SIGINT, then stop cleanly (flush, save
+    metadata, close the log) and return. A second signal during the stop is ignored on purpose:
+    the stop is bounded and exiting half-way would skip the final flush. `log_storage` is for
+    tests (the node otherwise opens its durable log under the data dir), as is `core_classes`."""
+    configure_logging(config.log_level)
+    node = Node(config, log_storage=log_storage, core_classes=core_classes)
+    try:
+        await _run_node(node, config, task_status)
+    except BaseExceptionGroup as group:
+        # A startup configuration problem (port in use, data dir) is one clear error for the
+        # CLI (exit 2), not an exception group.
+        matched, _ = group.split(ConfigError)
+        if matched is not None:
+            raise _leaves(matched)[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out.extend(_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+    return out
+
+
+async def _run_node(node: Node, config: NodeConfig, task_status: trio.TaskStatus[Node]) -> None:
+    async with trio.open_nursery() as nursery:
+        async def watch_signals(*, task_status=trio.TASK_STATUS_IGNORED) -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                task_status.started()
+                async for signum in signals:
+                    log.info("signal_received node=%d signal=%s", config.node_id,
+                                signal.Signals(signum).name)
+                    node.request_shutdown()
+
+        await nursery.start(watch_signals)
+        await nursery.start(node.run)
+        task_status.started(node)
+        await node._stopped.wait()
+        nursery.cancel_scope.cancel()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m raft.node --node-id 1 --data-dir DIR --peers ...`: the node alone, without the
+    full CLI (`raftlog serve` does the same). Exit codes: 0 clean stop, 2 configuration error."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m raft.node",
+                                     description="Run one raftlog node until SIGTERM/SIGINT.")
+    NodeConfig.add_arguments(parser)
+    args = parser.parse_args(argv)
+    return serve(vars(args), prog="raftlog")
+
+
+def serve(settings: dict[str, Any], prog: str = "raftlog serve") -> int:
+    """Validate settings (flag values, or --config's TOML plus flags) and run the node until
+    SIGTERM. Exit code 0 after a clean stop, 2 after a configuration error (one line on
+    stderr saying what to fix)."""
+    import sys
+
+    try:
+        config = NodeConfig.from_args(settings)
+        config.check_data_dir()
+        trio.run(run_node, config)
+    except ConfigError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,171 @@
+"""A node's peer links and where every node is: what all of a node's Raft groups share.
+
+- one `PeerLink` per peer (outgoing connection, bounded queue, reconnect with backoff), opened
+  and closed as the configuration in force changes (`sync_members`);
+- the address book: this node's bound address and the peers' addresses (from --peers, from the
+  tests' `set_peer_address`, and learned from the configuration in the log);
+- the recovery throttle (NodeConfig.recovery_rate): AppendEntries chunks sent without `flush`
+  (a follower catching up) wait for tokens in per-follower FIFO queues, released round-robin
+  across followers; everything queued behind a held chunk waits too, to keep the order.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import random
+from typing import Any
+
+import trio
+
+from raft.messages import AppendEntries, Message
+from raft.node import wire
+from raft.node.config import NodeConfig
+from raft.node.peer import PeerLink
+from recovery.ratelimit import TokenBucket
+
+log = logging.getLogger("raftlog.node")
+
+
+class PeerTransport:
+    def __init__(self, config: NodeConfig, rng: random.Random) -> None:
+        self.node_id = config.node_id
+        self._config = config
+        # Shared with the core: each link's own generator is drawn from it when the link opens.
+        self._rng = rng
+        self.address: str | None = None  # this node's bound address, once it listens
+        self.peer_addresses: dict[int, str] = {k: v for k, v in config.peers.items()
+                                               if k != self.node_id}
+        self.links: dict[int, PeerLink] = {}
+        self._encodings = wire.BatchEncodings()  # one encoding per batch for all followers
+        self._link_nursery: trio.Nursery | None = None
+        self._link_scopes: dict[int, trio.CancelScope] = {}
+        self._known_config: Any = None
+        # Recovery throttle (NodeConfig.recovery_rate): flush=False chunks wait for tokens in
+        # per-follower FIFO queues, bounded by the core's in-flight window per follower.
+        self._recovery_limiter: TokenBucket | None = None
+        if config.recovery_rate > 0:
+            self._recovery_limiter = TokenBucket(config.recovery_rate * (1 << 20),
+                                                 config.recovery_burst * (1 << 20),
+                                                 trio.current_time)
+        self._throttled: dict[int, collections.deque[Message]] = {}
+        self._throttle_wake = trio.Event()
+
+    # -- the address book --------------------------------------------------------------------------
+    def set_peer_address(self, peer_id: int, address: str) -> None:
+        self.peer_addresses[peer_id] = address
+        if peer_id in self.links:
+            self.links[peer_id].set_address(address)
+
+    def address_of(self, node_id: int | None) -> str | None:
+        if node_id is None:
+            return None
+        if node_id == self.node_id:
+            return self.address
+        return self.peer_addresses.get(node_id)
+
+    def link_status(self) -> dict[str, Any]:
+        return {str(k): link.status() for k, link in sorted(self.links.items())}
+
+    # -- links -------------------------------------------------------------------------------------
+    def start(self, nursery: trio.Nursery, membership: Any) -> None:
+        """Run links in `nursery` from now on: one to every peer known now (from --peers and
+        from `membership`, the configuration in force; None with a core that has none)."""
+        self._link_nursery = nursery
+        self.sync_members(membership)
+        for peer_id, address in sorted(self.peer_addresses.items()):
+            self._open_link(peer_id, address)
+
+    def _open_link(self, peer_id: int, address: str) -> None:
+        if peer_id in self.links or self._link_nursery is None or peer_id == self.node_id:
+            return
+        config = self._config
+        link = PeerLink(
+            self.node_id, peer_id, address,
+            max_frame_bytes=config.max_frame_bytes,
+            queue_messages=config.peer_queue_messages,
+            queue_bytes=config.peer_queue_bytes,
+            backoff_min_s=config.reconnect_min_ms / 1000,
+            backoff_max_s=config.reconnect_max_ms / 1000,
+            rng=random.Random(self._rng.getrandbits(64)), encodings=self._encodings)
+        self.links[peer_id] = link
+        scope = trio.CancelScope()
+        self._link_scopes[peer_id] = scope
+
+        async def run_link() -> None:
+            with scope:
+                await link.run()
+
+        self._link_nursery.start_soon(run_link)
+
+    def sync_members(self, cfg: Any) -> None:
+        """Follow the configuration in force (`cfg`, the core's; None when it has none): learn
+        new members' addresses from it and keep a link to every member (a removed node's link
+        is closed)."""
+        if cfg is None or cfg == self._known_config:
+            return
+        self._known_config = cfg
+        for node_id, address in cfg.addresses.items():
+            if node_id != self.node_id and address:
+                self.peer_addresses[node_id] = address
+                if node_id in self.links:
+                    self.links[node_id].set_address(address)
+        if self._link_nursery is None:
+            return
+        members = set(cfg.members)
+        for node_id in sorted(members):
+            address = self.peer_addresses.get(node_id)
+            if address and node_id != self.node_id:
+                self._open_link(node_id, address)
+        for node_id in list(self.links):
+            if node_id not in members and node_id not in self._config.peers:
+                self._link_scopes.pop(node_id).cancel()
+                del self.links[node_id]
+                self.peer_addresses.pop(node_id, None)
+
+    # -- sending -----------------------------------------------------------------------------------
+    def send(self, msg: Message) -> None:
+        """Queue one core message on its link, or behind the recovery throttle."""
+        if self._recovery_limiter is not None and isinstance(msg, AppendEntries) and (
+                msg.dst in self._throttled or (not msg.flush and msg.batches)):
+            # Recovery chunk (or anything queued behind one, to keep the order).
+            self._throttled.setdefault(msg.dst, collections.deque()).append(msg)
+            self._throttle_wake.set()
+            return
+        self._send_now(msg)
+
+    def _send_now(self, msg: Message) -> None:
+        link = self.links.get(msg.dst)
+        if link is None:
+            log.debug("message_to_unknown_peer node=%d dst=%d", self.node_id, msg.dst)
+            return
+        link.enqueue(msg)
+
+    @property
+    def throttled(self) -> bool:
+        """Whether recovery chunks are throttled (then `run_recovery_sender` must run)."""
+        return self._recovery_limiter is not None
+
+    async def run_recovery_sender(self) -> None:
+        """Release throttled recovery chunks as the token bucket allows, in order per
+        follower, round-robin across followers."""
+        limiter = self._recovery_limiter
+        assert limiter is not None
+        while True:
+            if not self._throttled:
+                await self._throttle_wake.wait()
+                self._throttle_wake = trio.Event()
+                continue
+            for dst in list(self._throttled):
+                queue = self._throttled[dst]
+                msg = queue[0]
+                cost = sum(b.size for b in msg.batches) if not msg.flush else 0
+                delay = limiter.delay_for(cost) if cost else 0.0
+                if delay > 0:
+                    await trio.sleep(delay)  # the throttle itself: wait for tokens
+                if cost:
+                    limiter.take(cost)
+                queue.popleft()
+                if not queue:
+                    del self._throttled[dst]
+                self._send_now(msg)
