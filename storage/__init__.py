@@ -11,25 +11,33 @@ from typing import Any
 
 from storage.api import (
     DEFAULT_MAX_TAIL_BYTES,
+    DataDirLocked,
     DiskFull,
+    LogInconsistent,
     LogStorage,
     Meta,
     OffsetOutOfRange,
     StorageError,
+    StorageIOError,
     TailFull,
 )
 from storage.batch import Batch, BatchKind, CorruptBatch
 from storage.memory import MemoryLog
 
 __all__ = [
-    "DEFAULT_MAX_TAIL_BYTES", "Batch", "BatchKind", "CorruptBatch", "DiskFull", "LogStorage",
-    "MemoryLog", "Meta", "OffsetOutOfRange", "StorageError", "TailFull", "open_log",
+    "DEFAULT_MAX_TAIL_BYTES", "Batch", "BatchKind", "CorruptBatch", "DataDirLocked", "DiskFull",
+    "LogInconsistent", "LogStorage", "MemoryLog", "Meta", "OffsetOutOfRange", "StorageError",
+    "StorageIOError", "TailFull", "open_log",
 ]
 
 
 def open_log(path: str | os.PathLike[str] | None, **opts: Any) -> LogStorage:
     """The LMDB log in directory `path` (created if missing), or a MemoryLog for None.
-    Options go to the implementation (max_tail_bytes; LMDB also map_size, max_map_size)."""
+    Options go to the implementation (max_tail_bytes; LMDB also map_size, max_map_size).
+
+    The LMDB log takes an exclusive lock on `<path>/LOCK` for as long as it is open: a second
+    opener (in this process or another) gets DataDirLocked at once. Opening a log whose batches
+    overlap or leave a gap raises LogInconsistent."""
     if path is None:
         return MemoryLog(**{k: v for k, v in opts.items() if k == "max_tail_bytes"})
     from storage.lmdb_log import LmdbLog  # lmdb is imported only when a durable log is wanted

@@ -9,15 +9,22 @@ Appends touch only a bounded in-memory tail (etcd's "unstable" log). `flush()` w
 tail, as of its start, in one fsynced transaction (group commit) and may run in a worker thread
 while the event loop keeps appending. A crash loses exactly what lies past the flushed offset,
 so process-kill tests exercise the power-loss path for real.
+
+Disk first, then memory: every mutation that touches the disk (flush, truncate_suffix,
+truncate_prefix, reset, save_meta) commits its change in one fsynced transaction and only then
+changes the in-memory view. If the disk step raises (StorageIOError, DiskFull, ...), the log is
+exactly as it was before the call, on disk and in memory, and the exception propagates: the
+runtime fail-stops on StorageIOError; DiskFull from a flush may be retried once space is back.
 """
 
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from storage.batch import Batch
+from storage.batch import REPLACE_NODE_ADVICE, Batch
 
 DEFAULT_MAX_TAIL_BYTES = 256 * 1024 * 1024
 
@@ -46,7 +53,41 @@ class TailFull(StorageError):
 
 
 class DiskFull(StorageError):
-    """The disk cannot take the write. Nothing flushed before it is lost."""
+    """The disk cannot take the write. Nothing flushed before it is lost, and the operation that
+    raised it changed nothing (the unflushed tail is still in memory): retry once space is back."""
+
+
+class StorageIOError(StorageError):
+    """The disk failed a write (an I/O error other than a full disk). The operation that raised
+    it changed nothing, on disk or in memory; the runtime fail-stops on it."""
+
+
+class LogInconsistent(StorageError):
+    """The durable log contradicts itself (batches overlap or leave a gap, the start record
+    disagrees with the first batch, terms go backwards): no crash can leave it so, so it is not
+    repaired in place. `offsets` names the offsets involved."""
+
+    def __init__(self, path: str, detail: str, offsets: tuple[int, ...] = ()) -> None:
+        super().__init__(
+            f"the log at {path} is inconsistent: {detail}. It cannot be repaired in place and "
+            f"this node must not serve it: {REPLACE_NODE_ADVICE}"
+        )
+        self.path, self.detail, self.offsets = path, detail, offsets
+
+
+class DataDirLocked(StorageError):
+    """Another open log (in this or another process) owns the directory."""
+
+    def __init__(self, path: str, pid: int | None) -> None:
+        if pid is not None and pid == os.getpid():
+            who = f"this process (pid {pid}) already has"
+            todo = "close that log first"
+        else:
+            who = (f"another raftlog process (pid {pid}) is using" if pid is not None
+                   else "another raftlog process is using")
+            todo = "stop it first, or give this node another --data-dir"
+        super().__init__(f"{who} {path}; {todo}")
+        self.path, self.pid = path, pid
 
 
 @dataclass(slots=True)

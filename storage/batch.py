@@ -29,14 +29,28 @@ class BatchKind(IntEnum):
     STAGED = 4
 
 
+# What an operator does with a node whose durable log cannot be trusted (corrupt, inconsistent).
+# Never "wipe the data dir and restart it as the same voter": the node would come back having
+# forgotten its term and vote (it could vote twice in one term) and the flushed entries that
+# counted toward commits (a committed entry could then be lost by a majority that no longer
+# holds it). Re-adding it as a new, empty member goes through a membership change instead.
+REPLACE_NODE_ADVICE = (
+    "take this node out of the cluster with `raftlog remove-node --id <its id>`, then add it back "
+    "with an empty data directory using `raftlog add-node` (it re-fetches the log as a new "
+    "member); do NOT wipe the data dir and restart it as the same voter: it would forget its "
+    "term, its vote and the flushed entries that counted toward commits"
+)
+
+
 class CorruptBatch(Exception):
     """A stored or received batch failed its checksum or could not be decoded."""
 
     def __init__(self, offset: int | None, reason: str) -> None:
         where = f"at offset {offset}" if offset is not None else "(offset unknown)"
         super().__init__(
-            f"corrupt batch {where}: {reason}; the log is damaged at this point: restore the node "
-            f"from a replica (wipe its data dir and let recovery re-fetch the log)"
+            f"corrupt batch {where}: {reason}; if it was read from this node's log, the log is "
+            f"damaged at this point: {REPLACE_NODE_ADVICE}; if it arrived over the network, the "
+            f"request is rejected and the sender must resend it"
         )
         self.offset = offset
         self.reason = reason

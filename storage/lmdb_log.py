@@ -5,15 +5,30 @@ whole database on a power cut, so dirty data never goes to LMDB. It lives in the
 (etcd's "unstable" log) until `flush()` writes it in ONE write transaction committed with the
 default fsync. A process crash therefore loses exactly what a power cut loses.
 
+Disk first, then memory: every mutation (flush, truncate_suffix, truncate_prefix, reset,
+save_meta) commits its change to LMDB in one fsynced transaction and only then changes the
+in-memory view. If the transaction raises, memory is untouched and the exception propagates, so
+memory and disk never disagree (a failed cut that left memory lowered once let a later flush
+write a new batch over a stale one and produced an overlapping log).
+
 Threading rules (a flush runs in a worker thread while the owning thread appends and reads):
-- `_lock` guards every in-memory field and every LMDB *read* transaction and map resize. It is held
-  only briefly (snapshot, splice, one read), never across an fsync.
+- `_lock` (re-entrant) guards every in-memory field and every LMDB *read* transaction and map
+  resize. A flush holds it only briefly (snapshot, splice), never across its fsync, so appends and
+  reads go on while a flush commits.
 - `_write_lock` serialises everything that writes LMDB: flush, truncate_suffix, truncate_prefix,
   reset, save_meta. A truncation or reset issued while a flush is in flight therefore waits until
   that flush has committed (it then sees the flushed batches as durable and cuts them on disk too).
 - A flush snapshots the tail prefix at its start; appends made while it runs stay in the tail.
-- Writers that shrink the log update the in-memory view first (under `_lock`) and delete on disk
-  afterwards, so a reader never follows the in-memory flushed offset into keys already deleted.
+- Writers that shrink the log (truncations, reset) hold `_lock` across their transaction, so no
+  reader sees keys deleted on disk that the in-memory view still counts as flushed. They are
+  called from the owning thread, which waits for their fsync anyway.
+
+One owner per directory: the log holds an exclusive flock on `<dir>/LOCK` (with the owner's pid
+in it) while open; a second opener, in this process or another, gets DataDirLocked at once. The
+kernel drops the lock when the owner dies, however it dies.
+
+Opening checks that the stored batches are contiguous from the start record, with terms never
+going backwards; anything else cannot come from a crash and raises LogInconsistent.
 
 Layout: sub-db `log` maps the big-endian base offset (8 bytes) to `Batch.encode()`; sub-db `meta`
 holds `meta` (term, vote, config, extra) and `start` ([start_offset, start_term]), msgpack-encoded.
@@ -23,11 +38,13 @@ from __future__ import annotations
 
 import bisect
 import errno
+import fcntl
 import logging
 import os
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -36,11 +53,14 @@ import msgpack
 
 from storage.api import (
     DEFAULT_MAX_TAIL_BYTES,
+    DataDirLocked,
     DiskFull,
+    LogInconsistent,
     LogStorage,
     Meta,
     OffsetOutOfRange,
     StorageError,
+    StorageIOError,
     TailFull,
 )
 from storage.batch import HEADER_SIZE, Batch, CorruptBatch
@@ -60,12 +80,55 @@ _KEY = struct.Struct(">Q")
 _HEAD = struct.Struct("<qIq")
 _META_KEY = b"meta"
 _START_KEY = b"start"
+LOCK_FILE = "LOCK"
 
 T = TypeVar("T")
 
 
 def _key(offset: int) -> bytes:
     return _KEY.pack(offset)
+
+
+def _lock_dir(path: str) -> int:
+    """Create `path` if needed and take the exclusive flock on `<path>/LOCK`; return its fd.
+    Raises DataDirLocked at once if another open log holds it (never waits)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise StorageError(f"cannot open the LMDB log at {path}: {e.strerror or e}; check the "
+                           f"path exists, is writable and is not on a full disk") from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = _lock_owner(fd)
+        os.close(fd)
+        raise DataDirLocked(path, pid) from None
+    except OSError as e:
+        os.close(fd)
+        raise StorageError(f"cannot lock the LMDB log at {path} ({e.strerror or e}); put the "
+                           f"data dir on a local filesystem that supports flock") from e
+    try:  # who holds it, for the next opener's error message (informational only)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass
+    return fd
+
+
+def _lock_owner(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        return int(text) if text else None
+    except (OSError, ValueError):
+        return None
+
+
+def _unlock_dir(fd: int) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 class LmdbLog(LogStorage):
@@ -77,17 +140,9 @@ class LmdbLog(LogStorage):
         self.path = os.fspath(path)
         self._max_tail_bytes = max_tail_bytes
         self._max_map_size = max(max_map_size, map_size)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._write_lock = threading.Lock()
         self._closed = False
-        try:
-            self._env = lmdb.open(self.path, subdir=True, max_dbs=4, map_size=map_size, lock=True,
-                                  readahead=False, meminit=False)
-        except lmdb.Error as e:
-            raise StorageError(f"cannot open the LMDB log at {self.path}: {e}; check the path "
-                               f"exists, is writable and is not on a full disk") from e
-        self._log_db = self._env.open_db(b"log")
-        self._meta_db = self._env.open_db(b"meta")
         # Dirty batches, oldest first; their bases for bisect.
         self._tail: list[Batch] = []
         self._tail_bases: list[int] = []
@@ -95,7 +150,28 @@ class LmdbLog(LogStorage):
         # (first offset, term) at every term change across the whole log, for term_at.
         self._term_firsts: list[int] = []
         self._term_terms: list[int] = []
-        self._load()
+        # The directory lock comes first: a second opener must not even open the environment.
+        fd = _lock_dir(self.path)
+        # Released by close(), or when this object is collected without close() (nothing can
+        # write through an unreachable log), or by the kernel when the process dies.
+        self._release_dir = weakref.finalize(self, _unlock_dir, fd)
+        try:
+            try:
+                self._env = lmdb.open(self.path, subdir=True, max_dbs=4, map_size=map_size,
+                                      lock=True, readahead=False, meminit=False)
+            except lmdb.Error as e:
+                raise StorageError(f"cannot open the LMDB log at {self.path}: {e}; check the "
+                                   f"path exists, is writable and is not on a full disk") from e
+            try:
+                self._log_db = self._env.open_db(b"log")
+                self._meta_db = self._env.open_db(b"meta")
+                self._load()
+            except BaseException:
+                self._env.close()
+                raise
+        except BaseException:
+            self._release_dir()
+            raise
 
     # -- opening -----------------------------------------------------------------------------
     def _load(self) -> None:
@@ -103,8 +179,12 @@ class LmdbLog(LogStorage):
         last_report = started
         with self._env.begin(buffers=True) as txn:
             raw = txn.get(_START_KEY, db=self._meta_db)
-            start, start_term = msgpack.unpackb(bytes(raw)) if raw is not None else (0, 0)
+            start, start_term = self._decode_start(raw)
+            raw = txn.get(_META_KEY, db=self._meta_db)
+            if raw is not None:
+                self._decode_meta(bytes(raw))  # undecodable metadata fails the open, not later
             last = start - 1
+            last_term = start_term
             n = 0
             cur = txn.cursor(db=self._log_db)
             for k, v in cur:
@@ -114,10 +194,12 @@ class LmdbLog(LogStorage):
                 if base != key_base or count < 1:
                     raise CorruptBatch(key_base, "batch header does not match its key while "
                                                  "opening the log")
+                self._check_next(start, last, last_term, base, count, term)
                 if not self._term_terms or self._term_terms[-1] != term:
                     self._term_firsts.append(base)
                     self._term_terms.append(term)
                 last = base + count - 1
+                last_term = term
                 n += 1
                 if n % 4096 == 0:
                     now = time.monotonic()
@@ -131,6 +213,50 @@ class LmdbLog(LogStorage):
         if time.monotonic() - started >= PROGRESS_EVERY_S:
             log.info("opened_log path=%s batches=%d start=%d last_offset=%d elapsed_s=%.0f",
                      self.path, n, self._start, last, time.monotonic() - started)
+
+    def _check_next(self, start: int, last: int, last_term: int, base: int, count: int,
+                    term: int) -> None:
+        """The stored batch base..base+count-1 of `term` must follow the one ending at `last`
+        (start - 1 for the first) with no gap, no overlap and no lower term. Every writer keeps
+        this in one transaction, so a crash cannot break it: refuse the log if it is broken."""
+        end = base + count - 1
+        if base < start:
+            raise LogInconsistent(
+                self.path, f"the batch at offsets {base}..{end} lies before the log start offset "
+                           f"{start} recorded with it", (base, end, start))
+        if base <= last:
+            raise LogInconsistent(
+                self.path, f"the batch at offsets {base}..{end} (term {term}) overlaps the batch "
+                           f"ending at offset {last} (term {last_term})", (base, end, last))
+        if base > last + 1:
+            raise LogInconsistent(
+                self.path, f"offsets {last + 1}..{base - 1} are missing: the batch at offset "
+                           f"{base} follows one ending at offset {last}"
+                           + (f" (the log start is {start})" if last == start - 1 else ""),
+                (last + 1, base - 1))
+        if term < last_term:
+            raise LogInconsistent(
+                self.path, f"the term goes backwards at offset {base}: {term} after {last_term} "
+                           f"(at offset {last})", (base, last))
+
+    def _decode_start(self, raw: bytes | memoryview | None) -> tuple[int, int]:
+        if raw is None:
+            return 0, 0
+        try:
+            start, start_term = msgpack.unpackb(bytes(raw))
+            return int(start), int(start_term)
+        except (ValueError, TypeError, msgpack.UnpackException) as e:
+            raise LogInconsistent(self.path, f"the log start record cannot be decoded ({e})"
+                                  ) from None
+
+    def _decode_meta(self, raw: bytes) -> Meta:
+        try:
+            d = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+            return Meta(term=d["term"], voted_for=d["voted_for"], config=d["config"],
+                        extra=d["extra"])
+        except (ValueError, TypeError, KeyError, msgpack.UnpackException) as e:
+            raise LogInconsistent(self.path, f"the term/vote metadata cannot be decoded ({e!r})"
+                                  ) from None
 
     # -- positions ---------------------------------------------------------------------------
     @property
@@ -160,8 +286,10 @@ class LmdbLog(LogStorage):
 
     def _write(self, what: str, body: Callable[[lmdb.Transaction], T]) -> T:
         """Run `body` in one write transaction committed with fsync; grow the map on
-        MapFullError (doubling, up to max_map_size) and retry; map a full disk to DiskFull.
-        Caller holds _write_lock."""
+        MapFullError (doubling, up to max_map_size) and retry; map a full disk to DiskFull and
+        any other failure to StorageIOError. If it raises, the transaction was aborted and the
+        disk is unchanged. Caller holds _write_lock (and _lock for writes that shrink the log;
+        it is re-entrant, so _grow can take it again)."""
         while True:
             try:
                 with self._env.begin(write=True) as txn:
@@ -192,12 +320,15 @@ class LmdbLog(LogStorage):
     def _disk_error(self, what: str, e: BaseException) -> StorageError:
         code = getattr(e, "errno", None)
         text = str(e)
-        if code == errno.ENOSPC or "No space" in text or isinstance(e, lmdb.Error):
+        if isinstance(e, lmdb.DiskError) or code == errno.ENOSPC or "No space" in text:
             return DiskFull(
                 f"{what}: writing {self.path} failed ({text}); free disk space or move the data "
                 f"dir to a bigger disk, then retry. Nothing flushed before is lost; unflushed "
                 f"batches stay in memory")
-        return StorageError(f"{what}: {text}")
+        return StorageIOError(
+            f"{what}: writing {self.path} failed ({text}); nothing was changed, on disk or in "
+            f"memory. Check the disk (kernel log, SMART) before restarting the node: its "
+            f"flushed log is as it was before this write")
 
     # -- writes ------------------------------------------------------------------------------
     def append(self, batches: Sequence[Batch]) -> None:
@@ -239,16 +370,37 @@ class LmdbLog(LogStorage):
                     while n and self._tail[n - 1].last_offset > upto:
                         n -= 1
                 snap = self._tail[:n]
+                flushed = self._flushed  # only writers change it, and we hold _write_lock
             if not snap:
-                return self._flushed
+                return flushed
             encoded = [(_key(b.base_offset), b.encode()) for b in snap]
+            first, end = snap[0].base_offset, snap[-1].last_offset
 
             def put_all(txn: lmdb.Transaction) -> None:
                 cur = txn.cursor(db=self._log_db)
+                # Memory and disk must agree before we add to the disk: nothing stored past the
+                # flushed offset, and the last stored batch ends at it. Two cursor moves; they
+                # turn a disagreement into a refusal instead of an overlapping log.
+                if cur.set_range(_key(first)):
+                    stale = _KEY.unpack(bytes(cur.key()))[0]
+                    raise LogInconsistent(
+                        self.path, f"flushing offsets {first}..{end} found a stored batch at "
+                                   f"offset {stale}, past the flushed offset {flushed}",
+                        (first, end, stale))
+                if cur.last():
+                    base, count, _ = _HEAD.unpack_from(cur.value(), 0)
+                    if base + count - 1 != flushed:
+                        raise LogInconsistent(
+                            self.path, f"the last stored batch ends at offset {base + count - 1}"
+                                       f", not at the flushed offset {flushed}",
+                            (base + count - 1, flushed))
+                elif flushed != self._start - 1:
+                    raise LogInconsistent(
+                        self.path, f"no batch is stored, yet offsets up to {flushed} count as "
+                                   f"flushed", (flushed,))
                 cur.putmulti(encoded, dupdata=False, overwrite=True)
 
-            self._write(f"flush of offsets {snap[0].base_offset}..{snap[-1].last_offset}",
-                        put_all)
+            self._write(f"flush of offsets {first}..{end}", put_all)
             with self._lock:
                 # Nothing else removes tail entries while _write_lock is held, so the snapshot is
                 # still the tail's prefix.
@@ -260,28 +412,18 @@ class LmdbLog(LogStorage):
 
     def truncate_suffix(self, after_offset: int) -> None:
         self._check_open()
-        with self._write_lock:
-            with self._lock:
-                if after_offset != self._start - 1:
-                    if not (self._start <= after_offset <= self._dirty):
-                        raise OffsetOutOfRange(after_offset, self._start, self._dirty)
-                    if self._batch_containing_locked(after_offset)[1] != after_offset:
-                        raise ValueError(f"suffix truncation after {after_offset} is not at a "
-                                         f"batch boundary")
-                if after_offset == self._dirty:
-                    return
-                i = bisect.bisect_right(self._tail_bases, after_offset)
-                self._unflushed -= sum(b.size for b in self._tail[i:])
-                del self._tail[i:]
-                del self._tail_bases[i:]
-                j = bisect.bisect_right(self._term_firsts, after_offset)
-                del self._term_firsts[j:]
-                del self._term_terms[j:]
-                self._dirty = after_offset
-                cut_disk = after_offset < self._flushed
-                if cut_disk:
-                    self._flushed = after_offset
-            if cut_disk:
+        with self._write_lock, self._lock:
+            if after_offset != self._start - 1:
+                if not (self._start <= after_offset <= self._dirty):
+                    raise OffsetOutOfRange(after_offset, self._start, self._dirty)
+                if self._batch_containing_locked(after_offset)[1] != after_offset:
+                    raise ValueError(f"suffix truncation after {after_offset} is not at a "
+                                     f"batch boundary")
+            if after_offset == self._dirty:
+                return
+            if after_offset < self._flushed:
+                # Disk first (under _lock: readers wait, see the module docstring). If this
+                # raises, nothing below runs and memory still matches the untouched disk.
                 def delete_after(txn: lmdb.Transaction) -> None:
                     cur = txn.cursor(db=self._log_db)
                     if cur.set_range(_key(after_offset + 1)):
@@ -289,24 +431,27 @@ class LmdbLog(LogStorage):
                             pass
 
                 self._write(f"suffix truncation after {after_offset}", delete_after)
+                self._flushed = after_offset
+            i = bisect.bisect_right(self._tail_bases, after_offset)
+            self._unflushed -= sum(b.size for b in self._tail[i:])
+            del self._tail[i:]
+            del self._tail_bases[i:]
+            j = bisect.bisect_right(self._term_firsts, after_offset)
+            del self._term_firsts[j:]
+            del self._term_terms[j:]
+            self._dirty = after_offset
 
     def truncate_prefix(self, offset: int) -> None:
         self._check_open()
-        with self._write_lock:
-            with self._lock:
-                if offset <= self._start:
-                    return
-                if offset > self._flushed + 1:
-                    raise ValueError(f"prefix truncation to {offset} passes the flushed offset "
-                                     f"{self._flushed}; flush first")
-                if offset != self._dirty + 1 and self._batch_containing_locked(offset)[0] != offset:
-                    raise ValueError(f"prefix truncation to {offset} is not at a batch boundary")
-                new_term = self._term_at_locked(offset - 1)
-                self._start, self._start_term = offset, new_term
-                j = bisect.bisect_right(self._term_firsts, offset) - 1
-                if j > 0:
-                    del self._term_firsts[:j]
-                    del self._term_terms[:j]
+        with self._write_lock, self._lock:
+            if offset <= self._start:
+                return
+            if offset > self._flushed + 1:
+                raise ValueError(f"prefix truncation to {offset} passes the flushed offset "
+                                 f"{self._flushed}; flush first")
+            if offset != self._dirty + 1 and self._batch_containing_locked(offset)[0] != offset:
+                raise ValueError(f"prefix truncation to {offset} is not at a batch boundary")
+            new_term = self._term_at_locked(offset - 1)
 
             def delete_before(txn: lmdb.Transaction) -> None:
                 txn.put(_START_KEY, msgpack.packb([offset, new_term]), db=self._meta_db)
@@ -316,25 +461,28 @@ class LmdbLog(LogStorage):
                         if not cur.delete():
                             break
 
-            self._write(f"prefix truncation to {offset}", delete_before)
+            self._write(f"prefix truncation to {offset}", delete_before)  # disk first
+            self._start, self._start_term = offset, new_term
+            j = bisect.bisect_right(self._term_firsts, offset) - 1
+            if j > 0:
+                del self._term_firsts[:j]
+                del self._term_terms[:j]
 
     def reset(self, start_offset: int, start_term: int) -> None:
         self._check_open()
-        with self._write_lock:
-            with self._lock:
-                self._tail.clear()
-                self._tail_bases.clear()
-                self._unflushed = 0
-                self._term_firsts.clear()
-                self._term_terms.clear()
-                self._start, self._start_term = start_offset, start_term
-                self._dirty = self._flushed = start_offset - 1
-
+        with self._write_lock, self._lock:
             def wipe(txn: lmdb.Transaction) -> None:
                 txn.drop(self._log_db, delete=False)
                 txn.put(_START_KEY, msgpack.packb([start_offset, start_term]), db=self._meta_db)
 
-            self._write(f"reset to offset {start_offset}", wipe)
+            self._write(f"reset to offset {start_offset}", wipe)  # disk first
+            self._tail.clear()
+            self._tail_bases.clear()
+            self._unflushed = 0
+            self._term_firsts.clear()
+            self._term_terms.clear()
+            self._start, self._start_term = start_offset, start_term
+            self._dirty = self._flushed = start_offset - 1
 
     # -- reads -------------------------------------------------------------------------------
     def _batch_containing_locked(self, offset: int) -> tuple[int, int]:
@@ -425,9 +573,7 @@ class LmdbLog(LogStorage):
             raw = txn.get(_META_KEY)
         if raw is None:
             return Meta()
-        d = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-        return Meta(term=d["term"], voted_for=d["voted_for"], config=d["config"],
-                    extra=d["extra"])
+        return self._decode_meta(raw)
 
     def save_meta(self, meta: Meta) -> None:
         self._check_open()
@@ -444,7 +590,10 @@ class LmdbLog(LogStorage):
             if self._closed:
                 return
             self._closed = True
-            self._env.close()
+            try:
+                self._env.close()
+            finally:
+                self._release_dir()  # only after LMDB let go of the files
 
     def __repr__(self) -> str:
         return (f"LmdbLog(path={self.path!r}, start={self._start}, flushed={self._flushed}, "

@@ -3,6 +3,13 @@
 It keeps the same contract and adds crash(): everything past the flushed offset is gone, exactly
 what a process crash or power cut does to the real log. The "durable" part is modelled by a
 second list that only flush()/truncate/reset/save_meta touch.
+
+Disk faults for the simulation: `fail_next(op, exc)` makes the next call of `op` (flush,
+truncate_suffix, truncate_prefix, reset, save_meta) that would write the durable state raise
+`exc` (StorageIOError by default, or DiskFull) instead, changing nothing, exactly as the LMDB
+log does when its transaction fails (disk first, then memory). The caller decides when: there is
+no randomness in here. A call that writes nothing durable (nothing to flush, a cut inside the
+unflushed tail, a prefix truncation at or below the start) neither fails nor uses up the fault.
 """
 
 from __future__ import annotations
@@ -11,8 +18,19 @@ import bisect
 import copy
 from collections.abc import Sequence
 
-from storage.api import DEFAULT_MAX_TAIL_BYTES, LogStorage, Meta, OffsetOutOfRange, TailFull
+from storage.api import (
+    DEFAULT_MAX_TAIL_BYTES,
+    LogStorage,
+    Meta,
+    OffsetOutOfRange,
+    StorageError,
+    StorageIOError,
+    TailFull,
+)
 from storage.batch import Batch
+
+# The operations that write durable state, hence the ones a disk fault can hit.
+FAULT_OPS = ("flush", "truncate_suffix", "truncate_prefix", "reset", "save_meta")
 
 
 class MemoryLog(LogStorage):
@@ -23,7 +41,45 @@ class MemoryLog(LogStorage):
         self._d_start = 0
         self._d_start_term = 0
         self._d_meta = Meta()
+        # op -> exceptions to raise, in order, at its next durable writes (see fail_next).
+        self._faults: dict[str, list[StorageError]] = {}
         self._load_durable()
+
+    # -- fault injection (simulation) -----------------------------------------------------------
+    def fail_next(self, op: str, exc: StorageError | type[StorageError] | None = None, *,
+                  times: int = 1) -> None:
+        """Make the next `times` calls of `op` that write durable state raise `exc` (an
+        instance, or a StorageError subclass built with a message naming the op; default
+        StorageIOError) and change nothing. Faults for one op fire in the order given."""
+        if op not in FAULT_OPS:
+            raise ValueError(f"unknown storage op {op!r} for a fault; one of {', '.join(FAULT_OPS)}")
+        if times < 1:
+            raise ValueError(f"times must be >= 1, got {times}")
+        if exc is None:
+            exc = StorageIOError
+        if isinstance(exc, type):
+            if not issubclass(exc, StorageError):
+                raise TypeError(f"a storage fault must be a StorageError, got {exc.__name__}")
+            made = [exc(f"{op}: injected disk fault; nothing was changed") for _ in range(times)]
+        else:
+            if not isinstance(exc, StorageError):
+                raise TypeError(f"a storage fault must be a StorageError, got {exc!r}")
+            made = [exc] * times
+        self._faults.setdefault(op, []).extend(made)
+
+    def pending_faults(self) -> dict[str, int]:
+        """op -> how many injected faults have not fired yet."""
+        return {op: len(q) for op, q in self._faults.items() if q}
+
+    def clear_faults(self) -> None:
+        self._faults.clear()
+
+    def _disk_write(self, op: str) -> None:
+        """Called just before `op` changes durable state: raise an injected fault, if any,
+        before anything (durable or live) has changed."""
+        queue = self._faults.get(op)
+        if queue:
+            raise queue.pop(0)
 
     # -- durable <-> live --------------------------------------------------------------------
     def _load_durable(self) -> None:
@@ -91,6 +147,7 @@ class MemoryLog(LogStorage):
                 j -= 1
         if j <= i:
             return self._flushed
+        self._disk_write("flush")
         new = self._batches[i:j]
         self._d_batches.extend(new)
         self._flushed = new[-1].last_offset
@@ -99,6 +156,8 @@ class MemoryLog(LogStorage):
 
     def truncate_suffix(self, after_offset: int) -> None:
         i = self._index_after(after_offset)
+        if after_offset < self._flushed:
+            self._disk_write("truncate_suffix")
         del self._batches[i:]
         del self._bases[i:]
         if after_offset < self._flushed:
@@ -120,6 +179,7 @@ class MemoryLog(LogStorage):
             if i >= len(self._bases) or self._bases[i] != offset:
                 raise ValueError(f"prefix truncation to {offset} is not at a batch boundary")
         new_start_term = self._batches[i - 1].term
+        self._disk_write("truncate_prefix")
         del self._batches[:i]
         del self._bases[:i]
         self._start, self._start_term = offset, new_start_term
@@ -127,6 +187,7 @@ class MemoryLog(LogStorage):
         self._d_start, self._d_start_term = offset, new_start_term
 
     def reset(self, start_offset: int, start_term: int) -> None:
+        self._disk_write("reset")
         self._d_batches = []
         self._d_start, self._d_start_term = start_offset, start_term
         self._load_durable()
@@ -174,6 +235,7 @@ class MemoryLog(LogStorage):
         return copy.deepcopy(self._d_meta)
 
     def save_meta(self, meta: Meta) -> None:
+        self._disk_write("save_meta")
         self._d_meta = copy.deepcopy(meta)
 
     def close(self) -> None:

@@ -3,12 +3,20 @@
 The model is a list of batches plus the flushed offset and the durable start; after a crash
 (MemoryLog.crash(), or dropping an LmdbLog without flush and reopening its directory) the log
 must equal the model cut at the flushed offset: nothing flushed lost, nothing unflushed kept.
+
+Disk faults: `failed_op` makes one mutation fail on the disk (MemoryLog.fail_next; for LMDB a
+wrapped environment whose write transaction fails, tests/storage/lmdb_inject.py) with an I/O
+error or a full disk, and checks the log is exactly as before (disk first, then memory); the
+model is left as it was, so every later rule, crash included, checks that too.
 """
 
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
+from collections.abc import Callable
+from pathlib import Path
 
 import hypothesis.strategies as st
 import pytest
@@ -20,9 +28,20 @@ from hypothesis.stateful import (
 from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from storage import open_log
-from storage.api import LogStorage, Meta, OffsetOutOfRange, TailFull
+from storage.api import (
+    DiskFull,
+    LogStorage,
+    Meta,
+    OffsetOutOfRange,
+    StorageError,
+    StorageIOError,
+    TailFull,
+)
 from storage.batch import Batch, BatchKind
-from storage.memory import MemoryLog
+from storage.memory import FAULT_OPS, MemoryLog
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import lmdb_inject  # noqa: E402
 
 MAX_TAIL = 6000
 
@@ -160,6 +179,63 @@ class LogMachine(RuleBasedStateMachine):
                     extra={"note": note})
         self.log.save_meta(meta)
         self.meta = meta
+
+    # -- disk faults ----------------------------------------------------------------------
+    def _state(self) -> tuple:
+        """Everything observable about the log, to compare before and after a failed op."""
+        log = self.log
+        held = log.read(log.start_offset, 1 << 30) if log.dirty_offset >= log.start_offset else []
+        return (log.start_offset, log.start_term, log.dirty_offset, log.flushed_offset,
+                log.unflushed_bytes, log.last_term(), held, log.load_meta())
+
+    def _fail(self, op: str, exc_type: type[StorageError], at: str,
+              call: Callable[[], object]) -> None:
+        before = self._state()
+        if self.impl == "memory":
+            assert isinstance(self.log, MemoryLog)
+            self.log.fail_next(op, exc_type)
+            with pytest.raises(exc_type):
+                call()
+            assert self.log.pending_faults() == {}
+        else:
+            raw = (lmdb_inject.enospc() if exc_type is DiskFull
+                   else lmdb_inject.io_error())
+            with lmdb_inject.inject(self.log, raw, at=at) as fault, pytest.raises(exc_type):
+                call()
+            assert fault.fired == 1
+        assert self._state() == before
+
+    @rule(data=st.data(), op=st.sampled_from(FAULT_OPS),
+          exc_type=st.sampled_from([StorageIOError, DiskFull]),
+          at=st.sampled_from(["write", "commit"]))
+    def failed_op(self, data: st.DataObject, op: str, exc_type: type[StorageError],
+                  at: str) -> None:
+        if op == "flush":
+            if self.dirty == self.flushed:
+                return  # nothing to write: no disk step to fail
+            self._fail(op, exc_type, at, self.log.flush)
+        elif op == "truncate_suffix":
+            ends = [e for e in [self.start - 1] + [b.last_offset for b in self.batches]
+                    if e < self.flushed]
+            if not ends:
+                return  # only the in-memory tail could be cut
+            after = data.draw(st.sampled_from(ends), label="after")
+            self._fail(op, exc_type, at, lambda: self.log.truncate_suffix(after))
+        elif op == "truncate_prefix":
+            cands = [b.base_offset for b in self.batches
+                     if self.start < b.base_offset <= self.flushed + 1]
+            if self.flushed == self.dirty and self.dirty + 1 > self.start:
+                cands.append(self.dirty + 1)
+            if not cands:
+                return
+            offset = data.draw(st.sampled_from(cands), label="offset")
+            self._fail(op, exc_type, at, lambda: self.log.truncate_prefix(offset))
+        elif op == "reset":
+            start = self.dirty + 1 + data.draw(st.integers(0, 5), label="skip")
+            self._fail(op, exc_type, at, lambda: self.log.reset(start, self.last_term() + 1))
+        else:
+            meta = Meta(term=self.meta.term + 1, voted_for=1, config={"voters": [1]})
+            self._fail(op, exc_type, at, lambda: self.log.save_meta(meta))
 
     @rule()
     def crash(self) -> None:
