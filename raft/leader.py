@@ -113,15 +113,15 @@ class LeaderSide:
                     return
         self._bcast_wanted = True
 
-    def _append_as_leader(self, batch: Batch, *, force: bool = False) -> Batch | None:
+    def _append_as_leader(self, batch: Batch) -> Batch | None:
+        """Place `batch` at the end of our log in our term; None when the unflushed tail is
+        full (a flush is requested; the caller answers BACKPRESSURE or steps down)."""
         placed = batch.placed(self.log.dirty_offset + 1, self.term)
         try:
             self.log.append([placed])
         except TailFull:
             self._flush_wanted = True
-            if not force:
-                return None
-            raise
+            return None
         self._applied_to_log(placed)
         self._flush_wanted = True  # the leader flushes in parallel with replication
         self._bcast_wanted = True

@@ -319,8 +319,14 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges):
             if node_id != self.node_id:
                 self._progress[node_id] = self._new_progress(node_id)
         # A no-op of our term: entries of earlier terms commit once it does.
-        noop = self._append_as_leader(Batch.create(b"", 1, kind=BatchKind.NOOP), force=True)
-        assert noop is not None
+        noop = self._append_as_leader(Batch.create(b"", 1, kind=BatchKind.NOOP))
+        if noop is None:
+            # The unflushed tail is full. A leader without its no-op must not lead (it could
+            # let a membership change through before committing in its term): stay a
+            # follower of this term (our vote here is spent) and let the flush run; a later
+            # election timeout tries again.
+            self._become_follower(self.term, None)
+            return
         self._noop_offset = noop.base_offset
         self._maybe_commit()
 

@@ -37,6 +37,9 @@ class ErrorCode(IntEnum):
     # A staged-load write for a load that is already committed or aborted, or was restarted by a
     # newer run (raft/loads.py): the writer stops; nothing it sends could be published.
     LOAD_CLOSED = 11
+    # The leader's disk is full: it refuses new writes, keeps serving reads and catch-up from
+    # what it has, and takes writes again once a flush succeeds.
+    DISK_FULL = 12
 
 
 class InvariantViolation(AssertionError):

@@ -187,6 +187,11 @@ class NodeConfig:
     def raft_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for RaftConfig besides node_id/voters/learners."""
         out = {k: getattr(self, k) for k in self._RAFT_KNOBS if getattr(self, k) is not None}
+        if self.recovery_rate > 0:
+            # The core throttles recovery in its own unit of time, the tick.
+            out["recovery_rate_bytes_per_tick"] = max(
+                1, int(self.recovery_rate * (1 << 20) * self.tick_ms / 1000))
+            out["recovery_burst_bytes"] = max(1, int(self.recovery_burst * (1 << 20)))
         out.update(self.raft)
         return out
 

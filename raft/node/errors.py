@@ -22,7 +22,17 @@ ERROR_ADVICE: dict[ErrorCode, str] = {
                        "the same producer_id/sequence (idempotent) or check with fetch",
     ErrorCode.BAD_REQUEST: "the request was refused as malformed",
     ErrorCode.INTERNAL: "internal error on the node; see its log",
+    ErrorCode.DISK_FULL: "the leader's disk is full: it refuses writes until space is freed "
+                         "(reads go on); free disk space on the leader (or set retention), then "
+                         "retry",
 }
+
+
+class NodeFailed(Exception):
+    """The node can no longer trust its own state (a storage fault, or an unexpected exception
+    while stepping the core, flushing or saving its metadata). Fail-stop: it stops at once,
+    without flushing, and the process exits with code 3; a restart recovers from the flushed
+    log, which the storage layer changes on disk first and in memory only after."""
 
 
 def advised_error(rid: int, code: ErrorCode, message: str | None = None,

@@ -35,14 +35,17 @@ import trio
 from raft.messages import Message
 from raft.node.catchup import CatchupTracker
 from raft.node.config import ConfigError, NodeConfig
+from raft.node.errors import NodeFailed
 from raft.ready import ProduceAnswer
 from raft.types import Acks, ErrorCode, Role
-from storage.api import LogStorage, Meta
+from storage.api import DataDirLocked, DiskFull, LogStorage, Meta, StorageError
 from storage.batch import Batch
 
 log = logging.getLogger("raftlog.node")
 
 OPEN_PROGRESS_EVERY_S = 2.0
+# With a full disk, a flush (or a metadata save) is retried this often until space returns.
+DISK_FULL_RETRY_S = 1.0
 LOAD_CHECK_TICKS = 20  # how often (in ticks) the leader looks for timed-out staged loads
 
 
@@ -93,6 +96,23 @@ class RaftGroup:
         self._last_state: tuple[Any, ...] = ()
         self._pending: dict[int, _Pending] = {}
         self._request_ids = itertools.count(1)
+        # Fail-stop: the first fatal error, and who stops the node on it (Node.abort).
+        self.failure: BaseException | None = None
+        self.on_fatal: Callable[[], None] = lambda: None
+        # The last flush (or metadata save) found the disk full; cleared by the next success.
+        self.disk_full = False
+
+    def fail(self, exc: BaseException, where: str) -> None:
+        """Stop the node now: it can no longer trust its state. Nothing is flushed on the way
+        out (a half-applied step must not reach the disk); a restart recovers from the log."""
+        if self.failure is None:
+            self.failure = exc
+            self.closing = True
+            log.critical("node_failed node=%d where=%s error=%s: %s; stopping without a final "
+                         "flush. Restart the node: it recovers from its flushed log (if it "
+                         "fails again, see docs/STORAGE-SAFETY.md)", self.node_id, where,
+                         type(exc).__name__, exc)
+            self.on_fatal()
 
     # -- opening and closing -----------------------------------------------------------------------
     async def open_log(self) -> None:
@@ -183,7 +203,11 @@ class RaftGroup:
                 log.warning("misaddressed_message node=%d from=%d src=%d dst=%d", self.node_id,
                             from_peer, msg.src, msg.dst)
                 continue
-            self.core.step(msg)
+            try:
+                self.core.step(msg)
+            except Exception as e:  # InvariantViolation, a storage fault: fail-stop
+                self.fail(e, "step")
+                return
         self.kick()
 
     def is_leader(self) -> bool:
@@ -210,7 +234,13 @@ class RaftGroup:
         pending = _Pending(trio.Event())
         self._pending[core_id] = pending
         try:
-            propose(core_id)
+            try:
+                propose(core_id)
+            except ValueError:
+                raise  # the request's shape was refused: the caller answers BAD_REQUEST
+            except Exception as e:
+                self.fail(e, "propose")
+                return core_id, None
             self.kick()
             with trio.move_on_after(timeout_s):
                 await pending.event.wait()
@@ -242,7 +272,11 @@ class RaftGroup:
             if deadline < now - 10 * interval:  # we were stalled: do not replay missed ticks
                 deadline = now
             await trio.sleep_until(deadline)
-            self.core.tick()
+            try:
+                self.core.tick()
+            except Exception as e:
+                self.fail(e, "tick")
+                return
             self.kick()
             ticks += 1
             if self.loads is not None and ticks % LOAD_CHECK_TICKS == 0:
@@ -252,12 +286,39 @@ class RaftGroup:
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
-            await self._process_ready()
+            try:
+                await self._process_ready()
+            except Exception as e:
+                self.fail(e, "ready")
+                return
 
     async def _save_meta(self, hard_state: Any) -> None:
-        self._meta = Meta(term=hard_state.term, voted_for=hard_state.voted_for,
-                          config=hard_state.config, extra=self._meta.extra)
-        await self._run_io(self.log.save_meta, self._meta)
+        """Persist term, vote and configuration. A full disk holds the Ready (its messages
+        depend on this) and retries until space returns; any other failure is fatal."""
+        meta = Meta(term=hard_state.term, voted_for=hard_state.voted_for,
+                    config=hard_state.config, extra=self._meta.extra)
+        while True:
+            try:
+                await self._run_io(self.log.save_meta, meta)
+            except DiskFull as e:
+                self._note_disk_full(e, "save_meta")
+                await trio.sleep(DISK_FULL_RETRY_S)
+                continue
+            self._note_disk_ok()
+            self._meta = meta
+            return
+
+    def _note_disk_full(self, e: Exception, what: str) -> None:
+        if not self.disk_full:
+            log.error("disk_full node=%d op=%s error=%s: refusing writes (DISK_FULL), serving "
+                      "reads; retrying every %.0f s. Free space under the data directory (or "
+                      "set retention)", self.node_id, what, e, DISK_FULL_RETRY_S)
+        self.disk_full = True
+
+    def _note_disk_ok(self) -> None:
+        if self.disk_full:
+            log.warning("disk_space_returned node=%d: taking writes again", self.node_id)
+        self.disk_full = False
 
     async def _process_ready(self) -> None:
         rd = self.core.ready()
@@ -295,9 +356,25 @@ class RaftGroup:
         while True:
             await self._flush_wanted.wait()
             self._flush_wanted = trio.Event()
-            flushed = await self._run_io(self.log.flush)
-            # A truncation may have raced the flush; never report more than the log holds.
-            self.core.flushed(min(flushed, self.log.flushed_offset))
+            try:
+                flushed = await self._run_io(self.log.flush)
+            except DiskFull as e:
+                # Nothing was written (storage changes the disk first): the tail is still in
+                # memory and the next flush takes it. Not a crash.
+                self._note_disk_full(e, "flush")
+                await trio.sleep(DISK_FULL_RETRY_S)
+                self._flush_wanted.set()
+                continue
+            except Exception as e:
+                self.fail(e, "flush")
+                return
+            self._note_disk_ok()
+            try:
+                # A truncation may have raced the flush; never report more than the log holds.
+                self.core.flushed(min(flushed, self.log.flushed_offset))
+            except Exception as e:
+                self.fail(e, "flushed")
+                return
             self.kick()
 
     def _expire_loads(self) -> None:
@@ -308,7 +385,11 @@ class RaftGroup:
             log.exception("load_expiry_failed node=%d", self.node_id)
             return
         for batch in batches:  # fire and forget: a lost abort is retried a minute later
-            self.core.propose(next(self._request_ids), batch, Acks.QUORUM)
+            try:
+                self.core.propose(next(self._request_ids), batch, Acks.QUORUM)
+            except Exception as e:
+                self.fail(e, "propose")
+                return
         if batches:
             self.kick()
 
@@ -339,6 +420,11 @@ async def open_log_with_progress(config: NodeConfig) -> LogStorage:
                 log.warning("opening_log path=%s elapsed_s=%.0f", path,
                             trio.current_time() - started)
         nursery.start_soon(progress)
-        opened = await trio.to_thread.run_sync(open_log, path)
+        try:
+            opened = await trio.to_thread.run_sync(open_log, path)
+        except DataDirLocked as e:
+            raise ConfigError(str(e)) from None
+        except StorageError as e:  # LogInconsistent, CorruptBatch, an I/O error
+            raise NodeFailed(f"cannot open the log in {path}: {e}") from None
         nursery.cancel_scope.cancel()
     return opened

@@ -2,7 +2,8 @@
 
 SIGTERM/SIGINT begin a graceful stop (raft.node.server.Node.request_shutdown); a second signal
 during the stop is ignored on purpose. Exit codes: 0 after a clean stop, 2 after a configuration
-error (one line on stderr saying what to fix).
+error (one line on stderr saying what to fix), 3 after a fail-stop (the node could no longer
+trust its own state: a storage fault or a broken invariant; see raft.node.errors.NodeFailed).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import trio
 
 from raft.node.config import ConfigError, NodeConfig
+from raft.node.errors import NodeFailed
 from raft.node.server import Node
 from storage.api import LogStorage
 
@@ -47,9 +49,10 @@ async def run_node(config: NodeConfig, *, log_storage: LogStorage | None = None,
     except BaseExceptionGroup as group:
         # A startup configuration problem (port in use, data dir) is one clear error for the
         # CLI (exit 2), not an exception group.
-        matched, _ = group.split(ConfigError)
-        if matched is not None:
-            raise _leaves(matched)[0] from None
+        for kind in (ConfigError, NodeFailed):
+            matched, _ = group.split(kind)
+            if matched is not None:
+                raise _leaves(matched)[0] from None
         raise
 
 
@@ -102,6 +105,10 @@ def serve(settings: dict[str, Any], prog: str = "raftlog serve") -> int:
     except ConfigError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
+    except NodeFailed as e:
+        print(f"{prog}: {e}; restart it (it recovers from its flushed log), and see "
+              f"docs/STORAGE-SAFETY.md if it fails again", file=sys.stderr)
+        return 3
     return 0
 
 

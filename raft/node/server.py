@@ -24,6 +24,7 @@ import trio
 
 from raft.node import api, wire
 from raft.node.config import ConfigError, NodeConfig, format_address
+from raft.node.errors import NodeFailed
 from raft.node.group import RaftGroup
 from raft.node.peer import PeerLink
 from raft.node.transport import PeerTransport
@@ -49,6 +50,7 @@ class Node:
         self.transport = PeerTransport(config, rng)
         self.group = RaftGroup(config, self.transport, log_storage=log_storage, rng=rng,
                                inline_io=inline_io, core_classes=core_classes)
+        self.group.on_fatal = self.abort
         self.api = api.ApiContext(config=config, group=self.group, peers=self.transport)
         self._shutdown_requested = trio.Event()
         self._stopped = trio.Event()
@@ -111,6 +113,10 @@ class Node:
     async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
         with self._run_scope:
             await self._run(task_status)
+        failure = self.group.failure
+        if failure is not None:
+            raise NodeFailed(f"node {self.node_id} stopped: {type(failure).__name__}: "
+                             f"{failure}") from failure
 
     async def _run(self, task_status: trio.TaskStatus[Node]) -> None:
         group = self.group
@@ -132,8 +138,6 @@ class Node:
             async with trio.open_nursery() as nursery:
                 self.transport.start(nursery, group.membership())
                 async with trio.open_nursery() as driver:
-                    if self.transport.throttled:
-                        driver.start_soon(self.transport.run_recovery_sender)
                     group.start(driver)
                     async with trio.open_nursery() as conn_nursery:
                         self._accept_scope = trio.CancelScope()

@@ -4,25 +4,24 @@
   and closed as the configuration in force changes (`sync_members`);
 - the address book: this node's bound address and the peers' addresses (from --peers, from the
   tests' `set_peer_address`, and learned from the configuration in the log);
-- the recovery throttle (NodeConfig.recovery_rate): AppendEntries chunks sent without `flush`
-  (a follower catching up) wait for tokens in per-follower FIFO queues, released round-robin
-  across followers; everything queued behind a held chunk waits too, to keep the order.
+
+The recovery throttle (NodeConfig.recovery_rate) is not here: the core applies it in ticks
+(RaftConfig.recovery_rate_bytes_per_tick), so a throttled chunk is never sent rather than queued
+here, where later heartbeats overtook it and made the follower look like it had lost it.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import random
 from typing import Any
 
 import trio
 
-from raft.messages import AppendEntries, Message
+from raft.messages import Message
 from raft.node import wire
 from raft.node.config import NodeConfig
 from raft.node.peer import PeerLink
-from recovery.ratelimit import TokenBucket
 
 log = logging.getLogger("raftlog.node")
 
@@ -41,15 +40,6 @@ class PeerTransport:
         self._link_nursery: trio.Nursery | None = None
         self._link_scopes: dict[int, trio.CancelScope] = {}
         self._known_config: Any = None
-        # Recovery throttle (NodeConfig.recovery_rate): flush=False chunks wait for tokens in
-        # per-follower FIFO queues, bounded by the core's in-flight window per follower.
-        self._recovery_limiter: TokenBucket | None = None
-        if config.recovery_rate > 0:
-            self._recovery_limiter = TokenBucket(config.recovery_rate * (1 << 20),
-                                                 config.recovery_burst * (1 << 20),
-                                                 trio.current_time)
-        self._throttled: dict[int, collections.deque[Message]] = {}
-        self._throttle_wake = trio.Event()
 
     # -- the address book --------------------------------------------------------------------------
     def set_peer_address(self, peer_id: int, address: str) -> None:
@@ -125,47 +115,10 @@ class PeerTransport:
 
     # -- sending -----------------------------------------------------------------------------------
     def send(self, msg: Message) -> None:
-        """Queue one core message on its link, or behind the recovery throttle."""
-        if self._recovery_limiter is not None and isinstance(msg, AppendEntries) and (
-                msg.dst in self._throttled or (not msg.flush and msg.batches)):
-            # Recovery chunk (or anything queued behind one, to keep the order).
-            self._throttled.setdefault(msg.dst, collections.deque()).append(msg)
-            self._throttle_wake.set()
-            return
-        self._send_now(msg)
-
-    def _send_now(self, msg: Message) -> None:
+        """Queue one core message on its link (dropped, like on a lost connection, when the
+        peer is unknown: Raft retries)."""
         link = self.links.get(msg.dst)
         if link is None:
             log.debug("message_to_unknown_peer node=%d dst=%d", self.node_id, msg.dst)
             return
         link.enqueue(msg)
-
-    @property
-    def throttled(self) -> bool:
-        """Whether recovery chunks are throttled (then `run_recovery_sender` must run)."""
-        return self._recovery_limiter is not None
-
-    async def run_recovery_sender(self) -> None:
-        """Release throttled recovery chunks as the token bucket allows, in order per
-        follower, round-robin across followers."""
-        limiter = self._recovery_limiter
-        assert limiter is not None
-        while True:
-            if not self._throttled:
-                await self._throttle_wake.wait()
-                self._throttle_wake = trio.Event()
-                continue
-            for dst in list(self._throttled):
-                queue = self._throttled[dst]
-                msg = queue[0]
-                cost = sum(b.size for b in msg.batches) if not msg.flush else 0
-                delay = limiter.delay_for(cost) if cost else 0.0
-                if delay > 0:
-                    await trio.sleep(delay)  # the throttle itself: wait for tokens
-                if cost:
-                    limiter.take(cost)
-                queue.popleft()
-                if not queue:
-                    del self._throttled[dst]
-                self._send_now(msg)

@@ -300,3 +300,23 @@ def test_votes_are_granted_to_candidates_outside_our_configuration() -> None:
     rd = voter.ready()
     replies = [msg for msg in rd.messages if isinstance(msg, m.RequestVoteReply)]
     assert replies and replies[0].granted
+
+
+def test_a_candidate_whose_tail_is_full_does_not_lead_without_its_noop() -> None:
+    """Winning an election with a full unflushed tail (no room for the no-op) leaves the node a
+    follower of that term, never a leader without an entry of its term."""
+    c = Watched(3, pre_vote=False, check_quorum=False)
+    from storage.api import TailFull
+
+    full = c.logs[1]
+    real_append = full.append
+
+    def append(batches: list[Batch]) -> None:
+        raise TailFull(1 << 20, 1 << 20)
+
+    full.append = append  # type: ignore[method-assign]
+    campaign(c, 1)
+    assert c.cores[1].role != Role.LEADER
+    full.append = real_append  # type: ignore[method-assign]
+    campaign_until_leader(c, 1)
+    assert c.logs[1].term_at(c.logs[1].dirty_offset) == c.cores[1].term

@@ -34,6 +34,8 @@ def parse(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:
 async def execute(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str, Any]:
     if ctx.closing:
         return ctx.error(rid, ErrorCode.SHUTTING_DOWN)
+    if ctx.group.disk_full and ctx.group.is_leader():
+        return ctx.error(rid, ErrorCode.DISK_FULL)
     if req["producer_id"] and req["sequence"] < 0:
         return ctx.error(rid, ErrorCode.BAD_REQUEST,
                          "an idempotent produce (producer_id != 0) needs sequence >= 0")
