@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-# The codes a request may be retried on (elsewhere, or after a backoff) without the caller
-# seeing them.
+# The codes Client.call retries (following the redirect, or after a backoff) within the
+# caller's timeout; a produce without a producer id only on NOT_LEADER and BACKPRESSURE.
 RETRIABLE = {"NOT_LEADER", "TIMEOUT", "LEADERSHIP_LOST", "BACKPRESSURE", "SHUTTING_DOWN",
              "TRUNCATED", "UNAVAILABLE"}
 
