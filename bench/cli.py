@@ -1,4 +1,4 @@
-"""`raftlog bench`: argument parsing. raft/cli.py calls `register(subparsers)`; this module
+"""`raftlog bench`: argument parsing. raft/cli/main.py calls `register(subparsers)`; this module
 also runs alone as `python -m bench.cli ...` (same arguments)."""
 
 from __future__ import annotations
@@ -9,13 +9,8 @@ import sys
 
 from rich.console import Console
 
+from bench.catalogue import WORKLOADS, available_workloads
 from bench.workloads.common import BenchConfig
-
-# bench.runner pulls in matplotlib (plots): imported only when a bench runs, so `raftlog serve`
-# and every other command start without it.
-# Latency first: it measures single fsynced writes, and should not share the disk with the
-# writeback of the gigabytes the produce workload leaves behind.
-WORKLOADS = ("latency", "produce", "fetch", "failover")
 
 DEFAULT_OUT = "bench-results"
 
@@ -52,8 +47,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if args.nodes < 1:
         raise SystemExit("bench: --nodes must be at least 1")
-    from bench.runner import available_workloads
-
     known = available_workloads()
     unknown = [w for w in args.workloads if w not in known]
     if unknown:
@@ -83,6 +76,8 @@ def command(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as e:
             console.print(f"[red]bench: cannot read --compare file {args.compare}: {e}[/]")
             return 2
+    # bench.runner pulls in matplotlib (plots): imported only when a bench runs, so `raftlog
+    # serve` and every other command start without it.
     from bench.runner import finish, run
 
     cfg = config_from_args(args)

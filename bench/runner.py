@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import importlib
 import os
 import platform
 import shlex
@@ -16,32 +15,9 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColum
                            TimeElapsedColumn)
 
 from bench import plots, probes
+from bench.catalogue import WORKLOADS, workload_module  # noqa: F401 (WORKLOADS: re-exported)
 from bench.results import SCHEMA_VERSION, print_summary, save
 from bench.workloads.common import BenchConfig, Ctx
-
-from bench.cli import WORKLOADS  # the default set, kept in bench.cli so `raftlog --help` stays light
-
-
-def available_workloads() -> list[str]:
-    """The default set plus every other module in bench/workloads offering steps() and run()
-    (recovery, spark, ...: run only when named)."""
-    import pkgutil
-
-    import bench.workloads as pkg
-
-    extra = sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)
-                   if m.name not in WORKLOADS and m.name != "common")
-    return [*WORKLOADS, *extra]
-
-
-def workload_module(name: str):
-    if name not in available_workloads():
-        raise ValueError(f"unknown workload {name!r}; choose from "
-                         f"{', '.join(available_workloads())}")
-    mod = importlib.import_module(f"bench.workloads.{name}")
-    if not (hasattr(mod, "run") and hasattr(mod, "steps")):
-        raise ValueError(f"bench.workloads.{name} is not a workload (needs steps() and run())")
-    return mod
 
 
 def machine() -> dict[str, Any]:

@@ -7,6 +7,7 @@ when that holds."""
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import tempfile
 import threading
@@ -16,8 +17,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from raft.client import BlockingClient, RaftlogError
+from raft.cli.args import positive_int
 from raft.cli.localcluster import LocalCluster
+from raft.cli.status import render_status
+from raft.client import BlockingClient, RaftlogError
 
 
 def run_demo(records: int = 3000, keep: bool = False, nodes: int = 3) -> int:
@@ -108,7 +111,6 @@ def run_demo(records: int = 3000, keep: bool = False, nodes: int = 3) -> int:
                            else f"[red]{len(problems)} problems[/]")))
         client.close()
 
-        from raft.cli.main import render_status
         with BlockingClient(cluster.servers) as c:
             render_status(c.cluster_status(), console)
         table = Table(title="demo summary", show_header=False)
@@ -163,4 +165,17 @@ def verify(cluster: LocalCluster, acked: dict[int, bytes]) -> list[str]:
     return problems
 
 
-__all__ = ["run_demo", "verify"]
+def cmd_demo(args: argparse.Namespace) -> int:
+    return run_demo(records=args.records, keep=args.keep)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="start a local 3-node cluster, run a short workload "
+                                    "(every ack level, a leader SIGKILL), report, stop")
+    p.add_argument("--records", type=positive_int, default=3000,
+                   help="records written per ack level (default 3000)")
+    p.add_argument("--keep", action="store_true", help="keep the data directory afterwards")
+    p.set_defaults(func=cmd_demo)
+
+
+__all__ = ["cmd_demo", "register", "run_demo", "verify"]

@@ -94,7 +94,9 @@ class LocalCluster:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         ids = [node_id] if node_id is not None else list(self.addresses)
         env = {**os.environ, **self.env}
-        repo = str(Path(__file__).resolve().parent.parent)
+        # The repository root (raft/cli/localcluster.py -> ../..), never raft/ itself: on the
+        # path, raft/types.py would shadow the standard library's `types`.
+        repo = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
         for i in ids:
             if i in self.procs and self.procs[i].poll() is None:

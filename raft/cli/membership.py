@@ -1,4 +1,4 @@
-"""Operator commands for membership and leadership, plugged into `raftlog`:
+"""Operator commands for membership and leadership, part of `raftlog`:
 
     raftlog add-node --id 4 --address 127.0.0.1:7104 [--servers ...]
     raftlog remove-node --id 2 [--servers ...]
@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 
-DEFAULT_SERVERS = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
+from raft.cli.args import DEFAULT_SERVERS
+from raft.client import BlockingClient
 
 
-def _client(args: argparse.Namespace):  # noqa: ANN202
-    from raft.client import BlockingClient
-
+def _client(args: argparse.Namespace) -> BlockingClient:
     return BlockingClient(args.servers, timeout=args.timeout)
 
 

@@ -1,5 +1,34 @@
-"""The raftlog client library: `Client` (trio), `Producer` (idempotent batching) and
-`BlockingClient` (a private trio loop in a thread, for scripts and Spark executors)."""
+"""The raftlog client library: trio-native `Client` and `Producer`, and `BlockingClient` for
+scripts and Spark executors.
 
-from raft.client.client import *  # noqa: F401,F403
-from raft.client.client import __all__  # noqa: F401
+What it takes off the caller: finding the leader (any node answers `status`; NOT_LEADER carries
+the leader's address), reconnecting, retrying retriable errors with backoff inside the caller's
+timeout, and, for producers, idempotence and batching. A `Producer` has a random 63-bit id and
+numbers its requests; a retry after a timeout, a dropped connection or a leader change resends
+the same (producer id, sequence), so the cluster writes the batch once and answers the retry
+with the original offsets.
+
+Errors are typed (`NotLeaderError`, `RequestTimeout`, `TooLargeError`, `OffsetOutOfRangeError`,
+`ShuttingDownError`, ...), all subclasses of `RaftlogError` carrying the server's code and
+message.
+
+Layout: errors.py (the typed errors), results.py (what operations return), connection.py (one
+connection to one node), client.py (`Client`), producer.py (`Producer`), blocking.py
+(`BlockingClient`).
+"""
+
+from raft.client.blocking import BlockingClient
+from raft.client.client import Client, parse_servers
+from raft.client.errors import (BackpressureError, BadRequestError, LeadershipLostError,
+                                NotLeaderError, OffsetOutOfRangeError, RaftlogError,
+                                RequestTimeout, ShuttingDownError, TooLargeError,
+                                UnavailableError, error_from_reply)
+from raft.client.producer import Producer
+from raft.client.results import FetchedRecord, FetchResult, ProduceResult
+
+__all__ = [
+    "BackpressureError", "BadRequestError", "BlockingClient", "Client", "FetchResult",
+    "FetchedRecord", "LeadershipLostError", "NotLeaderError", "OffsetOutOfRangeError",
+    "ProduceResult", "Producer", "RaftlogError", "RequestTimeout", "ShuttingDownError",
+    "TooLargeError", "UnavailableError", "error_from_reply", "parse_servers",
+]

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from raft.sim.runner import Simulation
+from raft.sim.world import World
 
 KINDS = ("partition", "one_way", "crash", "crash_leader", "pause", "loss", "duplicate")
 MEMBERSHIP = "member"
@@ -17,7 +15,7 @@ MEMBERSHIP = "member"
 
 @dataclass
 class Nemesis:
-    sim: "Simulation"
+    sim: World
     rng: random.Random
     mean_gap_us: int = 150_000
     kinds: tuple[str, ...] = KINDS

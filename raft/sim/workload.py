@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from raft.ready import ProduceAnswer
+from raft.sim.world import World
 from raft.types import Acks, ErrorCode
 from storage.batch import Batch
 from storage.records import encode_values
-
-if TYPE_CHECKING:
-    from raft.sim.runner import Simulation
 
 REQUEST_TIMEOUT_US = 300_000
 
@@ -32,7 +29,7 @@ class Client:
 
 @dataclass
 class Workload:
-    sim: "Simulation"
+    sim: World
     rng: random.Random
     clients: list[Client] = field(default_factory=list)
     requests: dict[int, tuple[Client, int, Acks, bytes]] = field(default_factory=dict)

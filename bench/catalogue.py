@@ -1,0 +1,34 @@
+"""The workload catalogue of `raftlog bench`: the default set and every other workload module
+found in bench/workloads. Both bench.cli (argument checking, imported by every `raftlog`
+start) and bench.runner (which pulls in matplotlib for the plots) use it, so it imports
+nothing heavy."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from types import ModuleType
+
+# Latency first: it measures single fsynced writes, and should not share the disk with the
+# writeback of the gigabytes the produce workload leaves behind.
+WORKLOADS = ("latency", "produce", "fetch", "failover")
+
+
+def available_workloads() -> list[str]:
+    """The default set plus every other module in bench/workloads offering steps() and run()
+    (recovery, spark, ...: run only when named)."""
+    import bench.workloads as pkg
+
+    extra = sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)
+                   if m.name not in WORKLOADS and m.name != "common")
+    return [*WORKLOADS, *extra]
+
+
+def workload_module(name: str) -> ModuleType:
+    if name not in available_workloads():
+        raise ValueError(f"unknown workload {name!r}; choose from "
+                         f"{', '.join(available_workloads())}")
+    mod = importlib.import_module(f"bench.workloads.{name}")
+    if not (hasattr(mod, "run") and hasattr(mod, "steps")):
+        raise ValueError(f"bench.workloads.{name} is not a workload (needs steps() and run())")
+    return mod

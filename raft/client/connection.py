@@ -1,0 +1,67 @@
+"""One client connection to one node: the hello, then request/reply frames matched by id."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from raft.client.errors import error_from_reply
+from raft.node import wire
+from raft.node.config import parse_address
+
+
+class _Connection:
+    """One client connection: hello, then strictly one request at a time (a lock)."""
+
+    def __init__(self, address: str, stream: trio.SocketStream, node_id: int,
+                 max_frame_bytes: int) -> None:
+        self.address = address
+        self.stream = stream
+        self.node_id = node_id
+        self.reader = wire.FrameReader(stream, max_frame_bytes)
+        self.lock = trio.Lock()
+        self.broken = False
+
+    @classmethod
+    async def open(cls, address: str, max_frame_bytes: int) -> "_Connection":
+        host, port = parse_address(address)
+        stream = await trio.open_tcp_stream(host, port)
+        try:
+            await stream.send_all(wire.encode_frame({"t": "hello", "role": "client"}))
+            reader = wire.FrameReader(stream, max_frame_bytes)
+            hello = await reader.receive()
+            if hello is None or hello.get("t") != "hello":
+                # A node that is stopping hangs up or answers an error: try another node
+                # (ConnectionError is an OSError, which call() retries).
+                raise ConnectionError(f"{address} did not answer the hello ({hello!r}); is it "
+                                      f"a running raftlog node?")
+        except BaseException:
+            await stream.aclose()
+            raise
+        conn = cls(address, stream, int(hello.get("node_id", 0)), max_frame_bytes)
+        conn.reader = reader
+        return conn
+
+    async def request(self, frame: dict[str, Any], rid: int) -> dict[str, Any]:
+        async with self.lock:
+            try:
+                await self.stream.send_all(wire.encode_frame({**frame, "id": rid}))
+                while True:
+                    reply = await self.reader.receive()
+                    if reply is None:
+                        raise trio.BrokenResourceError(f"{self.address} closed the connection")
+                    if reply.get("t") == "error" and reply.get("id") in (None, rid):
+                        # The server hung up on a frame it could not accept.
+                        self.broken = True
+                        raise error_from_reply(reply)
+                    if reply.get("id") == rid:
+                        return reply
+            except BaseException:
+                self.broken = True
+                raise
+
+    async def aclose(self) -> None:
+        self.broken = True
+        with trio.CancelScope(shield=True):
+            await self.stream.aclose()

@@ -1,0 +1,100 @@
+"""The client's typed errors: every error answer from the cluster becomes a `RaftlogError`
+subclass chosen by its code, carrying the server's code, message and details (the leader's
+address for NOT_LEADER, the log bounds for OFFSET_OUT_OF_RANGE)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The codes Client.call retries (following the redirect, or after a backoff) within the
+# caller's timeout; a produce without a producer id only on NOT_LEADER and BACKPRESSURE.
+RETRIABLE = {"NOT_LEADER", "TIMEOUT", "LEADERSHIP_LOST", "BACKPRESSURE", "SHUTTING_DOWN",
+             "TRUNCATED", "UNAVAILABLE"}
+
+
+class RaftlogError(Exception):
+    """An error answer from the cluster (code = raft.types.ErrorCode name) or from the client
+    itself (UNAVAILABLE when no node could be reached)."""
+
+    code = "INTERNAL"
+
+    def __init__(self, message: str, *, code: str | None = None,
+                 details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.message = message
+        self.details = details or {}
+
+
+class NotLeaderError(RaftlogError):
+    code = "NOT_LEADER"
+
+    @property
+    def leader_id(self) -> int | None:
+        return self.details.get("leader_id")
+
+    @property
+    def leader_addr(self) -> str | None:
+        return self.details.get("leader_addr")
+
+
+class RequestTimeout(RaftlogError):
+    code = "TIMEOUT"
+
+
+class TooLargeError(RaftlogError):
+    code = "TOO_LARGE"
+
+
+class OffsetOutOfRangeError(RaftlogError):
+    code = "OFFSET_OUT_OF_RANGE"
+
+    @property
+    def start_offset(self) -> int | None:
+        return self.details.get("start_offset")
+
+    @property
+    def high_watermark(self) -> int | None:
+        return self.details.get("high_watermark")
+
+
+class ShuttingDownError(RaftlogError):
+    code = "SHUTTING_DOWN"
+
+
+class LeadershipLostError(RaftlogError):
+    code = "LEADERSHIP_LOST"
+
+
+class BackpressureError(RaftlogError):
+    code = "BACKPRESSURE"
+
+
+class BadRequestError(RaftlogError):
+    code = "BAD_REQUEST"
+
+
+class UnavailableError(RaftlogError):
+    """No node could be reached (or none answered) within the timeout."""
+
+    code = "UNAVAILABLE"
+
+
+_BY_CODE: dict[str, type[RaftlogError]] = {
+    c.code: c for c in (NotLeaderError, RequestTimeout, TooLargeError, OffsetOutOfRangeError,
+                        ShuttingDownError, LeadershipLostError, BackpressureError,
+                        BadRequestError, UnavailableError)}
+
+
+def error_from_reply(err: dict[str, Any]) -> RaftlogError:
+    code = str(err.get("code", "INTERNAL"))
+    cls = _BY_CODE.get(code, RaftlogError)
+    return cls(str(err.get("message", code)), code=code, details=err)
+
+
+__all__ = [
+    "RETRIABLE", "BackpressureError", "BadRequestError", "LeadershipLostError", "NotLeaderError",
+    "OffsetOutOfRangeError", "RaftlogError", "RequestTimeout", "ShuttingDownError",
+    "TooLargeError", "UnavailableError", "error_from_reply",
+]
