@@ -19,7 +19,8 @@ connection to one node), client.py (`Client`), producer.py (`Producer`), blockin
 
 from raft.client.blocking import BlockingClient
 from raft.client.client import Client, parse_servers
-from raft.client.errors import (BackpressureError, BadRequestError, LeadershipLostError,
+from raft.client.errors import (BackpressureError, BadRequestError, DiskFullError,
+                                LeadershipLostError,
                                 NotLeaderError, OffsetOutOfRangeError, RaftlogError,
                                 RequestTimeout, ShuttingDownError, TooLargeError,
                                 UnavailableError, error_from_reply)
@@ -27,7 +28,8 @@ from raft.client.producer import Producer
 from raft.client.results import FetchedRecord, FetchResult, ProduceResult
 
 __all__ = [
-    "BackpressureError", "BadRequestError", "BlockingClient", "Client", "FetchResult",
+    "BackpressureError", "BadRequestError", "BlockingClient", "Client", "DiskFullError",
+    "FetchResult",
     "FetchedRecord", "LeadershipLostError", "NotLeaderError", "OffsetOutOfRangeError",
     "ProduceResult", "Producer", "RaftlogError", "RequestTimeout", "ShuttingDownError",
     "TooLargeError", "UnavailableError", "error_from_reply", "parse_servers",

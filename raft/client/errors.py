@@ -71,6 +71,12 @@ class BackpressureError(RaftlogError):
     code = "BACKPRESSURE"
 
 
+class DiskFullError(RaftlogError):
+    """The leader's disk is full: it refuses writes (reads go on) until space is freed."""
+
+    code = "DISK_FULL"
+
+
 class BadRequestError(RaftlogError):
     code = "BAD_REQUEST"
 
@@ -84,7 +90,7 @@ class UnavailableError(RaftlogError):
 _BY_CODE: dict[str, type[RaftlogError]] = {
     c.code: c for c in (NotLeaderError, RequestTimeout, TooLargeError, OffsetOutOfRangeError,
                         ShuttingDownError, LeadershipLostError, BackpressureError,
-                        BadRequestError, UnavailableError)}
+                        DiskFullError, BadRequestError, UnavailableError)}
 
 
 def error_from_reply(err: dict[str, Any]) -> RaftlogError:
@@ -94,7 +100,8 @@ def error_from_reply(err: dict[str, Any]) -> RaftlogError:
 
 
 __all__ = [
-    "RETRIABLE", "BackpressureError", "BadRequestError", "LeadershipLostError", "NotLeaderError",
+    "RETRIABLE", "BackpressureError", "BadRequestError", "DiskFullError", "LeadershipLostError",
+    "NotLeaderError",
     "OffsetOutOfRangeError", "RaftlogError", "RequestTimeout", "ShuttingDownError",
     "TooLargeError", "UnavailableError", "error_from_reply",
 ]
