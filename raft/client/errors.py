@@ -75,6 +75,25 @@ class BadRequestError(RaftlogError):
     code = "BAD_REQUEST"
 
 
+class AuthenticationError(RaftlogError):
+    """UNAUTHENTICATED: no valid token or client certificate (or plaintext to a TLS node).
+    Not retried: fix the credentials."""
+
+    code = "UNAUTHENTICATED"
+
+
+class PermissionDeniedError(RaftlogError):
+    """FORBIDDEN: authenticated, but the principal lacks the permission `permission` names.
+    The connection stays usable for the requests it may send."""
+
+    code = "FORBIDDEN"
+
+    @property
+    def permission(self) -> str | None:
+        """The missing permission: produce, consume or admin."""
+        return self.details.get("permission")
+
+
 class UnavailableError(RaftlogError):
     """No node could be reached (or none answered) within the timeout."""
 
@@ -84,7 +103,8 @@ class UnavailableError(RaftlogError):
 _BY_CODE: dict[str, type[RaftlogError]] = {
     c.code: c for c in (NotLeaderError, RequestTimeout, TooLargeError, OffsetOutOfRangeError,
                         ShuttingDownError, LeadershipLostError, BackpressureError,
-                        BadRequestError, UnavailableError)}
+                        BadRequestError, UnavailableError, AuthenticationError,
+                        PermissionDeniedError)}
 
 
 def error_from_reply(err: dict[str, Any]) -> RaftlogError:
@@ -94,7 +114,7 @@ def error_from_reply(err: dict[str, Any]) -> RaftlogError:
 
 
 __all__ = [
-    "RETRIABLE", "BackpressureError", "BadRequestError", "LeadershipLostError", "NotLeaderError",
+    "RETRIABLE", "AuthenticationError", "BackpressureError", "PermissionDeniedError", "BadRequestError", "LeadershipLostError", "NotLeaderError",
     "OffsetOutOfRangeError", "RaftlogError", "RequestTimeout", "ShuttingDownError",
     "TooLargeError", "UnavailableError", "error_from_reply",
 ]
