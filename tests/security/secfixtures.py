@@ -4,9 +4,13 @@ and small blocking TLS/plaintext wire clients that speak frames byte for byte.""
 
 from __future__ import annotations
 
+import os
 import socket
 import ssl
 import struct
+import subprocess
+import sys
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,3 +157,40 @@ class Wire:
             self.sock.close()
         except OSError:
             pass
+
+
+# -- processes -------------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args: str, stdin: str = "", env: dict[str, str] | None = None,
+            timeout: float = 60) -> "subprocess.CompletedProcess[str]":
+    """`raftlog ARGS` as a user runs it (a fresh process)."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    for name in ("RAFTLOG_TOKEN", "RAFTLOG_TLS_CA", "RAFTLOG_TLS_CERT", "RAFTLOG_TLS_KEY"):
+        if env is None or name not in env:
+            full_env.pop(name, None)
+    return subprocess.run([sys.executable, "-m", "raft.cli", *args], input=stdin, text=True,
+                          capture_output=True, timeout=timeout, env=full_env, cwd=REPO)
+
+
+def scrape(address: str) -> dict[str, list[Any]]:
+    """GET /metrics and parse it with prometheus_client's own parser: name -> samples."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=SOCKET_TIMEOUT_S) as r:
+        assert r.headers.get_content_type() == "text/plain", r.headers
+        text = r.read().decode()
+    out: dict[str, list[Any]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append(sample)
+    return out
+
+
+def gauge(samples: dict[str, list[Any]], name: str, **labels: str) -> float:
+    found = [s.value for s in samples.get(name, []) if all(s.labels.get(k) == v
+                                                            for k, v in labels.items())]
+    assert len(found) == 1, (name, labels, samples.get(name))
+    return found[0]
