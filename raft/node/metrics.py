@@ -246,6 +246,11 @@ def _follower_families(st: dict[str, Any]) -> Iterator[Metric]:
                              "the last seconds); leader only", labels=["follower"])
     recovering = GaugeMetricFamily("raftlog_follower_recovering", "1 while the follower is "
                                    "being caught up by a recovery stream", labels=["follower"])
+    acked = CounterMetricFamily("raftlog_follower_replicated_bytes", "Bytes the follower "
+                                "acknowledged since this node became leader (rate() of it is "
+                                "the replication or recovery speed); leader only",
+                                labels=["follower"])
+    acked_bytes = st.get("acked_bytes") or {}
     for f in followers:
         fid = str(f.get("node_id"))
         match_lag = max(0, dirty - f.get("match_index", -1))
@@ -258,6 +263,9 @@ def _follower_families(st: dict[str, Any]) -> Iterator[Metric]:
         lag_bytes.add_metric([fid, "flushed"], int(flushed_lag * per))
         rate.add_metric([fid], f.get("catchup_bytes_per_s", 0.0))
         recovering.add_metric([fid], 1.0 if f.get("recovering") else 0.0)
+        if f.get("node_id") in acked_bytes:
+            acked.add_metric([fid], acked_bytes[f["node_id"]])
+    yield acked
     yield lag
     yield lag_bytes
     yield rate

@@ -131,6 +131,10 @@ class Node:
             return None
         st = status_map(self.api)
         st["disk_full"] = self.group.disk_full
+        progress = getattr(self.group.core, "progress", None)
+        if progress is not None:  # leader: bytes each follower acknowledged, for a rate()
+            st["acked_bytes"] = {f["node_id"]: getattr(progress(f["node_id"]), "acked_bytes", 0)
+                                 for f in st.get("followers") or []}
         return st
 
     def peer_address(self, node_id: int | None) -> str | None:

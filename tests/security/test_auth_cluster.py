@@ -174,6 +174,8 @@ def test_metrics_parse_and_agree_with_status(auth: AuthCluster) -> None:
                 lag = gauge(samples, "raftlog_follower_lag_offsets", follower=str(f["node_id"]),
                             kind="match")
                 assert lag == n["dirty_offset"] - f["match_index"] == 0
+                assert gauge(samples, "raftlog_follower_replicated_bytes_total",
+                             follower=str(f["node_id"])) > 0
         assert "process_cpu_seconds_total" in samples
     # Errors by code, from the refusals of the other tests.
     all_errors = [s for n in nodes for s in scrape(auth.metrics[n["node_id"]])

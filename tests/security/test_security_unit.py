@@ -330,7 +330,7 @@ def test_metric_families_from_a_status_map() -> None:
           "voters": [1, 2, 3], "learners": [],
           "followers": [{"node_id": 2, "match_index": 80, "flushed_offset": 70,
                          "bytes_behind": 2000, "catchup_bytes_per_s": 5.0, "recovering": True}],
-          "links": {"2": {"connected": True, "dropped": 3}}}
+          "links": {"2": {"connected": True, "dropped": 3}}, "acked_bytes": {2: 12345}}
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for fam in state_families(st) for s in fam.samples}
     assert samples[("raftlog_role", (("role", "leader"),))] == 1
@@ -340,6 +340,7 @@ def test_metric_families_from_a_status_map() -> None:
     assert samples[("raftlog_follower_lag_offsets", (("follower", "2"), ("kind", "flushed")))] == 30
     assert samples[("raftlog_follower_lag_bytes", (("follower", "2"), ("kind", "flushed")))] == 3000
     assert samples[("raftlog_peer_dropped_messages_total", (("peer", "2"),))] == 3
+    assert samples[("raftlog_follower_replicated_bytes_total", (("follower", "2"),))] == 12345
 
 
 def test_election_counters() -> None:
