@@ -421,3 +421,20 @@ def test_a_node_refuses_a_forbidden_request_before_dispatch() -> None:
     assert seen["dirty_after"] == seen["dirty_before"]
     assert seen["read"] >= 0 and seen["conn_ok"] == [True]
     assert seen["admin_offset"] > seen["dirty_before"]
+
+
+def test_security_settings_from_toml(tmp_path: Path) -> None:
+    p = shared_pki()
+    toml = tmp_path / "node.toml"
+    toml.write_text(
+        f'node_id = 1\ndata_dir = "{tmp_path}"\npeers = {{ "1" = "127.0.0.1:7101" }}\n'
+        f'tls_cert = "{p.node(1).cert}"\ntls_key = "{p.node(1).key}"\ntls_ca = "{p.ca}"\n'
+        f'auth_file = "{p.auth_file}"\nmetrics_listen = "127.0.0.1:9101"\n'
+        f'log_format = "json"\n')
+    config = NodeConfig.from_toml(toml)
+    assert config.tls_enabled and config.auth_file == str(p.auth_file)
+    assert config.metrics_listen == "127.0.0.1:9101" and config.log_format == "json"
+    gate = Gate(config, NodeMetrics())
+    assert gate.tls is not None and gate.auth.enabled
+    flags = NodeConfig.from_args({"config": str(toml), "metrics_listen": "127.0.0.1:9200"})
+    assert flags.metrics_listen == "127.0.0.1:9200"  # a flag wins over the file
