@@ -105,7 +105,7 @@ class Gate:
                                f"refused; connect with TLS, trusting the cluster CA (--tls-ca "
                                f"FILE or RAFTLOG_TLS_CA; `raftlog up --tls` writes it to "
                                f"<data-dir>/tls/ca.pem)")
-        self._metrics.error_frame(ErrorCode.UNAUTHENTICATED.name)
+        self._metrics.count_error(ErrorCode.UNAUTHENTICATED.name)
         await _best_effort(raw.send_all(wire.encode_frame(err)))
 
     # -- the hello ---------------------------------------------------------------------------------

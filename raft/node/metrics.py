@@ -139,7 +139,8 @@ class NodeMetrics:
             if n:
                 self.fetch_bytes.inc(n)
 
-    def error_frame(self, code: str) -> None:
+    def count_error(self, code: str) -> None:
+        """An error answer or error frame that did not go through request_done."""
         self.errors.labels(code).inc()
 
     def flush_done(self, seconds: float, records: int) -> None:

@@ -263,7 +263,7 @@ class Node:
                         f'{{"v":1,"t":"hello","role":"client"}}'))
                 except wire.WireError as e:
                     log.info("bad_frame node=%d code=%s error=%s", self.node_id, e.code.name, e)
-                    self.metrics.error_frame(e.code.name)
+                    self.metrics.count_error(e.code.name)
                     await _send_error(stream, e)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
@@ -342,7 +342,7 @@ class Node:
                         else:
                             error = wire.error_reply(rid, refusal.code, refusal.message,
                                                      permission=refusal.permission)
-                        self.metrics.error_frame(error["error"]["code"])
+                        self.metrics.count_error(error["error"]["code"])
                         await send(error)
                         continue
                     try:
