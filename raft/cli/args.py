@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from raft.cli.security import add_client_security_args
 from raft.client import parse_servers
 from raft.node.config import ConfigError
 
@@ -16,6 +17,7 @@ def servers_arg(p: argparse.ArgumentParser) -> None:
                    help=f"any nodes of the cluster (default {DEFAULT_SERVERS})")
     p.add_argument("--timeout", type=positive_float, default=10.0,
                    help="seconds per operation, retries included (default 10)")
+    add_client_security_args(p)
 
 
 def _servers(text: str) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 import trio
 
 from raft.cli.args import positive_int, servers_arg
+from raft.cli.security import client_options
 from raft.client import Client, FetchedRecord
 
 
@@ -20,7 +21,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
     async def run() -> int:
         printed = 0
         offset = args.from_offset
-        async with Client(args.servers, timeout=args.timeout) as client:
+        async with Client(args.servers, timeout=args.timeout, **client_options(args)) as client:
             if offset < 0:
                 offset = (await client.fetch(0, max_bytes=1, address=args.node)).start_offset
             while args.count is None or printed < args.count:

@@ -56,6 +56,10 @@ class LocalCluster:
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     procs: dict[int, subprocess.Popen] = field(default_factory=dict)
+    # Per-node flags (TLS certificates differ per node: raft/cli/localtls.py) and what the
+    # cluster's own client needs to talk to it (tls_ca, token, ...).
+    node_args: Callable[[int], list[str]] | None = None
+    client_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
@@ -79,7 +83,7 @@ class LocalCluster:
         extra = ["--join"] if node_id in self.joining else []
         return [sys.executable, "-m", "raft.cli", "serve", "--node-id", str(node_id),
                 "--data-dir", str(self.data_dir), "--peers", self.peers_spec, *self.extra_args,
-                *extra]
+                *(self.node_args(node_id) if self.node_args else []), *extra]
 
     def new_node(self) -> int:
         """Reserve an id and a port for a node that will join with `raftlog add-node`; start
@@ -159,7 +163,7 @@ class LocalCluster:
     @property
     def client(self) -> BlockingClient:
         if self._client is None:
-            self._client = BlockingClient(self.servers, timeout=10.0)
+            self._client = BlockingClient(self.servers, timeout=10.0, **self.client_options)
         return self._client
 
     def status_of(self, node_id: int, timeout: float = 1.0) -> dict[str, Any] | None:

@@ -7,6 +7,7 @@
     raftlog status --servers H:P,... [--json]
     raftlog demo                    (what `make run` runs)
     raftlog add-node | remove-node | transfer-leader   (membership, raft/cli/membership.py)
+    raftlog certs init|issue|show | token create|revoke (security: certs.py, tokens.py)
 
 Each command group is its own module in this package with a `register(subparsers)`: serve.py
 (serve, up), produce.py, consume.py, status.py, demo.py, membership.py. Other packages add their
@@ -22,7 +23,7 @@ import importlib
 import logging
 import sys
 
-from raft.cli import consume, demo, membership, produce, serve, status
+from raft.cli import certs, consume, demo, membership, produce, serve, status, tokens
 from raft.client import RaftlogError
 from raft.node.config import ConfigError
 
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log more (-v info, -vv debug); quiet by default")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (serve, produce, consume, status, demo):
+    for module in (serve, produce, consume, status, demo, certs, tokens):
         module.register(sub)
     for name in PLUGINS:
         try:

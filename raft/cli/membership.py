@@ -15,11 +15,12 @@ import argparse
 import json
 
 from raft.cli.args import DEFAULT_SERVERS
+from raft.cli.security import add_client_security_args, client_options
 from raft.client import BlockingClient
 
 
 def _client(args: argparse.Namespace) -> BlockingClient:
-    return BlockingClient(args.servers, timeout=args.timeout)
+    return BlockingClient(args.servers, timeout=args.timeout, **client_options(args))
 
 
 def cmd_add_node(args: argparse.Namespace) -> int:
@@ -52,6 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help=f"any nodes of the cluster (default {DEFAULT_SERVERS})")
         p.add_argument("--timeout", type=float, default=30.0,
                        help="seconds to wait for the change to commit (default 30)")
+        add_client_security_args(p)
 
     p = subparsers.add_parser("add-node", help="add a node (as a learner, promoted to voter "
                                                "once caught up)")

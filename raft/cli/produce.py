@@ -11,6 +11,7 @@ from typing import Any
 import trio
 
 from raft.cli.args import positive_int, servers_arg
+from raft.cli.security import client_options
 from raft.client import Client, Producer, RaftlogError
 
 
@@ -22,7 +23,8 @@ def cmd_produce(args: argparse.Namespace) -> int:
     async def run() -> int:
         failed = 0
         results: list[dict[str, Any]] = []
-        async with Client(args.servers, timeout=args.timeout) as client, \
+        async with Client(args.servers, timeout=args.timeout,
+                          **client_options(args)) as client, \
                 Producer(client, acks=args.acks, batch_bytes=args.batch_bytes,
                          linger=args.linger, timeout=args.timeout) as producer:
             chunk = max(1, args.batch_records)

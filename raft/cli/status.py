@@ -8,11 +8,12 @@ import json
 from typing import Any
 
 from raft.cli.args import servers_arg
+from raft.cli.security import client_options
 from raft.client import BlockingClient
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with BlockingClient(args.servers, timeout=args.timeout) as client:
+    with BlockingClient(args.servers, timeout=args.timeout, **client_options(args)) as client:
         statuses = client.cluster_status(timeout=args.timeout)
     if args.json:
         print(json.dumps(status_json(statuses), indent=2, sort_keys=True))

@@ -16,6 +16,7 @@ from raft.client.connection import _Connection
 from raft.client.errors import (RETRIABLE, NotLeaderError, RaftlogError, RequestTimeout,
                                 ShuttingDownError, UnavailableError, error_from_reply)
 from raft.client.results import FetchedRecord, FetchResult, ProduceResult
+from raft.client.security import ClientSecurity
 from raft.node import wire
 from raft.node.config import ConfigError, parse_address
 from storage.records import Record, decode_records, encode_records
@@ -24,11 +25,17 @@ DEFAULT_TIMEOUT_S = 10.0
 
 
 class Client:
-    """A connection pool to one cluster. Use as `async with Client("h:p,h:p") as c:`."""
+    """A connection pool to one cluster. Use as `async with Client("h:p,h:p") as c:`.
+    With `tls_ca` (and optionally `tls_cert`/`tls_key`) it speaks TLS; `token` authenticates
+    (raft.client.security)."""
 
     def __init__(self, servers: str | Sequence[str], *, timeout: float = DEFAULT_TIMEOUT_S,
-                 max_frame_bytes: int = 64 << 20, rng: random.Random | None = None) -> None:
+                 max_frame_bytes: int = 64 << 20, rng: random.Random | None = None,
+                 tls_ca: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None, token: str | None = None) -> None:
         self.servers = parse_servers(servers)
+        self.security = ClientSecurity.create(tls_ca=tls_ca, tls_cert=tls_cert,
+                                              tls_key=tls_key, token=token)
         self.timeout = timeout
         self.max_frame_bytes = max_frame_bytes
         self._rng = rng or random.Random()
@@ -53,7 +60,7 @@ class Client:
         conn = self._conns.get(address)
         if conn is not None and not conn.broken:
             return conn
-        conn = await _Connection.open(address, self.max_frame_bytes)
+        conn = await _Connection.open(address, self.max_frame_bytes, self.security)
         self._conns[address] = conn
         return conn
 

@@ -1,4 +1,5 @@
-"""One client connection to one node: the hello, then request/reply frames matched by id."""
+"""One client connection to one node: TLS when configured (raft.client.security), the hello
+(with the token, if any), then request/reply frames matched by id."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 import trio
 
 from raft.client.errors import error_from_reply
+from raft.client.security import ClientSecurity, tls_error
 from raft.node import wire
 from raft.node.config import parse_address
 
@@ -14,7 +16,7 @@ from raft.node.config import parse_address
 class _Connection:
     """One client connection: hello, then strictly one request at a time (a lock)."""
 
-    def __init__(self, address: str, stream: trio.SocketStream, node_id: int,
+    def __init__(self, address: str, stream: trio.abc.Stream, node_id: int,
                  max_frame_bytes: int) -> None:
         self.address = address
         self.stream = stream
@@ -22,25 +24,40 @@ class _Connection:
         self.reader = wire.FrameReader(stream, max_frame_bytes)
         self.lock = trio.Lock()
         self.broken = False
+        self.principal: str | None = None  # who the node says we are (authentication on)
 
     @classmethod
-    async def open(cls, address: str, max_frame_bytes: int) -> "_Connection":
+    async def open(cls, address: str, max_frame_bytes: int,
+                   security: ClientSecurity | None = None) -> "_Connection":
+        security = security or ClientSecurity()
         host, port = parse_address(address)
-        stream = await trio.open_tcp_stream(host, port)
+        raw = await trio.open_tcp_stream(host, port)
+        stream: trio.abc.Stream = raw
         try:
-            await stream.send_all(wire.encode_frame({"t": "hello", "role": "client"}))
-            reader = wire.FrameReader(stream, max_frame_bytes)
-            hello = await reader.receive()
+            stream = await security.wrap(raw, host, address)
+            try:
+                await stream.send_all(wire.encode_frame(security.hello()))
+                reader = wire.FrameReader(stream, max_frame_bytes)
+                hello = await reader.receive()
+            except trio.BrokenResourceError as e:
+                if security.tls:  # TLS 1.3: a refused client certificate shows up here
+                    raise tls_error(address, e) from None
+                raise
+            if hello is not None and hello.get("t") == "error" \
+                    and hello.get("code") == "UNAUTHENTICATED":
+                raise error_from_reply(hello)  # not retried: every node would say the same
             if hello is None or hello.get("t") != "hello":
                 # A node that is stopping hangs up or answers an error: try another node
                 # (ConnectionError is an OSError, which call() retries).
                 raise ConnectionError(f"{address} did not answer the hello ({hello!r}); is it "
                                       f"a running raftlog node?")
         except BaseException:
-            await stream.aclose()
+            with trio.CancelScope(shield=True):
+                await raw.aclose()
             raise
         conn = cls(address, stream, int(hello.get("node_id", 0)), max_frame_bytes)
         conn.reader = reader
+        conn.principal = hello.get("principal")
         return conn
 
     async def request(self, frame: dict[str, Any], rid: int) -> dict[str, Any]:

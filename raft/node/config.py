@@ -26,6 +26,18 @@ from raft.node.wire import DEFAULT_MAX_FRAME_BYTES
 
 DEFAULT_HOST = "127.0.0.1"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS = ("text", "json")
+# Settings that name files or addresses: strings, with their own flags (see add_arguments).
+_SECURITY_FLAGS = {
+    "tls_cert": ("FILE.pem", "this node's certificate (with --tls-key and --tls-ca: TLS on "
+                             "every connection; `raftlog certs issue` makes one)"),
+    "tls_key": ("FILE.pem", "this node's private key"),
+    "tls_ca": ("FILE.pem", "the cluster CA: peers and client certificates must be signed by it"),
+    "auth_file": ("FILE.toml", "principals, permissions and hashed tokens; clients must then "
+                               "authenticate (needs TLS; SIGHUP reloads it)"),
+    "metrics_listen": ("HOST:PORT", "serve Prometheus metrics at http://HOST:PORT/metrics "
+                                    "(default off)"),
+}
 
 
 class ConfigError(ValueError):
@@ -155,6 +167,17 @@ class NodeConfig:
     # of counting itself a voter of the --peers it was given.
     join: bool = False
     log_level: str = "WARNING"
+    # "text" (key=value) or "json" (one object per line with node, term, event) on stderr.
+    log_format: str = "text"
+    # Security (docs/SECURITY.md). All three TLS files or none: TLS on every connection, mutual
+    # between nodes. Plaintext is the default, for local use.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    # With an auth file, clients authenticate (token or client certificate) and need permissions.
+    auth_file: str | None = None
+    # Prometheus text format over HTTP (prometheus_client's server, in a thread); None = off.
+    metrics_listen: str | None = None
     # Raft knobs, passed through to raft.raft.RaftConfig (None = the core's default).
     election_ticks: int | None = None
     heartbeat_ticks: int | None = None
@@ -246,6 +269,10 @@ class NodeConfig:
             raise ConfigError(f"log level {self.log_level!r} must be one of "
                               f"{', '.join(LOG_LEVELS)}")
         self.log_level = level
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"log format {self.log_format!r} must be one of "
+                              f"{', '.join(LOG_FORMATS)}")
+        self._validate_security()
         for name in self._RAFT_KNOBS:
             value = getattr(self, name)
             if value is None:
@@ -258,6 +285,33 @@ class NodeConfig:
         if not isinstance(self.raft, dict):
             raise ConfigError("raft must be a table of extra RaftConfig settings")
         return self
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls_cert is not None
+
+    def _validate_security(self) -> None:
+        for name in _SECURITY_FLAGS:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, (str, os.PathLike)) or not str(value)):
+                raise ConfigError(f"{name} must be a file path or address string, got {value!r}")
+            if value is not None:
+                setattr(self, name, str(value))
+        tls = {k: getattr(self, k) for k in ("tls_cert", "tls_key", "tls_ca")}
+        if any(tls.values()) and not all(tls.values()):
+            missing = [f"--{k.replace('_', '-')}" for k, v in tls.items() if not v]
+            raise ConfigError(f"TLS needs --tls-cert, --tls-key and --tls-ca together; missing "
+                              f"{', '.join(missing)} (`raftlog certs` makes them)")
+        for k, v in tls.items():
+            if v and not Path(v).is_file():
+                raise ConfigError(f"{k} {v} is not a readable file; pass the path of the PEM "
+                                  f"file (`raftlog certs init|issue` makes them)")
+        if self.auth_file is not None and not self.tls_enabled:
+            raise ConfigError("auth_file needs TLS (--tls-cert, --tls-key, --tls-ca): tokens "
+                              "would travel in clear and any process could pose as a peer")
+        if self.metrics_listen is not None:
+            host, port = parse_address(self.metrics_listen, what="metrics_listen address")
+            self.metrics_listen = format_address(host, port)
 
     def check_data_dir(self) -> Path:
         """Create the node's directory and prove it is writable; return it."""
@@ -326,6 +380,10 @@ class NodeConfig:
         parser.add_argument("--election-ticks", type=int, help="election timeout in ticks")
         parser.add_argument("--heartbeat-ticks", type=int, help="heartbeat interval in ticks")
         parser.add_argument("--log-level", help="DEBUG, INFO, WARNING (default), ERROR")
+        parser.add_argument("--log-format", choices=LOG_FORMATS,
+                            help="text (key=value, default) or json (one object per line)")
+        for name, (metavar, text) in _SECURITY_FLAGS.items():
+            parser.add_argument("--" + name.replace("_", "-"), metavar=metavar, help=text)
         parser.add_argument("--raft", action="append", metavar="KEY=VALUE",
                             help="any other raft.raft.RaftConfig setting (repeatable), e.g. "
                                  "--raft recovery_flush_per_chunk=true")
@@ -333,7 +391,8 @@ class NodeConfig:
         given = {"election_ticks", "heartbeat_ticks", "tick_ms", "max_frame_bytes"}
         for f in dataclasses.fields(NodeConfig):
             if f.name in given or f.name.startswith("_") or f.name in (
-                    "node_id", "data_dir", "peers", "listen", "log_level", "raft"):
+                    "node_id", "data_dir", "peers", "listen", "log_level", "raft",
+                    "log_format", *_SECURITY_FLAGS):
                 continue
             flag = "--" + f.name.replace("_", "-")
             if f.name == "recovery_rate":
