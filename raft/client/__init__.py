@@ -10,7 +10,9 @@ with the original offsets.
 
 Errors are typed (`NotLeaderError`, `RequestTimeout`, `TooLargeError`, `OffsetOutOfRangeError`,
 `ShuttingDownError`, ...), all subclasses of `RaftlogError` carrying the server's code and
-message.
+message; the public API never raises an ExceptionGroup. `RequestTimeout` is the "unknown"
+outcome: a write that may or may not be in the log. When no node listens at any of the
+addresses given, calls fail at once with one `UnavailableError` naming them all.
 
 Layout: errors.py (the typed errors), results.py (what operations return), connection.py (one
 connection to one node), client.py (`Client`), producer.py (`Producer`), blocking.py
@@ -23,11 +25,11 @@ from raft.client.errors import (BackpressureError, BadRequestError, LeadershipLo
                                 NotLeaderError, OffsetOutOfRangeError, RaftlogError,
                                 RequestTimeout, ShuttingDownError, TooLargeError,
                                 UnavailableError, error_from_reply)
-from raft.client.producer import Producer
+from raft.client.producer import Delivery, Producer
 from raft.client.results import FetchedRecord, FetchResult, ProduceResult
 
 __all__ = [
-    "BackpressureError", "BadRequestError", "BlockingClient", "Client", "FetchResult",
+    "BackpressureError", "BadRequestError", "BlockingClient", "Client", "Delivery", "FetchResult",
     "FetchedRecord", "LeadershipLostError", "NotLeaderError", "OffsetOutOfRangeError",
     "ProduceResult", "Producer", "RaftlogError", "RequestTimeout", "ShuttingDownError",
     "TooLargeError", "UnavailableError", "error_from_reply", "parse_servers",
