@@ -65,6 +65,7 @@ class LocalCluster:
                  else free_ports(self.nodes))
         self.addresses = {i + 1: f"127.0.0.1:{p}" for i, p in enumerate(ports)}
         self.joining: set[int] = set()
+        self.started_at: dict[int, float] = {}  # node id -> time.monotonic() of its last start
         self._client: BlockingClient | None = None
 
     @property
@@ -102,8 +103,12 @@ class LocalCluster:
             if i in self.procs and self.procs[i].poll() is None:
                 continue
             out = open(self.data_dir / f"node-{i}.log", "ab")
+            # Its own process group: a Ctrl-C in the terminal reaches the supervisor (`up`,
+            # a test), which stops the nodes in order, not every node at once.
             self.procs[i] = subprocess.Popen(self.command(i), stdout=out,
-                                             stderr=subprocess.STDOUT, env=env)
+                                             stderr=subprocess.STDOUT, env=env,
+                                             process_group=0)
+            self.started_at[i] = time.monotonic()
             out.close()
 
     def kill(self, node_id: int) -> None:
@@ -147,6 +152,15 @@ class LocalCluster:
     def alive(self, node_id: int) -> bool:
         proc = self.procs.get(node_id)
         return proc is not None and proc.poll() is None
+
+    def returncode(self, node_id: int) -> int | None:
+        """None while the node runs (or was never started), else how it ended (-N: signal N)."""
+        proc = self.procs.get(node_id)
+        return None if proc is None else proc.poll()
+
+    def pid(self, node_id: int) -> int | None:
+        proc = self.procs.get(node_id)
+        return None if proc is None else proc.pid
 
     def __enter__(self) -> "LocalCluster":
         self.start()
