@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +14,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from raft.cli.localcluster import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 60.0  # generous: process start-up on a loaded 2-core box
@@ -123,27 +124,9 @@ class Running:
 
 
 def free_base_port(n: int) -> int:
-    """A port p such that p .. p+n-1 are all free now (a small race remains, as for any
-    picked-then-released port)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no run of free ports found")
+    """A port p such that p .. p+n-1 are all free now, outside the ephemeral range (see
+    raft.cli.localcluster.free_ports)."""
+    return free_ports(n, consecutive=True)[0]
 
 
 class UpCluster(Running):
