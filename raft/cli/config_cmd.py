@@ -55,7 +55,7 @@ def effective(args: argparse.Namespace) -> list[dict[str, Any]]:
             value, source = file_values[f.name], f"file {args.config}"
         elif f.name in ("node_id", "data_dir", "peers"):
             value, source = None, f"not set (required: {flag})"
-        elif f.default is None and f.name != "listen":
+        elif f.default is None and f.name in NodeConfig._RAFT_KNOBS:
             value, source = raft_default(f.name), "default (core)"
         else:
             value, source = f.default, "default"
