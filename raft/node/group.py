@@ -5,7 +5,8 @@ Tasks (started into the node's driver nursery by `start`):
 - the Ready loop, woken by an event whenever an input reached the core (no polling);
 - the flusher: one `log.flush()` at a time in a worker thread; appends continue meanwhile and the
   next flush takes everything appended since (group commit);
-- the catch-up sampler (raft.node.catchup) behind `status`.
+- the catch-up sampler (raft.node.catchup) behind `status`;
+- the event-loop lag monitor (raft.node.looplag), shown by `status` as `loop_lag`.
 
 Driver contract (raft/ready.py), in the order the Ready loop applies it: persist `hard_state`
 (fsync) BEFORE enqueueing `messages`; request a flush when `flush` is set; route `answers` to the
@@ -36,6 +37,7 @@ from raft.messages import Message
 from raft.node.catchup import CatchupTracker
 from raft.node.config import ConfigError, NodeConfig
 from raft.node.errors import NodeFailed
+from raft.node.looplag import LoopLag
 from raft.ready import ProduceAnswer
 from raft.types import Acks, ErrorCode, Role
 from storage.api import DataDirLocked, DiskFull, LogStorage, Meta, StorageError
@@ -86,6 +88,8 @@ class RaftGroup:
         self.core: Any = None
         self.loads: Any = None  # raft.node.load_service.LoadService once the log is open
         self.catchup = CatchupTracker(self)
+        # One trio loop per node and one group per node today: the group owns the monitor.
+        self.loop_lag = LoopLag()
         self.closing = False
         self._meta = Meta()
         self._wake = trio.Event()
@@ -150,6 +154,7 @@ class RaftGroup:
         """Start the driver tasks; cancelling `nursery` stops them (a running save_meta/flush
         thread is waited for, not abandoned)."""
         nursery.start_soon(self.catchup.run_sampler)
+        nursery.start_soon(self.loop_lag.run)
         nursery.start_soon(self._tick_loop)
         nursery.start_soon(self._ready_loop)
         nursery.start_soon(self._flush_loop)

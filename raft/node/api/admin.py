@@ -38,6 +38,7 @@ async def status(ctx: ApiContext, _req: None, rid: int) -> dict[str, Any]:
         {**peers.peer_addresses, peers.node_id: peers.address}.items())}
     st["leader_addr"] = peers.address_of(core.leader_id)
     st["links"] = peers.link_status()
+    st["loop_lag"] = ctx.group.loop_lag.snapshot().to_dict()
     return wire.ok_reply(rid, status=st)
 
 

@@ -1,0 +1,113 @@
+"""Event-loop lag: how late a short periodic timer fires on this node's trio loop.
+
+Why measure it: every peer message, client request and tick of a node runs on one trio loop. A
+step that holds the loop (a long synchronous read, encode or decode) delays everything behind
+it; held longer than an election timeout, it deposes a healthy leader. The runtime bounds every
+step it takes (docs/PERFORMANCE.md, "Bounded event-loop work"); this monitor is the proof on a
+live node and the first thing to look at when heartbeats seem to go missing.
+
+How: a task sleeps `interval_s` again and again; the lag of one sample is how much later than
+asked it woke up. A step that holds the loop for D seconds shows up as a sample of at least
+D - interval_s. Samples of the last `window_s` seconds give max and p99 (`snapshot`, shown by
+`raftlog status --json` as `loop_lag` and read by the metrics endpoint); the lifetime maximum
+is kept too. The cost is one wake-up per interval (100 per second by default).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+log = logging.getLogger("raftlog.node")
+
+DEFAULT_INTERVAL_S = 0.010
+DEFAULT_WINDOW_S = 10.0
+# A single lag sample above this is logged (rate-limited): the documented bound on one step.
+DEFAULT_WARN_MS = 20.0
+WARN_EVERY_S = 10.0
+
+
+@dataclass(slots=True, frozen=True)
+class LagSnapshot:
+    """Loop lag over the last `window_s` seconds (milliseconds), and since the node started."""
+
+    window_s: float
+    samples: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    max_1s_ms: float  # the last second only: what a poller twice a second needs
+    lifetime_max_ms: float
+    over_bound: int  # samples above bound_ms since the node started
+    bound_ms: float
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class LoopLag:
+    """One per trio loop. `await run()` in a nursery; `snapshot()` from anywhere on the loop."""
+
+    def __init__(self, interval_s: float = DEFAULT_INTERVAL_S,
+                 window_s: float = DEFAULT_WINDOW_S, bound_ms: float = DEFAULT_WARN_MS,
+                 clock: Callable[[], float] = trio.current_time) -> None:
+        if interval_s <= 0 or window_s <= interval_s:
+            raise ValueError("loop lag needs interval_s > 0 and window_s > interval_s")
+        self.interval_s = interval_s
+        self.window_s = window_s
+        self.bound_ms = bound_ms
+        self._clock = clock
+        # (when, lag in ms); bounded: at most one sample per interval over the window.
+        self._samples: deque[tuple[float, float]] = deque(
+            maxlen=int(math.ceil(window_s / interval_s)) + 1)
+        self.lifetime_max_ms = 0.0
+        self.over_bound = 0
+        self._last_warn = -math.inf
+
+    def record(self, now: float, lag_ms: float) -> None:
+        """One sample (the run loop calls this; tests may too)."""
+        lag_ms = max(0.0, lag_ms)
+        self._samples.append((now, lag_ms))
+        if lag_ms > self.lifetime_max_ms:
+            self.lifetime_max_ms = lag_ms
+        if lag_ms > self.bound_ms:
+            self.over_bound += 1
+            if now - self._last_warn >= WARN_EVERY_S:
+                self._last_warn = now
+                log.warning("event_loop_lag lag_ms=%.1f bound_ms=%.0f over_bound_total=%d: "
+                            "something held the event loop; if this repeats, see "
+                            "docs/PERFORMANCE.md (bounded event-loop work)", lag_ms,
+                            self.bound_ms, self.over_bound)
+
+    async def run(self) -> None:
+        interval = self.interval_s
+        while True:
+            asked = self._clock() + interval
+            await trio.sleep_until(asked)
+            now = self._clock()
+            self.record(now, (now - asked) * 1000.0)
+
+    def snapshot(self, now: float | None = None) -> LagSnapshot:
+        now = self._clock() if now is None else now
+        lags = sorted(lag for t, lag in self._samples if now - t <= self.window_s)
+        last_1s = max((lag for t, lag in self._samples if now - t <= 1.0), default=0.0)
+        return LagSnapshot(self.window_s, len(lags), _round(_pct(lags, 0.50)),
+                           _round(_pct(lags, 0.99)), _round(lags[-1] if lags else 0.0),
+                           _round(last_1s), _round(self.lifetime_max_ms), self.over_bound,
+                           self.bound_ms)
+
+
+def _pct(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    i = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
+    return sorted_values[i]
+
+
+def _round(ms: float) -> float:
+    return round(ms, 2)
