@@ -1,7 +1,9 @@
 """One Raft group's driver: feeds the sans-IO core and carries out what its Ready asks.
 
 Tasks (started into the node's driver nursery by `start`):
-- a tick task (`tick_ms`), which also has the leader expire idle staged loads now and then;
+- a tick task (`tick_ms`);
+- the loads task: now and then the leader applies committed load entries (a budget per round,
+  in bounded slices) and aborts idle staged loads;
 - the Ready loop, woken by an event whenever an input reached the core (no polling);
 - the flusher: one `log.flush()` at a time in a worker thread; appends continue meanwhile and the
   next flush takes everything appended since (group commit);
@@ -49,6 +51,7 @@ OPEN_PROGRESS_EVERY_S = 2.0
 # With a full disk, a flush (or a metadata save) is retried this often until space returns.
 DISK_FULL_RETRY_S = 1.0
 LOAD_CHECK_TICKS = 20  # how often (in ticks) the leader looks for timed-out staged loads
+LOAD_CATCH_UP_BYTES = 8 << 20  # committed bytes the leader's load index applies per round
 
 
 class Outbox(Protocol):
@@ -158,6 +161,8 @@ class RaftGroup:
         nursery.start_soon(self._tick_loop)
         nursery.start_soon(self._ready_loop)
         nursery.start_soon(self._flush_loop)
+        if self.loads is not None:
+            nursery.start_soon(self._loads_loop)
 
     async def hand_over_leadership(self) -> None:
         """On a graceful stop, a leader hands leadership over (bounded by shutdown_transfer_ms)."""
@@ -270,7 +275,6 @@ class RaftGroup:
     async def _tick_loop(self) -> None:
         interval = self.config.tick_ms / 1000
         deadline = trio.current_time()
-        ticks = 0
         while True:
             deadline += interval
             now = trio.current_time()
@@ -283,9 +287,15 @@ class RaftGroup:
                 self.fail(e, "tick")
                 return
             self.kick()
-            ticks += 1
-            if self.loads is not None and ticks % LOAD_CHECK_TICKS == 0:
-                self._expire_loads()
+
+    async def _loads_loop(self) -> None:
+        """The leader keeps its load index applied (at most LOAD_CATCH_UP_BYTES per round, a
+        bounded slice per step) and aborts staged loads idle past the load timeout."""
+        while True:
+            await trio.sleep(LOAD_CHECK_TICKS * self.config.tick_ms / 1000)
+            if self.is_leader():
+                await self.loads.catch_up(self.core.commit_index, LOAD_CATCH_UP_BYTES)
+            self._expire_loads()
 
     async def _ready_loop(self) -> None:
         while True:
