@@ -247,7 +247,7 @@ class PeerLink:
                 self._has_data = trio.Event()
                 await self._has_data.wait()
             msgs = self._next_frame()
-            prefix, body = wire.encode_frame_parts(wire.raft_frame(msgs, self._encodings))
+            prefix, body = wire.encode_raft_frame(msgs, self._encodings)
             if len(body) > self._max_frame:
                 log.error("peer_message_too_large peer=%d bytes=%d limit=%d; raise "
                           "--max-frame-bytes above the raft max_append_bytes", self.peer_id,
