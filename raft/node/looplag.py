@@ -111,3 +111,50 @@ def _pct(sorted_values: list[float], q: float) -> float:
 
 def _round(ms: float) -> float:
     return round(ms, 2)
+
+
+class SlowSteps(trio.abc.Instrument):
+    """Diagnosis aid (off by default; `RAFTLOG_SLOW_STEP_MS=N` in a node's environment turns it
+    on): logs every task step and every garbage collection that held the loop longer than N
+    ms, with the task's name, so a lag figure can be traced to its cause."""
+
+    def __init__(self, threshold_ms: float) -> None:
+        import gc
+        import time
+
+        self._now = time.perf_counter
+        self.threshold_s = threshold_ms / 1000
+        self._started = 0.0
+        self._gc_started = 0.0
+        gc.callbacks.append(self._gc)
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._started = self._now()
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        took = self._now() - self._started
+        if took > self.threshold_s:
+            log.warning("slow_step task=%s ms=%.1f", task.name, took * 1000)
+
+    def _gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_started = self._now()
+            return
+        took = self._now() - self._gc_started
+        if took > self.threshold_s:
+            log.warning("slow_gc generation=%s ms=%.1f collected=%s", info.get("generation"),
+                        took * 1000, info.get("collected"))
+
+
+def slow_step_instruments() -> list[trio.abc.Instrument]:
+    """[SlowSteps] when RAFTLOG_SLOW_STEP_MS is set to a number of milliseconds, else []."""
+    import os
+
+    raw = os.environ.get("RAFTLOG_SLOW_STEP_MS", "").strip()
+    if not raw:
+        return []
+    try:
+        return [SlowSteps(float(raw))]
+    except ValueError:
+        log.warning("RAFTLOG_SLOW_STEP_MS=%r is not a number of milliseconds; ignored", raw)
+        return []

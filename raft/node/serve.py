@@ -16,6 +16,7 @@ import trio
 
 from raft.node.config import ConfigError, NodeConfig
 from raft.node.errors import NodeFailed
+from raft.node.looplag import slow_step_instruments
 from raft.node.server import Node
 from storage.api import LogStorage
 
@@ -101,7 +102,7 @@ def serve(settings: dict[str, Any], prog: str = "raftlog serve") -> int:
     try:
         config = NodeConfig.from_args(settings)
         config.check_data_dir()
-        trio.run(run_node, config)
+        trio.run(run_node, config, instruments=slow_step_instruments())
     except ConfigError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
