@@ -19,6 +19,7 @@ from bench.results import figure
 from bench.stats import Histogram
 from bench.wire import AsyncConn, error_code, produce_frame
 from bench.workers import Sync, WorkerError, WorkerGroup
+from bench.workloads import latency
 from bench.workloads.common import MB, RECORD_SIZES, Ctx, batch_payload, loop_lag_of
 
 ACKS = ("quorum", "leader", "none")
@@ -151,7 +152,8 @@ def configs(quick: bool) -> list[tuple[str, str, int]]:
 
 
 def steps(ctx_cfg) -> int:
-    return len(configs(ctx_cfg.quick)) * ctx_cfg.repeats
+    after = latency.steps(ctx_cfg) if "latency" in ctx_cfg.workloads else 0
+    return len(configs(ctx_cfg.quick)) * ctx_cfg.repeats + after
 
 
 def run(ctx: Ctx) -> tuple[list[dict], dict]:
@@ -214,6 +216,11 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
                 "catch_up_wait_s": catch_up, "leader_loop_lag": lag, "failure": failure,
                 "request_latency_ms": {"p50": _ms(lat.percentile(0.5)),
                                        "p99": _ms(lat.percentile(0.99)), "max": _ms(lat.max)}})
+        if "latency" in cfg.workloads:
+            # Quorum latency as a user meets it right after heavy writes, on this cluster.
+            after, after_details = latency.after_produce(ctx, cluster)
+            figures.extend(after)
+            details["latency_after_produce"] = after_details
     return figures, details
 
 
