@@ -401,12 +401,13 @@ class LmdbLog(LogStorage):
                 cur.putmulti(encoded, dupdata=False, overwrite=True)
 
             self._write(f"flush of offsets {first}..{end}", put_all)
+            done = sum(b.size for b in snap)  # before the lock: readers wait on it
             with self._lock:
                 # Nothing else removes tail entries while _write_lock is held, so the snapshot is
                 # still the tail's prefix.
                 del self._tail[:n]
                 del self._tail_bases[:n]
-                self._unflushed -= sum(b.size for b in snap)
+                self._unflushed -= done
                 self._flushed = snap[-1].last_offset
                 return self._flushed
 
@@ -521,8 +522,7 @@ class LmdbLog(LogStorage):
                 flushed = self._flushed
                 with self._env.begin(db=self._log_db, buffers=True) as txn:
                     cur = txn.cursor()
-                    self._seek(cur, offset)
-                    # iternext walks in C; each value is checked and copied out of the map.
+                    self._seek(cur, offset)  # then iternext walks in C from there
                     for k, v in cur.iternext():
                         base = _KEY.unpack(k)[0]
                         if base > flushed:

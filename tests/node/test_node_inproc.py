@@ -374,7 +374,9 @@ def test_sigterm_stops_run_node_cleanly(tmp_path) -> None:
         async with trio.open_nursery() as nursery:
             node = await nursery.start(functools.partial(run_node, config))
             with trio.fail_after(DEADLINE_S):
-                while node.core.role != Role.LEADER:
+                # Leading is not enough: "kept" is readable once this term's no-op commits.
+                while (node.core.role != Role.LEADER
+                       or node.core.commit_index < node.log.dirty_offset):
                     await trio.sleep(0.02)
             records = await read_all(node.address)
             assert [v for _, v in records] == [b"kept"]
