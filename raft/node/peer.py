@@ -39,8 +39,8 @@ log = logging.getLogger("raftlog.peer")
 
 CONNECT_TIMEOUT_S = 5.0
 HELLO_TIMEOUT_S = 5.0
-# Frames at least this large go out as two writes (prefix, body) instead of being joined by a
-# copy; smaller ones are joined so a heartbeat stays one segment.
+# Frames at least this large go out as several writes (wire.encode_raft_frame_pieces) instead
+# of being joined by a copy; smaller ones are joined so a heartbeat stays one segment.
 SPLIT_WRITE_BYTES = 64 * 1024
 # One bulk frame: at most this many bytes and batches (at least one message). The receiver
 # decodes (CRC-checks) and appends a whole frame in one event-loop step.
@@ -247,18 +247,20 @@ class PeerLink:
                 self._has_data = trio.Event()
                 await self._has_data.wait()
             msgs = self._next_frame()
-            prefix, body = wire.encode_raft_frame(msgs, self._encodings)
-            if len(body) > self._max_frame:
+            pieces = wire.encode_raft_frame_pieces(msgs, self._encodings)
+            size = sum(len(p) for p in pieces) - wire.LEN_SIZE
+            if size > self._max_frame:
                 log.error("peer_message_too_large peer=%d bytes=%d limit=%d; raise "
                           "--max-frame-bytes above the raft max_append_bytes", self.peer_id,
-                          len(body), self._max_frame)
+                          size, self._max_frame)
                 self.dropped_messages += len(msgs)
                 continue
-            if len(body) < SPLIT_WRITE_BYTES:
-                await stream.send_all(prefix + body)
+            if size < SPLIT_WRITE_BYTES:
+                await stream.send_all(b"".join(pieces))  # a heartbeat stays one segment
             else:
-                await stream.send_all(prefix)
-                await stream.send_all(body)
+                # Large encoded batches go out as they are, without a copy into one buffer.
+                for piece in pieces:
+                    await stream.send_all(piece)
             self.sent_messages += len(msgs)
 
 

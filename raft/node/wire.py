@@ -394,9 +394,39 @@ _PACKED_NAMES = {cls: {f.name: msgpack.packb(f.name) for f in fields}
 _PACKED_KINDS = {cls: msgpack.packb("k") + msgpack.packb(kind) for cls, kind in _KIND_OF.items()}
 
 
+# Encoded batches at least this large are written as they are, not copied into a joined piece.
+ZERO_COPY_BYTES = 64 * 1024
+
+
 def encode_raft_frame(msgs: list[m.Message],
                       encodings: BatchEncodings | None = None) -> tuple[bytes, bytes]:
     """A raft frame as (length prefix, body); see the comment above for why not packb."""
+    prefix, *pieces = encode_raft_frame_pieces(msgs, encodings)
+    return prefix, b"".join(pieces)
+
+
+def encode_raft_frame_pieces(msgs: list[m.Message],
+                             encodings: BatchEncodings | None = None) -> list[bytes]:
+    """A whole raft frame (length prefix included) as pieces to write in order: small parts
+    joined, encoded batches of ZERO_COPY_BYTES or more left as they are (written straight
+    from the encoding, no copy into a frame buffer)."""
+    parts = _frame_parts(msgs, encodings)
+    out: list[bytes] = []
+    small: list[bytes] = []
+    for part in parts:
+        if len(part) >= ZERO_COPY_BYTES:
+            if small:
+                out.append(b"".join(small))
+                small = []
+            out.append(part)
+        else:
+            small.append(part)
+    if small:
+        out.append(b"".join(small))
+    return [_LEN.pack(sum(len(x) for x in out)), *out]
+
+
+def _frame_parts(msgs: list[m.Message], encodings: BatchEncodings | None) -> list[bytes]:
     parts = [_map_header(3), _FRAME_HEAD, _MSGS_KEY, _array_header(len(msgs))]
     for msg in msgs:
         cls = type(msg)
@@ -418,8 +448,7 @@ def encode_raft_frame(msgs: list[m.Message],
                 raw = encodings.encode(b) if encodings is not None else b.encode()
                 parts.append(_BIN32.pack(0xC6, len(raw)))
                 parts.append(raw)
-    body = b"".join(parts)
-    return _LEN.pack(len(body)), body
+    return parts
 
 
 def messages_from_frame(frame: dict[str, Any]) -> list[m.Message]:

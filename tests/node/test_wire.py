@@ -78,9 +78,11 @@ def test_fast_raft_frame_encoder_writes_the_same_document(msgs: list, extra: int
     """The peer links' encoder (bin32 batches joined once) decodes to exactly what the plain
     msgpack encoding decodes to, arrays past 15 batches included."""
     many = [Batch.create(bytes([i]) * i, 1).placed(i, 1) for i in range(extra)]
+    many.append(Batch.create(b"z" * wire.ZERO_COPY_BYTES, 1).placed(extra, 1))  # left unjoined
     msgs = [*msgs, m.AppendEntries(1, 2, 3, -1, 0, many, 0, False, 7)]
     prefix, body = wire.encode_raft_frame(msgs, wire.BatchEncodings())
     assert struct.unpack(">I", prefix)[0] == len(body)
+    assert b"".join(wire.encode_raft_frame_pieces(msgs)) == prefix + body
     assert wire.decode_body(body) == wire.decode_body(wire.encode_frame(wire.raft_frame(msgs))[4:])
     assert wire.messages_from_frame(wire.decode_body(body)) == msgs
 
