@@ -75,6 +75,7 @@ class PeerLink:
         self.connected = False
         self.sent_messages = 0
         self.dropped_messages = 0
+        self.superseded_messages = 0  # queued appends dropped for a newer stream (see enqueue)
         self.connects = 0
 
     # -- called by the node -------------------------------------------------------------------
@@ -83,6 +84,7 @@ class PeerLink:
         bulk lane never costs a heartbeat or a reply its place."""
         size = wire.message_wire_size(msg)
         if type(msg) is AppendEntries:
+            self._drop_superseded(msg)
             lane = self._bulk
             full = (len(lane) >= self._queue_messages
                     or (lane and self._queued_bytes + size > self._queue_bytes))
@@ -103,6 +105,23 @@ class PeerLink:
         self._has_data.set()
         return True
 
+    def _drop_superseded(self, msg: AppendEntries) -> None:
+        """An append that starts before the end of the appends still queued is a new stream
+        (the leader reset this follower's progress: a lost request, a rejection, a new term);
+        the queued ones are obsolete and would only be decoded and skipped by the follower.
+        Dropped (counted) as a lost connection would: without this, a follower slow to ack
+        (a slow flush) made the leader resend its window again and again, the bulk lane grew
+        to tens of MiB and heartbeats waited behind all of it on the connection."""
+        if not self._bulk:
+            return
+        last = self._bulk[-1][0]
+        end = last.batches[-1].last_offset if last.batches else last.prev_offset
+        if msg.prev_offset < end or msg.term != last.term:
+            self.dropped_messages += len(self._bulk)
+            self.superseded_messages += len(self._bulk)
+            self._bulk.clear()
+            self._queued_bytes = 0
+
     def set_address(self, address: str) -> None:
         """Point the link at a new address (tests bind port 0; membership changes later)."""
         if address != self.address:
@@ -115,7 +134,8 @@ class PeerLink:
         return {"address": self.address, "connected": self.connected,
                 "queued": len(self._bulk) + len(self._control),
                 "queued_bytes": self._queued_bytes, "sent": self.sent_messages,
-                "dropped": self.dropped_messages, "connects": self.connects}
+                "dropped": self.dropped_messages, "superseded": self.superseded_messages,
+                "connects": self.connects}
 
     # -- the connection loop ----------------------------------------------------------------------
     async def run(self) -> None:

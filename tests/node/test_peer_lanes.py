@@ -20,7 +20,7 @@ def _link(queue_messages: int = 100, queue_bytes: int = 64 << 20) -> PeerLink:
 
 def _ae(seq: int, nbatches: int = 1, size: int = 10) -> m.AppendEntries:
     batches = [Batch.create(b"x" * size, 1).placed(seq * 10_000 + i, 1) for i in range(nbatches)]
-    return m.AppendEntries(1, 2, 1, -1, 0, batches, 0, False, seq)
+    return m.AppendEntries(1, 2, 1, seq * 10_000 - 1, 1, batches, 0, False, seq)
 
 
 def test_control_messages_go_first_and_a_heartbeat_never_claims_to_follow_queued_appends() -> None:
@@ -62,3 +62,18 @@ def test_a_full_bulk_lane_does_not_cost_a_heartbeat_its_place() -> None:
     assert not link.enqueue(_ae(3))
     assert link.enqueue(m.Heartbeat(1, 2, 1, 0, 4))
     assert link.dropped_messages == 1
+
+
+def test_a_restarted_stream_drops_the_appends_it_supersedes() -> None:
+    """A leader that resets a follower's stream (a lost request, a slow ack) resends from an
+    earlier offset: the queued appends are obsolete, so they go, instead of piling up."""
+    link = _link()
+    first, second = _ae(1, nbatches=2), _ae(2, nbatches=2)
+    link.enqueue(first)
+    link.enqueue(second)  # in order: kept
+    assert link.superseded_messages == 0
+    again = _ae(3, nbatches=1)
+    again.prev_offset = first.prev_offset  # starts over
+    link.enqueue(again)
+    assert link.superseded_messages == 2
+    assert [x.seq for x in link._next_frame()] == [3]
