@@ -46,8 +46,15 @@ class LagSnapshot:
     over_bound: int  # samples above bound_ms since the node started
     bound_ms: float
 
-    def to_dict(self) -> dict[str, float | int]:
-        return {name: getattr(self, name) for name in self.__slots__}
+    def to_dict(self) -> dict[str, float | int | str | None]:
+        out: dict[str, float | int | str | None] = {
+            name: getattr(self, name) for name in self.__slots__}
+        if _STEPS is not None:  # RAFTLOG_SLOW_STEP_MS: CPU per step, see SlowSteps
+            ms, task = _STEPS.cpu_max(self.window_s)
+            out["step_cpu_max_ms"] = _round(ms)
+            out["step_cpu_max_task"] = task
+            out["step_cpu_lifetime_max_ms"] = _round(_STEPS.cpu_lifetime_max_ms)
+        return out
 
 
 class LoopLag:
@@ -102,6 +109,9 @@ class LoopLag:
                            self.bound_ms)
 
 
+_STEPS: "SlowSteps | None" = None  # the process's step instrument, when enabled
+
+
 def _pct(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return 0.0
@@ -116,25 +126,50 @@ def _round(ms: float) -> float:
 class SlowSteps(trio.abc.Instrument):
     """Diagnosis aid (off by default; `RAFTLOG_SLOW_STEP_MS=N` in a node's environment turns it
     on): logs every task step and every garbage collection that held the loop longer than N
-    ms, with the task's name, so a lag figure can be traced to its cause."""
+    ms, with the task's name, so a lag figure can be traced to its cause.
+
+    It also measures each step's CPU time (the thread's, so time the OS gave to other
+    processes is not counted): on a shared machine the lag above includes waiting for a CPU,
+    while the CPU a step used is what the code bounds. `status` shows the largest of the last
+    window and since start as `loop_lag.step_cpu_max_ms` / `step_cpu_lifetime_max_ms`."""
 
     def __init__(self, threshold_ms: float) -> None:
         import gc
         import time
 
         self._now = time.perf_counter
+        self._cpu = time.thread_time
         self.threshold_s = threshold_ms / 1000
         self._started = 0.0
+        self._cpu_started = 0.0
         self._gc_started = 0.0
+        # (when, cpu ms, task name) of steps over 1 ms CPU, bounded.
+        self.cpu_steps: deque[tuple[float, float, str]] = deque(maxlen=4096)
+        self.cpu_lifetime_max_ms = 0.0
         gc.callbacks.append(self._gc)
+        global _STEPS
+        _STEPS = self
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         self._started = self._now()
+        self._cpu_started = self._cpu()
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
-        took = self._now() - self._started
+        end = self._now()
+        took = end - self._started
+        cpu_ms = (self._cpu() - self._cpu_started) * 1000
+        if cpu_ms > 1.0:
+            self.cpu_steps.append((end, cpu_ms, task.name))
+            self.cpu_lifetime_max_ms = max(self.cpu_lifetime_max_ms, cpu_ms)
         if took > self.threshold_s:
-            log.warning("slow_step task=%s ms=%.1f", task.name, took * 1000)
+            log.warning("slow_step task=%s ms=%.1f cpu_ms=%.1f", task.name, took * 1000, cpu_ms)
+
+    def cpu_max(self, window_s: float) -> tuple[float, str]:
+        """The most CPU one step used in the last window_s seconds, and its task."""
+        since = self._now() - window_s
+        best = max(((ms, name) for t, ms, name in self.cpu_steps if t >= since),
+                   default=(0.0, ""))
+        return best
 
     def _gc(self, phase: str, info: dict) -> None:
         if phase == "start":
