@@ -19,8 +19,10 @@ SCHEMA_VERSION = 1
 
 FIGURE_FIELDS = ("id", "workload", "title", "unit", "better", "params", "median", "min", "max",
                  "samples", "limit", "limit_value", "fraction_of_limit", "target", "met")
+# `errors`: [{"workload", "error", "point"?}] for each workload or point that failed (a dead
+# load generator, a cluster that did not come up); the run goes on without it.
 TOP_FIELDS = ("schema", "tool", "date", "command", "machine", "config", "limits", "figures",
-              "details", "plots", "elapsed_s")
+              "details", "errors", "plots", "elapsed_s")
 LIMIT_FIELDS = ("fsync_ms", "lmdb_commit_ms", "rpc_floor_ms", "seq_write_MBps",
                 "tcp_loopback_MBps", "lmdb_append_MBps")
 

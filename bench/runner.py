@@ -41,7 +41,8 @@ def run(cfg: BenchConfig, console: Console, command: list[str] | None = None) ->
         "config": {"workloads": cfg.workloads, "nodes": cfg.nodes, "duration_s": cfg.duration,
                    "repeats": cfg.repeats, "quick": cfg.quick, "batch_bytes": cfg.batch_bytes,
                    "window": cfg.window, "server_args": cfg.server_args},
-        "limits": {}, "figures": [], "details": {}, "plots": [], "elapsed_s": None,
+        "limits": {}, "figures": [], "details": {}, "errors": [], "plots": [],
+        "elapsed_s": None,
     }
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console,
@@ -59,11 +60,20 @@ def run(cfg: BenchConfig, console: Console, command: list[str] | None = None) ->
                                               on_step=lambda name: (describe(f"probe {name}"),
                                                                     advance(name)))
         results["limits"]["elapsed_s"] = round(time.monotonic() - t0, 1)
-        ctx = Ctx(cfg, results["limits"], advance, describe)
+        ctx = Ctx(cfg, results["limits"], advance, describe, results["errors"])
         for name, mod in zip(cfg.workloads, mods):
             describe(f"{name}: starting a fresh {cfg.nodes}-node cluster")
             t0 = time.monotonic()
-            figures, details = mod.run(ctx)
+            try:
+                figures, details = mod.run(ctx)
+            except Exception as e:  # noqa: BLE001 - one workload's failure must not end the run
+                # A load generator that died, a cluster that did not come up: reported in
+                # results.json with its error, and the next workload still runs on its own
+                # fresh cluster (Ctrl-C still ends the whole run).
+                error = f"{type(e).__name__}: {e}"
+                console.print(f"[red]bench: workload {name} failed: {error[:2000]}[/]")
+                results["errors"].append({"workload": name, "error": error})
+                figures, details = [], {"error": error}
             details["elapsed_s"] = round(time.monotonic() - t0, 1)
             results["figures"].extend(figures)
             results["details"][name] = details
@@ -89,6 +99,9 @@ def finish(results: dict[str, Any], out_dir: str, console: Console,
         f"{lim['tcp_loopback_MBps']['median']:.0f} MB/s; raw LMDB append "
         f"{lim['lmdb_append_MBps']['median']:.0f} MB/s")
     print_summary(results, console, compare)
+    for err in results.get("errors", []):
+        where = err["workload"] + (f" ({err['point']})" if err.get("point") else "")
+        console.print(f"[red]failed: {where}: {err['error'].splitlines()[-1][:300]}[/]")
     console.print(f"results: {path} (plots: {', '.join(results['plots'])}) in "
                   f"{results['elapsed_s']} s")
     return path

@@ -87,6 +87,7 @@ class WorkerGroup:
                       for i, a in enumerate(arg_list)]
         self.n = len(arg_list)
         self.rounds = 0
+        self._finished: set[int] = set()  # workers whose "done" arrived (maybe during collect)
 
     def __enter__(self) -> "WorkerGroup":
         self.start()
@@ -133,6 +134,8 @@ class WorkerGroup:
             if kind == "result" and r == self.rounds:
                 results[i] = payload
                 got += 1
+            elif kind == "done":  # a worker stopped right after its report (stop flag set)
+                self._finished.add(i)
         return results
 
     def round(self, timeout: float, delay: float = 0.05) -> tuple[float, list[Any]]:
@@ -147,14 +150,13 @@ class WorkerGroup:
     def close(self, timeout: float = 20.0) -> None:
         self.stop_flag.value = 1
         deadline = time.monotonic() + timeout
-        done = 0
         try:
-            while done < self.n:
+            while len(self._finished) < self.n:
                 kind, i, _, payload = self._get(deadline)
                 if kind == "error":
                     raise WorkerError(f"load generator {i} failed while stopping:\n{payload}")
                 if kind == "done":
-                    done += 1
+                    self._finished.add(i)
         finally:
             self.abort()
 

@@ -32,6 +32,10 @@ class RaftConfig:
     # is always sent, whatever its size).
     max_append_bytes: int = 1 << 20
     recovery_chunk_bytes: int = 512 << 10
+    # ...and at most this many batches per request: the leader reads and encodes, the follower
+    # decodes and appends, a whole request in one step of its event loop, so with small
+    # batches this bounds that step (docs/PERFORMANCE.md, bounded event-loop work).
+    max_append_batches: int = 1024
     # Pipelining limits per follower.
     max_inflight: int = 4
     max_inflight_bytes: int = 8 << 20
@@ -67,7 +71,8 @@ class RaftConfig:
                 raise ValueError(f"raft setting {name}={value!r} must be a positive integer")
 
         for name in ("node_id", "election_ticks", "heartbeat_ticks", "max_append_bytes",
-                     "recovery_chunk_bytes", "max_inflight", "max_inflight_bytes",
+                     "recovery_chunk_bytes", "max_append_batches", "max_inflight",
+                     "max_inflight_bytes",
                      "follower_flush_bytes", "follower_flush_ticks", "max_pending_produce",
                      "producer_window", "max_producers"):
             positive(name)

@@ -324,18 +324,21 @@ class LoadIndex:
         self.log = log
         self.table = LoadTable(log.start_offset)
 
-    def catch_up(self, commit_index: int, max_bytes: int = 64 << 20) -> bool:
-        """Apply committed batches up to `commit_index`, reading at most about max_bytes.
-        True if fully caught up."""
+    def catch_up(self, commit_index: int, max_bytes: int = 64 << 20,
+                 max_batches: int | None = None) -> bool:
+        """Apply committed batches up to `commit_index`, reading at most about max_bytes (and
+        max_batches, when given: a caller on an event loop bounds both). True if fully caught
+        up."""
         t = self.table
         budget = max_bytes
-        while t.applied < commit_index and budget > 0:
+        left = max_batches if max_batches is not None else 1 << 62
+        while t.applied < commit_index and budget > 0 and left > 0:
             if t.applied + 1 < self.log.start_offset:
                 t.skip_to(self.log.start_offset)
                 continue
             if t.applied + 1 > self.log.dirty_offset:
                 return False
-            batches = self.log.read(t.applied + 1, min(budget, 16 << 20))
+            batches = self.log.read(t.applied + 1, min(budget, 16 << 20), left)
             if not batches:
                 return False
             for b in batches:
@@ -343,6 +346,7 @@ class LoadIndex:
                     return t.applied >= commit_index
                 t.apply(b)
                 budget -= b.size
+            left -= len(batches)
         return t.applied >= commit_index
 
     def stable_offset(self, commit_index: int) -> int:

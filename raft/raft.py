@@ -79,7 +79,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges):
         self._progress: dict[int, FollowerProgress] = {}
         self._seq = 0
         self._stream_limits = StreamLimits(cfg.max_append_bytes, cfg.recovery_chunk_bytes,
-                                           cfg.recovery_flush_per_chunk)
+                                           cfg.recovery_flush_per_chunk, cfg.max_append_batches)
         self._ticks = 0  # the recovery throttle's clock
         self._recovery_throttle: TokenBucket | None = None
         if cfg.recovery_rate_bytes_per_tick:

@@ -8,6 +8,10 @@ that reaches the leader's tail asks for a flush again. A follower behind the lea
 is reset to it (`log_start_reset`).
 
 The chunk is never smaller than one batch, whatever its size, so a large batch still moves.
+It is also bounded in batches (`max_batches`): the leader reads (and on flushed data
+CRC-checks) every batch of a chunk, encodes it, and the follower decodes and appends it, each
+in one step of its event loop. With small batches a byte budget alone meant tens of thousands
+of batches per step, enough to hold a leader's loop past an election timeout.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ class StreamLimits:
     recovery_chunk_bytes: int
     # Benchmark baseline only: every chunk asks for a flush (the behaviour the RFC replaces).
     flush_per_chunk: bool = False
+    # Batches per request, normal or recovery (at least one).
+    max_batches: int = 1024
 
 
 @dataclass(slots=True)
@@ -54,10 +60,11 @@ def next_chunk(log: LogStorage, next_index: int, *, replicating: bool, recoverin
     if replicating and nxt > log.dirty_offset:
         return None
     budget = limits.recovery_chunk_bytes if recovering else limits.max_append_bytes
-    batches = log.read(nxt, budget) if nxt <= log.dirty_offset else []
+    cap = limits.max_batches
+    batches = log.read(nxt, budget, cap) if nxt <= log.dirty_offset else []
     prev = batches[0].base_offset - 1 if batches else nxt - 1
     if prev < log.start_offset - 1:
-        batches = log.read(log.start_offset, budget)
+        batches = log.read(log.start_offset, budget, cap)
         prev = log.start_offset - 1
     reset = reset or (prev == log.start_offset - 1 and log.start_offset > 0)
     last = batches[-1].last_offset if batches else prev

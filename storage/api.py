@@ -169,9 +169,11 @@ class LogStorage(abc.ABC):
 
     # -- reads ----------------------------------------------------------------------------
     @abc.abstractmethod
-    def read(self, offset: int, max_bytes: int) -> list[Batch]:
+    def read(self, offset: int, max_bytes: int, max_batches: int | None = None) -> list[Batch]:
         """Batches from the one containing `offset`, stopping before the batch that would pass
-        `max_bytes` (at least one batch is returned whenever offset <= dirty_offset).
+        `max_bytes` or, when given, `max_batches` batches (at least one batch is returned
+        whenever offset <= dirty_offset). Callers on an event loop bound both: with small
+        batches a byte budget alone can mean tens of thousands of batches to decode.
         [] at dirty_offset + 1; OffsetOutOfRange outside [start_offset, dirty_offset + 1].
         A batch read back from disk that fails its CRC raises CorruptBatch naming its offset.
         Batches still in memory (the dirty tail) are returned as appended without re-hashing:

@@ -401,12 +401,13 @@ class LmdbLog(LogStorage):
                 cur.putmulti(encoded, dupdata=False, overwrite=True)
 
             self._write(f"flush of offsets {first}..{end}", put_all)
+            done = sum(b.size for b in snap)  # before the lock: readers wait on it
             with self._lock:
                 # Nothing else removes tail entries while _write_lock is held, so the snapshot is
                 # still the tail's prefix.
                 del self._tail[:n]
                 del self._tail_bases[:n]
-                self._unflushed -= sum(b.size for b in snap)
+                self._unflushed -= done
                 self._flushed = snap[-1].last_offset
                 return self._flushed
 
@@ -507,8 +508,9 @@ class LmdbLog(LogStorage):
             cur.last()
         return bytes(cur.key()), cur.value()
 
-    def read(self, offset: int, max_bytes: int) -> list[Batch]:
+    def read(self, offset: int, max_bytes: int, max_batches: int | None = None) -> list[Batch]:
         self._check_open()
+        limit = max_batches if max_batches is not None and max_batches > 0 else 1 << 62
         with self._lock:
             if offset == self._dirty + 1:
                 return []
@@ -517,26 +519,24 @@ class LmdbLog(LogStorage):
             out: list[Batch] = []
             used = 0
             if offset <= self._flushed:
+                flushed = self._flushed
                 with self._env.begin(db=self._log_db, buffers=True) as txn:
                     cur = txn.cursor()
-                    k, v = self._seek(cur, offset)
-                    while True:
+                    self._seek(cur, offset)  # then iternext walks in C from there
+                    for k, v in cur.iternext():
                         base = _KEY.unpack(k)[0]
-                        if base > self._flushed:
+                        if base > flushed:
                             break
                         size = len(v)
-                        if out and used + size > max_bytes:
+                        if out and (used + size > max_bytes or len(out) >= limit):
                             return out
                         out.append(self._decode(base, v))
                         used += size
-                        if not cur.next():
-                            break
-                        k, v = bytes(cur.key()), cur.value()
                 i = 0
             else:
                 i = bisect.bisect_right(self._tail_bases, offset) - 1
             for b in self._tail[i:]:
-                if out and used + b.size > max_bytes:
+                if out and (used + b.size > max_bytes or len(out) >= limit):
                     break
                 out.append(b)  # in memory since its checked append: see LogStorage.read
                 used += b.size

@@ -207,16 +207,17 @@ class MemoryLog(LogStorage):
             raise ValueError(f"suffix truncation after {after_offset} is not at a batch boundary")
         return i + 1
 
-    def read(self, offset: int, max_bytes: int) -> list[Batch]:
+    def read(self, offset: int, max_bytes: int, max_batches: int | None = None) -> list[Batch]:
         dirty = self.dirty_offset
         if offset == dirty + 1:
             return []
         if not (self._start <= offset <= dirty):
             raise OffsetOutOfRange(offset, self._start, dirty)
+        limit = max_batches if max_batches is not None and max_batches > 0 else 1 << 62
         out: list[Batch] = []
         used = 0
         for b in self._batches[self._index_of(offset):]:
-            if out and used + b.size > max_bytes:
+            if out and (used + b.size > max_bytes or len(out) >= limit):
                 break
             b.verify()
             out.append(b)

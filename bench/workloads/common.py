@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.harness import Cluster
+from bench.wire import status_of
 from storage.records import encode_values
 
 MB = 1_000_000
@@ -34,6 +35,14 @@ class Ctx:
     limits: dict[str, Any]
     advance: Callable[[str], None]  # one progress step done; the text says what runs next
     describe: Callable[[str], None]
+    # results.json `errors`: a point whose load generator failed is reported here and the
+    # workload goes on with its next point.
+    errors: list[dict[str, Any]] = field(default_factory=list)
+
+    def point_failed(self, workload: str, point: str, exc: BaseException) -> str:
+        error = f"{type(exc).__name__}: {exc}"
+        self.errors.append({"workload": workload, "point": point, "error": error})
+        return error
 
     def cluster(self) -> Cluster:
         return Cluster(self.cfg.nodes, base_dir=self.cfg.base_dir,
@@ -54,3 +63,13 @@ def batch_payload(record_size: int, batch_bytes: int) -> tuple[bytes, int]:
     count = max(1, batch_bytes // record_size)
     value = os.urandom(record_size)
     return encode_values([value] * count), count
+
+
+def loop_lag_of(cluster: Cluster, node_id: int) -> dict[str, Any] | None:
+    """A node's event-loop lag over the last seconds (`status` field `loop_lag`: max, p99,
+    ...), or None when the node does not answer or does not report it."""
+    node = cluster.nodes.get(node_id)
+    if node is None or not node.alive:
+        return None
+    st = status_of(node.addr, timeout=5.0)
+    return None if st is None else st.get("loop_lag")

@@ -18,8 +18,9 @@ import trio
 from bench.results import figure
 from bench.stats import Histogram
 from bench.wire import AsyncConn, error_code, produce_frame
-from bench.workers import Sync, WorkerGroup
-from bench.workloads.common import MB, RECORD_SIZES, Ctx, batch_payload
+from bench.workers import Sync, WorkerError, WorkerGroup
+from bench.workloads import latency
+from bench.workloads.common import MB, RECORD_SIZES, Ctx, batch_payload, loop_lag_of
 
 ACKS = ("quorum", "leader", "none")
 TARGETS_MBPS = {("leader", "1KiB"): 150.0, ("quorum", "1KiB"): 100.0}
@@ -108,8 +109,11 @@ async def produce_round(conn: AsyncConn, a: ProduceArgs, payload: bytes, count: 
             elif time.monotonic() >= m1:
                 return
             await window.acquire()
-            if backoff_until > time.monotonic():
-                await trio.sleep(backoff_until - time.monotonic())
+            # Read the clock once: on a busy machine it moves between a check and a
+            # subtraction, and trio.sleep refuses a negative delay (that crashed the generator).
+            delay = backoff_until - time.monotonic()
+            if delay > 0:
+                await trio.sleep(delay)
             rid = conn.new_id()
             sent[rid] = time.monotonic()
             # Shielded from the round's deadline: a frame cut off half-written would leave the
@@ -149,7 +153,8 @@ def configs(quick: bool) -> list[tuple[str, str, int]]:
 
 
 def steps(ctx_cfg) -> int:
-    return len(configs(ctx_cfg.quick)) * ctx_cfg.repeats
+    after = latency.steps(ctx_cfg) if "latency" in ctx_cfg.workloads else 0
+    return len(configs(ctx_cfg.quick)) * ctx_cfg.repeats + after
 
 
 def run(ctx: Ctx) -> tuple[list[dict], dict]:
@@ -166,24 +171,32 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
                                cfg.window, warmup, cfg.duration)
             rps, mbps, errs, lat = [], [], {}, Histogram()
             catch_up: list[float] = []  # seconds waiting for the previous backlog before each
-            with WorkerGroup(produce_worker, [args] * nprod) as group:
-                for r in range(cfg.repeats):
-                    ctx.describe(f"produce acks={acks} {size_name} ×{nprod} (repeat {r + 1})")
-                    t_wait = time.monotonic()
-                    cluster.wait_caught_up()
-                    catch_up.append(round(time.monotonic() - t_wait, 2))
-                    _, res = group.round(timeout=warmup + cfg.duration + 60)
-                    recs = sum(x["ok_records"] for x in res)
-                    rps.append(recs / cfg.duration)
-                    mbps.append(recs * size / cfg.duration / MB)
-                    for x in res:
-                        if x["lost"]:  # sent, no answer within 15 s after the window
-                            errs["UNANSWERED"] = errs.get("UNANSWERED", 0) + x["lost"]
-                        if x["stalled"]:  # the socket blocked a write past the deadline
-                            errs["STALLED_WRITE"] = errs.get("STALLED_WRITE", 0) + 1
-                        for k, v in x["errors"].items():
-                            errs[k] = errs.get(k, 0) + v
-                        lat.merge(Histogram.from_json(x["latency"]))
+            lag: list[dict] = []  # the leader's event-loop lag after each repeat
+            failure = None
+            done = 0
+            try:
+                with WorkerGroup(produce_worker, [args] * nprod) as group:
+                    for r in range(cfg.repeats):
+                        ctx.describe(f"produce acks={acks} {size_name} ×{nprod} "
+                                     f"(repeat {r + 1})")
+                        t_wait = time.monotonic()
+                        cluster.wait_caught_up()
+                        catch_up.append(round(time.monotonic() - t_wait, 2))
+                        _, res = group.round(timeout=warmup + cfg.duration + 60)
+                        lag.append(loop_lag_of(cluster, leader))
+                        recs = sum(x["ok_records"] for x in res)
+                        rps.append(recs / cfg.duration)
+                        mbps.append(recs * size / cfg.duration / MB)
+                        for x in res:
+                            _count_errors(errs, x)
+                            lat.merge(Histogram.from_json(x["latency"]))
+                        done += 1
+                        ctx.advance("produce")
+            except WorkerError as e:
+                # A dead load generator (on a busy machine, say) loses this point only: it is
+                # reported in results.json and the next point runs with fresh generators.
+                failure = ctx.point_failed("produce", f"{acks} {size_name} x{nprod}", e)
+                for _ in range(cfg.repeats - done):
                     ctx.advance("produce")
             params = {"acks": acks, "record_size": size, "producers": nprod,
                       "batch_bytes": cfg.batch_bytes, "window": cfg.window}
@@ -201,10 +214,24 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
                 if (acks, size_name) in TARGETS_RPS else None))
             details["points"].append({
                 **params, "MBps": mbps, "records_per_s": rps, "errors": errs,
-                "catch_up_wait_s": catch_up,
+                "catch_up_wait_s": catch_up, "leader_loop_lag": lag, "failure": failure,
                 "request_latency_ms": {"p50": _ms(lat.percentile(0.5)),
                                        "p99": _ms(lat.percentile(0.99)), "max": _ms(lat.max)}})
+        if "latency" in cfg.workloads:
+            # Quorum latency as a user meets it right after heavy writes, on this cluster.
+            after, after_details = latency.after_produce(ctx, cluster)
+            figures.extend(after)
+            details["latency_after_produce"] = after_details
     return figures, details
+
+
+def _count_errors(errs: dict[str, int], x: dict) -> None:
+    if x["lost"]:  # sent, no answer within 15 s after the window
+        errs["UNANSWERED"] = errs.get("UNANSWERED", 0) + x["lost"]
+    if x["stalled"]:  # the socket blocked a write past the deadline
+        errs["STALLED_WRITE"] = errs.get("STALLED_WRITE", 0) + 1
+    for k, v in x["errors"].items():
+        errs[k] = errs.get(k, 0) + v
 
 
 def _ms(us: float | None) -> float | None:

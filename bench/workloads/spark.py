@@ -13,6 +13,7 @@ import sys
 import time
 import uuid
 
+from bench.harness import Cluster
 from bench.results import figure
 from bench.workloads.common import MB, Ctx
 
@@ -47,6 +48,7 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
         f"CAST(lpad(CAST(id AS STRING), {ROW_BYTES}, 'x') AS BINARY) AS value").cache()
     df.count()  # materialise: every mode writes the same cached rows
     samples: dict[str, list[float]] = {m: [] for m in MODES}
+    elections = {m: 0 for m in MODES}  # term changes while each mode ran (should stay 0)
     try:
         with ctx.cluster() as cluster:
             cluster.wait_for_leader()
@@ -54,6 +56,7 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
             # Warm up: start Spark's Python workers and the connections once, unmeasured.
             (spark.range(10_000, numPartitions=parts).selectExpr("CAST(id AS STRING) AS value")
              .write.format("raftlog").option("servers", servers).mode("append").save())
+            term = _max_term(cluster)
             for r in range(cfg.repeats):
                 for mode in MODES:
                     ctx.describe(f"spark load {mode} {n:,} rows (repeat {r + 1})")
@@ -66,6 +69,8 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
                          .option("acks", mode).option("loadId", f"bench-{uuid.uuid4()}")
                          .mode("append").save())
                     samples[mode].append(n / (time.perf_counter() - t0))
+                    elections[mode] += _max_term(cluster) - term
+                    term = _max_term(cluster)
                     ctx.advance("spark")
     finally:
         df.unpersist()
@@ -78,4 +83,10 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
                               target=(">=", TARGET_RPS) if mode == "leader" else None))
         figures.append(figure(f"spark.{mode}.MBps", "spark", f"{title} MB/s", "MB/s",
                               [x * ROW_BYTES / MB for x in samples[mode]], params=params))
-    return figures, {"rows": n, "partitions": parts, "rows_per_s": samples}
+    return figures, {"rows": n, "partitions": parts, "rows_per_s": samples,
+                     "elections": elections}
+
+
+def _max_term(cluster: Cluster) -> int:
+    """The highest term any live node reports (a change means an election happened)."""
+    return max((st.get("term", 0) for st in cluster.statuses().values() if st), default=0)

@@ -238,6 +238,7 @@ class NodeConfig:
     heartbeat_ticks: int | None = None
     max_append_bytes: int | None = None
     recovery_chunk_bytes: int | None = None
+    max_append_batches: int | None = None
     max_inflight: int | None = None
     max_inflight_bytes: int | None = None
     follower_flush_bytes: int | None = None
@@ -249,7 +250,7 @@ class NodeConfig:
     raft: dict[str, Any] = field(default_factory=dict)
 
     _RAFT_KNOBS = ("election_ticks", "heartbeat_ticks", "max_append_bytes",
-                   "recovery_chunk_bytes", "max_inflight", "max_inflight_bytes",
+                   "recovery_chunk_bytes", "max_append_batches", "max_inflight", "max_inflight_bytes",
                    "follower_flush_bytes", "follower_flush_ticks", "pre_vote", "check_quorum",
                    "max_pending_produce")
 

@@ -1,10 +1,17 @@
 """The node side of staged loads: wire requests, the fetch filter and the leader's load timeout.
 
-The node calls this through three narrow hooks and owns none of the logic:
+The node calls this through narrow hooks and owns none of the logic:
   * `LoadService.handles(t)` / `await handle(host, req)`: the `load_*` wire requests;
-  * `stable_offset(commit_index)` + `visible(batches, stable)`: what fetch may show;
-  * `on_tick(host, now_ms)`: the leader aborts open loads idle past the timeout.
+  * `await catch_up(commit_index)`, then `stable_offset(commit_index)` + `visible(batches,
+    stable)`: what fetch may show;
+  * `expired(...)`: the leader aborts open loads idle past the timeout (the group's load task
+    first applies up to a budget of committed entries per round, `await catch_up(..., budget)`).
 The state itself lives in raft/loads.py (pure; every node applies the same committed entries).
+
+Applying means reading every committed batch once. That is done in slices of at most
+CATCH_UP_SLICE_BYTES / CATCH_UP_SLICE_BATCHES with a checkpoint between slices, never in one
+go: after a large write (or a restart) the index may be hundreds of MiB behind, and reading
+that in one step held the event loop for seconds.
 
 `host` is the node, seen through `LoadHost`: its log, whether it leads, and one coroutine that
 proposes a batch and waits for its ProduceAnswer.
@@ -35,6 +42,9 @@ from storage.batch import Batch, BatchKind
 log = logging.getLogger("raft.loads")
 
 OPS = frozenset({"load_begin", "load_stage", "load_commit", "load_abort", "load_status"})
+# One slice of catching the load index up (then the event loop runs other tasks).
+CATCH_UP_SLICE_BYTES = 1 << 20
+CATCH_UP_SLICE_BATCHES = 1024
 
 
 class LoadHost(Protocol):
@@ -60,9 +70,29 @@ class LoadService:
         self.timeout_ms = load_timeout_ms() if timeout_ms is None else timeout_ms
         self._aborting: dict[tuple[str, int], float] = {}  # (load, gen) -> when we proposed
 
+    # -- catching up ---------------------------------------------------------------------------
+    def catch_up_slice(self, commit_index: int) -> bool:
+        """Apply one bounded slice of committed entries; True once everything up to
+        `commit_index` is applied, or when nothing more can be applied now."""
+        before = self.index.table.applied
+        done = self.index.catch_up(commit_index, max_bytes=CATCH_UP_SLICE_BYTES,
+                                   max_batches=CATCH_UP_SLICE_BATCHES)
+        return done or self.index.table.applied == before
+
+    async def catch_up(self, commit_index: int, max_bytes: int | None = None) -> None:
+        """Apply what is committed up to `commit_index` (or at most about `max_bytes` of
+        it), one bounded slice per event-loop step."""
+        slices = 0
+        while not self.catch_up_slice(commit_index):
+            slices += 1
+            if max_bytes is not None and slices * CATCH_UP_SLICE_BYTES >= max_bytes:
+                return
+            await trio.lowlevel.checkpoint()
+
     # -- fetch hooks ---------------------------------------------------------------------------
     def stable_offset(self, commit_index: int) -> int:
-        """The consumer-visible high watermark: committed, applied, before any open load."""
+        """The consumer-visible high watermark: committed, applied, before any open load.
+        Applies what is left synchronously: on the event loop, `await catch_up` first."""
         self.index.catch_up(commit_index)
         return self.index.stable_offset(commit_index)
 
@@ -76,7 +106,7 @@ class LoadService:
         if not is_leader:
             self._aborting.clear()
             return []
-        self.index.catch_up(commit_index, max_bytes=8 << 20)
+        self.catch_up_slice(commit_index)  # the follow task does the rest
         out = []
         for lid, gen in self.index.table.expired(now_ms, self.timeout_ms):
             if now_ms - self._aborting.get((lid, gen), -1e18) < 60_000:
@@ -99,7 +129,7 @@ class LoadService:
         t = req["t"]
         try:
             if t == "load_status":
-                return self._status(host, rid, req)
+                return await self._status(host, rid, req)
             if not host.is_leader():
                 return host.not_leader_reply(rid)
             if t == "load_stage":
@@ -112,10 +142,11 @@ class LoadService:
         load = self.index.table.get(load_id)
         return None if load is None else load.describe()
 
-    def _status(self, host: LoadHost, rid: int, req: dict[str, Any]) -> dict[str, Any]:
+    async def _status(self, host: LoadHost, rid: int, req: dict[str, Any]) -> dict[str, Any]:
         if not host.is_leader():
             return host.not_leader_reply(rid)
         ci = host.commit_index()
+        await self.catch_up(ci)
         stable = self.stable_offset(ci)
         lid = req.get("load_id")
         return ok_reply(rid, load=self._describe(lid) if isinstance(lid, str) else None,
@@ -193,15 +224,9 @@ class LoadService:
         return ok_reply(rid, load=desc, offset=ans.base_offset)
 
     async def _catch_up_fully(self, host: LoadHost) -> None:
-        """Apply everything committed (after a restart that can be a long scan: yield to the
-        event loop between chunks). The answer to a load request must reflect the whole log."""
-        while True:
-            before = self.index.table.applied
-            if self.index.catch_up(host.commit_index()):
-                return
-            if self.index.table.applied == before:
-                return  # nothing more can be applied yet
-            await trio.lowlevel.checkpoint()
+        """Apply everything committed (after a restart that can be a long scan, in slices).
+        The answer to a load request must reflect the whole log."""
+        await self.catch_up(host.commit_index())
 
     @staticmethod
     def _answer_error(host: LoadHost, rid: int, ans: Any) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""One outgoing connection to one peer: a bounded queue, batching, reconnect with backoff.
+"""One outgoing connection to one peer: bounded queues, batching, reconnect with backoff.
 
 Why a bounded queue that drops: Raft tolerates lost messages (heartbeats repeat, appends are
 retried from the follower's reported position), while an unbounded queue to a dead or slow peer
@@ -8,6 +8,19 @@ With TLS (raft.node.tls), each link is mutual TLS: we present this node's certif
 peer's must come from the cluster CA and name the node id we dialled, else the link retries
 with backoff and says why (the peer does the same check on its side).
 
+Two lanes. AppendEntries (the bulk: replication and catch-up data) wait in one queue and go out
+in frames of at most BULK_FRAME_BYTES / BULK_FRAME_BATCHES, so the peer decodes and appends one
+frame in a bounded step. Everything else (heartbeats, replies, votes, TimeoutNow: small, and
+what keeps leadership alive) waits in the control lane, which is written first whenever both
+have something: a heartbeat waits for at most the one bulk frame being written, never behind a
+catch-up window. The bulk lane keeps its order (the follower must see appends in order).
+
+A heartbeat that overtakes queued appends is sent with a `seq` just below the first queued
+append's. The leader echoes that seq back to decide whether a follower that answered the
+heartbeat without holding an append has lost it (Inflight.lost_before): it may only compare
+against appends written before the heartbeat on this ordered connection. A lower seq makes
+the reply count for less (never for more), so this can only delay that decision.
+
 Why one connection per direction: each node dials each peer and only writes on that connection;
 replies come back on the peer's own outgoing connection. No request/response pairing on a socket
 means a slow peer never blocks our reads, and reconnect logic lives in one place.
@@ -15,6 +28,7 @@ means a slow peer never blocks our reads, and reconnect logic lives in one place
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from collections import deque
@@ -25,15 +39,19 @@ import trio
 from raft.node import wire
 from raft.node.config import parse_address
 from raft.node.tls import NodeTLS, PeerIdentityError, dial_tls, handshake_failure
-from raft.messages import Message
+from raft.messages import AppendEntries, Heartbeat, Message
 
 log = logging.getLogger("raftlog.peer")
 
 CONNECT_TIMEOUT_S = 5.0
 HELLO_TIMEOUT_S = 5.0
-# Frames at least this large go out as two writes (prefix, body) instead of being joined by a
-# copy; smaller ones are joined so a heartbeat stays one segment.
+# Frames at least this large go out as several writes (wire.encode_raft_frame_pieces) instead
+# of being joined by a copy; smaller ones are joined so a heartbeat stays one segment.
 SPLIT_WRITE_BYTES = 64 * 1024
+# One bulk frame: at most this many bytes and batches (at least one message). The receiver
+# decodes (CRC-checks) and appends a whole frame in one event-loop step.
+BULK_FRAME_BYTES = 1 << 20
+BULK_FRAME_BATCHES = 1024
 
 
 class PeerLink:
@@ -53,8 +71,9 @@ class PeerLink:
         self._max_frame = max_frame_bytes
         # A frame carries several messages; keep each well under the limit.
         self._frame_budget = max(64 * 1024, max_frame_bytes // 2)
-        self._queue: deque[tuple[Message, int]] = deque()
-        self._queued_bytes = 0
+        self._bulk: deque[tuple[Message, int]] = deque()  # AppendEntries, in order
+        self._control: deque[tuple[Message, int]] = deque()  # everything else, first out
+        self._queued_bytes = 0  # of the bulk lane (the control lane is bounded in messages)
         self._queue_messages = queue_messages
         self._queue_bytes = queue_bytes
         self._backoff_min = backoff_min_s
@@ -66,24 +85,52 @@ class PeerLink:
         self.connected = False
         self.sent_messages = 0
         self.dropped_messages = 0
+        self.superseded_messages = 0  # queued appends dropped for a newer stream (see enqueue)
         self.connects = 0
 
     # -- called by the node -------------------------------------------------------------------
     def enqueue(self, msg: Message) -> bool:
-        """Queue a message; False (and counted) when the queue is full."""
+        """Queue a message on its lane; False (and counted) when that lane is full. A full
+        bulk lane never costs a heartbeat or a reply its place."""
         size = wire.message_wire_size(msg)
-        if (len(self._queue) >= self._queue_messages
-                or (self._queue and self._queued_bytes + size > self._queue_bytes)):
+        if type(msg) is AppendEntries:
+            self._drop_superseded(msg)
+            lane = self._bulk
+            full = (len(lane) >= self._queue_messages
+                    or (lane and self._queued_bytes + size > self._queue_bytes))
+        else:
+            lane = self._control
+            full = len(lane) >= self._queue_messages
+        if full:
             self.dropped_messages += 1
             if self.dropped_messages in (1, 10, 100) or self.dropped_messages % 1000 == 0:
                 log.warning("peer_queue_full node=%d peer=%d dropped=%d queued=%d "
                             "queued_bytes=%d", self.self_id, self.peer_id,
-                            self.dropped_messages, len(self._queue), self._queued_bytes)
+                            self.dropped_messages, len(self._bulk) + len(self._control),
+                            self._queued_bytes)
             return False
-        self._queue.append((msg, size))
-        self._queued_bytes += size
+        lane.append((msg, size))
+        if lane is self._bulk:
+            self._queued_bytes += size
         self._has_data.set()
         return True
+
+    def _drop_superseded(self, msg: AppendEntries) -> None:
+        """An append that starts before the end of the appends still queued is a new stream
+        (the leader reset this follower's progress: a lost request, a rejection, a new term);
+        the queued ones are obsolete and would only be decoded and skipped by the follower.
+        Dropped (counted) as a lost connection would: without this, a follower slow to ack
+        (a slow flush) made the leader resend its window again and again, the bulk lane grew
+        to tens of MiB and heartbeats waited behind all of it on the connection."""
+        if not self._bulk:
+            return
+        last = self._bulk[-1][0]
+        end = last.batches[-1].last_offset if last.batches else last.prev_offset
+        if msg.prev_offset < end or msg.term != last.term:
+            self.dropped_messages += len(self._bulk)
+            self.superseded_messages += len(self._bulk)
+            self._bulk.clear()
+            self._queued_bytes = 0
 
     def set_address(self, address: str) -> None:
         """Point the link at a new address (tests bind port 0; membership changes later)."""
@@ -95,8 +142,10 @@ class PeerLink:
 
     def status(self) -> dict:
         return {"address": self.address, "connected": self.connected,
-                "queued": len(self._queue), "sent": self.sent_messages,
-                "dropped": self.dropped_messages, "connects": self.connects}
+                "queued": len(self._bulk) + len(self._control),
+                "queued_bytes": self._queued_bytes, "sent": self.sent_messages,
+                "dropped": self.dropped_messages, "superseded": self.superseded_messages,
+                "connects": self.connects}
 
     # -- the connection loop ----------------------------------------------------------------------
     async def run(self) -> None:
@@ -150,8 +199,9 @@ class PeerLink:
             self._address_changed = trio.Event()
 
     def _drop_queue(self) -> None:
-        self.dropped_messages += len(self._queue)
-        self._queue.clear()
+        self.dropped_messages += len(self._bulk) + len(self._control)
+        self._bulk.clear()
+        self._control.clear()
         self._queued_bytes = 0
 
     async def _secure(self, stream: trio.SocketStream, host: str,
@@ -208,33 +258,58 @@ class PeerLink:
                 log.warning("peer_error_frame peer=%d code=%s message=%r", self.peer_id,
                             frame.get("code"), frame.get("message"))
 
-    async def _send_loop(self, stream: trio.abc.Stream) -> None:
-        while True:
-            while not self._queue:
-                self._has_data = trio.Event()
-                await self._has_data.wait()
-            msgs = []
-            used = 0
-            while self._queue:
-                msg, size = self._queue[0]
+    def _next_frame(self) -> list[Message]:
+        """The messages of the next frame: every queued control message if there is one
+        (heartbeats first), else appends up to the bulk frame bounds."""
+        msgs: list[Message] = []
+        used = 0
+        if self._control:
+            first_bulk = self._bulk[0][0].seq if self._bulk else None
+            while self._control:
+                msg, size = self._control[0]
                 if msgs and used + size > self._frame_budget:
                     break
-                self._queue.popleft()
-                self._queued_bytes -= size
+                self._control.popleft()
+                if (first_bulk is not None and type(msg) is Heartbeat
+                        and msg.seq >= first_bulk):
+                    msg = dataclasses.replace(msg, seq=first_bulk - 1)  # see the docstring
                 msgs.append(msg)
                 used += size
-            prefix, body = wire.encode_frame_parts(wire.raft_frame(msgs, self._encodings))
-            if len(body) > self._max_frame:
+            return msgs
+        batches = 0
+        budget = min(self._frame_budget, BULK_FRAME_BYTES)
+        while self._bulk:
+            msg, size = self._bulk[0]
+            n = len(msg.batches)
+            if msgs and (used + size > budget or batches + n > BULK_FRAME_BATCHES):
+                break
+            self._bulk.popleft()
+            self._queued_bytes -= size
+            msgs.append(msg)
+            used += size
+            batches += n
+        return msgs
+
+    async def _send_loop(self, stream: trio.abc.Stream) -> None:
+        while True:
+            while not self._control and not self._bulk:
+                self._has_data = trio.Event()
+                await self._has_data.wait()
+            msgs = self._next_frame()
+            pieces = wire.encode_raft_frame_pieces(msgs, self._encodings)
+            size = sum(len(p) for p in pieces) - wire.LEN_SIZE
+            if size > self._max_frame:
                 log.error("peer_message_too_large peer=%d bytes=%d limit=%d; raise "
                           "--max-frame-bytes above the raft max_append_bytes", self.peer_id,
-                          len(body), self._max_frame)
+                          size, self._max_frame)
                 self.dropped_messages += len(msgs)
                 continue
-            if len(body) < SPLIT_WRITE_BYTES:
-                await stream.send_all(prefix + body)
+            if size < SPLIT_WRITE_BYTES:
+                await stream.send_all(b"".join(pieces))  # a heartbeat stays one segment
             else:
-                await stream.send_all(prefix)
-                await stream.send_all(body)
+                # Large encoded batches go out as they are, without a copy into one buffer.
+                for piece in pieces:
+                    await stream.send_all(piece)
             self.sent_messages += len(msgs)
 
 

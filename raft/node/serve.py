@@ -19,6 +19,7 @@ import trio
 from raft.node.config import ConfigError, NodeConfig
 from raft.node.errors import NodeFailed
 from raft.node.logfmt import make_formatter
+from raft.node.looplag import slow_step_instruments
 from raft.node.server import Node
 from storage.api import LogStorage
 
@@ -144,7 +145,7 @@ def serve(settings: dict[str, Any], prog: str = "raftlog serve") -> int:
     try:
         config = NodeConfig.from_args(settings)
         config.check_data_dir()
-        trio.run(_serve_and_announce, config, prog)
+        trio.run(_serve_and_announce, config, prog, instruments=slow_step_instruments())
     except ConfigError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2

@@ -72,6 +72,21 @@ def test_raft_frame_round_trip(msgs: list) -> None:
     assert wire.messages_from_frame(decoded) == msgs
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(any_message, max_size=6), st.integers(0, 40))
+def test_fast_raft_frame_encoder_writes_the_same_document(msgs: list, extra: int) -> None:
+    """The peer links' encoder (bin32 batches joined once) decodes to exactly what the plain
+    msgpack encoding decodes to, arrays past 15 batches included."""
+    many = [Batch.create(bytes([i]) * i, 1).placed(i, 1) for i in range(extra)]
+    many.append(Batch.create(b"z" * wire.ZERO_COPY_BYTES, 1).placed(extra, 1))  # left unjoined
+    msgs = [*msgs, m.AppendEntries(1, 2, 3, -1, 0, many, 0, False, 7)]
+    prefix, body = wire.encode_raft_frame(msgs, wire.BatchEncodings())
+    assert struct.unpack(">I", prefix)[0] == len(body)
+    assert b"".join(wire.encode_raft_frame_pieces(msgs)) == prefix + body
+    assert wire.decode_body(body) == wire.decode_body(wire.encode_frame(wire.raft_frame(msgs))[4:])
+    assert wire.messages_from_frame(wire.decode_body(body)) == msgs
+
+
 def test_every_message_type_has_a_tag() -> None:
     for cls in m.MESSAGE_TYPES:
         assert cls in wire._KIND_OF

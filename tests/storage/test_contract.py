@@ -248,26 +248,27 @@ class LogMachine(RuleBasedStateMachine):
         self.batches = [b for b in self.batches if b.last_offset <= self.flushed]
 
     # -- reads ----------------------------------------------------------------------------
-    @rule(data=st.data(), budget=st.integers(0, 5000))
-    def read(self, data: st.DataObject, budget: int) -> None:
+    @rule(data=st.data(), budget=st.integers(0, 5000),
+          max_batches=st.one_of(st.none(), st.integers(1, 4)))
+    def read(self, data: st.DataObject, budget: int, max_batches: int | None) -> None:
         offset = data.draw(st.integers(self.start - 2, self.dirty + 2), label="offset")
         if offset == self.dirty + 1:
-            assert self.log.read(offset, budget) == []
+            assert self.log.read(offset, budget, max_batches) == []
             return
         if not (self.start <= offset <= self.dirty):
             with pytest.raises(OffsetOutOfRange):
-                self.log.read(offset, budget)
+                self.log.read(offset, budget, max_batches)
             return
         want: list[Batch] = []
         used = 0
         for b in self.batches:
             if b.last_offset < offset:
                 continue
-            if want and used + b.size > budget:
+            if want and (used + b.size > budget or len(want) == (max_batches or 1 << 30)):
                 break
             want.append(b)
             used += b.size
-        assert self.log.read(offset, budget) == want
+        assert self.log.read(offset, budget, max_batches) == want
 
     @rule(data=st.data())
     def term_at(self, data: st.DataObject) -> None:

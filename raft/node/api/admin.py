@@ -43,6 +43,7 @@ def status_map(ctx: ApiContext) -> dict[str, Any]:
         {**peers.peer_addresses, peers.node_id: peers.address}.items())}
     st["leader_addr"] = peers.address_of(core.leader_id)
     st["links"] = peers.link_status()
+    st["loop_lag"] = ctx.group.loop_lag.snapshot().to_dict()
     return st
 
 

@@ -20,6 +20,13 @@ from storage.batch import BatchKind, CorruptBatch
 DEFAULT_FETCH_MAX_BYTES = 1 << 20
 # Room for the reply envelope around fetched payloads.
 FRAME_OVERHEAD = 64 * 1024
+# The log is read in slices of at most this many bytes and batches, with a checkpoint between
+# them, and one reply carries at most FETCH_MAX_BATCHES batches (its encoding is one step):
+# with small batches a byte budget alone meant hundreds of thousands of batches to read and
+# encode while every other request, and the node's heartbeats, waited.
+READ_SLICE_BYTES = 1 << 20
+READ_SLICE_BATCHES = 1024
+FETCH_MAX_BATCHES = 8192
 
 
 def parse(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:
@@ -44,6 +51,8 @@ async def execute(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str, A
     offset = req["offset"]
     deadline = trio.current_time() + req["max_wait_ms"] / 1000
     while True:
+        if group.loads is not None:
+            await group.loads.catch_up(group.core.high_watermark)
         hw = visible_hw(group)
         start = group.log.start_offset
         if offset < start or offset > hw + 1:
@@ -54,7 +63,8 @@ async def execute(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str, A
                 start_offset=start, high_watermark=hw)
         if offset <= hw:
             try:
-                batches, next_offset = read_committed(group, offset, hw, req["max_bytes"])
+                batches, next_offset = await read_committed(group, offset, hw,
+                                                            req["max_bytes"])
             except OffsetOutOfRange:  # retention moved the log start under us
                 start = group.log.start_offset
                 return ctx.error(
@@ -74,15 +84,17 @@ async def execute(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str, A
 
 
 def visible_hw(group: RaftGroup) -> int:
-    """What consumers may read: the commit index, held back before any open staged load."""
+    """What consumers may read: the commit index, held back before any open staged load
+    (await `group.loads.catch_up` first, or this applies what is left in one step)."""
     hw = group.core.high_watermark
     return hw if group.loads is None else min(hw, group.loads.stable_offset(hw))
 
 
-def read_committed(group: RaftGroup, offset: int, hw: int,
-                   max_bytes: int) -> tuple[list[dict], int]:
-    """DATA batches from `offset` up to `hw` within `max_bytes` (at least one batch when
-    there is one), and the offset to fetch next (past any skipped control batches)."""
+async def read_committed(group: RaftGroup, offset: int, hw: int,
+                         max_bytes: int) -> tuple[list[dict], int]:
+    """DATA batches from `offset` up to `hw` within `max_bytes` and FETCH_MAX_BATCHES (at
+    least one batch when there is one), and the offset to fetch next (past any skipped
+    control batches). Reads in bounded slices, yielding to the event loop between them."""
     log_storage, loads = group.log, group.loads
     out: list[dict[str, Any]] = []
     used = 0
@@ -90,10 +102,18 @@ def read_committed(group: RaftGroup, offset: int, hw: int,
     # Skipped batches (no-ops, configuration, unpublished staged data) count against a
     # separate scan bound so a reply still carries data when there is some just past them.
     scanned, scan_limit = 0, 4 * max_bytes + (1 << 20)
-    while pos <= hw and (used < max_bytes or not out) and scanned < scan_limit:
-        got = log_storage.read(pos, max(1, max_bytes - used))
+    seen = 0
+    while (pos <= hw and (used < max_bytes or not out) and scanned < scan_limit
+           and seen < FETCH_MAX_BATCHES):
+        if seen:
+            await trio.lowlevel.checkpoint()
+            if pos < log_storage.start_offset:  # retention moved the start meanwhile
+                break
+        got = log_storage.read(pos, min(READ_SLICE_BYTES, max(1, max_bytes - used)),
+                               min(READ_SLICE_BATCHES, FETCH_MAX_BATCHES - seen))
         if not got:
             break
+        seen += len(got)
         for b in got:
             if b.last_offset > hw or (out and used + b.size > max_bytes):
                 return out, pos

@@ -1,0 +1,79 @@
+"""A peer link's two lanes: heartbeats, replies and votes go before queued appends, appends
+keep their order and go in bounded frames, and a heartbeat that overtakes appends carries a
+seq below theirs (the leader's lost-request check assumes in-order delivery)."""
+
+from __future__ import annotations
+
+import random
+
+from raft import messages as m
+from raft.node import peer
+from raft.node.peer import PeerLink
+from storage.batch import Batch
+
+
+def _link(queue_messages: int = 100, queue_bytes: int = 64 << 20) -> PeerLink:
+    return PeerLink(1, 2, "127.0.0.1:1", max_frame_bytes=16 << 20,
+                    queue_messages=queue_messages, queue_bytes=queue_bytes, backoff_min_s=0.05,
+                    backoff_max_s=1.0, rng=random.Random(1))
+
+
+def _ae(seq: int, nbatches: int = 1, size: int = 10) -> m.AppendEntries:
+    batches = [Batch.create(b"x" * size, 1).placed(seq * 10_000 + i, 1) for i in range(nbatches)]
+    return m.AppendEntries(1, 2, 1, seq * 10_000 - 1, 1, batches, 0, False, seq)
+
+
+def test_control_messages_go_first_and_a_heartbeat_never_claims_to_follow_queued_appends() -> None:
+    link = _link()
+    link.enqueue(_ae(5))
+    link.enqueue(_ae(6))
+    link.enqueue(m.Heartbeat(1, 2, 1, 0, 7))
+    link.enqueue(m.RequestVoteReply(1, 2, 1, True))
+    first = link._next_frame()
+    assert [type(x) for x in first] == [m.Heartbeat, m.RequestVoteReply]
+    assert first[0].seq == 4  # below the first append still queued (seq 5)
+    assert [x.seq for x in link._next_frame() + link._next_frame()] == [5, 6]
+
+
+def test_a_heartbeat_behind_no_queued_append_keeps_its_seq() -> None:
+    link = _link()
+    link.enqueue(m.Heartbeat(1, 2, 1, 0, 9))
+    (hb,) = link._next_frame()
+    assert hb.seq == 9
+
+
+def test_bulk_frames_are_bounded_in_bytes_and_batches_but_carry_at_least_one_append() -> None:
+    link = _link()
+    for seq in range(1, 4):
+        link.enqueue(_ae(seq, nbatches=peer.BULK_FRAME_BATCHES // 2 + 1))
+    assert [len(link._next_frame()) for _ in range(3)] == [1, 1, 1]
+    big = _ae(9, nbatches=1, size=peer.BULK_FRAME_BYTES * 2)
+    link.enqueue(big)
+    link.enqueue(_ae(10))
+    assert link._next_frame() == [big]
+    for seq in range(11, 20):
+        link.enqueue(_ae(seq))
+    assert [x.seq for x in link._next_frame()] == [10, *range(11, 20)]  # small ones share
+
+
+def test_a_full_bulk_lane_does_not_cost_a_heartbeat_its_place() -> None:
+    link = _link(queue_messages=2)
+    assert link.enqueue(_ae(1)) and link.enqueue(_ae(2))
+    assert not link.enqueue(_ae(3))
+    assert link.enqueue(m.Heartbeat(1, 2, 1, 0, 4))
+    assert link.dropped_messages == 1
+
+
+def test_a_restarted_stream_drops_the_appends_it_supersedes() -> None:
+    """A leader that resets a follower's stream (a lost request, a slow ack) resends from an
+    earlier offset: the queued appends are obsolete, so they go, instead of piling up."""
+    link = _link()
+    first, second = _ae(1, nbatches=2), _ae(2, nbatches=2)
+    link.enqueue(first)
+    link.enqueue(second)  # in order: kept
+    assert link.superseded_messages == 0
+    again = _ae(3, nbatches=1)
+    again.prev_offset = first.prev_offset  # starts over
+    link.enqueue(again)
+    assert link.superseded_messages == 2
+    assert [x.seq for x in link._next_frame()] == [3]
