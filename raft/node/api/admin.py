@@ -38,6 +38,9 @@ async def status(ctx: ApiContext, _req: None, rid: int) -> dict[str, Any]:
         {**peers.peer_addresses, peers.node_id: peers.address}.items())}
     st["leader_addr"] = peers.address_of(core.leader_id)
     st["links"] = peers.link_status()
+    if ctx.group.retention is not None:
+        # Log start, bytes retained, what holds retention back and what a valve skipped.
+        st["retention"] = ctx.group.retention.report()
     return wire.ok_reply(rid, status=st)
 
 
