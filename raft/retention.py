@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 DEFAULT_SLICE_BYTES = 32 << 20
 DEFAULT_SLICE_BATCHES = 4096
 _READ_BYTES = 4 << 20
+_FIRST_READ_BYTES = 64 << 10
 
 # Why a plan stopped where it did (besides a holder's name).
 SATISFIED = "policy satisfied"
@@ -253,8 +254,10 @@ def plan(log: LogStorage, policy: RetentionPolicy, holds: Iterable[Hold], *, now
         state = StartState.fresh(ctx, start)
         state.states[TERM][0] = start_term
     off = start
+    budget = _FIRST_READ_BYTES  # most rounds look at a batch or two: read little, then more
     while True:
-        batches = log.read(off, _READ_BYTES) if off <= log.flushed_offset else []
+        batches = log.read(off, budget) if off <= log.flushed_offset else []
+        budget = min(budget * 4, _READ_BYTES)
         if not batches:
             planner.end_of_log()
             break
