@@ -190,3 +190,50 @@ def test_the_leader_keeps_what_a_member_has_not_flushed() -> None:
     assert retain(c, leader, RetentionPolicy(max_bytes=1)) == held_from
     # The age valve releases it (the batches are older than its limit).
     assert retain(c, leader, RetentionPolicy(max_bytes=1, valve_age_ms=1)) > held_from
+
+
+def test_the_loads_table_survives_retention_and_a_state_transfer() -> None:
+    """A committed load whose entries retention dropped keeps its outcome; an open load keeps
+    its staged data and can still commit after the log start moved; a node reset to that start
+    (the state transfer) rebuilds the same table from the state alone."""
+    from raft.loads import LoadIndex, StageTag, encode_commit, encode_staged_payload
+    from storage.records import encode_values
+
+    def control(payload: bytes) -> Batch:
+        return Batch.create(payload, 1, kind=BatchKind.CONTROL)
+
+    def staged(lid: str, gen: int) -> Batch:
+        body = encode_staged_payload(StageTag(lid, gen, 0, 0, 0), encode_values([b"r"]))
+        return Batch.create(body, 1, kind=BatchKind.STAGED)
+
+    entries = [Batch.create(encode_values([b"d0"]), 1), control(encode_begin("done")),
+               staged("done", 1), control(encode_commit("done", 1, [(0, 0, 1, 1)])),
+               Batch.create(encode_values([b"d4"]), 1), control(encode_begin("open")),
+               staged("open", 5), Batch.create(encode_values([b"d7"]), 1)]
+    log = MemoryLog()
+    for i, b in enumerate(entries):
+        log.append([b.placed(i, 1)])
+    log.flush()
+    index = LoadIndex(log)
+    assert index.catch_up(7)
+    holds = retention.load_holds(index.table) + [Hold("commit index", 8, False)]
+    p = plan(log, RetentionPolicy(max_bytes=1, low_disk_bytes=1), holds, now_ms=NOW,
+             free_bytes=0, ctx=CTX)
+    assert (p.decision.cut, p.decision.stopped_by) == (5, "load 'open'")
+    log.truncate_prefix(p.decision.cut, p.snapshot)
+
+    fresh = MemoryLog()
+    fresh.reset(5, 1, p.snapshot)  # a follower after the state transfer
+    for b in log.read(5, 1 << 20):
+        fresh.append([b])
+    for lg in (log, fresh):
+        again = LoadIndex(lg)
+        assert again.catch_up(7)
+        done, still_open = again.table.get("done"), again.table.get("open")
+        assert done is not None and done.state.value == "committed" and done.rows == 1
+        assert still_open is not None and still_open.state.value == "open"
+        assert again.stable_offset(7) == 4  # held before the open load
+        lg.append([control(encode_commit("open", 5, [(0, 0, 1, 1)])).placed(8, 1)])
+        assert again.catch_up(8) and again.table.get("open").state.value == "committed"
+        shown = again.visible_batches(lg.read(5, 1 << 20), 8)
+        assert [b.base_offset for b, _ in shown] == [6, 7]
