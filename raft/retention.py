@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 DEFAULT_SLICE_BYTES = 32 << 20
 DEFAULT_SLICE_BATCHES = 4096
 _READ_BYTES = 4 << 20
-_FIRST_READ_BYTES = 64 << 10
+_FIRST_READ_BYTES = 4 << 10
 
 # Why a plan stopped where it did (besides a holder's name).
 SATISFIED = "policy satisfied"
@@ -246,6 +246,9 @@ def plan(log: LogStorage, policy: RetentionPolicy, holds: Iterable[Hold], *, now
     start. Reads only committed (so flushed) batches. Raises OffsetOutOfRange if the log start
     moves while it reads (the caller drops the plan)."""
     start, start_term, stored = log.start_offset, log.start_term, log.snapshot
+    if policy.max_age_ms is None and log.retained_bytes <= (policy.max_bytes or 0):
+        # Within the size limit and no age limit: nothing to read.
+        return Plan(Decision(start, start), start_term, None, stored is not None or start == 0)
     planner = Planner(policy, start=start, total_bytes=log.retained_bytes, now_ms=now_ms,
                       free_bytes=free_bytes, holds=holds)
     if stored is not None:

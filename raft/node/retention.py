@@ -123,22 +123,25 @@ class RetentionTask:
         core, lg = group.core, group.log
         if not policy.active or core is None or lg is None or group.closing:
             return False
-        if policy.max_age_ms is None and lg.retained_bytes <= (policy.max_bytes or 0):
-            self._last.update(stopped_by=SATISFIED, held_by=None)
-            return False  # within the size limit, and no age limit: nothing to look at
         self.rounds += 1
         await self._catch_up_loads()
         holds = self.holders.gather()
         now_ms, free = self._clock_ms(), self._free_bytes()
         before = (lg.start_offset, lg.start_term, lg.snapshot)
         ctx = core.snapshot_context()
+        def stale() -> bool:  # a state transfer reset the log while the plan read it
+            return ((lg.start_offset, lg.start_term) != before[:2]
+                    or lg.snapshot is not before[2])
+
         try:
             p: Plan = await group._run_io(
                 lambda: plan(lg, policy, holds, now_ms=now_ms, free_bytes=free, ctx=ctx))
-        except OffsetOutOfRange:
-            return False  # the log start moved under the plan (a state transfer): next round
-        if (lg.start_offset, lg.start_term) != before[:2] or lg.snapshot is not before[2]:
-            return False  # stale: a state transfer reset the log meanwhile
+        except (OffsetOutOfRange, ValueError):
+            if stale():
+                return False  # the reads raced the reset: plan again next round
+            raise
+        if stale():
+            return False
         d = p.decision
         self._note(p, holds, now_ms, free)
         if d.cut > d.start:
