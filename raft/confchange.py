@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from raft.leader import Waiting
 from raft.membership import ClusterConfig, ConfigEntry
 from raft.progress import FollowerProgress
+from raft.snapshot_sections import stored_config
 from raft.types import ErrorCode, Role
 from storage.batch import Batch, BatchKind
 
@@ -150,12 +151,19 @@ class ConfChanges:
 
     def _load_configs(self, meta: dict | None) -> list[ConfigEntry]:
         """The latest configuration entry still in the log (a crash may have dropped newer,
-        unflushed ones), else the bootstrap configuration."""
-        out = [self._bootstrap_config()]
+        unflushed ones), else the one stored with the log start, else the bootstrap one.
+
+        Below the log start only the configuration stored with the start counts: the saved
+        history may predate a state transfer and name entries of a log this node no longer
+        has (a node must never vote with a configuration older than its log start)."""
+        at_start = stored_config(self.log.snapshot)
+        out = [at_start or self._bootstrap_config()]
         if not meta or "history" not in meta:
             return out
         for item in meta["history"]:
             off, term = int(item["offset"]), int(item["term"])
+            if at_start is not None and off < self.log.start_offset:
+                continue
             if off < 0:
                 out = [ConfigEntry(-1, 0, ClusterConfig.from_dict(item["config"]))]
                 continue

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from raft import messages as m
+from raft.snapshot import TERM, StartState
 from raft.types import InvariantViolation, Role
 from recovery.deferred_flush import DeferredFlush
 from recovery.probe import conflict_hint
@@ -55,16 +56,9 @@ class FollowerSide:
             prev = log.start_offset - 1
         elif prev > log.dirty_offset or log.term_at(prev) != msg.prev_term:
             if msg.log_start_reset:
-                if self.commit_index > prev:
-                    raise InvariantViolation(
-                        f"node {self.node_id}: reset to log start {prev + 1} would drop "
-                        f"committed offsets up to {self.commit_index}")
-                log.reset(prev + 1, msg.prev_term)
-                self.producers.clear()
-                self._configs = [c for c in self._configs if c.offset <= prev]
-                if not self._configs:
-                    self._configs = [self._bootstrap_config()]
-                self._hs_dirty = True
+                if not self._state_transfer(msg):
+                    self._reject(msg)
+                    return
             else:
                 self._reject(msg)
                 return
@@ -106,6 +100,37 @@ class FollowerSide:
         if self._deferred_flush.on_append(log.unflushed_bytes):
             self._flush_wanted = True
         self._send(reply)
+
+    def _state_transfer(self, msg: m.AppendEntries) -> bool:
+        """Our log does not reach or match the leader's log start: restart it there with the
+        state the leader holds at that start. Storage writes the new start and that state in
+        one durable operation before anything after it is appended, so a crash either keeps
+        the old log or has the new start with its tables; never batches without their state.
+        False (the request is rejected) when the state does not decode or does not describe
+        this start."""
+        prev = msg.prev_offset
+        if self.commit_index > prev:
+            raise InvariantViolation(
+                f"node {self.node_id}: reset to log start {prev + 1} would drop "
+                f"committed offsets up to {self.commit_index}")
+        state = None
+        if msg.snapshot is not None:
+            try:
+                state = StartState.from_snapshot(msg.snapshot, self.snapshot_context())
+            except ValueError:
+                return False
+            if state.start_offset != prev + 1 or state.states[TERM][0] != msg.prev_term:
+                return False
+        self.log.reset(prev + 1, msg.prev_term, msg.snapshot)
+        if state is not None:
+            self._restore_start_state(state)
+        else:  # a leader that has no state at its start (a log reset before it was kept)
+            self.producers.clear()
+            self._configs = [c for c in self._configs if c.offset <= prev]
+            if not self._configs:
+                self._configs = [self._bootstrap_config()]
+            self._hs_dirty = True
+        return True
 
     def _reject(self, msg: m.AppendEntries) -> None:
         log = self.log

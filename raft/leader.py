@@ -143,10 +143,12 @@ class LeaderSide:
                 return  # nothing new; heartbeats carry the commit index
             pr.recovering = not chunk.at_tail
             self._seq += 1
+            # A reset carries the state at our log start (the state transfer).
             self._send(m.AppendEntries(self.node_id, pr.node_id, self.term, chunk.prev_offset,
                                        log.term_at(chunk.prev_offset), chunk.batches,
                                        self.commit_index, chunk.flush, self._seq,
-                                       log_start_reset=chunk.log_start_reset))
+                                       log_start_reset=chunk.log_start_reset,
+                                       snapshot=log.snapshot if chunk.log_start_reset else None))
             pr.sent(self._seq, chunk.last_offset, chunk.nbytes)
             if throttle is not None and not chunk.flush and chunk.batches:
                 throttle.take(chunk.nbytes)

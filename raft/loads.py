@@ -263,7 +263,50 @@ class LoadTable:
             load.attempts = {}
         self._open.pop(load.load_id, None)
 
+    # -- the state at a log start (raft/snapshot.py) ---------------------------------------
+    def dump(self) -> dict[str, Any]:
+        """The whole table as a msgpack-able map (LoadTable.load reads it back)."""
+        return {"applied": self.applied, "loads": [
+            [ld.load_id, ld.gen, ld.state.value, ld.begin_ms, ld.last_activity_ms,
+             [[p, a, [[s, b, c] for s, (b, c) in st.seqs.items()], st.bytes]
+              for (p, a), st in ld.attempts.items()],
+             [list(x) for x in sorted(ld.published)], ld.rows, ld.end_offset, ld.reason]
+            for ld in self.loads.values()]}
+
+    @staticmethod
+    def load(d: dict[str, Any]) -> "LoadTable":
+        """A table from dump(); ValueError if it is malformed."""
+        try:
+            t = LoadTable(int(d["applied"]) + 1)
+            for (lid, gen, state, begin, last, attempts, published, rows, end,
+                 reason) in d["loads"]:
+                ld = Load(str(lid), int(gen), LoadState(state), int(begin), int(last),
+                          {(int(p), int(a)): AttemptState(
+                              {int(s): (int(b), int(c)) for s, b, c in seqs}, int(nbytes))
+                           for p, a, seqs, nbytes in attempts},
+                          frozenset((int(p), int(a)) for p, a in published), int(rows),
+                          int(end), str(reason))
+                t.loads[ld.load_id] = ld
+                if ld.state == LoadState.OPEN:
+                    t._open[ld.load_id] = ld.gen
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"the loads table in the state at the log start is malformed "
+                             f"({e!r})") from None
+        return t
+
+    def prune_below(self, offset: int) -> None:
+        """Retention dropped everything before `offset`: a closed load that ended there has no
+        staged batch left to show or hide, so only its outcome is kept (a re-run of a committed
+        load id must still be a no-op)."""
+        for ld in self.loads.values():
+            if ld.state != LoadState.OPEN and 0 <= ld.end_offset < offset and ld.attempts:
+                ld.attempts = {}
+
     # -- queries ---------------------------------------------------------------------------
+    def open_loads(self) -> dict[str, int]:
+        """{load_id: gen} of the open loads (gen = the offset of its load_begin entry)."""
+        return dict(self._open)
+
     def first_open_offset(self) -> int | None:
         return min(self._open.values()) if self._open else None
 
@@ -323,6 +366,24 @@ class LoadIndex:
     def __init__(self, log: LogStorage) -> None:
         self.log = log
         self.table = LoadTable(log.start_offset)
+        self._restore()
+
+    def _restore(self) -> None:
+        """Start over from the state stored with the log start (the table as of the log start;
+        after a restart, or after a state transfer moved the start past what we applied)."""
+        from raft.snapshot import LOADS, section_raw
+
+        raw = section_raw(self.log.snapshot, LOADS)
+        if raw is not None:
+            self.table = LoadTable.load(raw)
+            if self.table.applied + 1 != self.log.start_offset:
+                raise ValueError(f"the loads table stored with the log start was applied up "
+                                 f"to {self.table.applied}, not to the log start "
+                                 f"{self.log.start_offset} - 1")
+        else:
+            # A log that starts at 0, or (before state transfers carried the table) one reset
+            # without it: continue from the start with what we have.
+            self.table.skip_to(self.log.start_offset)
 
     def catch_up(self, commit_index: int, max_bytes: int = 64 << 20,
                  max_batches: int | None = None) -> bool:
@@ -334,7 +395,8 @@ class LoadIndex:
         left = max_batches if max_batches is not None else 1 << 62
         while t.applied < commit_index and budget > 0 and left > 0:
             if t.applied + 1 < self.log.start_offset:
-                t.skip_to(self.log.start_offset)
+                self._restore()
+                t = self.table
                 continue
             if t.applied + 1 > self.log.dirty_offset:
                 return False

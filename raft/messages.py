@@ -33,6 +33,10 @@ class AppendEntries:
     # prev_offset is the leader's log start - 1 (retention dropped everything before): a
     # follower whose log does not reach or match it restarts its log there.
     log_start_reset: bool = False
+    # With log_start_reset: the state at the leader's log start (raft/snapshot.py: term,
+    # configuration, producer and loads tables, ...). The follower stores it with the reset, in
+    # one storage operation, before it appends anything after it: the state transfer.
+    snapshot: dict | None = None
 
 
 @dataclass(slots=True)

@@ -78,3 +78,25 @@ class ProducerTable:
 
     def clear(self) -> None:
         self._by_pid.clear()
+
+    # -- the state at a log start (raft/snapshot.py) -------------------------------------------
+    def dump(self) -> list[list]:
+        """[[producer id, [[sequence, base, last], ...]], ...], least recently written first:
+        what a node that no longer holds these batches needs to answer retries with the
+        original offsets."""
+        return [[pid, [[w.sequence, w.base_offset, w.last_offset] for w in seen]]
+                for pid, seen in self._by_pid.items()]
+
+    def load(self, rows: list) -> None:
+        """Replace the table with a dump(); ValueError if it is malformed."""
+        by_pid: OrderedDict[int, deque[Written]] = OrderedDict()
+        try:
+            for pid, seen in rows:
+                by_pid[int(pid)] = deque((Written(int(s), int(b), int(e)) for s, b, e in seen),
+                                         maxlen=self.window)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"the producer table in the state at the log start is malformed "
+                             f"({e})") from None
+        while len(by_pid) > self.max_producers:
+            by_pid.popitem(last=False)
+        self._by_pid = by_pid

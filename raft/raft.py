@@ -37,6 +37,7 @@ from raft.follower import FollowerSide
 from raft.leader import LeaderSide, Waiting
 from raft.membership import ClusterConfig, ConfigEntry
 from raft.producers import ProducerTable, Verdict
+from raft.snapshot import CONFIG, PRODUCERS, SnapshotContext, StartState, section_raw
 from raft.progress import FollowerProgress
 from raft.ready import FollowerStatus, HardState, ProduceAnswer, Ready, Status
 from raft.types import Acks, ErrorCode, InvariantViolation, Role
@@ -69,6 +70,11 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges):
         self._checkpoint_elapsed = 0
         self._configs: list[ConfigEntry] = self._load_configs(meta.config)
         self.producers = ProducerTable(cfg.producer_window, cfg.max_producers)
+        # The tables as of the log start come from the state stored with it (retention or a
+        # state transfer dropped the batches that built them); the log after it does the rest.
+        raw = section_raw(log.snapshot, PRODUCERS)
+        if raw is not None:
+            self.producers.load(raw)
         self._rebuild_from_log()
 
         self._election_elapsed = 0
@@ -265,7 +271,23 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges):
         cfg = self.config
         return Status(self.node_id, self.role, self.term, self.leader_id, self.log.dirty_offset,
                       self.log.flushed_offset, self.commit_index, self.high_watermark,
-                      self.log.start_offset, list(cfg.voters), list(cfg.learners), followers)
+                      self.log.start_offset, list(cfg.voters), list(cfg.learners), followers,
+                      self.log.retained_bytes, self.log.start_term)
+
+    def snapshot_context(self) -> SnapshotContext:
+        """What the sections of the state at the log start need on this node (raft/snapshot.py):
+        the producer table's bounds and the configuration before the log's first CONFIG."""
+        first = self._configs[0]
+        boot = first if first.offset < 0 else self._bootstrap_config()
+        return SnapshotContext(self.cfg.producer_window, self.cfg.max_producers,
+                               boot.config.to_dict())
+
+    def _restore_start_state(self, state: StartState) -> None:
+        """Take the tables from the state at a new log start (after a state transfer reset the
+        log there): the configuration in force and the producer table, as of start - 1."""
+        self.producers = state.states[PRODUCERS]
+        self._configs = [state.states[CONFIG][0]]
+        self._hs_dirty = True
 
     def progress(self, node_id: int) -> FollowerProgress | None:
         """The leader's view of one follower (None elsewhere); for the runtime and tests."""

@@ -79,3 +79,7 @@ class Status:
     voters: list[int]
     learners: list[int]
     followers: list[FollowerStatus] = field(default_factory=list)
+    # Encoded bytes of the batches this node's log holds (what retention by size counts).
+    retained_bytes: int = 0
+    # The term of the entry just before the log start (from the state at the log start).
+    start_term: int = 0

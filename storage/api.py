@@ -137,6 +137,21 @@ class LogStorage(abc.ABC):
     def unflushed_bytes(self) -> int:
         """Encoded bytes appended but not yet flushed."""
 
+    @property
+    @abc.abstractmethod
+    def retained_bytes(self) -> int:
+        """Encoded bytes of every batch held from start_offset to dirty_offset (what retention
+        by size counts)."""
+
+    @property
+    @abc.abstractmethod
+    def snapshot(self) -> dict | None:
+        """The state at the log start (the replicated tables as of start_offset - 1: cluster
+        configuration, producer table, loads table, ...) as an opaque msgpack-able map, or None
+        when none was given. Storage never looks inside: it keeps the map with the start it
+        describes, written in the same transaction (truncate_prefix, reset, persist_start), so
+        a crash can never pair a start with another start's state."""
+
     # -- writes ---------------------------------------------------------------------------
     @abc.abstractmethod
     def append(self, batches: Sequence[Batch]) -> None:
@@ -158,14 +173,33 @@ class LogStorage(abc.ABC):
         Durable before it returns. flushed_offset becomes min(flushed, after_offset)."""
 
     @abc.abstractmethod
-    def truncate_prefix(self, offset: int) -> None:
+    def truncate_prefix(self, offset: int, snapshot: dict | None = None) -> None:
         """Retention: drop whole batches that end before `offset` (offset must be a batch base
-        or dirty_offset + 1, and <= flushed_offset + 1). Durable before it returns."""
+        or dirty_offset + 1, and <= flushed_offset + 1), and make `snapshot` the state at the
+        new start (None: no state is known there). Durable, in one transaction, before it
+        returns; if the disk step raises, the log is exactly as before."""
 
     @abc.abstractmethod
-    def reset(self, start_offset: int, start_term: int) -> None:
-        """Drop the whole log and restart it empty at `start_offset` (a follower that needs
-        offsets below the leader's log start). Durable before it returns."""
+    def advance_start(self, offset: int, snapshot: dict | None = None) -> None:
+        """The in-memory half of truncate_prefix, for a caller that must not wait for the disk:
+        from now on start_offset is `offset`, `snapshot` is the state there and reads below it
+        raise OffsetOutOfRange; nothing is written. Cheap; call it from the owning thread. The
+        durable log keeps its old start (and that start's state) until persist_start(), so a
+        crash in between comes back with the longer log, which is just as consistent."""
+
+    @abc.abstractmethod
+    def persist_start(self) -> None:
+        """The disk half: delete the batches below the in-memory start and write that start
+        and its snapshot, in one fsynced transaction (nothing to do when the disk already
+        agrees). May run in a worker thread while the owner appends and reads. If it raises,
+        the disk is unchanged and the in-memory start stays where advance_start put it (reads
+        never go below it again); call it again later."""
+
+    @abc.abstractmethod
+    def reset(self, start_offset: int, start_term: int, snapshot: dict | None = None) -> None:
+        """Drop the whole log and restart it empty at `start_offset` with `snapshot` as the
+        state there (a follower that needs offsets below the leader's log start: the state
+        transfer). Durable, in one transaction, before it returns."""
 
     # -- reads ----------------------------------------------------------------------------
     @abc.abstractmethod

@@ -19,9 +19,14 @@ Threading rules (a flush runs in a worker thread while the owning thread appends
   reset, save_meta. A truncation or reset issued while a flush is in flight therefore waits until
   that flush has committed (it then sees the flushed batches as durable and cuts them on disk too).
 - A flush snapshots the tail prefix at its start; appends made while it runs stay in the tail.
-- Writers that shrink the log (truncations, reset) hold `_lock` across their transaction, so no
-  reader sees keys deleted on disk that the in-memory view still counts as flushed. They are
-  called from the owning thread, which waits for their fsync anyway.
+- Writers that shrink the log from the end (truncate_suffix, reset) hold `_lock` across their
+  transaction, so no reader sees keys deleted on disk that the in-memory view still counts as
+  flushed. They are called from the owning thread, which waits for their fsync anyway.
+- Retention shrinks it from the front in two steps: advance_start raises the readable start in
+  memory (under `_lock`, cheap), then persist_start deletes the keys below it holding only
+  `_write_lock`, so a long delete in a worker thread never blocks the owner's appends and reads
+  (none of them reads below the start any more). Freed LMDB pages are reused by later flushes,
+  so the file stops growing at the retained size.
 
 One owner per directory: the log holds an exclusive flock on `<dir>/LOCK` (with the owner's pid
 in it) while open; a second opener, in this process or another, gets DataDirLocked at once. The
@@ -30,18 +35,16 @@ kernel drops the lock when the owner dies, however it dies.
 Opening checks that the stored batches are contiguous from the start record, with terms never
 going backwards; anything else cannot come from a crash and raises LogInconsistent.
 
-Layout: sub-db `log` maps the big-endian base offset (8 bytes) to `Batch.encode()`; sub-db `meta`
-holds `meta` (term, vote, config, extra) and `start` ([start_offset, start_term]), msgpack-encoded.
+The layout on disk (keys, the start record and the state stored with it) is in
+storage/lmdb_format.py.
 """
 
 from __future__ import annotations
 
 import bisect
 import errno
-import fcntl
 import logging
 import os
-import struct
 import threading
 import time
 import weakref
@@ -64,6 +67,19 @@ from storage.api import (
     TailFull,
 )
 from storage.batch import HEADER_SIZE, Batch, CorruptBatch
+from storage.dirlock import LOCK_FILE, lock_dir, unlock_dir
+from storage.lmdb_format import (
+    HEAD,
+    KEY,
+    META_KEY,
+    SNAPSHOT_KEY,
+    START_KEY,
+    check_next,
+    decode_meta,
+    decode_snapshot,
+    decode_start,
+    key,
+)
 
 # BENCH ONLY: RAFTLOG_BENCH_FSYNC_DELAY_MS adds a fixed delay to every fsynced transaction, to
 # show what deferred flushing buys on a slow (cloud) disk. Never set it in production.
@@ -75,60 +91,8 @@ DEFAULT_MAP_SIZE = 64 << 20
 DEFAULT_MAX_MAP_SIZE = 1 << 40
 PROGRESS_EVERY_S = 5.0
 
-_KEY = struct.Struct(">Q")
-# base_offset (q), count (I), term (q) at the head of every encoded batch (see storage.batch).
-_HEAD = struct.Struct("<qIq")
-_META_KEY = b"meta"
-_START_KEY = b"start"
-LOCK_FILE = "LOCK"
 
 T = TypeVar("T")
-
-
-def _key(offset: int) -> bytes:
-    return _KEY.pack(offset)
-
-
-def _lock_dir(path: str) -> int:
-    """Create `path` if needed and take the exclusive flock on `<path>/LOCK`; return its fd.
-    Raises DataDirLocked at once if another open log holds it (never waits)."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        raise StorageError(f"cannot open the LMDB log at {path}: {e.strerror or e}; check the "
-                           f"path exists, is writable and is not on a full disk") from e
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        pid = _lock_owner(fd)
-        os.close(fd)
-        raise DataDirLocked(path, pid) from None
-    except OSError as e:
-        os.close(fd)
-        raise StorageError(f"cannot lock the LMDB log at {path} ({e.strerror or e}); put the "
-                           f"data dir on a local filesystem that supports flock") from e
-    try:  # who holds it, for the next opener's error message (informational only)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    except OSError:
-        pass
-    return fd
-
-
-def _lock_owner(fd: int) -> int | None:
-    try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        return int(text) if text else None
-    except (OSError, ValueError):
-        return None
-
-
-def _unlock_dir(fd: int) -> None:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
 
 
 class LmdbLog(LogStorage):
@@ -151,10 +115,10 @@ class LmdbLog(LogStorage):
         self._term_firsts: list[int] = []
         self._term_terms: list[int] = []
         # The directory lock comes first: a second opener must not even open the environment.
-        fd = _lock_dir(self.path)
+        fd = lock_dir(self.path)
         # Released by close(), or when this object is collected without close() (nothing can
         # write through an unreachable log), or by the kernel when the process dies.
-        self._release_dir = weakref.finalize(self, _unlock_dir, fd)
+        self._release_dir = weakref.finalize(self, unlock_dir, fd)
         try:
             try:
                 self._env = lmdb.open(self.path, subdir=True, max_dbs=4, map_size=map_size,
@@ -178,29 +142,32 @@ class LmdbLog(LogStorage):
         started = time.monotonic()
         last_report = started
         with self._env.begin(buffers=True) as txn:
-            raw = txn.get(_START_KEY, db=self._meta_db)
-            start, start_term = self._decode_start(raw)
-            raw = txn.get(_META_KEY, db=self._meta_db)
+            raw = txn.get(START_KEY, db=self._meta_db)
+            start, start_term = decode_start(self.path, raw)
+            raw = txn.get(META_KEY, db=self._meta_db)
             if raw is not None:
-                self._decode_meta(bytes(raw))  # undecodable metadata fails the open, not later
+                decode_meta(self.path, bytes(raw))  # undecodable metadata fails the open, not later
+            self._snapshot = decode_snapshot(self.path, txn.get(SNAPSHOT_KEY, db=self._meta_db))
+            nbytes = 0
             last = start - 1
             last_term = start_term
             n = 0
             cur = txn.cursor(db=self._log_db)
             for k, v in cur:
-                base, count, term = _HEAD.unpack_from(v, 0) if len(v) >= HEADER_SIZE else (
+                base, count, term = HEAD.unpack_from(v, 0) if len(v) >= HEADER_SIZE else (
                     -1, 0, 0)
-                key_base = _KEY.unpack(bytes(k))[0]
+                key_base = KEY.unpack(bytes(k))[0]
                 if base != key_base or count < 1:
                     raise CorruptBatch(key_base, "batch header does not match its key while "
                                                  "opening the log")
-                self._check_next(start, last, last_term, base, count, term)
+                check_next(self.path, start, last, last_term, base, count, term)
                 if not self._term_terms or self._term_terms[-1] != term:
                     self._term_firsts.append(base)
                     self._term_terms.append(term)
                 last = base + count - 1
                 last_term = term
                 n += 1
+                nbytes += len(v)
                 if n % 4096 == 0:
                     now = time.monotonic()
                     if now - last_report >= PROGRESS_EVERY_S:
@@ -208,55 +175,13 @@ class LmdbLog(LogStorage):
                         log.info("opening_log path=%s batches=%d last_offset=%d elapsed_s=%.0f",
                                  self.path, n, last, now - started)
         self._start, self._start_term = int(start), int(start_term)
+        self._durable_start = self._start
         self._flushed = last
         self._dirty = last
+        self._bytes = nbytes
         if time.monotonic() - started >= PROGRESS_EVERY_S:
             log.info("opened_log path=%s batches=%d start=%d last_offset=%d elapsed_s=%.0f",
                      self.path, n, self._start, last, time.monotonic() - started)
-
-    def _check_next(self, start: int, last: int, last_term: int, base: int, count: int,
-                    term: int) -> None:
-        """The stored batch base..base+count-1 of `term` must follow the one ending at `last`
-        (start - 1 for the first) with no gap, no overlap and no lower term. Every writer keeps
-        this in one transaction, so a crash cannot break it: refuse the log if it is broken."""
-        end = base + count - 1
-        if base < start:
-            raise LogInconsistent(
-                self.path, f"the batch at offsets {base}..{end} lies before the log start offset "
-                           f"{start} recorded with it", (base, end, start))
-        if base <= last:
-            raise LogInconsistent(
-                self.path, f"the batch at offsets {base}..{end} (term {term}) overlaps the batch "
-                           f"ending at offset {last} (term {last_term})", (base, end, last))
-        if base > last + 1:
-            raise LogInconsistent(
-                self.path, f"offsets {last + 1}..{base - 1} are missing: the batch at offset "
-                           f"{base} follows one ending at offset {last}"
-                           + (f" (the log start is {start})" if last == start - 1 else ""),
-                (last + 1, base - 1))
-        if term < last_term:
-            raise LogInconsistent(
-                self.path, f"the term goes backwards at offset {base}: {term} after {last_term} "
-                           f"(at offset {last})", (base, last))
-
-    def _decode_start(self, raw: bytes | memoryview | None) -> tuple[int, int]:
-        if raw is None:
-            return 0, 0
-        try:
-            start, start_term = msgpack.unpackb(bytes(raw))
-            return int(start), int(start_term)
-        except (ValueError, TypeError, msgpack.UnpackException) as e:
-            raise LogInconsistent(self.path, f"the log start record cannot be decoded ({e})"
-                                  ) from None
-
-    def _decode_meta(self, raw: bytes) -> Meta:
-        try:
-            d = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-            return Meta(term=d["term"], voted_for=d["voted_for"], config=d["config"],
-                        extra=d["extra"])
-        except (ValueError, TypeError, KeyError, msgpack.UnpackException) as e:
-            raise LogInconsistent(self.path, f"the term/vote metadata cannot be decoded ({e!r})"
-                                  ) from None
 
     # -- positions ---------------------------------------------------------------------------
     @property
@@ -278,6 +203,14 @@ class LmdbLog(LogStorage):
     @property
     def unflushed_bytes(self) -> int:
         return self._unflushed
+
+    @property
+    def retained_bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def snapshot(self) -> dict | None:
+        return self._snapshot
 
     # -- LMDB write plumbing -------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -356,6 +289,7 @@ class LmdbLog(LogStorage):
                     self._term_firsts.append(b.base_offset)
                     self._term_terms.append(b.term)
             self._unflushed += size
+            self._bytes += size
             self._dirty = expect - 1
 
     def flush(self, upto: int | None = None) -> int:
@@ -373,7 +307,7 @@ class LmdbLog(LogStorage):
                 flushed = self._flushed  # only writers change it, and we hold _write_lock
             if not snap:
                 return flushed
-            encoded = [(_key(b.base_offset), b.encode()) for b in snap]
+            encoded = [(key(b.base_offset), b.encode()) for b in snap]
             first, end = snap[0].base_offset, snap[-1].last_offset
 
             def put_all(txn: lmdb.Transaction) -> None:
@@ -381,14 +315,14 @@ class LmdbLog(LogStorage):
                 # Memory and disk must agree before we add to the disk: nothing stored past the
                 # flushed offset, and the last stored batch ends at it. Two cursor moves; they
                 # turn a disagreement into a refusal instead of an overlapping log.
-                if cur.set_range(_key(first)):
-                    stale = _KEY.unpack(bytes(cur.key()))[0]
+                if cur.set_range(key(first)):
+                    stale = KEY.unpack(bytes(cur.key()))[0]
                     raise LogInconsistent(
                         self.path, f"flushing offsets {first}..{end} found a stored batch at "
                                    f"offset {stale}, past the flushed offset {flushed}",
                         (first, end, stale))
                 if cur.last():
-                    base, count, _ = _HEAD.unpack_from(cur.value(), 0)
+                    base, count, _ = HEAD.unpack_from(cur.value(), 0)
                     if base + count - 1 != flushed:
                         raise LogInconsistent(
                             self.path, f"the last stored batch ends at offset {base + count - 1}"
@@ -425,16 +359,23 @@ class LmdbLog(LogStorage):
             if after_offset < self._flushed:
                 # Disk first (under _lock: readers wait, see the module docstring). If this
                 # raises, nothing below runs and memory still matches the untouched disk.
-                def delete_after(txn: lmdb.Transaction) -> None:
+                def delete_after(txn: lmdb.Transaction) -> int:
                     cur = txn.cursor(db=self._log_db)
-                    if cur.set_range(_key(after_offset + 1)):
-                        while cur.delete():
-                            pass
+                    gone = 0
+                    if cur.set_range(key(after_offset + 1)):
+                        while True:
+                            gone += len(cur.value())
+                            if not cur.delete():
+                                break
+                    return gone
 
-                self._write(f"suffix truncation after {after_offset}", delete_after)
+                self._bytes -= self._write(f"suffix truncation after {after_offset}",
+                                           delete_after)
                 self._flushed = after_offset
             i = bisect.bisect_right(self._tail_bases, after_offset)
-            self._unflushed -= sum(b.size for b in self._tail[i:])
+            tail_gone = sum(b.size for b in self._tail[i:])
+            self._unflushed -= tail_gone
+            self._bytes -= tail_gone
             del self._tail[i:]
             del self._tail_bases[i:]
             j = bisect.bisect_right(self._term_firsts, after_offset)
@@ -442,47 +383,104 @@ class LmdbLog(LogStorage):
             del self._term_terms[j:]
             self._dirty = after_offset
 
-    def truncate_prefix(self, offset: int) -> None:
+    def truncate_prefix(self, offset: int, snapshot: dict | None = None) -> None:
         self._check_open()
-        with self._write_lock, self._lock:
-            if offset <= self._start:
-                return
-            if offset > self._flushed + 1:
-                raise ValueError(f"prefix truncation to {offset} passes the flushed offset "
-                                 f"{self._flushed}; flush first")
-            if offset != self._dirty + 1 and self._batch_containing_locked(offset)[0] != offset:
-                raise ValueError(f"prefix truncation to {offset} is not at a batch boundary")
-            new_term = self._term_at_locked(offset - 1)
+        with self._write_lock:
+            with self._lock:
+                if offset <= self._start:
+                    return
+                before = (self._start, self._start_term, self._snapshot, self._bytes,
+                          list(self._term_firsts), list(self._term_terms))
+                self._advance_locked(offset, snapshot)
+            try:
+                self._persist_start_locked()
+            except BaseException:
+                with self._lock:  # the disk is unchanged: so is the log, memory included
+                    (self._start, self._start_term, self._snapshot, self._bytes,
+                     self._term_firsts, self._term_terms) = before
+                raise
 
-            def delete_before(txn: lmdb.Transaction) -> None:
-                txn.put(_START_KEY, msgpack.packb([offset, new_term]), db=self._meta_db)
-                cur = txn.cursor(db=self._log_db)
-                if cur.first():
-                    while cur.key() and _KEY.unpack(cur.key())[0] < offset:
-                        if not cur.delete():
-                            break
-
-            self._write(f"prefix truncation to {offset}", delete_before)  # disk first
-            self._start, self._start_term = offset, new_term
-            j = bisect.bisect_right(self._term_firsts, offset) - 1
-            if j > 0:
-                del self._term_firsts[:j]
-                del self._term_terms[:j]
-
-    def reset(self, start_offset: int, start_term: int) -> None:
+    def advance_start(self, offset: int, snapshot: dict | None = None) -> None:
         self._check_open()
+        with self._lock:
+            if offset > self._start:
+                self._advance_locked(offset, snapshot)
+
+    def _advance_locked(self, offset: int, snapshot: dict | None) -> None:
+        """Raise the readable start to `offset` (memory only). Readers check the start under
+        _lock, so none reads below it afterwards, and the disk may then drop those keys without
+        holding _lock (a long delete does not stall the owner's appends and reads)."""
+        if offset > self._flushed + 1:
+            raise ValueError(f"prefix truncation to {offset} passes the flushed offset "
+                             f"{self._flushed}; flush first")
+        if offset != self._dirty + 1 and self._batch_containing_locked(offset)[0] != offset:
+            raise ValueError(f"prefix truncation to {offset} is not at a batch boundary")
+        new_term = self._term_at_locked(offset - 1)
+        gone = 0
+        with self._env.begin(db=self._log_db, buffers=True) as txn:
+            cur = txn.cursor()
+            if cur.set_range(key(self._start)):
+                for k, v in cur:
+                    if KEY.unpack(k)[0] >= offset:
+                        break
+                    gone += len(v)
+        self._start, self._start_term = offset, new_term
+        self._snapshot = snapshot
+        self._bytes -= gone
+        j = bisect.bisect_right(self._term_firsts, offset) - 1
+        if j > 0:
+            del self._term_firsts[:j]
+            del self._term_terms[:j]
+
+    def persist_start(self) -> None:
+        self._check_open()
+        with self._write_lock:
+            self._persist_start_locked()
+
+    def _persist_start_locked(self) -> None:
+        """Caller holds _write_lock (so nothing else writes, and flushes only add keys above
+        the flushed offset). Deletes the keys below the in-memory start as of now."""
+        with self._lock:
+            start, term, snap = self._start, self._start_term, self._snapshot
+        packed_snap = None if snap is None else msgpack.packb(snap, use_bin_type=True)
+
+        def delete_before(txn: lmdb.Transaction) -> None:
+            txn.put(START_KEY, msgpack.packb([start, term]), db=self._meta_db)
+            if packed_snap is None:
+                txn.delete(SNAPSHOT_KEY, db=self._meta_db)
+            else:
+                txn.put(SNAPSHOT_KEY, packed_snap, db=self._meta_db)
+            cur = txn.cursor(db=self._log_db)
+            if cur.first():
+                while cur.key() and KEY.unpack(cur.key())[0] < start:
+                    if not cur.delete():
+                        break
+
+        self._write(f"prefix truncation to {start}", delete_before)
+        self._durable_start = start
+
+    def reset(self, start_offset: int, start_term: int, snapshot: dict | None = None) -> None:
+        self._check_open()
+        packed_snap = None if snapshot is None else msgpack.packb(snapshot, use_bin_type=True)
         with self._write_lock, self._lock:
             def wipe(txn: lmdb.Transaction) -> None:
                 txn.drop(self._log_db, delete=False)
-                txn.put(_START_KEY, msgpack.packb([start_offset, start_term]), db=self._meta_db)
+                txn.put(START_KEY, msgpack.packb([start_offset, start_term]), db=self._meta_db)
+                if packed_snap is None:
+                    txn.delete(SNAPSHOT_KEY, db=self._meta_db)
+                else:
+                    txn.put(SNAPSHOT_KEY, packed_snap, db=self._meta_db)
 
             self._write(f"reset to offset {start_offset}", wipe)  # disk first
             self._tail.clear()
             self._tail_bases.clear()
             self._unflushed = 0
+            self._bytes = 0
             self._term_firsts.clear()
             self._term_terms.clear()
             self._start, self._start_term = start_offset, start_term
+            self._durable_start = start_offset
+            self._snapshot = snapshot
             self._dirty = self._flushed = start_offset - 1
 
     # -- reads -------------------------------------------------------------------------------
@@ -494,13 +492,13 @@ class LmdbLog(LogStorage):
         with self._env.begin(db=self._log_db, buffers=True) as txn:
             cur = txn.cursor()
             k, v = self._seek(cur, offset)
-            base, count, _ = _HEAD.unpack_from(v, 0)
+            base, count, _ = HEAD.unpack_from(v, 0)
             return base, base + count - 1
 
     @staticmethod
     def _seek(cur: lmdb.Cursor, offset: int) -> tuple[bytes, memoryview]:
         """Position `cur` on the batch holding `offset` (largest key <= offset)."""
-        want = _key(offset)
+        want = key(offset)
         if cur.set_range(want):
             if bytes(cur.key()) != want:
                 cur.prev()
@@ -524,7 +522,7 @@ class LmdbLog(LogStorage):
                     cur = txn.cursor()
                     self._seek(cur, offset)  # then iternext walks in C from there
                     for k, v in cur.iternext():
-                        base = _KEY.unpack(k)[0]
+                        base = KEY.unpack(k)[0]
                         if base > flushed:
                             break
                         size = len(v)
@@ -570,10 +568,10 @@ class LmdbLog(LogStorage):
     def load_meta(self) -> Meta:
         self._check_open()
         with self._lock, self._env.begin(db=self._meta_db) as txn:
-            raw = txn.get(_META_KEY)
+            raw = txn.get(META_KEY)
         if raw is None:
             return Meta()
-        return self._decode_meta(raw)
+        return decode_meta(self.path, raw)
 
     def save_meta(self, meta: Meta) -> None:
         self._check_open()
@@ -581,7 +579,7 @@ class LmdbLog(LogStorage):
                              "config": meta.config, "extra": meta.extra}, use_bin_type=True)
         with self._write_lock:
             self._write("saving term/vote metadata",
-                        lambda txn: txn.put(_META_KEY, raw, db=self._meta_db))
+                        lambda txn: txn.put(META_KEY, raw, db=self._meta_db))
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:

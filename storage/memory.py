@@ -40,6 +40,7 @@ class MemoryLog(LogStorage):
         self._d_batches: list[Batch] = []
         self._d_start = 0
         self._d_start_term = 0
+        self._d_snapshot: dict | None = None
         self._d_meta = Meta()
         # op -> exceptions to raise, in order, at its next durable writes (see fail_next).
         self._faults: dict[str, list[StorageError]] = {}
@@ -87,8 +88,10 @@ class MemoryLog(LogStorage):
         self._bases: list[int] = [b.base_offset for b in self._batches]
         self._start = self._d_start
         self._start_term = self._d_start_term
+        self._snapshot = copy.deepcopy(self._d_snapshot)
         self._flushed = self._batches[-1].last_offset if self._batches else self._start - 1
         self._unflushed_bytes = 0
+        self._bytes = sum(b.size for b in self._batches)
 
     def crash(self) -> None:
         """Lose everything past the flushed offset, as a power cut would."""
@@ -115,6 +118,14 @@ class MemoryLog(LogStorage):
     def unflushed_bytes(self) -> int:
         return self._unflushed_bytes
 
+    @property
+    def retained_bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def snapshot(self) -> dict | None:
+        return self._snapshot
+
     # -- writes ----------------------------------------------------------------------------------
     def append(self, batches: Sequence[Batch]) -> None:
         if not batches:
@@ -136,6 +147,7 @@ class MemoryLog(LogStorage):
             self._batches.append(b)
             self._bases.append(b.base_offset)
         self._unflushed_bytes += size
+        self._bytes += size
 
     def flush(self, upto: int | None = None) -> int:
         # Invariant: the durable list holds exactly the live batches up to the flushed offset.
@@ -158,6 +170,7 @@ class MemoryLog(LogStorage):
         i = self._index_after(after_offset)
         if after_offset < self._flushed:
             self._disk_write("truncate_suffix")
+        self._bytes -= sum(b.size for b in self._batches[i:])
         del self._batches[i:]
         del self._bases[i:]
         if after_offset < self._flushed:
@@ -166,30 +179,57 @@ class MemoryLog(LogStorage):
             self._flushed = after_offset
         self._unflushed_bytes = sum(b.size for b in self._batches if b.last_offset > self._flushed)
 
-    def truncate_prefix(self, offset: int) -> None:
+    def truncate_prefix(self, offset: int, snapshot: dict | None = None) -> None:
         if offset <= self._start:
             return
+        i = self._prefix_index(offset)
+        self._disk_write("truncate_prefix")
+        self._cut_live(i, offset, snapshot)
+        self._persist()
+
+    def advance_start(self, offset: int, snapshot: dict | None = None) -> None:
+        if offset <= self._start:
+            return
+        self._cut_live(self._prefix_index(offset), offset, snapshot)
+
+    def persist_start(self) -> None:
+        if (self._d_start, self._d_start_term) == (self._start, self._start_term) and \
+                self._d_snapshot == self._snapshot:
+            return
+        self._disk_write("truncate_prefix")  # the same disk step as a prefix truncation
+        self._persist()
+
+    def _prefix_index(self, offset: int) -> int:
+        """Index of the first batch kept by a prefix truncation to `offset` (checked)."""
         if offset > self._flushed + 1:
             raise ValueError(f"prefix truncation to {offset} passes the flushed offset "
                              f"{self._flushed}; flush first")
         if offset == self.dirty_offset + 1:
-            i = len(self._batches)
-        else:
-            i = bisect.bisect_left(self._bases, offset)
-            if i >= len(self._bases) or self._bases[i] != offset:
-                raise ValueError(f"prefix truncation to {offset} is not at a batch boundary")
+            return len(self._batches)
+        i = bisect.bisect_left(self._bases, offset)
+        if i >= len(self._bases) or self._bases[i] != offset:
+            raise ValueError(f"prefix truncation to {offset} is not at a batch boundary")
+        return i
+
+    def _cut_live(self, i: int, offset: int, snapshot: dict | None) -> None:
         new_start_term = self._batches[i - 1].term
-        self._disk_write("truncate_prefix")
+        self._bytes -= sum(b.size for b in self._batches[:i])
         del self._batches[:i]
         del self._bases[:i]
         self._start, self._start_term = offset, new_start_term
-        self._d_batches = [b for b in self._d_batches if b.base_offset >= offset]
-        self._d_start, self._d_start_term = offset, new_start_term
+        self._snapshot = copy.deepcopy(snapshot)
 
-    def reset(self, start_offset: int, start_term: int) -> None:
+    def _persist(self) -> None:
+        """The durable prefix follows the live start (everything below it was flushed)."""
+        self._d_batches = [b for b in self._d_batches if b.base_offset >= self._start]
+        self._d_start, self._d_start_term = self._start, self._start_term
+        self._d_snapshot = copy.deepcopy(self._snapshot)
+
+    def reset(self, start_offset: int, start_term: int, snapshot: dict | None = None) -> None:
         self._disk_write("reset")
         self._d_batches = []
         self._d_start, self._d_start_term = start_offset, start_term
+        self._d_snapshot = copy.deepcopy(snapshot)
         self._load_durable()
 
     # -- reads -----------------------------------------------------------------------------------

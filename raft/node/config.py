@@ -144,6 +144,41 @@ def _parse_raft_options(items: list[str]) -> dict[str, Any]:
     return out
 
 
+_RETENTION_SETTINGS = ("retention_bytes", "retention_ms", "retention_min_ms",
+                       "retention_max_ms", "low_disk_mb")
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2,
+               "mb": 1000**2, "mib": 1 << 20, "g": 1000**3, "gb": 1000**3, "gib": 1 << 30,
+               "t": 1000**4, "tb": 1000**4, "tib": 1 << 40}
+_DURATION_UNITS = {"": 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000,
+                   "d": 86_400_000, "w": 7 * 86_400_000}
+
+
+def _number_with_unit(text: str, units: dict[str, int], name: str, example: str) -> int:
+    t = text.strip().lower().replace(" ", "")
+    i = len(t)
+    while i and not t[i - 1].isdigit():
+        i -= 1
+    num, unit = t[:i], t[i:]
+    if not num or unit not in units:
+        raise ConfigError(f"{name} {text!r} must be a whole number with an optional unit "
+                          f"({', '.join(u for u in units if u)}), e.g. {example}")
+    try:
+        return int(num) * units[unit]
+    except ValueError:
+        raise ConfigError(f"{name} {text!r} must be a whole number with an optional unit, "
+                          f"e.g. {example}") from None
+
+
+def parse_size(text: str, name: str = "size") -> int:
+    """'64MiB' -> 67108864 (KiB/MiB/GiB/TiB are powers of 2, KB/MB/GB/TB of 10)."""
+    return _number_with_unit(text, _SIZE_UNITS, name, "64MiB")
+
+
+def parse_duration_ms(text: str, name: str = "duration") -> int:
+    """'7d' -> 604800000; a bare number is milliseconds."""
+    return _number_with_unit(text, _DURATION_UNITS, name, "7d or 3600000")
+
+
 def _parse_bool(text: str) -> bool:
     if text.lower() in ("1", "true", "yes", "on"):
         return True
@@ -249,6 +284,18 @@ class NodeConfig:
     # Any other RaftConfig keyword (forward compatible with knobs the core adds).
     raft: dict[str, Any] = field(default_factory=dict)
 
+    # -- retention (docs/RETENTION.md); the defaults keep everything ----------------------------
+    # Keep at most this many bytes of log (sizes like "64MiB" accepted); None = no size limit.
+    retention_bytes: int | None = None
+    # Delete batches older than this (ms, or "7d", "12h", ...); None = no age limit.
+    retention_ms: int | None = None
+    # Never delete a batch younger than this, whatever the size.
+    retention_min_ms: int = 0
+    # Valve: delete (what the policy wants gone) past this age even if a member still needs it.
+    retention_max_ms: int | None = None
+    # Valve: below this much free disk (MiB), stop holding data back for members. 0 = off.
+    low_disk_mb: int = 0
+
     _RAFT_KNOBS = ("election_ticks", "heartbeat_ticks", "max_append_bytes",
                    "recovery_chunk_bytes", "max_append_batches", "max_inflight", "max_inflight_bytes",
                    "follower_flush_bytes", "follower_flush_ticks", "pre_vote", "check_quorum",
@@ -342,6 +389,7 @@ class NodeConfig:
             raise ConfigError("raft must be a table of extra RaftConfig settings")
         check_keys(self.raft, {f.name for f in dataclasses.fields(RaftConfig)}
                    - {"node_id", "voters", "learners"}, "raft settings (--raft / [raft])")
+        self._validate_retention()
         return self
 
     @property
@@ -370,6 +418,60 @@ class NodeConfig:
         if self.metrics_listen is not None:
             host, port = parse_address(self.metrics_listen, what="metrics_listen address")
             self.metrics_listen = format_address(host, port)
+
+    # -- retention settings -------------------------------------------------------------------
+    def _validate_retention(self) -> None:
+        for name in ("retention_bytes", "retention_ms", "retention_min_ms", "retention_max_ms",
+                     "low_disk_mb"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            parse = parse_size if name == "retention_bytes" else (
+                parse_duration_ms if name.endswith("_ms") else None)
+            if isinstance(value, str) and parse is not None:
+                value = parse(value, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{name} must be an integer, got {value!r}")
+            least = 1 if name in ("retention_bytes", "retention_ms", "retention_max_ms") else 0
+            if value < least:
+                raise ConfigError(f"{name} must be >= {least}, got {value}; leave it unset "
+                                  f"to keep everything")
+            setattr(self, name, value)
+        try:
+            self.retention_policy()
+        except ValueError as e:
+            raise ConfigError(f"{e}; raise --retention-max-ms or lower --retention-min-ms"
+                              ) from None
+
+    def retention_policy(self) -> Any:
+        """The sans-IO policy (raft.retention.RetentionPolicy) these settings describe."""
+        from raft.retention import RetentionPolicy
+        return RetentionPolicy(self.retention_bytes, self.retention_ms,
+                               self.retention_min_ms or 0, self.retention_max_ms,
+                               (self.low_disk_mb or 0) << 20).validate()
+
+    @staticmethod
+    def _add_retention_argument(parser: argparse.ArgumentParser, name: str) -> None:
+        flag = "--" + name.replace("_", "-")
+        if name == "retention_bytes":
+            parser.add_argument(flag, metavar="SIZE", help=(
+                "keep at most this much log per node, e.g. 64MiB or 10GiB (default: no size "
+                "limit); whole batches are removed from the front"))
+        elif name == "retention_ms":
+            parser.add_argument(flag, metavar="MS", help=(
+                "remove batches older than this, in ms or with a unit (7d, 12h, 30m) "
+                "(default: no age limit)"))
+        elif name == "retention_min_ms":
+            parser.add_argument(flag, metavar="MS", help=(
+                "never remove a batch younger than this, whatever the size (default 0)"))
+        elif name == "retention_max_ms":
+            parser.add_argument(flag, metavar="MS", help=(
+                "valve: past this age, remove what the policy wants gone even if a member "
+                "has not flushed it (it then needs a state transfer); default: never"))
+        else:
+            parser.add_argument(flag, type=int, metavar="MiB", help=(
+                "valve: below this much free disk, stop holding data back for members and "
+                "consumers, and log it loudly (default 0 = off)"))
 
     def check_data_dir(self) -> Path:
         """Create the node's directory and prove it is writable; return it."""
@@ -438,6 +540,8 @@ class NodeConfig:
         parser.add_argument("--raft", action="append", metavar="KEY=VALUE",
                             help="any other raft.config.RaftConfig setting (repeatable), e.g. "
                                  "--raft producer_window=16")
+        for name in _RETENTION_SETTINGS:
+            NodeConfig._add_retention_argument(parser, name)
         fields = {f.name: f for f in dataclasses.fields(NodeConfig)}
         for name, meaning in FLAG_HELP.items():
             flag = "--" + name.replace("_", "-")

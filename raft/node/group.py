@@ -94,6 +94,8 @@ class RaftGroup:
         self._rng = rng
         self.core: Any = None
         self.loads: Any = None  # raft.node.load_service.LoadService once the log is open
+        # raft.node.retention.RetentionTask once the core runs (its `holders` take hooks).
+        self.retention: Any = None
         self.catchup = CatchupTracker(self)
         # One trio loop per node and one group per node today: the group owns the monitor.
         self.loop_lag = LoopLag()
@@ -156,6 +158,9 @@ class RaftGroup:
                               f"the [raft] table of the config file") from None
         self.loads = _make_load_service(self.log)
         self._last_hw = self.core.high_watermark
+        if hasattr(self.core, "snapshot_context"):
+            from raft.node.retention import RetentionTask
+            self.retention = RetentionTask(self, self.config.retention_policy())
 
     def membership(self) -> Any:
         """The configuration in force (None with a core that has none)."""
@@ -172,6 +177,8 @@ class RaftGroup:
         nursery.start_soon(self._flush_loop)
         if self.loads is not None:
             nursery.start_soon(self._loads_loop)
+        if self.retention is not None and self.retention.policy.active:
+            nursery.start_soon(self.retention.run)
 
     async def hand_over_leadership(self) -> None:
         """On a graceful stop, a leader hands leadership over (bounded by shutdown_transfer_ms)."""

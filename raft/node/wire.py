@@ -244,7 +244,8 @@ class _Field:
 
 
 def _field_kind(annotation: str) -> str:
-    kinds = {"int": "int", "bool": "bool", "int | None": "opt_int", "list[Batch]": "batches"}
+    kinds = {"int": "int", "bool": "bool", "int | None": "opt_int", "list[Batch]": "batches",
+             "dict | None": "opt_map"}
     # Anything else (a field the core adds later) travels as plain msgpack, unchecked, rather
     # than making the whole package fail to import.
     return kinds.get(annotation, "any")
@@ -341,6 +342,12 @@ def message_from_wire(obj: Any) -> m.Message:
         elif f.kind == "bool":
             if not isinstance(value, bool):
                 raise WireError(f'{where} field "{f.name}" must be a boolean, got '
+                                f'{_type_name(value)}')
+        elif f.kind == "opt_map":
+            # Only the shape here; the core decodes the contents (raft/snapshot.py) and
+            # rejects the request if they are malformed.
+            if value is not None and not isinstance(value, dict):
+                raise WireError(f'{where} field "{f.name}" must be a map or nil, got '
                                 f'{_type_name(value)}')
         elif f.kind == "any":
             pass
@@ -461,4 +468,7 @@ def messages_from_frame(frame: dict[str, Any]) -> list[m.Message]:
 def message_wire_size(msg: m.Message) -> int:
     """A cheap upper-ish estimate of a message's encoded size, for per-peer byte budgets."""
     batches = getattr(msg, "batches", None)
-    return 96 + (sum(b.size + 5 for b in batches) if batches else 0)
+    size = 96 + (sum(b.size + 5 for b in batches) if batches else 0)
+    if getattr(msg, "snapshot", None) is not None:
+        size += len(msgpack.packb(msg.snapshot, use_bin_type=True))  # rare: a state transfer
+    return size

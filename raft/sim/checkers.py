@@ -6,8 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import bisect
+
 from raft.quorum import majority
 from storage.batch import Batch, BatchKind
+from storage.records import decode_records
 
 if TYPE_CHECKING:
     from raft.sim.node import SimNode
@@ -33,6 +36,12 @@ class Checkers:
     commit_seen: dict[int, int] = field(default_factory=dict)  # node -> commit index (alive)
     max_commit: int = -1
     check_flushed_majority: bool = True
+    # Retention and state transfers: what was ever committed survives its deletion here.
+    committed_last: dict[int, int] = field(default_factory=dict)  # last offset -> term
+    config_offsets: list[int] = field(default_factory=list)  # committed CONFIG bases, sorted
+    committed_values: dict[bytes, int] = field(default_factory=dict)  # record -> batch base
+    starts: dict[int, int] = field(default_factory=dict)  # node -> log start it last had
+    state_transfers: int = 0
 
     def fail(self, now: int, prop: str, detail: str) -> None:
         if len(self.violations) < 50:
@@ -57,12 +66,38 @@ class Checkers:
                 self._check_flushed_majority(now, node, nodes, core.commit_index)
         self.commit_seen[node.node_id] = core.commit_index
         self.max_commit = max(self.max_commit, core.commit_index)
+        start = node.log.start_offset
+        if start != self.starts.get(node.node_id, start):
+            self.state_transfers += 1  # moved without retention: a reset to the leader's start
+        self.starts[node.node_id] = start
+        self._check_config_not_older_than_start(now, node)
+
+    def on_retention(self, node: "SimNode") -> None:
+        self.starts[node.node_id] = node.log.start_offset
+
+    def _check_config_not_older_than_start(self, now: int, node: "SimNode") -> None:
+        """A node never votes (nor counts votes) with a configuration older than its log start:
+        the one in force is at least the last committed CONFIG entry below the start."""
+        start = node.log.start_offset
+        i = bisect.bisect_left(self.config_offsets, start)
+        if not i:
+            return
+        latest = self.config_offsets[i - 1]
+        core = node.core
+        assert core is not None
+        have = core._configs[-1].offset
+        if have < latest:
+            self.fail(now, "configuration no older than the log start",
+                      f"node {node.node_id} (log start {start}, role {core.role.value}) uses "
+                      f"the configuration of offset {have}; the one committed at {latest} is "
+                      f"below its log start")
 
     def on_restart(self, node: "SimNode") -> None:
         """A restarted node starts from its checkpointed commit index (it may be lower than
         before the crash; the high watermark it serves never passes what was committed)."""
         assert node.core is not None
         self.commit_seen[node.node_id] = node.core.commit_index
+        self.starts[node.node_id] = node.log.start_offset
         if node.core.commit_index >= 0:
             self._check_committed_range(0, node, node.log.start_offset, node.core.commit_index)
 
@@ -86,12 +121,28 @@ class Checkers:
                               f"node {node.node_id} committed {hi} inside batch "
                               f"{b.base_offset}..{b.last_offset}")
                     return
-                known = self.committed.setdefault(b.base_offset, _entry_id(b))
-                if known != _entry_id(b):
+                known = self.committed.get(b.base_offset)
+                if known is None:
+                    self._first_commit(now, b)
+                elif known != _entry_id(b):
                     self.fail(now, "committed prefix identical",
                               f"node {node.node_id} has {_entry_id(b)} at committed offset "
                               f"{b.base_offset}; committed there before: {known}")
                 off = b.last_offset + 1
+
+    def _first_commit(self, now: int, b: Batch) -> None:
+        """Remember a newly committed entry for good (retention may delete it everywhere)."""
+        self.committed[b.base_offset] = _entry_id(b)
+        self.committed_last[b.last_offset] = b.term
+        if b.kind == BatchKind.CONFIG:
+            bisect.insort(self.config_offsets, b.base_offset)
+        elif b.kind == BatchKind.DATA:
+            for r in decode_records(b.payload):
+                first = self.committed_values.setdefault(r.value, b.base_offset)
+                if first != b.base_offset:
+                    self.fail(now, "no idempotent duplicate",
+                              f"record {r.value!r} committed at {first} and again at "
+                              f"{b.base_offset} (a retry the producer table did not catch)")
 
     def _check_flushed_majority(self, now: int, leader: "SimNode",
                                 nodes: dict[int, "SimNode"], commit: int) -> None:
@@ -119,6 +170,26 @@ class Checkers:
                       f"{holders} of {len(voters)} voters have it flushed")
 
     # -- at the end ----------------------------------------------------------------------
+    def check_above_log_starts(self, now: int, nodes: dict[int, "SimNode"]) -> None:
+        """Committed data agrees above every node's log start: each node's committed range,
+        from its start, is exactly what was committed there (retention and state transfers
+        included), and the term at its start is the committed one."""
+        for node in nodes.values():
+            if node.core is None:
+                continue
+            start = node.log.start_offset
+            if start > 0 and (start - 1) in self.committed_last and \
+                    self.committed_last[start - 1] != node.log.start_term:
+                self.fail(now, "committed data agrees above the log start",
+                          f"node {node.node_id} starts at {start} with term "
+                          f"{node.log.start_term}; the entry ending at {start - 1} was "
+                          f"committed with term {self.committed_last[start - 1]}")
+            if start > 0 and (start - 1) not in self.committed_last:
+                self.fail(now, "committed data agrees above the log start",
+                          f"node {node.node_id} starts at {start}, which is not the end of a "
+                          f"committed entry")
+            self._check_committed_range(now, node, start, node.core.commit_index)
+
     def check_log_matching(self, now: int, nodes: dict[int, "SimNode"]) -> None:
         """If two logs hold an entry with the same offset and term, they are identical up to
         there (checked at each pair's last common offset of equal term)."""

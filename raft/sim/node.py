@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from raft import messages as m
 from raft.raft import RaftConfig, RaftCore
 from raft.ready import ProduceAnswer, Ready
+from raft.retention import RetentionPolicy, core_holds, plan
 from raft.sim.loop import EventLoop
 from raft.types import Role
 from storage.api import DiskFull, Meta, StorageError
@@ -50,6 +51,11 @@ class SimNode:
     disk: DiskModel = field(default_factory=DiskModel)
     # Mutation hook for the teeth tests: a driver that forgets to persist the vote/term.
     persist_hard_state: bool = True
+    # Retention as the runtime applies it (raft/node/retention.py), every few ticks; the
+    # delete reaches the disk a simulated disk delay after the start moved in memory, so a
+    # crash in between comes back with the longer log.
+    retention: RetentionPolicy | None = None
+    retention_every_ticks: int = 5
 
     def __post_init__(self) -> None:
         self.log = MemoryLog(max_tail_bytes=64 << 20)
@@ -64,6 +70,8 @@ class SimNode:
         self.fail_stops = 0
         # Readys whose hard state could not be saved yet (full disk), in order.
         self.held: deque[Ready] = deque()
+        self.ticks = 0
+        self.retention_cuts = 0
         self.start()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -132,6 +140,30 @@ class SimNode:
             self.fail_stop(e)
             return
         self.process()
+        if not self.up:
+            return  # the Ready stopped the node (a storage fault)
+        self.ticks += 1
+        if self.retention is not None and self.ticks % self.retention_every_ticks == 0:
+            self._retain()
+
+    def _retain(self) -> None:
+        core = self.core
+        assert core is not None and self.retention is not None
+        p = plan(self.log, self.retention, core_holds(core.status()),
+                 now_ms=self.loop.now // 1000, free_bytes=None, ctx=core.snapshot_context())
+        d = p.decision
+        if d.cut <= d.start:
+            return
+        self.log.advance_start(d.cut, p.snapshot)
+        self.retention_cuts += 1
+        self.on_event(self, "retention")
+        epoch = self.epoch
+        delay = self.rng.randint(self.disk.min_flush_us, self.disk.max_flush_us)
+        self.loop.after(delay, lambda: self._persist_start(epoch))
+
+    def _persist_start(self, epoch: int) -> None:
+        if epoch == self.epoch and self.up:
+            self.log.persist_start()
 
     def receive(self, msg: m.Message) -> None:
         if not self.up:

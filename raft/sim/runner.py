@@ -11,6 +11,7 @@ from typing import Any
 from raft import messages as m
 from raft.raft import RaftConfig
 from raft.ready import ProduceAnswer
+from raft.retention import RetentionPolicy
 from raft.sim.checkers import Checkers, Violation, data_records
 from raft.sim.loop import EventLoop
 from raft.sim.nemesis import KINDS, Nemesis
@@ -42,6 +43,8 @@ class SimConfig:
     # a wrong commit rule.
     check_flushed_majority: bool = True
     keep_trace: bool = False
+    # RetentionPolicy fields (small limits) for every node; None = keep everything.
+    retention: dict[str, Any] | None = None
 
 
 @dataclass
@@ -84,13 +87,15 @@ class Simulation:
         knobs = {"election_ticks": 10, "heartbeat_ticks": 1, "max_append_bytes": 4096,
                  "recovery_chunk_bytes": 2048, "follower_flush_bytes": 8192,
                  **cfg.raft}
+        retention = (RetentionPolicy(**cfg.retention).validate() if cfg.retention is not None
+                     else None)
         self.nodes: dict[int, SimNode] = {}
         for i in all_ids:
             self.nodes[i] = SimNode(
                 i, self.loop, random.Random(self.rng.getrandbits(64)),
                 lambda nid: RaftConfig(node_id=nid, voters=ids, **knobs),
                 self.network.send, self._answer, self._node_event, tick_us=cfg.tick_us,
-                persist_hard_state=cfg.persist_hard_state)
+                persist_hard_state=cfg.persist_hard_state, retention=retention)
         self.workload = Workload(self, random.Random(self.rng.getrandbits(64)))
         self.nemesis = Nemesis(self, random.Random(self.rng.getrandbits(64)),
                                mean_gap_us=cfg.mean_fault_gap_us, kinds=cfg.faults,
@@ -115,6 +120,8 @@ class Simulation:
             self.checkers.on_restart(node) if self.loop.now else None
             if node.restarts:
                 self.trace_tail.append(f"{self.loop.now:>10} us  node {node.node_id} started")
+        elif what == "retention":
+            self.checkers.on_retention(node)
         elif what == "crash":
             self.trace_tail.append(f"{self.loop.now:>10} us  node {node.node_id} crashed "
                                    f"(flushed {node.log.flushed_offset})")
@@ -184,13 +191,16 @@ class Simulation:
                                default=-1),
                  "terms": max(self.checkers.leaders, default=0),
                  "restarts": sum(n.restarts for n in self.nodes.values()),
-                 "fail_stops": sum(n.fail_stops for n in self.nodes.values())}
+                 "fail_stops": sum(n.fail_stops for n in self.nodes.values()),
+                 "retention_cuts": sum(n.retention_cuts for n in self.nodes.values()),
+                 "state_transfers": self.checkers.state_transfers}
         return SimResult(cfg.seed, list(self.checkers.violations), self.trace.hexdigest(),
                          stats, list(self.trace_tail), cfg.profile)
 
     def _final_checks(self) -> None:
         now = self.loop.now
         self.checkers.check_log_matching(now, self.nodes)
+        self.checkers.check_above_log_starts(now, self.nodes)
         for node in self.nodes.values():
             if node.core is None:
                 continue
@@ -207,6 +217,8 @@ class Simulation:
             if not self.converged() or node.node_id not in self.members():
                 continue  # acked-record presence is checked on a converged cluster's members
             for value, base in self.workload.quorum_acked.items():
+                if base < node.log.start_offset:
+                    continue  # retention removed it (the checkers saw it committed before)
                 got = by_value.get(value)
                 if got != [base]:
                     self.checkers.fail(now, "quorum-acked record kept",
@@ -220,14 +232,19 @@ PROFILES: dict[str, dict[str, Any]] = {
     "mixed": {},
     # Crashes and leader kills while followers flush rarely: the unflushed tails that crashes
     # drop are large, so a commit rule that counted dirty offsets loses acknowledged data.
+    # Retention with small limits: a crashed follower is held for until the age valve opens,
+    # then it comes back behind the log start and gets a state transfer.
     "crashy": {"clients": 6, "mean_fault_gap_us": 60_000,
                "faults": ("crash", "crash_leader", "crash", "partition"),
                "raft": {"follower_flush_ticks": 30, "follower_flush_bytes": 1 << 30,
-                        "max_append_bytes": 64, "recovery_chunk_bytes": 64}},
+                        "max_append_bytes": 64, "recovery_chunk_bytes": 64},
+               "retention": {"max_bytes": 700, "valve_age_ms": 120, "slice_batches": 8}},
     # Network trouble only: partitions, one-way links, loss, duplication, reordering.
     "network": {"faults": ("partition", "one_way", "loss", "duplicate", "partition")},
     # Membership changes (add learner, promote, remove) interleaved with every fault.
-    "membership": {"spare_nodes": 2, "faults": KINDS + ("member",) * 4},
+    # New learners start behind the leader's log start: they join through a state transfer.
+    "membership": {"spare_nodes": 2, "faults": KINDS + ("member",) * 4,
+                   "retention": {"max_bytes": 3000, "max_age_ms": 300, "valve_age_ms": 200}},
     # Storage faults (I/O errors: fail-stop; a full disk: retried) among crashes and
     # partitions; followers flush rarely so failed flushes leave large unflushed tails.
     "disk": {"mean_fault_gap_us": 80_000,

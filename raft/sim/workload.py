@@ -65,7 +65,7 @@ class Workload:
         c.attempts += 1
         self.requests[rid] = (c, c.sequence, c.acks, value)
         batch = Batch.create(encode_values([value]), 1, producer_id=c.producer_id,
-                             sequence=c.sequence)
+                             sequence=c.sequence, timestamp_ms=self.sim.loop.now // 1000)
         delay = self.rng.randint(100, 2_000)
         node = nodes[target]
 

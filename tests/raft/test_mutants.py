@@ -27,7 +27,9 @@ from dataclasses import dataclass
 import pytest
 
 import test_core
+import test_retention
 import test_safety_rules
+import test_state_transfer
 
 # The runtime's fail-stop rule is killed by a node test.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "node"))
@@ -159,6 +161,54 @@ MUTANTS = [
            "else auth.authorize(session, t))",
            "else None)",
            (test_security_unit.test_a_node_refuses_a_forbidden_request_before_dispatch,)),
+    # -- retention and state transfer ---------------------------------------------------------
+    Mutant("retention is not bounded by the commit index",
+           "raft.retention", "core_holds",
+           'holds = [Hold("commit index", status.commit_index + 1, False),\n'
+           '             Hold("flushed offset", status.flushed_offset + 1, False)]',
+           'holds = [Hold("flushed offset", status.flushed_offset + 1, False)]',
+           (test_retention.test_retention_never_passes_the_commit_index,
+            test_retention.test_a_follower_never_deletes_past_its_commit_index)),
+    Mutant("the leader deletes what a member matched but has not flushed",
+           "raft.retention", "core_holds",
+           "min(f.match_index, f.flushed_offset) + 1, True))",
+           "f.match_index + 1, True))",
+           (test_retention.test_the_leader_keeps_what_a_member_has_not_flushed,)),
+    Mutant("a valve releases a hold no valve may release (commit index, open load)",
+           "raft.retention", "Planner._keep_reason",
+           "if not h.valve or valve is None:",
+           "if valve is None:",
+           (test_retention.test_an_open_load_holds_its_staged_data,)),
+    Mutant("an open Spark load does not hold its staged data",
+           "raft.retention", "load_holds",
+           '        holds.append(Hold(f"load {lid!r}", gen, False))',
+           "        pass",
+           (test_retention.test_an_open_load_holds_its_staged_data,)),
+    Mutant("a follower resets to the leader's start without storing the state with it",
+           "raft.follower", "FollowerSide._state_transfer",
+           "self.log.reset(prev + 1, msg.prev_term, msg.snapshot)",
+           "self.log.reset(prev + 1, msg.prev_term)",
+           (test_state_transfer.test_the_state_survives_a_crash_right_after_the_reset,)),
+    Mutant("a follower accepts batches after a reset without taking the state there",
+           "raft.follower", "FollowerSide._state_transfer",
+           "        if state is not None:\n            self._restore_start_state(state)",
+           "        if False:\n            self._restore_start_state(state)",
+           (test_state_transfer.test_a_follower_behind_the_log_start_gets_the_state_there,)),
+    Mutant("a follower takes a state for another start",
+           "raft.follower", "FollowerSide._state_transfer",
+           "if state.start_offset != prev + 1 or state.states[TERM][0] != msg.prev_term:",
+           "if False:",
+           (test_state_transfer.test_a_malformed_state_is_rejected_not_applied,)),
+    Mutant("a restarted node votes with a configuration older than its log start",
+           "raft.confchange", "ConfChanges._load_configs",
+           "at_start = stored_config(self.log.snapshot)",
+           "at_start = None",
+           (test_state_transfer.test_the_state_survives_a_crash_right_after_the_reset,)),
+    Mutant("a restarted leader forgets the producers of its retained-away prefix",
+           "raft.raft", "RaftCore.__init__",
+           "        if raw is not None:\n            self.producers.load(raw)",
+           "        if False:\n            self.producers.load(raw)",
+           (test_state_transfer.test_the_leader_keeps_its_producer_table_across_retention_and_a_restart,)),
 ]
 
 

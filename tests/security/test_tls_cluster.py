@@ -171,7 +171,7 @@ def test_a_fourth_node_whose_certificate_is_not_a_members_cannot_vote_or_join(
         # told it is not a member. Had one vote request got through, a member would have
         # jumped to the rogue's term.
         for addr, ca in ((a_addr, other / "ca.pem"), (_b_addr, up.ca)):
-            with BlockingClient(addr, tls_ca=str(ca), timeout=20) as c:
+            with BlockingClient(addr, tls_ca=str(ca), timeout=20, retry_refused=True) as c:
                 wait_for(lambda: c.status(addr)["term"] >= top + 6, "a rogue to campaign", 90)
                 assert c.status(addr)["role"] != "leader"
         assert "peer_tls_failed node=4" in a_log.read_text()

@@ -225,7 +225,7 @@ def test_garbage_before_the_handshake(live: LiveTLSCluster, data: bytes) -> None
 
 # -- the auth frames -----------------------------------------------------------------------------
 
-tokens = st.none() | st.text(max_size=40) | st.integers() | st.binary(max_size=8) | \
+tokens = st.none() | st.text(max_size=40) | st.integers(-(2**63), 2**64 - 1) | st.binary(max_size=8) | \
     st.lists(st.text(max_size=3), max_size=2) | st.just("rl_" + "A" * 43)
 
 

@@ -58,6 +58,10 @@ class LogMachine(RuleBasedStateMachine):
         self.start_term = 0
         self.flushed = -1
         self.meta = Meta()
+        self.snap: dict | None = None  # the state at the (live) start
+        # advance_start moves the live start only: what a crash brings back until persist_start.
+        self.retired: list[Batch] = []
+        self.durable = (0, 0, None)  # (start, start_term, snapshot) on disk
 
     # -- plumbing -------------------------------------------------------------------------
     def _open(self) -> LogStorage:
@@ -153,11 +157,42 @@ class LogMachine(RuleBasedStateMachine):
         if not cands:
             return
         offset = data.draw(st.sampled_from(cands), label="offset")
+        snap = data.draw(st.none() | st.fixed_dictionaries({"at": st.just(offset),
+                                                            "tables": st.binary(max_size=9)}),
+                         label="snapshot")
+        self.log.truncate_prefix(offset, snap)
         if offset > self.start:
-            new_term = [b.term for b in self.batches if b.last_offset == offset - 1][0]
-            self.batches = [b for b in self.batches if b.base_offset >= offset]
-            self.start, self.start_term = offset, new_term
-        self.log.truncate_prefix(offset)
+            self._advance(offset, snap)
+            self._persist()
+
+    def _advance(self, offset: int, snap: dict | None) -> None:
+        new_term = [b.term for b in self.batches if b.last_offset == offset - 1][0]
+        self.retired += [b for b in self.batches if b.base_offset < offset]
+        self.batches = [b for b in self.batches if b.base_offset >= offset]
+        self.start, self.start_term, self.snap = offset, new_term, snap
+
+    def _persist(self) -> None:
+        self.retired = []
+        self.durable = (self.start, self.start_term, self.snap)
+
+    @rule(data=st.data())
+    def advance_start(self, data: st.DataObject) -> None:
+        """Retention's first half: the readable start moves, the disk does not (yet)."""
+        cands = [b.base_offset for b in self.batches
+                 if self.start < b.base_offset <= self.flushed + 1]
+        if self.flushed == self.dirty and self.dirty + 1 > self.start:
+            cands.append(self.dirty + 1)
+        if not cands:
+            return
+        offset = data.draw(st.sampled_from(cands), label="offset")
+        snap = {"at": offset}
+        self.log.advance_start(offset, snap)
+        self._advance(offset, snap)
+
+    @rule()
+    def persist_start(self) -> None:
+        self.log.persist_start()
+        self._persist()
 
     @precondition(lambda self: self.dirty > self.flushed)
     @rule()
@@ -168,8 +203,11 @@ class LogMachine(RuleBasedStateMachine):
     @rule(skip=st.integers(0, 20), term_bump=st.integers(0, 2))
     def reset(self, skip: int, term_bump: int) -> None:
         start, term = self.dirty + 1 + skip, self.last_term() + term_bump
-        self.log.reset(start, term)
+        snap = {"reset": start} if skip % 2 else None
+        self.log.reset(start, term, snap)
         self.batches, self.start, self.start_term, self.flushed = [], start, term, start - 1
+        self.snap = snap
+        self._persist()
 
     @rule(term=st.integers(0, 50), vote=st.none() | st.integers(1, 5),
           voters=st.lists(st.integers(1, 9), max_size=3), note=st.binary(max_size=8))
@@ -186,7 +224,8 @@ class LogMachine(RuleBasedStateMachine):
         log = self.log
         held = log.read(log.start_offset, 1 << 30) if log.dirty_offset >= log.start_offset else []
         return (log.start_offset, log.start_term, log.dirty_offset, log.flushed_offset,
-                log.unflushed_bytes, log.last_term(), held, log.load_meta())
+                log.unflushed_bytes, log.last_term(), held, log.load_meta(), log.snapshot,
+                log.retained_bytes)
 
     def _fail(self, op: str, exc_type: type[StorageError], at: str,
               call: Callable[[], object]) -> None:
@@ -229,7 +268,13 @@ class LogMachine(RuleBasedStateMachine):
             if not cands:
                 return
             offset = data.draw(st.sampled_from(cands), label="offset")
-            self._fail(op, exc_type, at, lambda: self.log.truncate_prefix(offset))
+            if data.draw(st.booleans(), label="two steps"):
+                # advance_start, then the disk half fails: the live start stays advanced.
+                self.log.advance_start(offset, {"at": offset})
+                self._advance(offset, {"at": offset})
+                self._fail(op, exc_type, at, self.log.persist_start)
+            else:
+                self._fail(op, exc_type, at, lambda: self.log.truncate_prefix(offset, {"x": 1}))
         elif op == "reset":
             start = self.dirty + 1 + data.draw(st.integers(0, 5), label="skip")
             self._fail(op, exc_type, at, lambda: self.log.reset(start, self.last_term() + 1))
@@ -245,7 +290,9 @@ class LogMachine(RuleBasedStateMachine):
         else:
             self.log.close()  # no flush: dirty batches are dropped, as in a process crash
             self.log = self._open()
-        self.batches = [b for b in self.batches if b.last_offset <= self.flushed]
+        self.batches = self.retired + [b for b in self.batches if b.last_offset <= self.flushed]
+        self.start, self.start_term, self.snap = self.durable
+        self.retired = []
 
     # -- reads ----------------------------------------------------------------------------
     @rule(data=st.data(), budget=st.integers(0, 5000),
@@ -294,6 +341,8 @@ class LogMachine(RuleBasedStateMachine):
         assert self.log.unflushed_bytes == self.unflushed()
         assert self.log.last_term() == self.last_term()
         assert self.log.load_meta() == self.meta
+        assert self.log.snapshot == self.snap
+        assert self.log.retained_bytes == sum(b.size for b in self.batches)
 
 
 class MemoryMachine(LogMachine):

@@ -44,6 +44,9 @@ def status_map(ctx: ApiContext) -> dict[str, Any]:
     st["leader_addr"] = peers.address_of(core.leader_id)
     st["links"] = peers.link_status()
     st["loop_lag"] = ctx.group.loop_lag.snapshot().to_dict()
+    if ctx.group.retention is not None:
+        # Log start, bytes retained, what holds retention back and what a valve skipped.
+        st["retention"] = ctx.group.retention.report()
     return st
 
 

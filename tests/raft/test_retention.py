@@ -1,0 +1,239 @@
+"""Retention's policy (raft/retention.py): where the log start may move, and who holds it back.
+
+Table-driven planner cases over a synthetic log, then the holds of a real core: the commit index
+and every member's flushed offset bound the cut on the leader, whatever the policy wants."""
+
+from __future__ import annotations
+
+import pytest
+
+import raft.retention as retention
+from harness import Cluster
+from raft.loads import LoadTable, encode_begin
+from raft.retention import (
+    LOG_END,
+    MIN_AGE,
+    SATISFIED,
+    SLICE,
+    VALVE_AGE,
+    VALVE_DISK,
+    Hold,
+    RetentionPolicy,
+    plan,
+)
+from raft.snapshot import SnapshotContext
+from raft.types import Acks
+from storage.batch import HEADER_SIZE, Batch, BatchKind
+from storage.memory import MemoryLog
+
+NOW = 1_000_000
+CTX = SnapshotContext(bootstrap_config={"voters": [1, 2, 3]})
+
+
+def synthetic_log(ages_ms: list[int], size: int = 100) -> MemoryLog:
+    """Batches of `size` payload bytes, one per age (oldest first), all flushed."""
+    log = MemoryLog()
+    for i, age in enumerate(ages_ms):
+        b = Batch.create(b"x" * size, 1, timestamp_ms=NOW - age).placed(i, 1)
+        log.append([b])
+    log.flush()
+    return log
+
+
+BATCH = 100 + HEADER_SIZE  # one synthetic batch, encoded
+
+# (case, ages, policy, holds, free bytes, expected cut, expected stop reason)
+CASES = [
+    ("nothing configured keeps everything", [9000] * 5, RetentionPolicy(), [], None, 0,
+     SATISFIED),
+    ("size: keep at most two batches", [50] * 5, RetentionPolicy(max_bytes=2 * BATCH), [],
+     None, 3, SATISFIED),
+    ("age: older than 100 ms goes", [500, 400, 90, 50, 10], RetentionPolicy(max_age_ms=100),
+     [], None, 2, SATISFIED),
+    ("age counts from the newest timestamp so far", [500, 10, 400, 300], 
+     RetentionPolicy(max_age_ms=100), [], None, 1, SATISFIED),
+    ("min age wins over size", [500, 300, 90, 50], RetentionPolicy(max_bytes=1, min_age_ms=200),
+     [], None, 2, MIN_AGE),
+    ("a hard hold stops it", [500] * 5, RetentionPolicy(max_bytes=1),
+     [Hold("commit index", 2, False)], None, 2, "commit index"),
+    ("a member holds without a valve", [500] * 5, RetentionPolicy(max_bytes=1),
+     [Hold("member 3", 1, True)], None, 1, "member 3"),
+    ("the age valve releases a member for old batches only", [900, 800, 100, 50],
+     RetentionPolicy(max_bytes=1, valve_age_ms=500), [Hold("member 3", 0, True)], None, 2,
+     "member 3"),
+    ("low disk releases a member", [50] * 4, RetentionPolicy(max_bytes=1, low_disk_bytes=1000),
+     [Hold("member 3", 0, True), Hold("commit index", 3, False)], 999, 3, "commit index"),
+    ("low disk never releases the commit index", [50] * 4,
+     RetentionPolicy(max_bytes=1, low_disk_bytes=1000), [Hold("commit index", 1, False)], 10,
+     1, "commit index"),
+    ("low disk never releases an open load", [50] * 4,
+     RetentionPolicy(max_bytes=1, low_disk_bytes=1000), [Hold("load 'x'", 2, False)], 10, 2,
+     "load 'x'"),
+    ("plenty of disk: no valve", [50] * 4, RetentionPolicy(max_bytes=1, low_disk_bytes=1000),
+     [Hold("member 3", 1, True)], 5000, 1, "member 3"),
+    ("a slice stops at its batch limit", [500] * 6, RetentionPolicy(max_bytes=1,
+                                                                    slice_batches=4),
+     [], None, 4, SLICE),
+    ("a slice stops at its byte limit (one batch at least)", [500] * 6,
+     RetentionPolicy(max_bytes=1, slice_bytes=10), [], None, 1, SLICE),
+    ("everything may go: the log end stops it", [500] * 3, RetentionPolicy(max_bytes=1), [],
+     None, 3, LOG_END),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_planner(case: tuple) -> None:
+    _, ages, policy, holds, free, cut, stopped = case
+    log = synthetic_log(ages)
+    p = plan(log, policy.validate(), holds, now_ms=NOW, free_bytes=free, ctx=CTX)
+    assert (p.decision.cut, p.decision.stopped_by) == (cut, stopped)
+    assert p.decision.more == (stopped == SLICE)
+    if cut:
+        assert p.snapshot is not None and p.snapshot["start_offset"] == cut
+
+
+def test_a_valve_names_what_it_skipped() -> None:
+    log = synthetic_log([900, 800, 100])
+    p = plan(log, RetentionPolicy(max_bytes=1, valve_age_ms=500),
+             [Hold("member 3", 0, True)], now_ms=NOW, free_bytes=None, ctx=CTX)
+    assert [(s.holder, s.valve) for s in p.decision.skipped] == [("member 3", VALVE_AGE)]
+    p = plan(synthetic_log([10, 10]), RetentionPolicy(max_bytes=1, low_disk_bytes=100),
+             [Hold("member 2", 0, True)], now_ms=NOW, free_bytes=1, ctx=CTX)
+    assert [(s.holder, s.valve) for s in p.decision.skipped] == [("member 2", VALVE_DISK)]
+
+
+def test_an_open_load_holds_its_staged_data() -> None:
+    """The first offset of an open Spark load, and anything the loads table has not applied,
+    are never deleted, whatever the valves say."""
+    table = LoadTable(0)
+    for i in range(3):
+        table.apply(Batch.create(b"d", 1).placed(i, 1))
+    table.apply(Batch.create(encode_begin("job"), 1, kind=BatchKind.CONTROL).placed(3, 1))
+    holds = retention.load_holds(table)
+    assert Hold("load 'job'", 3, False) in holds
+    log = synthetic_log([500] * 8)
+    p = plan(log, RetentionPolicy(max_bytes=1, low_disk_bytes=10), holds, now_ms=NOW,
+             free_bytes=0, ctx=CTX)
+    assert p.decision.cut == 3 and p.decision.stopped_by == "load 'job'"
+    table2 = LoadTable(0)
+    table2.apply(Batch.create(b"d", 1).placed(0, 1))  # applied up to 0 only
+    p = plan(log, RetentionPolicy(max_bytes=1), retention.load_holds(table2), now_ms=NOW,
+             free_bytes=None, ctx=CTX)
+    assert p.decision.cut == 1
+
+
+def test_policy_refuses_a_valve_below_the_minimum() -> None:
+    with pytest.raises(ValueError, match="retention_max_ms"):
+        RetentionPolicy(max_bytes=1, min_age_ms=1000, valve_age_ms=500).validate()
+    with pytest.raises(ValueError):
+        RetentionPolicy(max_bytes=0).validate()
+
+
+# -- the holds of a real core ------------------------------------------------------------------
+
+def retain(c: Cluster, i: int, policy: RetentionPolicy, now_ms: int = 10**12) -> int:
+    """One retention slice on node i, as the runtime applies it; returns the new log start.
+    (The holds are looked up through the module, so tests/raft/test_mutants.py can swap them.)"""
+    core, log = c.cores[i], c.logs[i]
+    p = plan(log, policy, retention.core_holds(core.status()), now_ms=now_ms, free_bytes=None,
+             ctx=core.snapshot_context())
+    if p.decision.cut > p.decision.start:
+        log.truncate_prefix(p.decision.cut, p.snapshot)
+    return log.start_offset
+
+
+def test_retention_never_passes_the_commit_index() -> None:
+    """The leader has flushed far past the commit index (no follower answers): however much the
+    policy wants gone, and with every member released by the valve, the cut stops at the
+    commit index + 1."""
+    c = Cluster(3)
+    leader = c.elect()
+    for k in range(5):
+        c.propose(leader, [f"v{k}".encode()], Acks.QUORUM)
+    c.deliver()
+    committed = c.cores[leader].commit_index
+    c.down |= {i for i in c.ids if i != leader}
+    for k in range(20):
+        c.propose(leader, [f"w{k}".encode()], Acks.LEADER)
+    c.flush(leader)
+    assert c.logs[leader].flushed_offset > committed + 10
+    start = retain(c, leader, RetentionPolicy(max_bytes=1, valve_age_ms=1))
+    assert start == committed + 1
+
+
+def test_a_follower_never_deletes_past_its_commit_index() -> None:
+    c = Cluster(3)
+    leader = c.elect()
+    c.propose(leader, [b"a", b"b"], Acks.QUORUM)
+    c.deliver()
+    f = next(i for i in c.ids if i != leader)
+    commit = c.cores[f].commit_index
+    start = retain(c, f, RetentionPolicy(max_bytes=1, valve_age_ms=1))
+    assert start <= commit + 1 and start > 0
+
+
+def test_the_leader_keeps_what_a_member_has_not_flushed() -> None:
+    """A follower that appended (matched) but never flushed holds the leader's log from its
+    flushed offset on, until a valve releases it."""
+    c = Cluster(3)
+    leader = c.elect()
+    c.propose(leader, [b"first"], Acks.QUORUM)
+    c.deliver()
+    slow = next(i for i in c.ids if i != leader)
+    c.auto_flush[slow] = False
+    held_from = c.logs[slow].flushed_offset + 1
+    for k in range(10):
+        c.propose(leader, [f"v{k}".encode()], Acks.QUORUM)
+    c.tick(3)  # its heartbeat replies report the dirty offset it matched
+    pr = c.cores[leader].progress(slow)
+    assert pr is not None and pr.match_index > held_from + 2  # matched, not flushed
+    assert retain(c, leader, RetentionPolicy(max_bytes=1)) == held_from
+    # The age valve releases it (the batches are older than its limit).
+    assert retain(c, leader, RetentionPolicy(max_bytes=1, valve_age_ms=1)) > held_from
+
+
+def test_the_loads_table_survives_retention_and_a_state_transfer() -> None:
+    """A committed load whose entries retention dropped keeps its outcome; an open load keeps
+    its staged data and can still commit after the log start moved; a node reset to that start
+    (the state transfer) rebuilds the same table from the state alone."""
+    from raft.loads import LoadIndex, StageTag, encode_commit, encode_staged_payload
+    from storage.records import encode_values
+
+    def control(payload: bytes) -> Batch:
+        return Batch.create(payload, 1, kind=BatchKind.CONTROL)
+
+    def staged(lid: str, gen: int) -> Batch:
+        body = encode_staged_payload(StageTag(lid, gen, 0, 0, 0), encode_values([b"r"]))
+        return Batch.create(body, 1, kind=BatchKind.STAGED)
+
+    entries = [Batch.create(encode_values([b"d0"]), 1), control(encode_begin("done")),
+               staged("done", 1), control(encode_commit("done", 1, [(0, 0, 1, 1)])),
+               Batch.create(encode_values([b"d4"]), 1), control(encode_begin("open")),
+               staged("open", 5), Batch.create(encode_values([b"d7"]), 1)]
+    log = MemoryLog()
+    for i, b in enumerate(entries):
+        log.append([b.placed(i, 1)])
+    log.flush()
+    index = LoadIndex(log)
+    assert index.catch_up(7)
+    holds = retention.load_holds(index.table) + [Hold("commit index", 8, False)]
+    p = plan(log, RetentionPolicy(max_bytes=1, low_disk_bytes=1), holds, now_ms=NOW,
+             free_bytes=0, ctx=CTX)
+    assert (p.decision.cut, p.decision.stopped_by) == (5, "load 'open'")
+    log.truncate_prefix(p.decision.cut, p.snapshot)
+
+    fresh = MemoryLog()
+    fresh.reset(5, 1, p.snapshot)  # a follower after the state transfer
+    for b in log.read(5, 1 << 20):
+        fresh.append([b])
+    for lg in (log, fresh):
+        again = LoadIndex(lg)
+        assert again.catch_up(7)
+        done, still_open = again.table.get("done"), again.table.get("open")
+        assert done is not None and done.state.value == "committed" and done.rows == 1
+        assert still_open is not None and still_open.state.value == "open"
+        assert again.stable_offset(7) == 4  # held before the open load
+        lg.append([control(encode_commit("open", 5, [(0, 0, 1, 1)])).placed(8, 1)])
+        assert again.catch_up(8) and again.table.get("open").state.value == "committed"
+        shown = again.visible_batches(lg.read(5, 1 << 20), 8)
+        assert [b.base_offset for b, _ in shown] == [6, 7]
