@@ -41,9 +41,9 @@ def _probe(c: BlockingClient, node_id: int, address: str) -> str | None:
         st = c.status(address)
     except RaftlogError as e:
         return (f"node {node_id} does not answer at {address} ({e.code}). It is added as a "
-                f"learner anyway: start it with `raftlog serve --node-id {node_id} --listen "
-                f"{address} --join --data-dir DIR --peers ...` and recovery catches it up from "
-                f"the leader; it becomes a voter once caught up")
+                f"learner anyway: start it with `raftlog serve --node-id {node_id} --join "
+                f"--data-dir DIR --peers <every node, {node_id}={address} included>` and "
+                f"recovery catches it up from the leader; it becomes a voter once caught up")
     if st.get("node_id") != node_id:
         raise RaftlogError(f"the node at {address} says it is node {st.get('node_id')}, not "
                            f"{node_id}; check --id and --address", code="BAD_REQUEST")

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import signal
@@ -38,6 +40,28 @@ def raftlog(*args: str, stdin: bytes | str = b"", timeout: float = DEADLINE_S,
     return subprocess.CompletedProcess(res.args, res.returncode,
                                        res.stdout.decode(errors="backslashreplace"),
                                        res.stderr.decode(errors="backslashreplace"))
+
+
+def cli(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`raftlog ARGS` in this process (raft.cli.main.main), for commands that never touch a
+    cluster or a port (help, usage and configuration errors, config show, completion): the
+    same code without a Python start-up per call."""
+    from raft.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved = dict(os.environ)
+    os.environ.pop("RAFTLOG_SERVERS", None)
+    os.environ.update(extra_env or {})
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as e:  # --help, --version
+                code = int(e.code or 0)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return subprocess.CompletedProcess(["raftlog", *args], code, out.getvalue(), err.getvalue())
 
 
 def wait_for(cond: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from cli_helpers import REPO, Running, free_base_port, raftlog
+from cli_helpers import REPO, Running, cli, free_base_port
 from raft.cli.args import since, start_offset
 from raft.cli.demo import FailoverTimer
 from raft.cli.localcluster import LocalCluster
@@ -34,8 +34,12 @@ from raft.node.load_service import OPS
 from storage.lmdb_log import LOCK_FILE
 
 
+# Commands that touch no cluster run in this process (cli_helpers.cli); `serve` runs as a
+# process where it starts a node.
+
+
 def test_version_is_the_package_version() -> None:
-    res = raftlog("--version")
+    res = cli("--version")
     assert res.returncode == 0
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert res.stdout.startswith(f"raftlog {version} (wire protocol v1")
@@ -54,7 +58,7 @@ def complete(script: str, words: list[str]) -> list[str]:
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
 def test_bash_completion_knows_commands_flags_and_choices() -> None:
-    res = raftlog("completion", "bash")
+    res = cli("completion", "bash")
     assert res.returncode == 0
     script = res.stdout
     assert complete(script, ["raftlog", "pro"]) == ["produce"]
@@ -67,7 +71,7 @@ def test_bash_completion_knows_commands_flags_and_choices() -> None:
     assert complete(script, ["raftlog", "completion", "z"]) == ["zsh"]
     # A flag's value is not taken for a command: `--key status` stays in produce.
     assert "--acks" in complete(script, ["raftlog", "produce", "--key", "status", "--a"])
-    zsh = raftlog("completion", "zsh").stdout
+    zsh = cli("completion", "zsh").stdout
     assert zsh.startswith("#compdef raftlog") and "bashcompinit" in zsh
     if shutil.which("zsh"):
         check = subprocess.run(["zsh", "-n"], input=zsh, text=True, capture_output=True)
@@ -78,7 +82,7 @@ def test_config_show_prints_every_setting_with_its_source(tmp_path: Path) -> Non
     toml = tmp_path / "node.toml"
     toml.write_text('node_id = 1\ndata_dir = "d"\npeers = "1=127.0.0.1:7101"\n'
                     'tick_ms = 20\n[raft]\nproducer_window = 16\n')
-    res = raftlog("config", "show", "--config", str(toml), "--election-ticks", "12", "--json",
+    res = cli("config", "show", "--config", str(toml), "--election-ticks", "12", "--json",
                   extra_env={"RAFTLOG_SERVERS": "127.0.0.1:9"})
     assert res.returncode == 0, res.stderr
     out = __import__("json").loads(res.stdout)
@@ -90,7 +94,7 @@ def test_config_show_prints_every_setting_with_its_source(tmp_path: Path) -> Non
     assert rows["raft.producer_window"] == (16, f"file {toml}")
     assert rows["servers (client)"] == ("127.0.0.1:9", "env RAFTLOG_SERVERS")
     assert out["valid_for_serve"] is True
-    text = raftlog("config", "show").stdout
+    text = cli("config", "show").stdout
     assert re.search(r"^node_id\s+-\s+not set \(required: --node-id\)$", text, re.M)
     assert re.search(r"^tick_ms\s+50\s+default$", text, re.M)
     assert re.search(r"^servers \(client\)\s+127\.0\.0\.1:7101,\S+\s+default$", text, re.M)
@@ -100,28 +104,28 @@ def test_a_mistyped_setting_is_refused_with_the_closest_key(tmp_path: Path) -> N
     toml = tmp_path / "node.toml"
     toml.write_text('node_id = 1\ndata_dir = "d"\npeers = "1=127.0.0.1:7101"\ntick_msx = 20\n')
     for cmd in (["config", "show"], ["serve"]):
-        res = raftlog(*cmd, "--config", str(toml))
+        res = cli(*cmd, "--config", str(toml))
         assert res.returncode == 2, res
         assert "tick_msx (did you mean tick_ms?)" in res.stderr
-    res = raftlog("serve", "--node-id", "1", "--data-dir", str(tmp_path), "--peers",
+    res = cli("serve", "--node-id", "1", "--data-dir", str(tmp_path), "--peers",
                   "1=127.0.0.1:7101", "--raft", "producer_windw=4")
     assert res.returncode == 2
     assert "producer_windw (did you mean producer_window?)" in res.stderr
-    res = raftlog("prodce")
+    res = cli("prodce")
     assert res.returncode == 2 and "did you mean 'produce'?" in res.stderr
-    res = raftlog("produce", "--acsk", "1")
+    res = cli("produce", "--acsk", "1")
     assert res.returncode == 2 and "did you mean --acks?" in res.stderr
 
 
 def test_help_says_what_each_flag_does_and_its_default() -> None:
-    serve_help = " ".join(raftlog("serve", "--help").stdout.split())
+    serve_help = " ".join(cli("serve", "--help").stdout.split())
     assert "core default" not in serve_help
     for flag, default in (("--election-ticks", "10"), ("--max-inflight", "4"),
                           ("--pre-vote", "true"), ("--tick-ms", "50"),
                           ("--shutdown-transfer-ms", "1000")):
         # The flag, its metavar, then its help up to the next flag, ending in the default.
         assert re.search(rf"{flag} \S+ (?:(?!--\w).)*?\(default {default}\)", serve_help), flag
-    up_help = " ".join(raftlog("up", "--help").stdout.split())
+    up_help = " ".join(cli("up", "--help").stdout.split())
     assert "(default ./data)" in up_help and "--restart" in up_help
     # -v is accepted after the subcommand too.
     args = build_parser().parse_args(["produce", "-v", "--json"])

@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from cli_helpers import Running, free_base_port, raftlog, wait_for
+from cli_helpers import Running, cli, free_base_port, raftlog, wait_for
 from raft.cli.localcluster import LocalCluster
 from raft.client import BlockingClient
 
@@ -110,8 +110,8 @@ def test_an_unreachable_cluster_is_one_fast_summarised_error() -> None:
     assert "raftlog up" in lines[1] and "RAFTLOG_SERVERS" in lines[1]
     assert lines[2].endswith(f"stopped reading the input after line {m.group(1)}: no node is "
                              f"reachable")
-    for args in (["status"], ["transfer-leader"], ["consume"]):
-        res = raftlog(*args, "--servers", servers, "--timeout", "3600")
+    for args in (["status"], ["transfer-leader"], ["consume"]):  # the same, in this process
+        res = cli(*args, "--servers", servers, "--timeout", "3600")
         assert res.returncode == 1, (args, res)
         assert "UNAVAILABLE" in res.stderr and "raftlog up" in res.stderr, (args, res.stderr)
         assert len(res.stderr.strip().splitlines()) <= 2, res.stderr
@@ -137,8 +137,8 @@ def test_keys_headers_and_json_input_round_trip_through_consume(cluster: LocalCl
     assert "colour" in out[3]["error"]["message"]
     assert json.loads(res.stderr.splitlines()[0])["error"]["code"] == "BAD_INPUT"
     first = out[0]["offset"]
-    res = raftlog("consume", "--servers", cluster.servers, "--from", str(first), "--count", "2",
-                  "--json")
+    res = cli("consume", "--servers", cluster.servers, "--from", str(first), "--count", "2",
+              "--json")
     got = [json.loads(x) for x in res.stdout.splitlines()]
     assert got[0]["value"] == "j1" and got[0]["key"] == "kj"
     assert got[0]["headers"] == [{"key": "a", "value": "1"}]
@@ -158,10 +158,10 @@ def test_json_mode_errors_are_json_with_the_code(cluster: LocalCluster) -> None:
     assert res.returncode == 1
     err = json.loads(res.stderr)["error"]
     assert err["code"] == "OFFSET_OUT_OF_RANGE" and "readable range" in err["message"]
-    res = raftlog("consume", "--servers", cluster.servers, "--from", "5", "--to", "2", "--json")
+    res = cli("consume", "--servers", cluster.servers, "--from", "5", "--to", "2", "--json")
     assert res.returncode == 2
     assert json.loads(res.stderr)["error"]["code"] == "CONFIG"
-    res = raftlog("produce", "--acks", "most", "--json")
+    res = cli("produce", "--acks", "most", "--json")
     assert res.returncode == 2
     assert json.loads(res.stderr)["error"]["code"] == "USAGE"
 
