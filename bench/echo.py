@@ -46,7 +46,9 @@ def serve(sock: socket.socket) -> None:
 async def ping(addr: str, n: int, payload: bytes) -> Histogram:
     """n sequential produce-shaped round trips; microseconds each."""
     h = Histogram()
-    conn = await AsyncConn.open(addr)
+    # The echo server is a freshly spawned process: on a busy machine it may take seconds to
+    # answer the hello (a 2 s limit here once ended a whole bench run in the probes).
+    conn = await AsyncConn.open(addr, timeout=60.0)
     try:
         for _ in range(n):
             t0 = time.perf_counter()

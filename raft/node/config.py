@@ -197,6 +197,8 @@ FLAG_HELP = {
     "heartbeat_ticks": "leader heartbeat interval in ticks (carries the commit index)",
     "max_append_bytes": "bytes per AppendEntries in normal replication",
     "recovery_chunk_bytes": "bytes per recovery chunk to a lagging follower (sent unflushed)",
+    "max_append_batches": "batches per AppendEntries or recovery chunk (bounds one event-loop "
+                          "step with small batches)",
     "max_inflight": "pipelined AppendEntries per follower",
     "max_inflight_bytes": "pipelined AppendEntries bytes per follower",
     "follower_flush_bytes": "a follower flushes deferred recovery data after this many bytes",
@@ -297,8 +299,8 @@ class NodeConfig:
     low_disk_mb: int = 0
 
     _RAFT_KNOBS = ("election_ticks", "heartbeat_ticks", "max_append_bytes",
-                   "recovery_chunk_bytes", "max_append_batches", "max_inflight", "max_inflight_bytes",
-                   "follower_flush_bytes", "follower_flush_ticks", "pre_vote", "check_quorum",
+                   "recovery_chunk_bytes", "max_append_batches", "max_inflight",
+                   "max_inflight_bytes", "follower_flush_bytes", "follower_flush_ticks", "pre_vote", "check_quorum",
                    "max_pending_produce")
 
     # -- derived ---------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ LOAD_CHECK_TICKS = 20  # how often (in ticks) the leader looks for timed-out sta
 LOAD_CATCH_UP_BYTES = 8 << 20  # committed bytes the leader's load index applies per round
 GC_YOUNG_THRESHOLD = 10_000  # allocations between young collections (Python's default: 700)
 GIL_SWITCH_INTERVAL_S = 0.001  # Python's default: 0.005
+DELIVER_SLICE_S = 0.002  # a peer frame's messages are stepped in slices of about this long
 
 
 class Outbox(Protocol):
@@ -242,6 +243,20 @@ class RaftGroup:
                 self.fail(e, "step")
                 return
         self.kick()
+
+    async def deliver_frame(self, msgs: list[Message], *, from_peer: int) -> None:
+        """`deliver` one frame's messages, yielding to the event loop whenever they have taken
+        DELIVER_SLICE_S: on a leader each reply in a frame may refill that follower's window
+        (a chunk read from the log), and a follower that queued many replies sends them in
+        one frame."""
+        started = time.perf_counter()
+        for i, msg in enumerate(msgs):
+            self.deliver([msg], from_peer=from_peer)
+            if i + 1 < len(msgs) and time.perf_counter() - started > DELIVER_SLICE_S:
+                await trio.lowlevel.checkpoint()
+                if self.closing:
+                    return
+                started = time.perf_counter()
 
     def is_leader(self) -> bool:
         return self.core is not None and self.core.role == Role.LEADER and not self.closing

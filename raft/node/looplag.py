@@ -92,6 +92,8 @@ class LoopLag:
                             self.bound_ms, self.over_bound)
 
     async def run(self) -> None:
+        if _STEPS is not None:
+            _STEPS.armed = True
         interval = self.interval_s
         while True:
             asked = self._clock() + interval
@@ -146,6 +148,9 @@ class SlowSteps(trio.abc.Instrument):
         # (when, cpu ms, task name) of steps over 1 ms CPU, bounded.
         self.cpu_steps: deque[tuple[float, float, str]] = deque(maxlen=4096)
         self.cpu_lifetime_max_ms = 0.0
+        # Set once the node serves (LoopLag.run starts): startup (opening the log, building
+        # the core, one full collection before freezing) is not a step anyone waits on.
+        self.armed = False
         gc.callbacks.append(self._gc)
         global _STEPS
         _STEPS = self
@@ -158,7 +163,7 @@ class SlowSteps(trio.abc.Instrument):
         end = self._now()
         took = end - self._started
         cpu_ms = (self._cpu() - self._cpu_started) * 1000
-        if cpu_ms > 1.0:
+        if cpu_ms > 1.0 and self.armed:
             self.cpu_steps.append((end, cpu_ms, task.name))
             self.cpu_lifetime_max_ms = max(self.cpu_lifetime_max_ms, cpu_ms)
         if took > self.threshold_s:

@@ -229,6 +229,13 @@ def state_families(st: dict[str, Any]) -> Iterator[Metric]:
                  len(st.get("learners") or ()))
     yield _gauge("raftlog_disk_full", "1 while the disk is full (writes refused)",
                  1.0 if st.get("disk_full") else 0.0)
+    loop = st.get("loop_lag") or {}  # raft.node.looplag: the status figure, windowed
+    for key, doc in (("max_ms", "Largest event-loop lag over the last window (status "
+                                "loop_lag.max_ms)"),
+                     ("p99_ms", "p99 event-loop lag over the last window (status "
+                                "loop_lag.p99_ms)")):
+        yield _gauge(f"raftlog_event_loop_lag_window_{key[:-3]}_seconds", doc,
+                     loop.get(key, 0.0) / 1000)
     yield from _follower_families(st)
     yield from _link_families(st.get("links") or {})
 

@@ -4,10 +4,6 @@ Why a bounded queue that drops: Raft tolerates lost messages (heartbeats repeat,
 retried from the follower's reported position), while an unbounded queue to a dead or slow peer
 grows memory without limit. So when the queue is full the newest message is dropped and counted.
 
-With TLS (raft.node.tls), each link is mutual TLS: we present this node's certificate, and the
-peer's must come from the cluster CA and name the node id we dialled, else the link retries
-with backoff and says why (the peer does the same check on its side).
-
 Two lanes. AppendEntries (the bulk: replication and catch-up data) wait in one queue and go out
 in frames of at most BULK_FRAME_BYTES / BULK_FRAME_BATCHES, so the peer decodes and appends one
 frame in a bounded step. Everything else (heartbeats, replies, votes, TimeoutNow: small, and
@@ -20,6 +16,10 @@ append's. The leader echoes that seq back to decide whether a follower that answ
 heartbeat without holding an append has lost it (Inflight.lost_before): it may only compare
 against appends written before the heartbeat on this ordered connection. A lower seq makes
 the reply count for less (never for more), so this can only delay that decision.
+
+With TLS (raft.node.tls), each link is mutual TLS: we present this node's certificate, and the
+peer's must come from the cluster CA and name the node id we dialled, else the link retries
+with backoff and says why (the peer does the same check on its side).
 
 Why one connection per direction: each node dials each peer and only writes on that connection;
 replies come back on the peer's own outgoing connection. No request/response pairing on a socket

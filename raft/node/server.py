@@ -310,7 +310,7 @@ class Node:
                                      f'{frame["t"]!r}')
             msgs = wire.messages_from_frame(frame)
             if self.core is not None and not self._closing:
-                self.group.deliver(msgs, from_peer=peer_id)
+                await self.group.deliver_frame(msgs, from_peer=peer_id)
 
     async def _serve_client(self, stream: trio.abc.Stream, reader: wire.FrameReader,
                             session: Session) -> None:

@@ -271,9 +271,11 @@ def test_peer_link_queue_is_bounded_and_drops() -> None:
     big = m.AppendEntries(src=1, dst=2, term=1, prev_offset=-1, prev_term=0,
                           batches=[Batch.create(b"x" * 5000, 1).placed(0, 1)],
                           commit_index=-1, flush=True, seq=1)
+    after = dataclasses.replace(big, prev_offset=0, seq=2,
+                                batches=[Batch.create(b"x" * 5000, 1).placed(1, 1)])
     small_bytes = _link("127.0.0.1:1", queue_bytes=6000)
     assert small_bytes.enqueue(big) is True  # one message always fits an empty queue
-    assert small_bytes.enqueue(big) is False
+    assert small_bytes.enqueue(after) is False  # the stream's next append: over the bound
 
 
 @trio_test
