@@ -4,7 +4,7 @@
 
 The file's rows become records: a `value` column (binary or string) and optional `key` and
 `headers` are written as they are; any other shape is first packed into a JSON `value` per row
-(`--value-json`, the default when there is no `value` column). raft/cli.py calls `register()` to
+(`--value-json`, the default when there is no `value` column). raft/cli/main.py calls `register()` to
 add the subcommand.
 """
 

@@ -1,7 +1,7 @@
 """Blocking wire client for Spark drivers and executors: staged-load requests and fetches.
 
 Spark calls our writer and reader from plain threads (no trio loop), so this speaks the wire
-protocol (raft/wire.py: 4-byte length + msgpack map) over a blocking socket. It follows the
+protocol (raft/node/wire.py: 4-byte length + msgpack map) over a blocking socket. It follows the
 leader (NOT_LEADER carries its address), reconnects after a dropped connection and retries
 retriable errors with backoff until the caller's deadline. Staged writes are pipelined (a few
 requests in flight) and every one carries its (partition, attempt, seq) tag, so resending after

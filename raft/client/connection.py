@@ -7,7 +7,7 @@ from typing import Any
 
 import trio
 
-from raft.client.errors import error_from_reply
+from raft.client.errors import TooLargeError, error_from_reply
 from raft.client.security import ClientSecurity, tls_error
 from raft.node import wire
 from raft.node.config import parse_address
@@ -25,6 +25,9 @@ class _Connection:
         self.lock = trio.Lock()
         self.broken = False
         self.principal: str | None = None  # who the node says we are (authentication on)
+        # The node's frame limit, from its hello (None from nodes that do not say): a request
+        # over it is refused here, before a byte is sent, instead of being cut off mid-send.
+        self.max_request_bytes: int | None = None
 
     @classmethod
     async def open(cls, address: str, max_frame_bytes: int,
@@ -58,12 +61,21 @@ class _Connection:
         conn = cls(address, stream, int(hello.get("node_id", 0)), max_frame_bytes)
         conn.reader = reader
         conn.principal = hello.get("principal")
+        limit = hello.get("max_frame_bytes")
+        conn.max_request_bytes = limit if isinstance(limit, int) and limit > 0 else None
         return conn
 
     async def request(self, frame: dict[str, Any], rid: int) -> dict[str, Any]:
+        data = wire.encode_frame({**frame, "id": rid})
+        if self.max_request_bytes is not None and len(data) - 4 > self.max_request_bytes:
+            raise TooLargeError(
+                f"the {frame.get('t')} request is {len(data) - 4:,} bytes; {self.address} accepts "
+                f"frames up to {self.max_request_bytes:,} bytes (max_frame_bytes): send smaller "
+                f"batches or records, or raise --max-frame-bytes on every node",
+                details={"size": len(data) - 4, "limit": self.max_request_bytes})
         async with self.lock:
             try:
-                await self.stream.send_all(wire.encode_frame({**frame, "id": rid}))
+                await self.stream.send_all(data)
                 while True:
                     reply = await self.reader.receive()
                     if reply is None:

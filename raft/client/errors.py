@@ -71,6 +71,12 @@ class BackpressureError(RaftlogError):
     code = "BACKPRESSURE"
 
 
+class DiskFullError(RaftlogError):
+    """The leader's disk is full: it refuses writes (reads go on) until space is freed."""
+
+    code = "DISK_FULL"
+
+
 class BadRequestError(RaftlogError):
     code = "BAD_REQUEST"
 
@@ -103,8 +109,8 @@ class UnavailableError(RaftlogError):
 _BY_CODE: dict[str, type[RaftlogError]] = {
     c.code: c for c in (NotLeaderError, RequestTimeout, TooLargeError, OffsetOutOfRangeError,
                         ShuttingDownError, LeadershipLostError, BackpressureError,
-                        BadRequestError, UnavailableError, AuthenticationError,
-                        PermissionDeniedError)}
+                        DiskFullError, BadRequestError, UnavailableError,
+                        AuthenticationError, PermissionDeniedError)}
 
 
 def error_from_reply(err: dict[str, Any]) -> RaftlogError:
@@ -114,7 +120,8 @@ def error_from_reply(err: dict[str, Any]) -> RaftlogError:
 
 
 __all__ = [
-    "RETRIABLE", "AuthenticationError", "BackpressureError", "PermissionDeniedError", "BadRequestError", "LeadershipLostError", "NotLeaderError",
+    "RETRIABLE", "AuthenticationError", "BackpressureError", "BadRequestError", "DiskFullError",
+    "LeadershipLostError", "NotLeaderError", "PermissionDeniedError",
     "OffsetOutOfRangeError", "RaftlogError", "RequestTimeout", "ShuttingDownError",
     "TooLargeError", "UnavailableError", "error_from_reply",
 ]

@@ -99,6 +99,30 @@ async def _run_node(node: Node, config: NodeConfig, task_status: trio.TaskStatus
         nursery.cancel_scope.cancel()
 
 
+async def _serve_and_announce(config: NodeConfig, prog: str) -> None:
+    """run_node, plus one line on stderr once the node listens: where, its data, its peers
+    and the state of its log (an operator should not have to guess whether it started)."""
+    import sys
+
+    try:
+        async with trio.open_nursery() as nursery:
+            node = await nursery.start(run_node, config)
+            log_storage, core = node.log, node.core
+            peers = ", ".join(f"{i}={a}" for i, a in sorted(node.peer_addresses.items()))
+            print(f"{prog}: node {config.node_id} listening on {node.address}; data in "
+                  f"{config.node_dir}; peers {peers or '(none)'}; term {core.term}, log "
+                  f"{log_storage.start_offset}..{log_storage.dirty_offset} (flushed "
+                  f"{log_storage.flushed_offset})"
+                  f"{'; waiting to be added (--join)' if config.join else ''}. SIGTERM or "
+                  f"Ctrl-C stops it cleanly.", file=sys.stderr, flush=True)
+    except BaseExceptionGroup as group:
+        for kind in (ConfigError, NodeFailed):
+            matched, _ = group.split(kind)
+            if matched is not None:
+                raise _leaves(matched)[0] from None
+        raise
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m raft.node --node-id 1 --data-dir DIR --peers ...`: the node alone, without the
     full CLI (`raftlog serve` does the same). Exit codes: 0 clean stop, 2 configuration error."""
@@ -120,7 +144,7 @@ def serve(settings: dict[str, Any], prog: str = "raftlog serve") -> int:
     try:
         config = NodeConfig.from_args(settings)
         config.check_data_dir()
-        trio.run(run_node, config)
+        trio.run(_serve_and_announce, config, prog)
     except ConfigError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2

@@ -43,6 +43,8 @@ from storage.api import LogStorage
 log = logging.getLogger("raftlog.node")
 
 HELLO_TIMEOUT_S = 10.0
+# How long a refused oversized frame's body is read and dropped so the refusal arrives.
+DISCARD_TIMEOUT_S = 5.0
 
 
 class Node:
@@ -243,7 +245,10 @@ class Node:
                     if hello is None:
                         return
                     role, session = self._check_hello(hello, identity, remote)
-                    reply: dict[str, Any] = {"t": "hello", "node_id": self.node_id}
+                    # The frame limit lets a client refuse an oversized request itself
+                    # instead of having it cut off mid-send.
+                    reply: dict[str, Any] = {"t": "hello", "node_id": self.node_id,
+                                             "max_frame_bytes": self.config.max_frame_bytes}
                     if session is not None and session.principal is not None:
                         reply["principal"] = session.principal
                     await stream.send_all(wire.encode_frame(reply))
@@ -265,6 +270,8 @@ class Node:
                     log.info("bad_frame node=%d code=%s error=%s", self.node_id, e.code.name, e)
                     self.metrics.count_error(e.code.name)
                     await _send_error(stream, e)
+                    if isinstance(e, wire.FrameTooLarge):
+                        await _discard_input(stream, e.size)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
@@ -409,6 +416,24 @@ def _split_connection_errors(exc: BaseException, node_id: int) -> BaseException 
     if not isinstance(exc, _NETWORK_ERRORS):
         log.error("connection_task_failed node=%d", node_id, exc_info=exc)
     return None
+
+
+async def _discard_input(stream: trio.abc.Stream, limit: int) -> None:
+    """After refusing an oversized frame: stop sending and read (and drop) what the client is
+    still sending, bounded in bytes and time, before closing. Closing with unread data would
+    reset the connection, and a reset can destroy the TOO_LARGE answer before the client
+    reads it."""
+    try:
+        if isinstance(stream, trio.abc.HalfCloseableStream):
+            await stream.send_eof()
+        with trio.move_on_after(DISCARD_TIMEOUT_S):
+            while limit > 0:
+                data = await stream.receive_some(1 << 16)
+                if not data:
+                    return
+                limit -= len(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
 
 
 async def _send_error(stream: trio.abc.SendStream, err: wire.WireError) -> None:

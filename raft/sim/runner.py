@@ -183,7 +183,8 @@ class Simulation:
                  "commit": max((n.core.commit_index for n in self.nodes.values() if n.core),
                                default=-1),
                  "terms": max(self.checkers.leaders, default=0),
-                 "restarts": sum(n.restarts for n in self.nodes.values())}
+                 "restarts": sum(n.restarts for n in self.nodes.values()),
+                 "fail_stops": sum(n.fail_stops for n in self.nodes.values())}
         return SimResult(cfg.seed, list(self.checkers.violations), self.trace.hexdigest(),
                          stats, list(self.trace_tail), cfg.profile)
 
@@ -227,6 +228,11 @@ PROFILES: dict[str, dict[str, Any]] = {
     "network": {"faults": ("partition", "one_way", "loss", "duplicate", "partition")},
     # Membership changes (add learner, promote, remove) interleaved with every fault.
     "membership": {"spare_nodes": 2, "faults": KINDS + ("member",) * 4},
+    # Storage faults (I/O errors: fail-stop; a full disk: retried) among crashes and
+    # partitions; followers flush rarely so failed flushes leave large unflushed tails.
+    "disk": {"mean_fault_gap_us": 80_000,
+             "faults": ("disk", "disk", "disk", "crash", "crash_leader", "partition"),
+             "raft": {"follower_flush_ticks": 10}},
 }
 
 
