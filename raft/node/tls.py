@@ -9,8 +9,8 @@ name) like any TLS client, and may present a certificate of their own (`raftlog:
 to authenticate (raft.node.auth).
 
 A node started with TLS still reads the first bytes of a connection before the handshake: a TLS
-ClientHello starts with byte 0x16, a raftlog frame with its 4-byte length (0x00 for any sane
-frame size). A plaintext client therefore gets a plaintext error frame saying TLS is required
+ClientHello starts with a handshake record header (0x16, then version 0x03 0x00..0x04), a
+raftlog frame with its 4-byte length (0x00 for any sane frame size). A plaintext client therefore gets a plaintext error frame saying TLS is required
 instead of a handshake it cannot understand. A node without TLS answers a TLS client with a
 fatal TLS alert (protocol_version), which the client reports as "not a TLS node".
 """
@@ -205,13 +205,26 @@ class PrefixedStream(trio.abc.Stream):
         await self.stream.aclose()
 
 
+SNIFF_BYTES = 3
+
+
 async def sniff(stream: trio.abc.ReceiveStream) -> bytes:
-    """The first bytes of a connection (b"" on EOF): enough to tell TLS from a frame."""
-    return await stream.receive_some(4096)
+    """The first bytes of a connection: at least SNIFF_BYTES (fewer only at EOF), enough to
+    tell a TLS record from a frame. The caller bounds the wait (the hello timeout)."""
+    first = b""
+    while len(first) < SNIFF_BYTES:
+        data = await stream.receive_some(4096)
+        if not data:
+            break
+        first += data
+    return first
 
 
 def looks_like_tls(first: bytes) -> bool:
-    return bool(first) and first[0] == TLS_HANDSHAKE_BYTE
+    """A TLS handshake record header: type 0x16, version 3.0 to 3.4 (what every ClientHello
+    starts with; random bytes match it one time in millions)."""
+    return (len(first) >= SNIFF_BYTES and first[0] == TLS_HANDSHAKE_BYTE and first[1] == 0x03
+            and first[2] <= 0x04)
 
 
 async def accept_tls(stream: trio.abc.Stream, first: bytes,

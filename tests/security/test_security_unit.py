@@ -438,3 +438,44 @@ def test_security_settings_from_toml(tmp_path: Path) -> None:
     assert gate.tls is not None and gate.auth.enabled
     flags = NodeConfig.from_args({"config": str(toml), "metrics_listen": "127.0.0.1:9200"})
     assert flags.metrics_listen == "127.0.0.1:9200"  # a flag wins over the file
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_a_tls_client_of_a_plaintext_node_is_told_so() -> None:
+    from raft.client import Client, TLSError
+    from raft.node.server import Node
+    from storage.memory import MemoryLog
+
+    config = NodeConfig(node_id=1, data_dir="/nonexistent", peers={1: "127.0.0.1:0"},
+                        tick_ms=10, election_ticks=5)
+    seen: dict[str, object] = {}
+
+    async def main() -> None:
+        node = Node(config, log_storage=MemoryLog())
+        async with trio.open_nursery() as nursery:
+            await nursery.start(node.run)
+            try:
+                async with Client(node.address, tls_ca=str(shared_pki().ca), timeout=5) as c:
+                    await c.status(node.address)
+            except TLSError as e:
+                seen["error"] = e.message
+            finally:
+                node.request_shutdown()
+
+    records = _Records()
+    logger = logging.getLogger("raftlog.node")  # whatever handlers and propagation it has
+    logger.addHandler(records)
+    try:
+        trio.run(main)
+    finally:
+        logger.removeHandler(records)
+    assert "does not speak TLS" in str(seen.get("error")), seen
+    assert any("tls_client_refused" in m for m in records.messages)
