@@ -1,6 +1,6 @@
 """The sans-IO Raft core: messages, ticks and storage completions in; messages, storage work and
 client answers out (raft/ready.py). No sockets, clocks, threads or global randomness here: the
-trio runtime (raft/node.py) and the deterministic simulation (raft/sim/) drive the same object.
+trio runtime (raft/node/) and the deterministic simulation (raft/sim/) drive the same object.
 
 What differs from textbook Raft, after Redpanda's recovery RFC:
 - Appends are not durable when they are acknowledged. Every node has a *dirty offset* (last

@@ -101,8 +101,12 @@ class RaftGroup:
         # Fail-stop: the first fatal error, and who stops the node on it (Node.abort).
         self.failure: BaseException | None = None
         self.on_fatal: Callable[[], None] = lambda: None
-        # The last flush (or metadata save) found the disk full; cleared by the next success.
-        self.disk_full = False
+        # Operations ("flush", "save_meta") whose last attempt found the disk full; each is
+        # cleared by its own next success (a small metadata save can succeed in LMDB's free
+        # pages while flushes still fail).
+        self._full_ops: set[str] = set()
+        # raft.node.metrics.NodeMetrics (flush and election counters) when the node has one.
+        self.metrics: Any = None
 
     def fail(self, exc: BaseException, where: str) -> None:
         """Stop the node now: it can no longer trust its state. Nothing is flushed on the way
@@ -193,9 +197,16 @@ class RaftGroup:
     async def final_flush(self) -> None:
         """Make everything appended durable and persist metadata before closing the log."""
         rd = self.core.ready()
-        if rd.hard_state is not None:
-            await self._save_meta(rd.hard_state)
-        flushed = await self._run_io(self.log.flush)
+        try:
+            if rd.hard_state is not None:
+                await self._save_meta(rd.hard_state)
+            flushed = await self._run_io(self.log.flush)
+        except StorageError as e:  # a full disk too: the stop cannot be clean
+            log.error("final_flush_failed node=%d error=%s: the unflushed tail (offsets %d..%d) "
+                      "is lost with this stop, as after a crash (quorum-acknowledged data is "
+                      "safe on a majority)", self.node_id, e, self.log.flushed_offset + 1,
+                      self.log.dirty_offset)
+            raise NodeFailed(f"the final flush failed: {e}") from None
         self.core.flushed(min(flushed, self.log.flushed_offset))
         log.info("final_flush node=%d flushed=%d", self.node_id, flushed)
 
@@ -300,8 +311,12 @@ class RaftGroup:
                 return
 
     async def _save_meta(self, hard_state: Any) -> None:
-        """Persist term, vote and configuration. A full disk holds the Ready (its messages
-        depend on this) and retries until space returns; any other failure is fatal."""
+        """Persist term, vote and configuration. On a full disk, a new term or vote holds the
+        Ready (its messages depend on it) and is retried until space returns; a save that only
+        moves the commit checkpoint or the configuration history does not hold it (neither must
+        be durable first: configurations are in the log, and the checkpoint only spares a
+        restart some catch-up), and the core asks again at its next checkpoint. Any other
+        failure is fatal."""
         meta = Meta(term=hard_state.term, voted_for=hard_state.voted_for,
                     config=hard_state.config, extra=self._meta.extra)
         while True:
@@ -309,23 +324,31 @@ class RaftGroup:
                 await self._run_io(self.log.save_meta, meta)
             except DiskFull as e:
                 self._note_disk_full(e, "save_meta")
+                if (meta.term, meta.voted_for) == (self._meta.term, self._meta.voted_for):
+                    return
                 await trio.sleep(DISK_FULL_RETRY_S)
                 continue
-            self._note_disk_ok()
+            self._note_disk_ok("save_meta")
             self._meta = meta
             return
+
+    @property
+    def disk_full(self) -> bool:
+        """The disk refused our last flush or metadata save: the leader refuses writes."""
+        return bool(self._full_ops)
 
     def _note_disk_full(self, e: Exception, what: str) -> None:
         if not self.disk_full:
             log.error("disk_full node=%d op=%s error=%s: refusing writes (DISK_FULL), serving "
                       "reads; retrying every %.0f s. Free space under the data directory (or "
                       "set retention)", self.node_id, what, e, DISK_FULL_RETRY_S)
-        self.disk_full = True
+        self._full_ops.add(what)
 
-    def _note_disk_ok(self) -> None:
-        if self.disk_full:
-            log.warning("disk_space_returned node=%d: taking writes again", self.node_id)
-        self.disk_full = False
+    def _note_disk_ok(self, what: str) -> None:
+        if what in self._full_ops:
+            self._full_ops.discard(what)
+            if not self._full_ops:
+                log.warning("disk_space_returned node=%d: taking writes again", self.node_id)
 
     async def _process_ready(self) -> None:
         rd = self.core.ready()
@@ -356,6 +379,9 @@ class RaftGroup:
                 log.info("state_changed node=%d role=%s term=%d leader=%s", self.node_id,
                          state[0].value, state[1], state[2])
             self._last_state = state
+            if self.metrics is not None:
+                self.metrics.observe_state(self.node_id, *state,
+                                           getattr(self.core, "voted_for", None))
             self._state_changed.set()
             self._state_changed = trio.Event()
 
@@ -363,6 +389,7 @@ class RaftGroup:
         while True:
             await self._flush_wanted.wait()
             self._flush_wanted = trio.Event()
+            before, started = self.log.flushed_offset, time.perf_counter()
             try:
                 flushed = await self._run_io(self.log.flush)
             except DiskFull as e:
@@ -375,7 +402,9 @@ class RaftGroup:
             except Exception as e:
                 self.fail(e, "flush")
                 return
-            self._note_disk_ok()
+            self._note_disk_ok("flush")
+            if self.metrics is not None:
+                self.metrics.flush_done(time.perf_counter() - started, flushed - before)
             try:
                 # A truncation may have raced the flush; never report more than the log holds.
                 self.core.flushed(min(flushed, self.log.flushed_offset))

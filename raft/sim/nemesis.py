@@ -1,6 +1,7 @@
 """Seeded faults: partitions (also one-way), crashes (the unflushed tail is lost), leader kills,
-pauses, loss and duplication bursts. Every fault heals within a bounded time, and everything
-heals at the end of the fault window so liveness can be checked."""
+pauses, loss and duplication bursts, and disk faults (a flush, metadata save or truncation that
+fails with an I/O error or a full disk: MemoryLog.fail_next). Every fault heals within a bounded
+time, and everything heals at the end of the fault window so liveness can be checked."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import random
 from dataclasses import dataclass
 
 from raft.sim.world import World
+from storage.api import DiskFull, StorageIOError
 
 KINDS = ("partition", "one_way", "crash", "crash_leader", "pause", "loss", "duplicate")
 MEMBERSHIP = "member"
+DISK = "disk"
+# Which storage operations a disk fault hits, and how often each is drawn.
+DISK_FAULT_OPS = ("flush", "flush", "save_meta", "truncate_suffix", "reset")
 
 
 @dataclass
@@ -70,6 +75,16 @@ class Nemesis:
             sim.loop.after(heal_in, lambda: setattr(sim.network.faults, "loss", 0.0))
         elif kind == MEMBERSHIP:
             self._membership()
+        elif kind == DISK:
+            victim = rng.choice(ids)
+            node = sim.nodes[victim]
+            op = rng.choice(DISK_FAULT_OPS)
+            full = op in ("flush", "save_meta") and rng.random() < 0.5
+            times = rng.randint(1, 3)
+            node.log.fail_next(op, DiskFull if full else StorageIOError, times=times)
+            self._note(f"disk fault node {victim}: {op} fails {times}x "
+                       f"({'disk full' if full else 'I/O error'})")
+            sim.loop.after(heal_in, node.log.clear_faults)
         elif kind == "duplicate":
             sim.network.faults.duplicate = 0.2
             self._note("duplicate 0.2")
@@ -112,6 +127,7 @@ class Nemesis:
         self.sim.network.faults.loss = 0.0
         self.sim.network.faults.duplicate = 0.0
         for i, node in self.sim.nodes.items():
+            node.log.clear_faults()
             if not node.up:
                 node.start()
             node.resume()

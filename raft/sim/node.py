@@ -4,22 +4,32 @@ Hard state is saved before the Ready's messages leave. One flush runs at a time 
 simulated disk time; it covers what was appended before it started (`flush(upto=...)`), and only
 then does the core hear `flushed()`. A crash drops everything past the flushed offset
 (MemoryLog.crash) and any flush in progress, and the node restarts later with a fresh core on
-the same log, as a real process would."""
+the same log, as a real process would.
+
+Storage faults (the `disk` nemesis: MemoryLog.fail_next) are handled as the runtime handles
+them (raft/node/group.py): a full disk on a flush is retried later and on a metadata save holds
+the Ready (its messages depend on it) until the save succeeds; any other storage error stops
+the node at once (fail-stop: like a crash, nothing more is flushed) and it restarts later."""
 
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from raft import messages as m
 from raft.raft import RaftConfig, RaftCore
-from raft.ready import ProduceAnswer
+from raft.ready import ProduceAnswer, Ready
 from raft.retention import RetentionPolicy, core_holds, plan
 from raft.sim.loop import EventLoop
 from raft.types import Role
-from storage.api import Meta
+from storage.api import DiskFull, Meta, StorageError
 from storage.memory import MemoryLog
+
+# Simulated time before a retry on a full disk, and before a fail-stopped node restarts.
+DISK_FULL_RETRY_US = 2_000
+FAIL_STOP_RESTART_US = 50_000
 
 
 @dataclass(slots=True)
@@ -59,6 +69,9 @@ class SimNode:
         self.restarts = 0
         self.ticks = 0
         self.retention_cuts = 0
+        self.fail_stops = 0
+        # Readys whose hard state could not be saved yet (full disk), in order.
+        self.held: deque[Ready] = deque()
         self.start()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -69,6 +82,7 @@ class SimNode:
         self.paused = False
         self.flushing = False
         self.flush_again = False
+        self.held.clear()
         self.epoch += 1
         epoch = self.epoch
         self.loop.after(self.rng.randint(0, self.tick_us), lambda: self._tick(epoch))
@@ -81,10 +95,25 @@ class SimNode:
         self.up = False
         self.epoch += 1
         self.inbox.clear()
+        self.held.clear()
         self.log.crash()
         self.core = None
         self.restarts += 1
         self.on_event(self, "crash")
+
+    def fail_stop(self, error: StorageError) -> None:
+        """A storage fault the node cannot trust itself after: stop now (what the runtime's
+        RaftGroup.fail does) and come back later from the durable state."""
+        self.fail_stops += 1
+        self.on_event(self, f"fail-stop {type(error).__name__}")
+        self.crash()
+        epoch = self.epoch
+
+        def restart() -> None:
+            if self.epoch == epoch and not self.up:
+                self.start()
+
+        self.loop.after(FAIL_STOP_RESTART_US, restart)
 
     def pause(self) -> None:
         if self.up:
@@ -105,10 +134,15 @@ class SimNode:
         if self.paused:
             return
         assert self.core is not None
-        self.core.tick()
+        try:
+            self.core.tick()
+        except StorageError as e:
+            self.fail_stop(e)
+            return
         self.process()
         self.ticks += 1
-        if self.retention is not None and self.ticks % self.retention_every_ticks == 0:
+        if (self.retention is not None and self.ticks % self.retention_every_ticks == 0
+                and self.up and self.core is not None):
             self._retain()
 
     def _retain(self) -> None:
@@ -127,8 +161,14 @@ class SimNode:
         self.loop.after(delay, lambda: self._persist_start(epoch))
 
     def _persist_start(self, epoch: int) -> None:
-        if epoch == self.epoch and self.up:
+        if epoch != self.epoch or not self.up:
+            return
+        try:
             self.log.persist_start()
+        except DiskFull:  # the start stays advanced in memory; the runtime retries next round
+            self.loop.after(DISK_FULL_RETRY_US, lambda: self._persist_start(epoch))
+        except StorageError as e:
+            self.fail_stop(e)
 
     def receive(self, msg: m.Message) -> None:
         if not self.up:
@@ -137,14 +177,22 @@ class SimNode:
             self.inbox.append(msg)
             return
         assert self.core is not None
-        self.core.step(msg)
+        try:
+            self.core.step(msg)  # may truncate or reset the log
+        except StorageError as e:
+            self.fail_stop(e)
+            return
         self.process()
 
     def propose(self, request_id: int, batch, acks) -> bool:  # noqa: ANN001
         if not self.up or self.paused:
             return False
         assert self.core is not None
-        self.core.propose(request_id, batch, acks)
+        try:
+            self.core.propose(request_id, batch, acks)
+        except StorageError as e:
+            self.fail_stop(e)
+            return True
         self.process()
         return True
 
@@ -152,10 +200,33 @@ class SimNode:
     def process(self) -> None:
         core = self.core
         assert core is not None
-        rd = core.ready()
-        if rd.hard_state is not None and self.persist_hard_state:
-            hs = rd.hard_state
-            self.log.save_meta(Meta(hs.term, hs.voted_for, hs.config))
+        self.held.append(core.ready())
+        self._release_held()
+
+    def _release_held(self) -> None:
+        """Carry out held Readys in order; each one's hard state is saved before its messages
+        leave. A full disk keeps them held and retries later."""
+        while self.held and self.up:
+            rd = self.held[0]
+            if rd.hard_state is not None and self.persist_hard_state:
+                hs = rd.hard_state
+                try:
+                    self.log.save_meta(Meta(hs.term, hs.voted_for, hs.config))
+                except DiskFull:
+                    epoch = self.epoch
+                    self.loop.after(DISK_FULL_RETRY_US, lambda: self._retry_held(epoch))
+                    return
+                except StorageError as e:
+                    self.fail_stop(e)
+                    return
+            self.held.popleft()
+            self._carry_out(rd)
+
+    def _retry_held(self, epoch: int) -> None:
+        if epoch == self.epoch and self.up:
+            self._release_held()
+
+    def _carry_out(self, rd: Ready) -> None:
         self.on_event(self, "ready")
         for msg in rd.messages:
             self.send(msg)
@@ -179,7 +250,16 @@ class SimNode:
         if epoch != self.epoch or not self.up:
             return
         # Truncation may have cut below `upto` meanwhile: flush what is there.
-        self.log.flush(min(upto, self.log.dirty_offset))
+        try:
+            self.log.flush(min(upto, self.log.dirty_offset))
+        except DiskFull:
+            # Nothing was written; the tail stays in memory. Try again shortly.
+            self.flushing = False
+            self.loop.after(DISK_FULL_RETRY_US, lambda: self._retry_flush(epoch))
+            return
+        except StorageError as e:
+            self.fail_stop(e)
+            return
         self.flushing = False
         if self.paused:
             self.flush_again = True
@@ -189,6 +269,10 @@ class SimNode:
         self.on_event(self, "flushed")
         self.process()
         if self.flush_again and not self.flushing:
+            self._start_flush()
+
+    def _retry_flush(self, epoch: int) -> None:
+        if epoch == self.epoch and self.up and not self.flushing:
             self._start_flush()
 
     @property

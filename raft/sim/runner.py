@@ -192,7 +192,8 @@ class Simulation:
                  "terms": max(self.checkers.leaders, default=0),
                  "restarts": sum(n.restarts for n in self.nodes.values()),
                  "retention_cuts": sum(n.retention_cuts for n in self.nodes.values()),
-                 "state_transfers": self.checkers.state_transfers}
+                 "state_transfers": self.checkers.state_transfers,
+                 "fail_stops": sum(n.fail_stops for n in self.nodes.values())}
         return SimResult(cfg.seed, list(self.checkers.violations), self.trace.hexdigest(),
                          stats, list(self.trace_tail), cfg.profile)
 
@@ -244,6 +245,11 @@ PROFILES: dict[str, dict[str, Any]] = {
     # New learners start behind the leader's log start: they join through a state transfer.
     "membership": {"spare_nodes": 2, "faults": KINDS + ("member",) * 4,
                    "retention": {"max_bytes": 3000, "max_age_ms": 300, "valve_age_ms": 200}},
+    # Storage faults (I/O errors: fail-stop; a full disk: retried) among crashes and
+    # partitions; followers flush rarely so failed flushes leave large unflushed tails.
+    "disk": {"mean_fault_gap_us": 80_000,
+             "faults": ("disk", "disk", "disk", "crash", "crash_leader", "partition"),
+             "raft": {"follower_flush_ticks": 10}},
 }
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import raft.progress
 import raft.leader
+import raft.sim.node
 from raft.sim.runner import PROFILES, SimConfig, Simulation, profile_config, run_simulation
 from raft.types import Acks
 from storage.batch import Batch
@@ -68,6 +69,20 @@ def test_teeth_vote_not_persisted() -> None:
     """A driver that grants votes without making them durable: after crashes a node votes
     twice in a term, and two leaders (or diverging logs) follow."""
     assert _first_failure("crashy", range(1, 200), persist_hard_state=False) is not None
+
+
+def test_teeth_running_on_after_a_storage_fault(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node that logs a storage fault and runs on (instead of stopping) is caught by the disk
+    profile: its core and its log disagree after the half-done step."""
+    monkeypatch.setattr(raft.sim.node.SimNode, "fail_stop", lambda self, error: None)
+    assert _first_failure("disk", range(1, 60)) is not None
+
+
+def test_disk_faults_fire_and_fail_stop() -> None:
+    """The disk profile really injects faults that stop nodes (and they come back)."""
+    res = run_simulation(profile_config(1, 3, "disk"))
+    assert res.ok, res.describe()
+    assert res.stats["fail_stops"] > 0
 
 
 # -- recovery scenarios ------------------------------------------------------------------------

@@ -1,0 +1,97 @@
+"""Fail-stop: a node that can no longer trust its own state stops at once, loudly, and a restart
+recovers from what it had flushed. A full disk is not such a fault (tests/node/test_disk_full.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from inproc_cluster import RawClient, trio_test, values_payload
+from raft.node.config import NodeConfig
+from raft.node.errors import NodeFailed
+from raft.node.server import Node
+from raft.types import Role
+from storage.api import DiskFull, StorageIOError
+from storage.memory import MemoryLog
+
+
+def single_node(log: MemoryLog) -> Node:
+    return Node(NodeConfig(node_id=1, data_dir="/nonexistent-in-memory",
+                           peers={1: "127.0.0.1:0"}, tick_ms=10, election_ticks=20),
+                log_storage=log)
+
+
+async def wait_leader(node: Node) -> None:
+    with trio.fail_after(10):
+        while node.core is None or node.core.role != Role.LEADER or node.core.commit_index < 0:
+            await trio.sleep(0.01)
+
+
+@pytest.mark.parametrize("op", ["flush", "save_meta"])
+@trio_test
+async def test_a_storage_fault_stops_the_node_and_a_restart_recovers(op: str) -> None:
+    log = MemoryLog()
+    node = single_node(log)
+    answers: list[dict] = []
+    with pytest.raises(BaseExceptionGroup) as raised:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(node.run)
+            await wait_leader(node)
+            client = await RawClient.connect(node.address)
+            ok = await client.request("produce", payload=values_payload([b"kept"]), count=1)
+            assert ok["ok"], ok
+            flushed_before = log.flushed_offset
+            log.fail_next(op, StorageIOError)
+            if op == "save_meta":
+                node.core._hs_dirty = True  # the next Ready saves metadata
+
+            async def produce_one() -> None:
+                try:
+                    answers.append(await client.request(
+                        "produce", payload=values_payload([b"lost"]), count=1))
+                except Exception:  # the node went away mid-request: no answer at all
+                    pass
+
+            nursery.start_soon(produce_one)
+            with trio.fail_after(10):
+                await node._stopped.wait()
+    assert raised.group_contains(NodeFailed)
+    # It stopped without a final flush and never acknowledged the write it could not flush.
+    assert log.flushed_offset == flushed_before
+    assert not any(a.get("ok") for a in answers), answers
+    # A restart recovers from the flushed log and serves again.
+    log.crash()
+    log.clear_faults()
+    restarted = single_node(log)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(restarted.run)
+        await wait_leader(restarted)
+        client = await RawClient.connect(restarted.address)
+        reply = await client.request("fetch", offset=0, max_bytes=1 << 20)
+        assert reply["ok"] and any(b"kept" in b["payload"] for b in reply["batches"])
+        restarted.request_shutdown()
+
+
+@trio_test
+async def test_a_full_disk_does_not_stop_the_node() -> None:
+    log = MemoryLog()
+    node = single_node(log)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(node.run)
+        await wait_leader(node)
+        client = await RawClient.connect(node.address)
+        log.fail_next("flush", DiskFull, times=3)
+        first = await client.request("produce", payload=values_payload([b"a"]), count=1,
+                                     timeout_ms=200)
+        assert first["error"]["code"] in ("TIMEOUT", "DISK_FULL"), first
+        with trio.fail_after(10):
+            while True:  # the flush is retried; once it succeeds, writes are taken again
+                reply = await client.request("produce", payload=values_payload([b"b"]), count=1,
+                                             timeout_ms=2000)
+                if reply["ok"]:
+                    break
+                assert reply["error"]["code"] == "DISK_FULL", reply
+                await trio.sleep(0.05)
+        assert not node._stopped.is_set()
+        node.request_shutdown()
