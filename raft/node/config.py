@@ -539,6 +539,8 @@ class NodeConfig:
                             help="text (key=value, default) or json (one object per line)")
         for name, (metavar, text) in _SECURITY_FLAGS.items():
             parser.add_argument("--" + name.replace("_", "-"), metavar=metavar, help=text)
+        for name in _RETENTION_SETTINGS:
+            NodeConfig._add_retention_argument(parser, name)
         parser.add_argument("--raft", action="append", metavar="KEY=VALUE",
                             help="any other raft.config.RaftConfig setting (repeatable), e.g. "
                                  "--raft producer_window=16")

@@ -143,7 +143,8 @@ class SimNode:
         if not self.up:
             return  # the Ready stopped the node (a storage fault)
         self.ticks += 1
-        if self.retention is not None and self.ticks % self.retention_every_ticks == 0:
+        if (self.retention is not None and self.ticks % self.retention_every_ticks == 0
+                and self.up and self.core is not None):
             self._retain()
 
     def _retain(self) -> None:
@@ -162,8 +163,14 @@ class SimNode:
         self.loop.after(delay, lambda: self._persist_start(epoch))
 
     def _persist_start(self, epoch: int) -> None:
-        if epoch == self.epoch and self.up:
+        if epoch != self.epoch or not self.up:
+            return
+        try:
             self.log.persist_start()
+        except DiskFull:  # the start stays advanced in memory; the runtime retries next round
+            self.loop.after(DISK_FULL_RETRY_US, lambda: self._persist_start(epoch))
+        except StorageError as e:
+            self.fail_stop(e)
 
     def receive(self, msg: m.Message) -> None:
         if not self.up:
