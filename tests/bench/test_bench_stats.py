@@ -66,7 +66,7 @@ def test_missing_fields_names_what_is_absent_and_tables_render() -> None:
            "limits": {"fsync_ms": {}, "lmdb_commit_ms": {}, "rpc_floor_ms": {}, "seq_write_MBps": {},
                       "tcp_loopback_MBps": {},
                       "lmdb_append_MBps": {}},
-           "figures": [fig], "details": {}, "plots": [], "elapsed_s": 1.0}
+           "figures": [fig], "details": {}, "errors": [], "plots": [], "elapsed_s": 1.0}
     assert missing_fields(res) == []
     del res["limits"]["fsync_ms"]
     del res["figures"][0]["median"]
