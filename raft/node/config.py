@@ -544,8 +544,6 @@ class NodeConfig:
         parser.add_argument("--raft", action="append", metavar="KEY=VALUE",
                             help="any other raft.config.RaftConfig setting (repeatable), e.g. "
                                  "--raft producer_window=16")
-        for name in _RETENTION_SETTINGS:
-            NodeConfig._add_retention_argument(parser, name)
         fields = {f.name: f for f in dataclasses.fields(NodeConfig)}
         for name, meaning in FLAG_HELP.items():
             flag = "--" + name.replace("_", "-")
