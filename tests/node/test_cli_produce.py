@@ -31,8 +31,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 
 
 def read_back(cluster: LocalCluster, offset: int, n: int = 1) -> list:
+    """n committed records from `offset`. A fetch may answer before the serving node's high
+    watermark covers them (a follower learns the commit index with the next heartbeat) or stop
+    early, so long-poll and follow next_offset until they are there."""
+    out: list = []
     with BlockingClient(cluster.servers) as c:
-        return c.fetch(offset).records[:n]
+        pos = offset
+        for _ in range(30):
+            res = c.fetch(pos, max_wait=1.0)
+            out += res.records
+            if len(out) >= n:
+                return out[:n]
+            pos = max(pos, res.next_offset)
+    raise AssertionError(f"only {len(out)} of {n} records from offset {offset} became readable")
 
 
 def test_produce_sends_each_line_before_stdin_closes(cluster: LocalCluster) -> None:
