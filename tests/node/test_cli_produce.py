@@ -185,7 +185,10 @@ def test_a_second_ctrl_c_does_not_wait(cluster: LocalCluster) -> None:
         p.wait_line(r"^\d+$", stream="out")
         p.signal(signal.SIGINT)
         p.signal(signal.SIGINT)
-        assert p.wait() == 130
+        # 130 from produce itself; or, when the first Ctrl-C already let it finish (nothing was
+        # pending) and the second lands while the interpreter exits, Python's own death by
+        # SIGINT. Either way it stopped at once.
+        assert p.wait() in (130, -signal.SIGINT)
     finally:
         p.stop()
     wait_for(lambda: p.proc.poll() is not None, "produce to exit")
