@@ -40,6 +40,8 @@ def open_log(path: str | os.PathLike[str] | None, **opts: Any) -> LogStorage:
     overlap or leave a gap raises LogInconsistent."""
     if path is None:
         return MemoryLog(**{k: v for k, v in opts.items() if k == "max_tail_bytes"})
-    from storage.lmdb_log import LmdbLog  # lmdb is imported only when a durable log is wanted
+    from storage.lmdb_log import (
+        LmdbLog,  # lmdb is imported only when a durable log is wanted
+    )
 
     return LmdbLog(path, **opts)

@@ -23,25 +23,24 @@ Threading rules (a flush runs in a worker thread while the owning thread appends
   reader sees keys deleted on disk that the in-memory view still counts as flushed. They are
   called from the owning thread, which waits for their fsync anyway.
 
-One owner per directory: the log holds an exclusive flock on `<dir>/LOCK` (with the owner's pid
-in it) while open; a second opener, in this process or another, gets DataDirLocked at once. The
-kernel drops the lock when the owner dies, however it dies.
+One owner per directory: an exclusive flock on `<dir>/LOCK` while open (storage/dirlock.py).
 
-Opening checks that the stored batches are contiguous from the start record, with terms never
-going backwards; anything else cannot come from a crash and raises LogInconsistent.
+Opening checks every batch header and the metadata records against their checksums, that the
+batches run contiguously from the start record with terms never going backwards, that the log
+ends at the flushed tail recorded with it, and fully verifies the newest batches; what a damaged
+disk leaves (missing batches, a damaged header or record) is cut or replaced and reported
+(storage/lmdb_format.py), anything else raises LogInconsistent. Damaged batches found later (the
+scrubber, a read) are not served and are written back by `repair()` (storage/damage.py).
 
-Layout: sub-db `log` maps the big-endian base offset (8 bytes) to `Batch.encode()`; sub-db `meta`
-holds `meta` (term, vote, config, extra) and `start` ([start_offset, start_term]), msgpack-encoded.
+Layout and record formats: storage/lmdb_format.py.
 """
 
 from __future__ import annotations
 
 import bisect
-import errno
-import fcntl
+import copy
 import logging
 import os
-import struct
 import threading
 import time
 import weakref
@@ -49,21 +48,22 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import lmdb
-import msgpack
 
+from storage import lmdb_format as fmt
 from storage.api import (
     DEFAULT_MAX_TAIL_BYTES,
-    DataDirLocked,
     DiskFull,
     LogInconsistent,
     LogStorage,
     Meta,
     OffsetOutOfRange,
+    ScrubSlice,
     StorageError,
-    StorageIOError,
     TailFull,
 )
-from storage.batch import HEADER_SIZE, Batch, CorruptBatch
+from storage.batch import Batch, CorruptBatch
+from storage.damage import Damage, DamageSet
+from storage.dirlock import lock_dir, unlock_dir
 
 # BENCH ONLY: RAFTLOG_BENCH_FSYNC_DELAY_MS adds a fixed delay to every fsynced transaction, to
 # show what deferred flushing buys on a slow (cloud) disk. Never set it in production.
@@ -73,62 +73,13 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAP_SIZE = 64 << 20
 DEFAULT_MAX_MAP_SIZE = 1 << 40
-PROGRESS_EVERY_S = 5.0
+# How much of the newest flushed log an open verifies in full (the rest is the scrubber's).
+DEFAULT_VERIFY_TAIL_BYTES = 8 << 20
 
-_KEY = struct.Struct(">Q")
-# base_offset (q), count (I), term (q) at the head of every encoded batch (see storage.batch).
-_HEAD = struct.Struct("<qIq")
-_META_KEY = b"meta"
-_START_KEY = b"start"
-LOCK_FILE = "LOCK"
+_key = fmt.key
+_KEY = fmt.KEY
 
 T = TypeVar("T")
-
-
-def _key(offset: int) -> bytes:
-    return _KEY.pack(offset)
-
-
-def _lock_dir(path: str) -> int:
-    """Create `path` if needed and take the exclusive flock on `<path>/LOCK`; return its fd.
-    Raises DataDirLocked at once if another open log holds it (never waits)."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        raise StorageError(f"cannot open the LMDB log at {path}: {e.strerror or e}; check the "
-                           f"path exists, is writable and is not on a full disk") from e
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        pid = _lock_owner(fd)
-        os.close(fd)
-        raise DataDirLocked(path, pid) from None
-    except OSError as e:
-        os.close(fd)
-        raise StorageError(f"cannot lock the LMDB log at {path} ({e.strerror or e}); put the "
-                           f"data dir on a local filesystem that supports flock") from e
-    try:  # who holds it, for the next opener's error message (informational only)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    except OSError:
-        pass
-    return fd
-
-
-def _lock_owner(fd: int) -> int | None:
-    try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        return int(text) if text else None
-    except (OSError, ValueError):
-        return None
-
-
-def _unlock_dir(fd: int) -> None:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
 
 
 class LmdbLog(LogStorage):
@@ -136,7 +87,8 @@ class LmdbLog(LogStorage):
 
     def __init__(self, path: str | os.PathLike[str], max_tail_bytes: int = DEFAULT_MAX_TAIL_BYTES,
                  map_size: int = DEFAULT_MAP_SIZE,
-                 max_map_size: int = DEFAULT_MAX_MAP_SIZE) -> None:
+                 max_map_size: int = DEFAULT_MAX_MAP_SIZE,
+                 verify_tail_bytes: int = DEFAULT_VERIFY_TAIL_BYTES) -> None:
         self.path = os.fspath(path)
         self._max_tail_bytes = max_tail_bytes
         self._max_map_size = max(max_map_size, map_size)
@@ -150,11 +102,14 @@ class LmdbLog(LogStorage):
         # (first offset, term) at every term change across the whole log, for term_at.
         self._term_firsts: list[int] = []
         self._term_terms: list[int] = []
+        self._damage = DamageSet()
+        # What the open found wrong and repaired or cut (for the runtime's log and status).
+        self.open_findings: list[str] = []
         # The directory lock comes first: a second opener must not even open the environment.
-        fd = _lock_dir(self.path)
+        fd = lock_dir(self.path)
         # Released by close(), or when this object is collected without close() (nothing can
         # write through an unreachable log), or by the kernel when the process dies.
-        self._release_dir = weakref.finalize(self, _unlock_dir, fd)
+        self._release_dir = weakref.finalize(self, unlock_dir, fd)
         try:
             try:
                 self._env = lmdb.open(self.path, subdir=True, max_dbs=4, map_size=map_size,
@@ -165,7 +120,7 @@ class LmdbLog(LogStorage):
             try:
                 self._log_db = self._env.open_db(b"log")
                 self._meta_db = self._env.open_db(b"meta")
-                self._load()
+                self._load(verify_tail_bytes)
             except BaseException:
                 self._env.close()
                 raise
@@ -174,89 +129,41 @@ class LmdbLog(LogStorage):
             raise
 
     # -- opening -----------------------------------------------------------------------------
-    def _load(self) -> None:
+    def _load(self, verify_tail_bytes: int) -> None:
         started = time.monotonic()
-        last_report = started
         with self._env.begin(buffers=True) as txn:
-            raw = txn.get(_START_KEY, db=self._meta_db)
-            start, start_term = self._decode_start(raw)
-            raw = txn.get(_META_KEY, db=self._meta_db)
-            if raw is not None:
-                self._decode_meta(bytes(raw))  # undecodable metadata fails the open, not later
-            last = start - 1
-            last_term = start_term
-            n = 0
-            cur = txn.cursor(db=self._log_db)
-            for k, v in cur:
-                base, count, term = _HEAD.unpack_from(v, 0) if len(v) >= HEADER_SIZE else (
-                    -1, 0, 0)
-                key_base = _KEY.unpack(bytes(k))[0]
-                if base != key_base or count < 1:
-                    raise CorruptBatch(key_base, "batch header does not match its key while "
-                                                 "opening the log")
-                self._check_next(start, last, last_term, base, count, term)
-                if not self._term_terms or self._term_terms[-1] != term:
-                    self._term_firsts.append(base)
-                    self._term_terms.append(term)
-                last = base + count - 1
-                last_term = term
-                n += 1
-                if n % 4096 == 0:
-                    now = time.monotonic()
-                    if now - last_report >= PROGRESS_EVERY_S:
-                        last_report = now
-                        log.info("opening_log path=%s batches=%d last_offset=%d elapsed_s=%.0f",
-                                 self.path, n, last, now - started)
-        self._start, self._start_term = int(start), int(start_term)
-        self._flushed = last
-        self._dirty = last
-        if time.monotonic() - started >= PROGRESS_EVERY_S:
+            s = fmt.scan(txn, self._log_db, self._meta_db, self.path, verify_tail_bytes)
+        self._fmt = s.fmt
+        self._trailer = fmt.TRAILER if s.fmt >= 2 else 0
+        meta = s.meta
+        if meta is None or s.identity_lost:
+            # A new directory, or one that forgot its term and vote (or what it held): a new
+            # identity, so the cluster takes it for the new member it is (raft/incarnation.py).
+            if not s.new:
+                s.findings.append("its term and vote are lost: it gets a new identity and "
+                                  "rejoins the cluster as a new member")
+            meta = Meta(incarnation=fmt.new_incarnation())
+        elif meta.incarnation == 0:  # written before incarnations existed
+            meta.incarnation = fmt.new_incarnation()
+        if s.needs_write or s.identity_lost:  # before anything is served
+            with self._write_lock:
+                self._write("recording what the open found",
+                            lambda txn: fmt.write_open_repairs(txn, self._log_db, self._meta_db,
+                                                               s, meta))
+        self._meta = meta
+        self._start, self._start_term = s.start, s.start_term
+        self._flushed = self._dirty = s.last
+        self._term_firsts, self._term_terms = s.term_firsts, s.term_terms
+        self._floor = s.floor
+        for d in s.damaged:
+            self._damage.add(d)
+            s.findings.append(f"damaged batch at {d.describe()}")
+        self.open_findings = s.findings
+        for finding in s.findings:
+            log.warning("log_damage_found path=%s at=open: %s", self.path, finding)
+        if time.monotonic() - started >= fmt.PROGRESS_EVERY_S:
             log.info("opened_log path=%s batches=%d start=%d last_offset=%d elapsed_s=%.0f",
-                     self.path, n, self._start, last, time.monotonic() - started)
-
-    def _check_next(self, start: int, last: int, last_term: int, base: int, count: int,
-                    term: int) -> None:
-        """The stored batch base..base+count-1 of `term` must follow the one ending at `last`
-        (start - 1 for the first) with no gap, no overlap and no lower term. Every writer keeps
-        this in one transaction, so a crash cannot break it: refuse the log if it is broken."""
-        end = base + count - 1
-        if base < start:
-            raise LogInconsistent(
-                self.path, f"the batch at offsets {base}..{end} lies before the log start offset "
-                           f"{start} recorded with it", (base, end, start))
-        if base <= last:
-            raise LogInconsistent(
-                self.path, f"the batch at offsets {base}..{end} (term {term}) overlaps the batch "
-                           f"ending at offset {last} (term {last_term})", (base, end, last))
-        if base > last + 1:
-            raise LogInconsistent(
-                self.path, f"offsets {last + 1}..{base - 1} are missing: the batch at offset "
-                           f"{base} follows one ending at offset {last}"
-                           + (f" (the log start is {start})" if last == start - 1 else ""),
-                (last + 1, base - 1))
-        if term < last_term:
-            raise LogInconsistent(
-                self.path, f"the term goes backwards at offset {base}: {term} after {last_term} "
-                           f"(at offset {last})", (base, last))
-
-    def _decode_start(self, raw: bytes | memoryview | None) -> tuple[int, int]:
-        if raw is None:
-            return 0, 0
-        try:
-            start, start_term = msgpack.unpackb(bytes(raw))
-            return int(start), int(start_term)
-        except (ValueError, TypeError, msgpack.UnpackException) as e:
-            raise LogInconsistent(self.path, f"the log start record cannot be decoded ({e})"
-                                  ) from None
-
-    def _decode_meta(self, raw: bytes) -> Meta:
-        try:
-            d = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-            return Meta(term=d["term"], voted_for=d["voted_for"], config=d["config"],
-                        extra=d["extra"])
-        except (ValueError, TypeError, KeyError, msgpack.UnpackException) as e:
-            raise LogInconsistent(self.path, f"the term/vote metadata cannot be decoded ({e!r})"
-                                  ) from None
+                     self.path, s.batches, self._start, s.last, time.monotonic() - started)
 
     # -- positions ---------------------------------------------------------------------------
     @property
@@ -299,10 +206,8 @@ class LmdbLog(LogStorage):
                 return out
             except lmdb.MapFullError:
                 self._grow(what)
-            except lmdb.Error as e:
-                raise self._disk_error(what, e) from e
-            except OSError as e:
-                raise self._disk_error(what, e) from e
+            except (lmdb.Error, OSError) as e:
+                raise fmt.disk_error(self.path, what, e) from e
 
     def _grow(self, what: str) -> None:
         with self._lock:  # no read transaction may be open in this process while resizing
@@ -316,19 +221,6 @@ class LmdbLog(LogStorage):
             new = min(cur * 2, self._max_map_size)
             self._env.set_mapsize(new)
             log.info("lmdb_map_grown path=%s from=%d to=%d", self.path, cur, new)
-
-    def _disk_error(self, what: str, e: BaseException) -> StorageError:
-        code = getattr(e, "errno", None)
-        text = str(e)
-        if isinstance(e, lmdb.DiskError) or code == errno.ENOSPC or "No space" in text:
-            return DiskFull(
-                f"{what}: writing {self.path} failed ({text}); free disk space or move the data "
-                f"dir to a bigger disk, then retry. Nothing flushed before is lost; unflushed "
-                f"batches stay in memory")
-        return StorageIOError(
-            f"{what}: writing {self.path} failed ({text}); nothing was changed, on disk or in "
-            f"memory. Check the disk (kernel log, SMART) before restarting the node: its "
-            f"flushed log is as it was before this write")
 
     # -- writes ------------------------------------------------------------------------------
     def append(self, batches: Sequence[Batch]) -> None:
@@ -373,8 +265,9 @@ class LmdbLog(LogStorage):
                 flushed = self._flushed  # only writers change it, and we hold _write_lock
             if not snap:
                 return flushed
-            encoded = [(_key(b.base_offset), b.encode()) for b in snap]
+            encoded = [(_key(b.base_offset), fmt.encode_value(b, self._fmt)) for b in snap]
             first, end = snap[0].base_offset, snap[-1].last_offset
+            tail = fmt.seal([end, snap[-1].term])
 
             def put_all(txn: lmdb.Transaction) -> None:
                 cur = txn.cursor(db=self._log_db)
@@ -387,18 +280,19 @@ class LmdbLog(LogStorage):
                         self.path, f"flushing offsets {first}..{end} found a stored batch at "
                                    f"offset {stale}, past the flushed offset {flushed}",
                         (first, end, stale))
-                if cur.last():
-                    base, count, _ = _HEAD.unpack_from(cur.value(), 0)
+                if cur.last() and (h := fmt.head(cur.value(), self._fmt)) is not None:
+                    base, count, _ = h  # (a damaged header is the damage set's business)
                     if base + count - 1 != flushed:
                         raise LogInconsistent(
                             self.path, f"the last stored batch ends at offset {base + count - 1}"
                                        f", not at the flushed offset {flushed}",
                             (base + count - 1, flushed))
-                elif flushed != self._start - 1:
+                elif not cur.last() and flushed != self._start - 1:
                     raise LogInconsistent(
                         self.path, f"no batch is stored, yet offsets up to {flushed} count as "
                                    f"flushed", (flushed,))
                 cur.putmulti(encoded, dupdata=False, overwrite=True)
+                txn.put(fmt.TAIL_KEY, tail, db=self._meta_db)
 
             self._write(f"flush of offsets {first}..{end}", put_all)
             with self._lock:
@@ -424,14 +318,18 @@ class LmdbLog(LogStorage):
             if after_offset < self._flushed:
                 # Disk first (under _lock: readers wait, see the module docstring). If this
                 # raises, nothing below runs and memory still matches the untouched disk.
+                tail = fmt.seal([after_offset, self._term_at_locked(after_offset)])
+
                 def delete_after(txn: lmdb.Transaction) -> None:
                     cur = txn.cursor(db=self._log_db)
                     if cur.set_range(_key(after_offset + 1)):
                         while cur.delete():
                             pass
+                    txn.put(fmt.TAIL_KEY, tail, db=self._meta_db)
 
                 self._write(f"suffix truncation after {after_offset}", delete_after)
                 self._flushed = after_offset
+                self._damage.drop_after(after_offset)
             i = bisect.bisect_right(self._tail_bases, after_offset)
             self._unflushed -= sum(b.size for b in self._tail[i:])
             del self._tail[i:]
@@ -454,7 +352,7 @@ class LmdbLog(LogStorage):
             new_term = self._term_at_locked(offset - 1)
 
             def delete_before(txn: lmdb.Transaction) -> None:
-                txn.put(_START_KEY, msgpack.packb([offset, new_term]), db=self._meta_db)
+                txn.put(fmt.START_KEY, fmt.seal([offset, new_term]), db=self._meta_db)
                 cur = txn.cursor(db=self._log_db)
                 if cur.first():
                     while cur.key() and _KEY.unpack(cur.key())[0] < offset:
@@ -463,6 +361,7 @@ class LmdbLog(LogStorage):
 
             self._write(f"prefix truncation to {offset}", delete_before)  # disk first
             self._start, self._start_term = offset, new_term
+            self._damage.drop_before(offset)
             j = bisect.bisect_right(self._term_firsts, offset) - 1
             if j > 0:
                 del self._term_firsts[:j]
@@ -473,12 +372,14 @@ class LmdbLog(LogStorage):
         with self._write_lock, self._lock:
             def wipe(txn: lmdb.Transaction) -> None:
                 txn.drop(self._log_db, delete=False)
-                txn.put(_START_KEY, msgpack.packb([start_offset, start_term]), db=self._meta_db)
+                txn.put(fmt.START_KEY, fmt.seal([start_offset, start_term]), db=self._meta_db)
+                txn.put(fmt.TAIL_KEY, fmt.seal([start_offset - 1, start_term]), db=self._meta_db)
 
             self._write(f"reset to offset {start_offset}", wipe)  # disk first
             self._tail.clear()
             self._tail_bases.clear()
             self._unflushed = 0
+            self._damage.clear()
             self._term_firsts.clear()
             self._term_terms.clear()
             self._start, self._start_term = start_offset, start_term
@@ -490,11 +391,16 @@ class LmdbLog(LogStorage):
         if offset > self._flushed:
             b = self._tail[bisect.bisect_right(self._tail_bases, offset) - 1]
             return b.base_offset, b.last_offset
+        known = self._damage.find(offset)
+        if known is not None:
+            return known.first, known.last
         with self._env.begin(db=self._log_db, buffers=True) as txn:
             cur = txn.cursor()
             k, v = self._seek(cur, offset)
-            base, count, _ = _HEAD.unpack_from(v, 0)
-            return base, base + count - 1
+            h = fmt.head(v, self._fmt)
+            if h is None:
+                raise CorruptBatch(_KEY.unpack(k)[0], "its header fails its checksum")
+            return h[0], h[0] + h[1] - 1
 
     @staticmethod
     def _seek(cur: lmdb.Cursor, offset: int) -> tuple[bytes, memoryview]:
@@ -506,6 +412,28 @@ class LmdbLog(LogStorage):
         else:
             cur.last()
         return bytes(cur.key()), cur.value()
+
+    def _checked_locked(self, cur: lmdb.Cursor, base: int, value: memoryview) -> Batch | None:
+        """The stored batch at `base`, or None when it is damaged (recorded as such). Leaves
+        `cur` where it was."""
+        if self._damage.find(base) is not None:
+            return None
+        try:
+            return fmt.decode_value(base, value, self._fmt)
+        except CorruptBatch as e:
+            h = fmt.head(value, self._fmt)
+            if h is not None:
+                last = h[0] + h[1] - 1
+            else:  # the index knows where the next batch starts
+                last = self._flushed
+                if cur.next():
+                    last = min(last, _KEY.unpack(bytes(cur.key()))[0] - 1)
+                cur.set_key(_key(base))
+            damage = Damage(base, last, self._term_at_locked(base), e.reason)
+            if self._damage.add(damage):
+                log.warning("log_damage_found path=%s at=read: damaged batch at %s",
+                            self.path, damage.describe())
+            return None
 
     def read(self, offset: int, max_bytes: int) -> list[Batch]:
         self._check_open()
@@ -524,10 +452,16 @@ class LmdbLog(LogStorage):
                         base = _KEY.unpack(k)[0]
                         if base > self._flushed:
                             break
-                        size = len(v)
+                        size = len(v) - self._trailer  # what the batch counts as
                         if out and used + size > max_bytes:
                             return out
-                        out.append(self._decode(base, v))
+                        b = self._checked_locked(cur, base, v)
+                        if b is None:  # damaged: never served (see LogStorage.read)
+                            if out:
+                                return out
+                            d = self._damage.find(base)
+                            raise CorruptBatch(base, d.reason if d else "damaged")
+                        out.append(b)
                         used += size
                         if not cur.next():
                             break
@@ -541,16 +475,6 @@ class LmdbLog(LogStorage):
                 out.append(b)  # in memory since its checked append: see LogStorage.read
                 used += b.size
             return out
-
-    @staticmethod
-    def _decode(base: int, raw: memoryview) -> Batch:
-        try:
-            b = Batch.decode(raw)
-        except CorruptBatch as e:
-            raise CorruptBatch(base, e.reason) from None
-        if b.base_offset != base:
-            raise CorruptBatch(base, f"stored header says base offset {b.base_offset}")
-        return b
 
     def _term_at_locked(self, offset: int) -> int:
         if offset == self._start - 1:
@@ -566,22 +490,85 @@ class LmdbLog(LogStorage):
         with self._lock:
             return self._term_at_locked(offset)
 
+    # -- damage and repair -------------------------------------------------------------------
+    @property
+    def incarnation(self) -> int:
+        return self._meta.incarnation
+
+    @property
+    def lost_position(self) -> tuple[int, int] | None:
+        return self._floor
+
+    @property
+    def damage_version(self) -> int:
+        return self._damage.version
+
+    def damaged(self) -> list[Damage]:
+        with self._lock:
+            return self._damage.all()
+
+    def scrub(self, offset: int, max_bytes: int) -> ScrubSlice:
+        self._check_open()
+        with self._lock:
+            if self._flushed < self._start:
+                return ScrubSlice(self._start, 0, (), True)
+            offset = min(max(offset, self._start), self._flushed)
+            found: list[Damage] = []
+            used, nxt = 0, offset
+            with self._env.begin(db=self._log_db, buffers=True) as txn:
+                cur = txn.cursor()
+                k, v = self._seek(cur, offset)
+                while used < max_bytes:
+                    base = _KEY.unpack(k)[0]
+                    if base > self._flushed:
+                        break
+                    used += len(v)
+                    known = self._damage.find(base) is not None
+                    b = self._checked_locked(cur, base, v)
+                    d = self._damage.find(base)
+                    if b is None and d is not None and not known:
+                        found.append(d)
+                    nxt = (b.last_offset if b is not None else d.last if d else base) + 1
+                    if not cur.next():
+                        break
+                    k, v = bytes(cur.key()), cur.value()
+            wrapped = nxt > self._flushed
+            return ScrubSlice(self._start if wrapped else nxt, used, tuple(found), wrapped)
+
+    def repair(self, batches: Sequence[Batch]) -> None:
+        self._check_open()
+        for b in batches:
+            b.verify()  # raises CorruptBatch: never write a bad copy over a bad copy
+        with self._write_lock, self._lock:
+            for b in batches:
+                d = self._damage.find(b.base_offset)
+                if d is None or (d.first, d.last, d.term) != (b.base_offset, b.last_offset,
+                                                               b.term):
+                    raise ValueError(f"offsets {b.base_offset}..{b.last_offset} (term {b.term}) "
+                                     f"are not a damaged batch; nothing was written")
+            values = [(_key(b.base_offset), fmt.encode_value(b, self._fmt)) for b in batches]
+            self._write(f"repair of {len(values)} damaged batches",
+                        lambda txn: txn.cursor(db=self._log_db).putmulti(values))
+            for b in batches:
+                self._damage.remove(b.base_offset)
+                log.warning("log_damage_repaired path=%s offsets=%d..%d", self.path,
+                            b.base_offset, b.last_offset)
+
     # -- metadata ----------------------------------------------------------------------------
     def load_meta(self) -> Meta:
         self._check_open()
-        with self._lock, self._env.begin(db=self._meta_db) as txn:
-            raw = txn.get(_META_KEY)
-        if raw is None:
-            return Meta()
-        return self._decode_meta(raw)
+        with self._lock:
+            return copy.deepcopy(self._meta)
 
     def save_meta(self, meta: Meta) -> None:
         self._check_open()
-        raw = msgpack.packb({"term": meta.term, "voted_for": meta.voted_for,
-                             "config": meta.config, "extra": meta.extra}, use_bin_type=True)
+        keep = Meta(meta.term, meta.voted_for, meta.config, meta.extra, self._meta.incarnation)
+        raw = fmt.seal(fmt.meta_to_record(keep, keep.incarnation))
         with self._write_lock:
             self._write("saving term/vote metadata",
-                        lambda txn: txn.put(_META_KEY, raw, db=self._meta_db))
+                        lambda txn: txn.put(fmt.META_KEY, raw, db=self._meta_db))
+            with self._lock:
+                self._meta = copy.deepcopy(keep)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
