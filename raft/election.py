@@ -12,9 +12,11 @@ Rules held here:
   ignored (the lease), so a partitioned node rejoining cannot depose a healthy leader.
 - A node that is not a member in good standing (it lost its disk and was not re-added yet, or
   it is still checking whether the cluster is new: raft/incarnation.py) refuses every vote and
-  pre-vote and never campaigns; nor does a node holding damaged batches (raft/repair.py).
+  pre-vote and never campaigns; a node holding damaged batches campaigns only after twice the
+  election timeout (raft/repair.py).
 - A log that lost flushed batches (cut at open: storage's lost_position) still compares as the
-  log it held: the node must not vote for a candidate missing entries it counted toward.
+  log it held: the node must not vote for a candidate missing entries it counted toward, and
+  does not campaign itself until it has them (or entries of a later term) again.
 
 A mixin of RaftCore (raft/raft.py), which owns the state it reads and writes.
 """
@@ -78,7 +80,13 @@ class Elections:
                 and self._election_elapsed < self.cfg.election_ticks)
 
     def _may_campaign(self) -> bool:
-        return self.may_vote() and self.log.first_damaged() is None
+        """A node that forgot, or lost flushed entries it has not got back yet, does not
+        campaign: as leader it would serve (and overwrite) a log missing them. (A node with
+        damaged batches may: its log is whole in terms, and as leader it hands over to a voter
+        holding the range, raft/repair.py; it only waits longer, so a whole node leads first.)"""
+        lost = self.log.lost_position
+        return self.may_vote() and (lost is None or (lost[1], lost[0]) <= (
+            self.log.last_term(), self.log.dirty_offset))
 
     def _log_up_to_date(self, last_offset: int, last_term: int) -> bool:
         my_term, my_last = self.log.last_term(), self.log.dirty_offset

@@ -83,12 +83,15 @@ class Incarnations:
 
     # -- this node's standing -----------------------------------------------------------------
     def standing(self) -> Standing:
+        if not self._pending:
+            # Its term, vote and log are its own (a first start, or its re-add committed):
+            # a configuration here that records an older incarnation is a stale view (a log
+            # cut at open can leave one in force), not news.
+            return Standing.MEMBER
         cfg = self.config
         recorded = cfg.incarnations.get(self.node_id)
         if recorded is not None:
             return Standing.MEMBER if recorded == self.incarnation else Standing.LOST_DISK
-        if not self._pending:
-            return Standing.MEMBER
         if self.node_id not in cfg.members:
             return Standing.JOINING
         if not self._not_fresh and self._is_fresh() and self.node_id in self.cfg.voters:
@@ -107,6 +110,12 @@ class Incarnations:
                 and self._configs[-1].offset == -1 and not self.config.incarnations)
 
     def _tick_incarnation(self) -> None:
+        if (self._pending and self._configs[-1].offset <= self.commit_index
+                and self.config.incarnations.get(self.node_id) == self.incarnation):
+            # Re-added, and that is committed: a member for good, whatever later happens to
+            # its log (a cut at open must not make it forget it was re-added).
+            self._pending = False
+            self._hs_dirty = True
         if self._pending and self.standing() == Standing.CHECKING:
             self._probe_elapsed += 1
             if self._probe_elapsed >= self.cfg.election_ticks:

@@ -297,7 +297,8 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
     # ------------------------------------------------------------------ roles and time
     def _tick_follower(self) -> None:
         self._election_elapsed += 1
-        if (self._election_elapsed >= self._randomized_timeout and self.is_voter()
+        timeout = self._randomized_timeout * (2 if self._damaged() else 1)
+        if (self._election_elapsed >= timeout and self.is_voter()
                 and self._may_campaign()):
             self._election_elapsed = 0
             self._campaign(transfer=False)

@@ -10,7 +10,8 @@ the scrubber or a read: storage/damage.py) and never returns it. The rules here:
   `_schedule_repair`); the follower writes each damaged batch back in place (`log.repair`: the
   same offsets and term, by log matching), then serves and counts it again. Nothing around it
   moves: the node's log, its vote and its commit index stay as they were.
-- A node with damage does not campaign: as leader it could not send the range to anyone.
+- A node with damage campaigns only after twice the election timeout, so a whole node leads
+  first; as leader it could not send the range to anyone (but see the next rule).
 - A leader that finds damage in its own log never truncates it: a leader's log is the reference,
   and an entry it holds may already be committed on a majority it has not heard from. It hands
   leadership to a voter that has the range, which then repairs it. If no voter has it and every

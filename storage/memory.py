@@ -124,6 +124,7 @@ class MemoryLog(LogStorage):
         if self._d_meta is None:
             found.append("its term and vote are lost: it gets a new identity")
             self._d_meta = Meta(incarnation=self._d_new_incarnation or next(_INCARNATIONS))
+        self._incarnation = self._d_meta.incarnation
         self._batches: list[Batch] = list(self._d_batches)
         self._bases: list[int] = [b.base_offset for b in self._batches]
         self._start = self._d_start
@@ -351,8 +352,7 @@ class MemoryLog(LogStorage):
     # -- damage and repair -----------------------------------------------------------------------
     @property
     def incarnation(self) -> int:
-        assert self._d_meta is not None  # a load replaced lost metadata
-        return self._d_meta.incarnation
+        return self._incarnation  # as of the last open: a lost identity shows at the next
 
     @property
     def lost_position(self) -> tuple[int, int] | None:
@@ -400,9 +400,8 @@ class MemoryLog(LogStorage):
 
     def save_meta(self, meta: Meta) -> None:
         self._disk_write("save_meta")
-        assert self._d_meta is not None
         self._d_meta = Meta(meta.term, meta.voted_for, copy.deepcopy(meta.config),
-                            copy.deepcopy(meta.extra), self._d_meta.incarnation)
+                            copy.deepcopy(meta.extra), self._incarnation)
 
     def close(self) -> None:
         pass

@@ -232,3 +232,24 @@ def test_a_node_that_lost_flushed_batches_votes_as_the_log_it_held() -> None:
     campaign(c, 2)
     campaign(c, 2)
     assert c.cores[2].role != Role.LEADER, "S2 won with a vote from a log that lost E"
+
+
+def test_a_node_that_lost_flushed_entries_does_not_lead_before_it_has_them_again() -> None:
+    """S2 held E flushed (E committed with S1 and S2) and lost it from its disk; S1 is gone and
+    S3 never had E. S3 would vote for S2 (S2's cut log is as long as its own): S2 must not
+    campaign until it holds E again, or it would lead and write over E."""
+    c = WatchedDisks(3, pre_vote=False, check_quorum=False)
+    campaign_until_leader(c, 1)
+    c.tick(2)
+    c.down = {3}
+    e = write_committed(c, 1, b"E")
+    c.logs[2].lose_batches(e - 1)
+    c.crash(2)
+    c.down = {1}
+    campaign(c, 2)
+    campaign(c, 2)
+    assert c.cores[2].role != Role.LEADER, "S2 led with a log missing what it had lost"
+    c.down = set()  # S1 is back: it leads, S2 gets E again and may lead later
+    campaign_until_leader(c, 1)
+    c.tick(3)
+    assert c.cores[2]._may_campaign()

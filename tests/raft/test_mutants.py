@@ -140,6 +140,12 @@ MUTANTS = [
            "if lost is not None and",
            "if False and",
            (test_disk_loss_rules.test_a_node_that_lost_flushed_batches_votes_as_the_log_it_held,)),
+    Mutant("a node that lost flushed entries campaigns before it has them again",
+           "raft.election", "Elections._may_campaign",
+           "return self.may_vote() and (lost is None or",
+           "return self.may_vote() and (True or",
+           (test_disk_loss_rules
+            .test_a_node_that_lost_flushed_entries_does_not_lead_before_it_has_them_again,)),
 ]
 
 

@@ -13,8 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import raft.progress
+import raft.incarnation
 import raft.leader
+import raft.progress
 import raft.sim.node
 from raft.sim.runner import PROFILES, SimConfig, Simulation, profile_config, run_simulation
 from raft.types import Acks
@@ -76,6 +77,27 @@ def test_teeth_running_on_after_a_storage_fault(monkeypatch: pytest.MonkeyPatch)
     profile: its core and its log disagree after the half-done step."""
     monkeypatch.setattr(raft.sim.node.SimNode, "fail_stop", lambda self, error: None)
     assert _first_failure("disk", range(1, 60)) is not None
+
+
+def test_teeth_a_node_that_lost_its_disk_votes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node that votes right after losing its disk (its standing never checked) is caught by
+    the disk-loss profile's vote checker, or by what it lets happen."""
+    monkeypatch.setattr(raft.incarnation.Incarnations, "may_vote", lambda self: True)
+    assert _first_failure("diskloss", range(1, 30)) is not None
+
+
+def test_teeth_messages_from_an_unknown_disk_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leader that takes replies (and voters that take votes) from any data directory."""
+    monkeypatch.setattr(raft.incarnation.Incarnations, "_screen", lambda self, msg: True)
+    assert _first_failure("diskloss", range(1, 30)) is not None
+
+
+def test_disk_loss_fires_and_the_cluster_repairs_itself() -> None:
+    """The disk-loss profile really wipes, cuts and rots disks, and the run still converges with
+    every acknowledged record on every member."""
+    res = run_simulation(profile_config(3, 3, "diskloss"))
+    assert res.ok, res.describe()
+    assert res.stats["disk_losses"] >= 3
 
 
 def test_disk_faults_fire_and_fail_stop() -> None:
