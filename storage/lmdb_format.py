@@ -64,11 +64,26 @@ def new_incarnation() -> int:
     return (int.from_bytes(os.urandom(8), "big") >> 1) or 1
 
 
+# Below this much free space, an I/O error from a write is taken for a full disk: LMDB reports a
+# short write (part of a page fitted) as EIO, not ENOSPC.
+NEARLY_FULL_BYTES = 8 << 20
+
+
+def _nearly_full(path: str) -> bool:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < NEARLY_FULL_BYTES
+
+
 def disk_error(path: str, what: str, e: BaseException) -> StorageError:
     """An LMDB or OS error while writing, as the storage error the runtime acts on."""
     code = getattr(e, "errno", None)
     text = str(e)
-    if isinstance(e, lmdb.DiskError) or code == errno.ENOSPC or "No space" in text:
+    short_write = (code == errno.EIO or "Input/output error" in text) and _nearly_full(path)
+    if (isinstance(e, lmdb.DiskError) or code == errno.ENOSPC or "No space" in text
+            or short_write):
         return DiskFull(
             f"{what}: writing {path} failed ({text}); free disk space or move the data "
             f"dir to a bigger disk, then retry. Nothing flushed before is lost; unflushed "

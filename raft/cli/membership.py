@@ -7,7 +7,12 @@
 A node being added should already run with `raftlog serve --join` (it then starts outside the
 configuration). It joins as a learner, recovery catches it up, and the leader promotes it to
 voter once its match index reaches the leader's flushed offset; `raftlog status` shows the
-progress (recovering, bytes behind, catch-up rate)."""
+progress (recovering, bytes behind, catch-up rate).
+
+`add-node` for a member that lost its disk (restarted with the same --node-id on an empty or
+damaged data directory; `raftlog status` shows it "rejoining: lost its disk") re-adds it as a
+learner with its new data directory, as the leader does by itself when it hears from it: it is
+caught up and promoted like a new node (docs/DISK-LOSS.md)."""
 
 from __future__ import annotations
 
@@ -54,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="seconds to wait for the change to commit (default 30)")
 
     p = subparsers.add_parser("add-node", help="add a node (as a learner, promoted to voter "
-                                               "once caught up)")
+                                               "once caught up), or re-add a member that "
+                                               "lost its disk")
     p.add_argument("--id", type=int, required=True, help="the new node's id")
     p.add_argument("--address", required=True, metavar="HOST:PORT",
                    help="where the new node listens (start it with `raftlog serve --join`)")

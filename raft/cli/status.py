@@ -53,7 +53,12 @@ def render_status(statuses: dict[str, dict[str, Any]], console: Any = None) -> N
             continue
         if st.get("role") == "leader":
             leader_st = st
-        nodes.add_row(str(st["node_id"]), addr, st["role"], str(st["term"]),
+        role = st["role"]
+        if st.get("standing", "member") != "member":  # e.g. "rejoining: lost its disk"
+            role = f"{role} [yellow]({st['standing']})[/]"
+        if st.get("damaged"):
+            role += " [red](damaged: " + ", ".join(f"{a}..{b}" for a, b in st["damaged"]) + ")[/]"
+        nodes.add_row(str(st["node_id"]), addr, role, str(st["term"]),
                       str(st.get("leader_id")), str(st["dirty_offset"]),
                       str(st["flushed_offset"]), str(st["commit_index"]),
                       str(st["high_watermark"]), str(top - st["dirty_offset"]))
@@ -70,7 +75,9 @@ def render_status(statuses: dict[str, dict[str, Any]], console: Any = None) -> N
                          "yes" if f.get("recovering") else "no",
                          f"{f.get('bytes_behind', 0):,}",
                          f"{f.get('catchup_bytes_per_s', 0) / 1e6:.1f} MB/s",
-                         "yes" if f.get("learner") else "no", str(f["last_heard_ticks"]))
+                         ("yes" if f.get("learner") else "no")
+                         + (" (rejoining)" if f.get("rejoining") else ""),
+                         str(f["last_heard_ticks"]))
         console.print(prog)
 
 

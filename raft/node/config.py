@@ -154,6 +154,13 @@ class NodeConfig:
     # Start outside the configuration: this node waits to be added (`raftlog add-node`) instead
     # of counting itself a voter of the --peers it was given.
     join: bool = False
+    # -- disk loss and corruption (docs/DISK-LOSS.md) -----------------------------------------
+    # The background scrubber re-reads flushed batches at this many MiB/s, checking every
+    # checksum, so damage is found (and re-fetched) before a read or a failover needs the data;
+    # 0 turns it off. A full pass over a 100 GiB log takes about 14 h at the default.
+    scrub_rate: float = 2.0
+    # What one scrub slice reads, in KiB (each slice runs in a worker thread, off the event loop).
+    scrub_slice_kib: int = 256
     log_level: str = "WARNING"
     # Raft knobs, passed through to raft.raft.RaftConfig (None = the core's default).
     election_ticks: int | None = None
@@ -239,6 +246,14 @@ class NodeConfig:
                 raise ConfigError(f"{name} must be a number >= 0 (MiB/s or MiB), got {value!r}")
         if self.recovery_rate and not self.recovery_burst:
             raise ConfigError("recovery_burst must be above 0 when recovery_rate is set")
+        if (isinstance(self.scrub_rate, bool) or not isinstance(self.scrub_rate, (int, float))
+                or self.scrub_rate < 0):
+            raise ConfigError(f"scrub_rate must be a number >= 0 (MiB/s; 0 = off), got "
+                              f"{self.scrub_rate!r}")
+        if (isinstance(self.scrub_slice_kib, bool) or not isinstance(self.scrub_slice_kib, int)
+                or self.scrub_slice_kib < 1):
+            raise ConfigError(f"scrub_slice_kib must be a positive integer (KiB), got "
+                              f"{self.scrub_slice_kib!r}")
         if not isinstance(self.join, bool):
             raise ConfigError(f"join must be true or false, got {self.join!r}")
         level = str(self.log_level).upper()
@@ -342,6 +357,13 @@ class NodeConfig:
             elif f.name == "recovery_burst":
                 parser.add_argument(flag, type=float, metavar="MiB",
                                     help="recovery limit burst (default 4)")
+            elif f.name == "scrub_rate":
+                parser.add_argument(flag, type=float, metavar="MiB/s",
+                                    help="re-read flushed batches in the background at this "
+                                         "rate to find damage early (default 2; 0 = off)")
+            elif f.name == "scrub_slice_kib":
+                parser.add_argument(flag, type=int, metavar="KiB",
+                                    help="bytes one scrub slice reads (default 256)")
             elif f.name == "join":
                 parser.add_argument(flag, action="store_const", const=True, default=None,
                                     help="start outside the configuration and wait to be "

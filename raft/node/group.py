@@ -5,7 +5,8 @@ Tasks (started into the node's driver nursery by `start`):
 - the Ready loop, woken by an event whenever an input reached the core (no polling);
 - the flusher: one `log.flush()` at a time in a worker thread; appends continue meanwhile and the
   next flush takes everything appended since (group commit);
-- the catch-up sampler (raft.node.catchup) behind `status`.
+- the catch-up sampler (raft.node.catchup) behind `status`;
+- the scrubber (raft.node.scrubber), re-reading the flushed log at `scrub_rate`.
 
 Driver contract (raft/ready.py), in the order the Ready loop applies it: persist `hard_state`
 (fsync) BEFORE enqueueing `messages`; request a flush when `flush` is set; route `answers` to the
@@ -36,6 +37,7 @@ from raft.messages import Message
 from raft.node.catchup import CatchupTracker
 from raft.node.config import ConfigError, NodeConfig
 from raft.node.errors import NodeFailed
+from raft.node.scrubber import Scrubber
 from raft.ready import ProduceAnswer
 from raft.types import Acks, ErrorCode, Role
 from storage.api import DataDirLocked, DiskFull, LogStorage, Meta, StorageError
@@ -86,6 +88,7 @@ class RaftGroup:
         self.core: Any = None
         self.loads: Any = None  # raft.node.load_service.LoadService once the log is open
         self.catchup = CatchupTracker(self)
+        self.scrubber = Scrubber(self, config.scrub_rate, config.scrub_slice_kib * 1024)
         self.closing = False
         self._meta = Meta()
         self._wake = trio.Event()
@@ -155,6 +158,8 @@ class RaftGroup:
         nursery.start_soon(self._tick_loop)
         nursery.start_soon(self._ready_loop)
         nursery.start_soon(self._flush_loop)
+        if hasattr(self.log, "scrub"):
+            nursery.start_soon(self.scrubber.run)
 
     async def hand_over_leadership(self) -> None:
         """On a graceful stop, a leader hands leadership over (bounded by shutdown_transfer_ms)."""
@@ -266,6 +271,10 @@ class RaftGroup:
         await self._hw_changed.wait()
 
     # -- the driver loops --------------------------------------------------------------------------
+    async def run_io(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run blocking storage work in a worker thread (inline for the in-memory log)."""
+        return await self._run_io(fn, *args)
+
     async def _run_io(self, fn: Callable[..., Any], *args: Any) -> Any:
         if self._inline_io:
             return fn(*args)

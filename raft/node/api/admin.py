@@ -38,6 +38,9 @@ async def status(ctx: ApiContext, _req: None, rid: int) -> dict[str, Any]:
         {**peers.peer_addresses, peers.node_id: peers.address}.items())}
     st["leader_addr"] = peers.address_of(core.leader_id)
     st["links"] = peers.link_status()
+    # Disk loss and corruption (docs/DISK-LOSS.md): what the open repaired, the scrubber.
+    st["open_findings"] = list(getattr(ctx.group.log, "open_findings", []))
+    st["scrub"] = ctx.group.scrubber.status()
     return wire.ok_reply(rid, status=st)
 
 

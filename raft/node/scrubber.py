@@ -1,0 +1,92 @@
+"""The background scrubber: re-reads the flushed log at a bounded rate to find damage early.
+
+A flushed batch can rot on disk long after it was written and checked. Reads check every
+checksum, but a batch nobody reads (old data, or data only a failover would send) could stay
+damaged until the moment it is needed, perhaps after the other copies are gone too. The scrubber
+walks the flushed log from its start to its flushed offset and over again, one bounded slice at a
+time in a worker thread (never on the event loop), sleeping between slices so the bytes it reads
+average `scrub_rate` MiB/s. A damaged batch it finds is recorded by storage (never served again
+until repaired) and the core, which polls storage's damage version each tick, stops counting it
+and has it re-fetched (raft/repair.py).
+
+`status` shows where it is, how many passes it completed and what it found.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+if TYPE_CHECKING:
+    from raft.node.group import RaftGroup
+
+log = logging.getLogger("raftlog.node")
+
+MIB = 1 << 20
+# With nothing flushed yet, look again this often.
+IDLE_S = 1.0
+
+
+@dataclass(slots=True)
+class ScrubStats:
+    position: int = 0  # the offset the next slice starts at
+    passes: int = 0  # complete passes over the flushed log
+    bytes_read: int = 0
+    found: int = 0  # damaged batches found, all passes
+    last_found: str = ""
+    last_pass_s: float = 0.0  # how long the last complete pass took
+
+
+class Scrubber:
+    def __init__(self, group: "RaftGroup", rate_mib_s: float, slice_bytes: int) -> None:
+        if rate_mib_s < 0 or slice_bytes < 1:
+            raise ValueError("the scrub rate must be >= 0 and the slice at least one byte")
+        self._group = group
+        self.rate = rate_mib_s
+        self.slice_bytes = slice_bytes
+        self.stats = ScrubStats()
+
+    def status(self) -> dict[str, Any]:
+        s = self.stats
+        return {"rate_mib_s": self.rate, "position": s.position, "passes": s.passes,
+                "bytes_read": s.bytes_read, "found": s.found, "last_found": s.last_found,
+                "last_pass_s": round(s.last_pass_s, 3)}
+
+    async def run(self) -> None:
+        """Scrub until cancelled (the group's driver nursery); returns at once when off."""
+        if self.rate <= 0:
+            return
+        group = self._group
+        storage = group.log
+        assert storage is not None
+        self.stats.position = storage.start_offset
+        pass_started = time.monotonic()
+        while not group.closing:
+            try:
+                got = await group.run_io(storage.scrub, self.stats.position, self.slice_bytes)
+            except Exception as e:  # a read the disk refuses: the node cannot trust it
+                group.fail(e, "scrub")
+                return
+            s = self.stats
+            s.bytes_read += got.bytes_read
+            s.position = got.next_offset
+            for d in got.damaged:
+                s.found += 1
+                s.last_found = d.describe()
+                log.error("scrub_found_damage node=%d %s: not served or counted until "
+                          "re-fetched from a member with a good copy (docs/DISK-LOSS.md)",
+                          group.node_id, d.describe())
+            if got.damaged:
+                group.kick()
+            if got.wrapped:
+                s.passes += 1
+                now = time.monotonic()
+                s.last_pass_s, pass_started = now - pass_started, now
+            if got.bytes_read:
+                await trio.sleep(got.bytes_read / (self.rate * MIB))
+            else:
+                await trio.sleep(IDLE_S)
