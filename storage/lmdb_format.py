@@ -41,7 +41,7 @@ from storage.api import DiskFull, LogInconsistent, Meta, StorageError, StorageIO
 from storage.batch import HEADER_SIZE, Batch, CorruptBatch
 from storage.damage import Damage
 
-log = logging.getLogger("storage.lmdb_log")
+log = logging.getLogger("raftlog.storage")
 
 KEY = struct.Struct(">Q")
 # base_offset (q), count (I), term (q) at the head of every encoded batch (see storage.batch).

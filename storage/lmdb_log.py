@@ -69,7 +69,7 @@ from storage.dirlock import lock_dir, unlock_dir
 # show what deferred flushing buys on a slow (cloud) disk. Never set it in production.
 _BENCH_FSYNC_DELAY_S = float(os.environ.get("RAFTLOG_BENCH_FSYNC_DELAY_MS", "0") or 0) / 1000
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("raftlog.storage")  # under the runtime's "raftlog" handler
 
 DEFAULT_MAP_SIZE = 64 << 20
 DEFAULT_MAX_MAP_SIZE = 1 << 40

@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("raftlog.node")
 
 MIB = 1 << 20
-# With nothing flushed yet, look again this often.
-IDLE_S = 1.0
+# A pass over a small log is not started again sooner than this (else a log of a few batches
+# would be re-read thousands of times a second, all within the byte rate).
+MIN_PASS_S = 1.0
 
 
 @dataclass(slots=True)
@@ -82,11 +83,13 @@ class Scrubber:
                           group.node_id, d.describe())
             if got.damaged:
                 group.kick()
+            pause = got.bytes_read / (self.rate * MIB)
             if got.wrapped:
-                s.passes += 1
                 now = time.monotonic()
-                s.last_pass_s, pass_started = now - pass_started, now
-            if got.bytes_read:
-                await trio.sleep(got.bytes_read / (self.rate * MIB))
-            else:
-                await trio.sleep(IDLE_S)
+                took = now - pass_started
+                if got.bytes_read or s.bytes_read:
+                    s.passes += 1
+                    s.last_pass_s = took
+                pause = max(pause, MIN_PASS_S - took)
+                pass_started = now + max(pause, 0.0)
+            await trio.sleep(pause)
