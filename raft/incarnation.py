@@ -52,7 +52,7 @@ class Standing(str, Enum):
     MEMBER = "member"
     LOST_DISK = "rejoining: lost its disk"
     CHECKING = "starting: checking whether the cluster is new"
-    JOINING = "joining: waiting to be added"
+    JOINING = "joining: waiting to be added or promoted"
 
 
 class Incarnations:
@@ -92,8 +92,8 @@ class Incarnations:
         recorded = cfg.incarnations.get(self.node_id)
         if recorded is not None:
             return Standing.MEMBER if recorded == self.incarnation else Standing.LOST_DISK
-        if self.node_id not in cfg.members:
-            return Standing.JOINING
+        if self.node_id not in cfg.voters:
+            return Standing.JOINING  # (--join, or added as a learner: not a voter yet)
         if not self._not_fresh and self._is_fresh() and self.node_id in self.cfg.voters:
             return Standing.CHECKING
         return Standing.LOST_DISK

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
-if TYPE_CHECKING:
-    from raft.node.group import RaftGroup
+from storage.api import LogStorage
 
 log = logging.getLogger("raftlog.node")
 
@@ -42,8 +42,22 @@ class ScrubStats:
     last_pass_s: float = 0.0  # how long the last complete pass took
 
 
+class ScrubHost(Protocol):
+    """What the scrubber needs of its group (raft.node.group.RaftGroup)."""
+
+    node_id: int
+    closing: bool
+    log: LogStorage | None
+
+    async def run_io(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+
+    def fail(self, exc: BaseException, where: str) -> None: ...
+
+    def kick(self) -> None: ...
+
+
 class Scrubber:
-    def __init__(self, group: "RaftGroup", rate_mib_s: float, slice_bytes: int) -> None:
+    def __init__(self, group: ScrubHost, rate_mib_s: float, slice_bytes: int) -> None:
         if rate_mib_s < 0 or slice_bytes < 1:
             raise ValueError("the scrub rate must be >= 0 and the slice at least one byte")
         self._group = group
