@@ -50,25 +50,25 @@ class ConfChanges:
             return
         if (add_learner is None) == (remove is None):
             raise ValueError("give exactly one of add_learner or remove")
+        cfg = self.config
+        readd = None
+        if add_learner is not None and add_learner in cfg.members:
+            readd, refused = self._readd_for_request(add_learner)
+            if refused:
+                self._answer(request_id, ErrorCode.BAD_REQUEST, message=(
+                    f"{refused} ({self._describe(cfg)})"))
+                return
+            if readd is None:  # the leader re-added it already (raft/incarnation.py)
+                self._answer(request_id, ErrorCode.OK, base_offset=self._configs[-1].offset,
+                             last_offset=self._configs[-1].offset)
+                return
         reason = self._config_change_blocked()
         if reason:
             self._answer(request_id, ErrorCode.BACKPRESSURE, message=reason)
             return
-        cfg = self.config
         if add_learner is not None:
-            if add_learner in cfg.members:
-                readd, refused = self._readd_for_request(add_learner)
-                if refused:
-                    self._answer(request_id, ErrorCode.BAD_REQUEST, message=(
-                        f"{refused} ({self._describe(cfg)})"))
-                    return
-                if readd is None:  # the leader re-added it already
-                    self._answer(request_id, ErrorCode.OK, base_offset=self._configs[-1].offset,
-                                 last_offset=self._configs[-1].offset)
-                    return
-                new = readd  # a member that lost its disk: back as a learner
-            else:
-                new = cfg.with_learner(add_learner, address)
+            # A member that lost its disk comes back as a learner with its new incarnation.
+            new = readd if readd is not None else cfg.with_learner(add_learner, address)
         else:
             assert remove is not None
             if remove not in cfg.members:

@@ -152,7 +152,7 @@ class Incarnations:
         for its sender (a member that lost its disk, or an old incarnation of one)."""
         src = msg.src
         cfg = self.config
-        if src not in cfg.members or src == self.node_id:
+        if (src not in cfg.voters and src not in cfg.learners) or src == self.node_id:
             return True
         if isinstance(msg, (m.AppendEntriesReply, m.HeartbeatReply)):
             return self.role != Role.LEADER or self._screen_reply(msg)
@@ -225,13 +225,14 @@ class Incarnations:
         disk, (None, "") when that is already done, (None, why not) otherwise."""
         cfg = self.config
         inc = self._rejoiners.get(node_id)
-        if inc is None:
-            return None, (f"node {node_id} is already a member and answers from the data "
-                          f"directory the configuration knows; nothing to re-add (start it on "
-                          f"an empty data directory first if you mean to replace its disk)")
-        if cfg.incarnations.get(node_id) == inc:
-            return None, ""
-        return cfg.rejoined(node_id, inc), ""
+        if inc is not None:
+            return (None, "") if cfg.incarnations.get(node_id) == inc else (
+                cfg.rejoined(node_id, inc), "")
+        if node_id in cfg.learners and cfg.incarnations.get(node_id) is not None:
+            return None, ""  # re-added already: a learner catching up, promoted once caught up
+        return None, (f"node {node_id} is already a member and answers from the data "
+                      f"directory the configuration knows; nothing to re-add (start it on an "
+                      f"empty data directory first if you mean to replace its disk)")
 
     def _with_known_incarnations(self, cfg: ClusterConfig) -> ClusterConfig:
         """Record the incarnations the leader knows (its own, its followers' accepted ones)

@@ -49,8 +49,13 @@ class DamageSet:
         return list(self._items)
 
     def first(self) -> int | None:
-        """The lowest damaged offset, or None."""
-        return self._firsts[0] if self._firsts else None
+        """The lowest damaged offset, or None. Safe without the log's lock: one read of the
+        list's head (a concurrent change is seen before or after, never torn)."""
+        firsts = self._firsts
+        try:
+            return firsts[0]
+        except IndexError:
+            return None
 
     def find(self, offset: int) -> Damage | None:
         """The damaged batch holding `offset`, if any."""

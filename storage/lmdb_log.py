@@ -507,6 +507,9 @@ class LmdbLog(LogStorage):
         with self._lock:
             return self._damage.all()
 
+    def first_damaged(self) -> int | None:
+        return self._damage.first()  # on every reply: no lock (one read of a list head)
+
     def scrub(self, offset: int, max_bytes: int) -> ScrubSlice:
         self._check_open()
         with self._lock:

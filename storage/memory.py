@@ -365,6 +365,9 @@ class MemoryLog(LogStorage):
     def damaged(self) -> list[Damage]:
         return self._damage.all()
 
+    def first_damaged(self) -> int | None:
+        return self._damage.first()
+
     def scrub(self, offset: int, max_bytes: int) -> ScrubSlice:
         if self._flushed < self._start:
             return ScrubSlice(self._start, 0, (), True)

@@ -253,3 +253,28 @@ def test_a_node_that_lost_flushed_entries_does_not_lead_before_it_has_them_again
     campaign_until_leader(c, 1)
     c.tick(3)
     assert c.cores[2]._may_campaign()
+
+
+def test_add_node_for_a_member_re_adds_it_only_when_it_lost_its_disk() -> None:
+    """`raftlog add-node` for a member: refused (with the reason) while it answers from the
+    data directory the configuration knows; once it comes back on a new one, answered as done
+    (the leader re-added it by itself as soon as it heard from it)."""
+    c = WatchedDisks(3)
+    leader = c.elect()
+    c.tick(2)
+    n, b = [i for i in c.ids if i != leader]
+    c.cores[leader].propose_config(701, add_learner=n, address="h:1")
+    c.process(leader)
+    refused = c.answers[701]
+    assert refused.error.name == "BAD_REQUEST" and "already a member" in refused.message
+    c.down = {b}  # so the re-add stays a learner's (it cannot commit, nor the promotion)
+    wipe(c, n)
+    c.tick(1)
+    cfg = c.cores[leader].config
+    assert n in cfg.learners and cfg.incarnations[n] == c.logs[n].incarnation
+    c.cores[leader].propose_config(702, add_learner=n, address="h:1")
+    c.process(leader)
+    assert c.answers[702].error.name == "OK"
+    c.down = set()
+    c.tick(5)
+    assert n in c.cores[leader].config.voters and c.cores[n].standing() == Standing.MEMBER
