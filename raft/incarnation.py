@@ -9,8 +9,9 @@ entry. So every data directory has an identity created with it (storage's incarn
   member in good standing only when (a) the cluster turns out to be brand new: every voter of
   its bootstrap configuration (--peers) answers a BootstrapProbe saying it never saved a term, a
   vote or an entry; or (b) the configuration in force records its own incarnation (the leader
-  re-added it). Until then it never votes (not even a pre-vote), never campaigns, and its
-  replies say `rejoining`, so no leader counts them toward a commit.
+  re-added it, and promoted it once caught up). Until then it never votes (not even a
+  pre-vote), never campaigns, and its replies say `rejoining`, so no leader counts them toward
+  a commit.
   Why (a) is safe: every decision (an election won, an entry committed) involved a majority,
   every member of which saved a term; with less than a majority of disks lost at once, one of
   them still remembers and answers "not fresh". (So a brand-new cluster elects its first leader
@@ -51,6 +52,7 @@ class Standing(str, Enum):
 
     MEMBER = "member"
     LOST_DISK = "rejoining: lost its disk"
+    CATCHING_UP = "rejoining: re-added as a learner, catching up"
     CHECKING = "starting: checking whether the cluster is new"
     JOINING = "joining: waiting to be added or promoted"
 
@@ -91,7 +93,10 @@ class Incarnations:
         cfg = self.config
         recorded = cfg.incarnations.get(self.node_id)
         if recorded is not None:
-            return Standing.MEMBER if recorded == self.incarnation else Standing.LOST_DISK
+            if recorded != self.incarnation:
+                return Standing.LOST_DISK
+            # Re-added: a member again once promoted (a learner catching up does not vote).
+            return Standing.MEMBER if self.node_id in cfg.voters else Standing.CATCHING_UP
         if self.node_id not in cfg.voters:
             return Standing.JOINING  # (--join, or added as a learner: not a voter yet)
         if not self._not_fresh and self._is_fresh() and self.node_id in self.cfg.voters:
@@ -111,7 +116,8 @@ class Incarnations:
 
     def _tick_incarnation(self) -> None:
         if (self._pending and self._configs[-1].offset <= self.commit_index
-                and self.config.incarnations.get(self.node_id) == self.incarnation):
+                and self.config.incarnations.get(self.node_id) == self.incarnation
+                and self.node_id in self.config.voters):
             # Re-added, and that is committed: a member for good, whatever later happens to
             # its log (a cut at open must not make it forget it was re-added).
             self._pending = False
