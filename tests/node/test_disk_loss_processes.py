@@ -244,8 +244,10 @@ def test_twenty_rounds_of_wiping_then_rotting_one_node_lose_nothing(tmp_path: Pa
                 cluster.kill(victim)
                 bases = data_bases(node_dir(cluster, victim))
                 rot(node_dir(cluster, victim), rng.sample(bases, min(3, len(bases))), rng)
+                found = cluster.node_log(victim).count("log_damage_found")
                 cluster.start(victim)
                 wait_whole(cluster, victim)
+                assert cluster.node_log(victim).count("log_damage_found") > found
         finally:
             writer.close()
         assert len(writer.acked) > 20 * 2 * 16
