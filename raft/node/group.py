@@ -454,7 +454,7 @@ async def open_log_with_progress(config: NodeConfig) -> LogStorage:
             opened = await trio.to_thread.run_sync(open_log, path)
         except DataDirLocked as e:
             raise ConfigError(str(e)) from None
-        except StorageError as e:  # LogInconsistent, CorruptBatch, an I/O error
-            raise NodeFailed(f"cannot open the log in {path}: {e}") from None
+        except StorageError as e:  # LogInconsistent, an I/O error
+            raise NodeFailed(f"cannot open the log in {path}: {e}") from e
         nursery.cancel_scope.cancel()
     return opened
