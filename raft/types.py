@@ -40,6 +40,10 @@ class ErrorCode(IntEnum):
     # The leader's disk is full: it refuses new writes, keeps serving reads and catch-up from
     # what it has, and takes writes again once a flush succeeds.
     DISK_FULL = 12
+    # Security (raft/node/auth.py). The wire carries names, not numbers; these leave room below
+    # for codes other work adds.
+    UNAUTHENTICATED = 20  # no valid token or client certificate (or plaintext to a TLS node)
+    FORBIDDEN = 21  # authenticated, but the principal lacks the permission the message names
 
 
 class InvariantViolation(AssertionError):

@@ -15,6 +15,7 @@ import msgpack
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+from sparkio.security import ConnSecurity
 from sparkio.staging import RaftlogError, Session, parse_servers
 
 READ_SCHEMA = ("key binary, value binary, offset long, timestamp timestamp, "
@@ -60,8 +61,9 @@ class RaftlogReader(DataSourceReader):
         self.servers = parse_servers(options["servers"])
         self.timeout_s = int(options.get("requesttimeoutms", 60_000)) / 1000
         self.fetch_bytes = int(options.get("fetchbytes", 4 << 20))
+        self.security = ConnSecurity.from_options(options)
         self.arrow_tz = arrow_tz
-        session = Session(self.servers, self.timeout_s)
+        session = Session(self.servers, self.timeout_s, security=self.security)
         try:
             info = session.call({"t": "load_status"})
         finally:
@@ -81,7 +83,7 @@ class RaftlogReader(DataSourceReader):
         start, end = partition.start, partition.end
         if end <= start:
             return
-        session = Session(self.servers, self.timeout_s)
+        session = Session(self.servers, self.timeout_s, security=self.security)
         try:
             offset = start
             deadline = time.monotonic() + self.timeout_s

@@ -81,6 +81,25 @@ class BadRequestError(RaftlogError):
     code = "BAD_REQUEST"
 
 
+class AuthenticationError(RaftlogError):
+    """UNAUTHENTICATED: no valid token or client certificate (or plaintext to a TLS node).
+    Not retried: fix the credentials."""
+
+    code = "UNAUTHENTICATED"
+
+
+class PermissionDeniedError(RaftlogError):
+    """FORBIDDEN: authenticated, but the principal lacks the permission `permission` names.
+    The connection stays usable for the requests it may send."""
+
+    code = "FORBIDDEN"
+
+    @property
+    def permission(self) -> str | None:
+        """The missing permission: produce, consume or admin."""
+        return self.details.get("permission")
+
+
 class UnavailableError(RaftlogError):
     """No node could be reached (or none answered) within the timeout."""
 
@@ -90,7 +109,8 @@ class UnavailableError(RaftlogError):
 _BY_CODE: dict[str, type[RaftlogError]] = {
     c.code: c for c in (NotLeaderError, RequestTimeout, TooLargeError, OffsetOutOfRangeError,
                         ShuttingDownError, LeadershipLostError, BackpressureError,
-                        DiskFullError, BadRequestError, UnavailableError)}
+                        DiskFullError, BadRequestError, UnavailableError,
+                        AuthenticationError, PermissionDeniedError)}
 
 
 def error_from_reply(err: dict[str, Any]) -> RaftlogError:
@@ -100,8 +120,8 @@ def error_from_reply(err: dict[str, Any]) -> RaftlogError:
 
 
 __all__ = [
-    "RETRIABLE", "BackpressureError", "BadRequestError", "DiskFullError", "LeadershipLostError",
-    "NotLeaderError",
+    "RETRIABLE", "AuthenticationError", "BackpressureError", "BadRequestError", "DiskFullError",
+    "LeadershipLostError", "NotLeaderError", "PermissionDeniedError",
     "OffsetOutOfRangeError", "RaftlogError", "RequestTimeout", "ShuttingDownError",
     "TooLargeError", "UnavailableError", "error_from_reply",
 ]

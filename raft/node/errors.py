@@ -25,6 +25,10 @@ ERROR_ADVICE: dict[ErrorCode, str] = {
     ErrorCode.DISK_FULL: "the leader's disk is full: it refuses writes until space is freed "
                          "(reads go on); free disk space on the leader (or set retention), then "
                          "retry",
+    ErrorCode.UNAUTHENTICATED: "authenticate: send a valid token (--token or RAFTLOG_TOKEN) or "
+                               "a client certificate signed by the cluster CA, over TLS",
+    ErrorCode.FORBIDDEN: "the principal lacks the permission this request needs; ask an "
+                         "operator to grant it in the node's auth file",
 }
 
 

@@ -26,6 +26,11 @@ def parse_status(ctx: ApiContext, frame: dict[str, Any], rid: int) -> None:
 
 
 async def status(ctx: ApiContext, _req: None, rid: int) -> dict[str, Any]:
+    return wire.ok_reply(rid, status=status_map(ctx))
+
+
+def status_map(ctx: ApiContext) -> dict[str, Any]:
+    """The node's status as `status` answers it (and as /metrics exports it)."""
     core, peers = ctx.group.core, ctx.peers
     st = status_to_wire(core.status())
     ctx.group.catchup.recovery_view(st.get("followers") or [])
@@ -41,7 +46,7 @@ async def status(ctx: ApiContext, _req: None, rid: int) -> dict[str, Any]:
     # Disk loss and corruption (docs/DISK-LOSS.md): what the open repaired, the scrubber.
     st["open_findings"] = list(getattr(ctx.group.log, "open_findings", []))
     st["scrub"] = ctx.group.scrubber.status()
-    return wire.ok_reply(rid, status=st)
+    return st
 
 
 def parse_transfer(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:
