@@ -60,8 +60,9 @@ class Standing(str, Enum):
 class Incarnations:
     """State lives on RaftCore: `incarnation`, `_pending`, `_fresh_from`, `_not_fresh`,
     `_probe_elapsed`, `votes_refused`; leader side `_rejoiners` (member -> the new incarnation it
-    is being re-added with), `_incarnation_heard` (member -> the incarnation its accepted replies carry) and
-    `_retired` (member -> incarnations it had before, whose late messages are ignored)."""
+    is being re-added with), `_incarnation_heard` (member -> the incarnation its accepted
+    replies carry) and `_retired` (member -> incarnations it had before, whose late messages
+    are ignored)."""
 
     cfg: "RaftConfig"
     log: "LogStorage"
@@ -99,7 +100,7 @@ class Incarnations:
             return Standing.MEMBER if self.node_id in cfg.voters else Standing.CATCHING_UP
         if self.node_id not in cfg.voters:
             return Standing.JOINING  # (--join, or added as a learner: not a voter yet)
-        if not self._not_fresh and self._is_fresh() and self.node_id in self.cfg.voters:
+        if self._is_fresh() and self.node_id in self.cfg.voters:
             return Standing.CHECKING
         return Standing.LOST_DISK
 

@@ -63,7 +63,7 @@ from storage.api import (
 )
 from storage.batch import Batch, CorruptBatch
 from storage.damage import Damage, DamageSet
-from storage.dirlock import lock_dir, unlock_dir
+from storage.dirlock import LOCK_FILE, lock_dir, unlock_dir  # (LOCK_FILE: for the CLI's up)
 
 # BENCH ONLY: RAFTLOG_BENCH_FSYNC_DELAY_MS adds a fixed delay to every fsynced transaction, to
 # show what deferred flushing buys on a slow (cloud) disk. Never set it in production.
@@ -80,6 +80,7 @@ _key = fmt.key
 _KEY = fmt.KEY
 
 T = TypeVar("T")
+__all__ = ["DEFAULT_MAP_SIZE", "DEFAULT_MAX_MAP_SIZE", "LOCK_FILE", "LmdbLog"]
 
 
 class LmdbLog(LogStorage):

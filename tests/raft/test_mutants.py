@@ -145,7 +145,8 @@ MUTANTS = [
            "raft.repair", "Repairs._reportable_flushed",
            "return flushed if first is None else min(flushed, first - 1)",
            "return flushed",
-           (test_disk_loss_rules.test_a_leader_does_not_count_its_own_damaged_batch_and_hands_over,)),
+           (test_disk_loss_rules
+            .test_a_leader_does_not_count_its_own_damaged_batch_and_hands_over,)),
     Mutant("a leader gives up committed data nobody else holds (steps down) instead of stopping",
            "raft.repair", "Repairs._leader_damaged",
            "if d.first > self.commit_index:",
@@ -155,7 +156,8 @@ MUTANTS = [
            "raft.election", "Elections._log_up_to_date",
            "if lost is not None and",
            "if False and",
-           (test_disk_loss_rules.test_a_node_that_lost_flushed_batches_votes_as_the_log_it_held,)),
+           (test_disk_loss_rules
+            .test_a_node_that_lost_flushed_batches_votes_as_the_log_it_held,)),
     Mutant("a node that lost flushed entries campaigns before it has them again",
            "raft.election", "Elections._may_campaign",
            "return self.may_vote() and (lost is None or",
