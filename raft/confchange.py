@@ -51,17 +51,25 @@ class ConfChanges:
             return
         if (add_learner is None) == (remove is None):
             raise ValueError("give exactly one of add_learner or remove")
+        cfg = self.config
+        readd = None
+        if add_learner is not None and add_learner in cfg.members:
+            readd, refused = self._readd_for_request(add_learner)
+            if refused:
+                self._answer(request_id, ErrorCode.BAD_REQUEST, message=(
+                    f"{refused} ({self._describe(cfg)})"))
+                return
+            if readd is None:  # the leader re-added it already (raft/incarnation.py)
+                self._answer(request_id, ErrorCode.OK, base_offset=self._configs[-1].offset,
+                             last_offset=self._configs[-1].offset)
+                return
         reason = self._config_change_blocked()
         if reason:
             self._answer(request_id, ErrorCode.BACKPRESSURE, message=reason)
             return
-        cfg = self.config
         if add_learner is not None:
-            if add_learner in cfg.members:
-                self._answer(request_id, ErrorCode.BAD_REQUEST, message=(
-                    f"node {add_learner} is already a member ({self._describe(cfg)})"))
-                return
-            new = cfg.with_learner(add_learner, address)
+            # A member that lost its disk comes back as a learner with its new incarnation.
+            new = readd if readd is not None else cfg.with_learner(add_learner, address)
         else:
             assert remove is not None
             if remove not in cfg.members:
@@ -94,6 +102,7 @@ class ConfChanges:
         return ""
 
     def _propose_config(self, request_id: int, new: ClusterConfig) -> None:
+        new = self._with_known_incarnations(new)
         placed = self._append_as_leader(new.to_batch())
         if placed is None:
             self._answer(request_id, ErrorCode.BACKPRESSURE,
@@ -104,7 +113,8 @@ class ConfChanges:
     def _maybe_promote(self, pr: FollowerProgress) -> None:
         """A learner is promoted once it holds everything the leader has flushed."""
         if (not pr.learner or pr.node_id not in self.config.learners
-                or self._config_change_blocked() or self._transfer_target is not None):
+                or self._config_change_blocked() or self._transfer_target is not None
+                or pr.node_id in self._rejoiners or not self._learner_incarnation_known(pr)):
             return  # (a promotion appended during a transfer would leave the target behind)
         if pr.match_index >= self.log.flushed_offset:
             self._propose_config(INTERNAL_REQUEST, self.config.promoted(pr.node_id))
@@ -145,9 +155,13 @@ class ConfChanges:
                                                  tuple(sorted(self.cfg.learners))))
 
     def _config_meta(self) -> dict[str, Any]:
-        return {"history": [{"offset": c.offset, "term": c.term, "config": c.config.to_dict()}
-                            for c in self._configs],
-                "commit": self.commit_index}
+        out: dict[str, Any] = {
+            "history": [{"offset": c.offset, "term": c.term, "config": c.config.to_dict()}
+                        for c in self._configs],
+            "commit": self.commit_index}
+        if self._pending:
+            out["pending"] = True  # not yet a member in good standing (raft/incarnation.py)
+        return out
 
     def _load_configs(self, meta: dict | None) -> list[ConfigEntry]:
         """The latest configuration entry still in the log (a crash may have dropped newer,
@@ -179,7 +193,10 @@ class ConfChanges:
         offset = log.start_offset
         known = {c.offset for c in self._configs}
         while offset <= log.dirty_offset:
-            batches = log.read(offset, 8 << 20)
+            batches, skip_to = self._read_or_skip(offset, 8 << 20)
+            if not batches:  # damaged: repaired later from the leader (raft/repair.py)
+                offset = skip_to
+                continue
             for b in batches:
                 if b.kind == BatchKind.DATA:
                     self.producers.record(b)

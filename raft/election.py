@@ -10,6 +10,15 @@ Rules held here:
 - A pre-vote never changes our term or vote: it only asks "would you vote for me?".
 - While we heard from a leader within the election timeout, a (non-transfer) vote request is
   ignored (the lease), so a partitioned node rejoining cannot depose a healthy leader.
+- A node that is not a member in good standing (it lost its disk and was not re-added yet, or
+  it is still checking whether the cluster is new: raft/incarnation.py) refuses every vote and
+  pre-vote and never campaigns; a node holding damaged batches campaigns only after twice the
+  election timeout (raft/repair.py).
+- A node that stepped down over damaged entries no other voter holds and nobody committed
+  (raft/repair.py) compares as the log before the damage until it is overwritten.
+- A log that lost flushed batches (cut at open: storage's lost_position) still compares as the
+  log it held: the node must not vote for a candidate missing entries it counted toward, and
+  does not campaign itself until it has them (or entries of a later term) again.
 
 A mixin of RaftCore (raft/raft.py), which owns the state it reads and writes.
 """
@@ -63,7 +72,7 @@ class Elections:
             if v != self.node_id:
                 self._send(m.RequestVote(self.node_id, v, term, last_offset, last_term,
                                          pre_vote=self.role == Role.PRE_CANDIDATE,
-                                         transfer=transfer))
+                                         transfer=transfer, incarnation=self.incarnation))
 
     def _in_lease(self, msg: m.RequestVote) -> bool:
         """CheckQuorum's lease: while we heard from a leader within the election timeout, a
@@ -72,19 +81,44 @@ class Elections:
         return (self.cfg.check_quorum and not msg.transfer and self.leader_id is not None
                 and self._election_elapsed < self.cfg.election_ticks)
 
+    def _may_campaign(self) -> bool:
+        """A node that forgot, or lost flushed entries it has not got back yet, does not
+        campaign: as leader it would serve (and overwrite) a log missing them. (A node with
+        damaged batches may: its log is whole in terms, and as leader it hands over to a voter
+        holding the range, raft/repair.py; it only waits longer, so a whole node leads first.)"""
+        lost = self.log.lost_position
+        return self.may_vote() and (lost is None or (lost[1], lost[0]) <= (
+            self.log.last_term(), self.log.dirty_offset))
+
     def _log_up_to_date(self, last_offset: int, last_term: int) -> bool:
-        my_term = self.log.last_term()
-        return last_term > my_term or (last_term == my_term
-                                       and last_offset >= self.log.dirty_offset)
+        my_term, my_last = self.log.last_term(), self.log.dirty_offset
+        if self._yield_from is not None and self.log.first_damaged() == self._yield_from:
+            # Damage no other voter holds and nobody committed (raft/repair.py): compare as
+            # the log before it, so a whole node can win and overwrite it.
+            my_last = self._yield_from - 1
+            my_term = self.log.term_at(my_last) if my_last >= self.log.start_offset - 1 else 0
+        lost = self.log.lost_position  # (offset, term) it held before losing flushed batches
+        if lost is not None and (lost[1], lost[0]) > (my_term, my_last):
+            my_last, my_term = lost
+        return last_term > my_term or (last_term == my_term and last_offset >= my_last)
 
     def _handle_pre_vote(self, msg: m.RequestVote) -> None:
-        granted = self._log_up_to_date(msg.last_offset, msg.last_term)
+        granted = self.may_vote() and self._log_up_to_date(msg.last_offset, msg.last_term)
+        if not self.may_vote():
+            self.votes_refused += 1
         self._send(m.RequestVoteReply(self.node_id, msg.src, msg.term if granted else self.term,
-                                      granted, pre_vote=True))
+                                      granted, pre_vote=True, incarnation=self.incarnation))
 
     def _handle_vote(self, msg: m.RequestVote) -> None:
         if msg.pre_vote:  # same term as ours: a pre-candidate of our own term cannot win
-            self._send(m.RequestVoteReply(self.node_id, msg.src, self.term, False, True))
+            self._send(m.RequestVoteReply(self.node_id, msg.src, self.term, False, True,
+                                          self.incarnation))
+            return
+        if not self.may_vote():
+            # It forgot (or never had) what a vote stands on: its term, its vote, its log.
+            self.votes_refused += 1
+            self._send(m.RequestVoteReply(self.node_id, msg.src, self.term, False, False,
+                                          self.incarnation))
             return
         can_vote = (self.voted_for in (None, msg.src) and self.leader_id is None
                     and self.role != Role.LEADER) or self.voted_for == msg.src
@@ -93,7 +127,8 @@ class Elections:
             self.voted_for = msg.src
             self._hs_dirty = True  # durable before the reply leaves (driver contract)
             self._election_elapsed = 0
-        self._send(m.RequestVoteReply(self.node_id, msg.src, self.term, granted, False))
+        self._send(m.RequestVoteReply(self.node_id, msg.src, self.term, granted, False,
+                                      self.incarnation))
 
     def _handle_vote_reply(self, msg: m.RequestVoteReply) -> None:
         if msg.pre_vote != (self.role == Role.PRE_CANDIDATE):

@@ -11,6 +11,9 @@ Rules held here:
   this term's leader). Dirty data is never reported as committed.
 - A `flush=True` request is answered only after the flush; `flush=False` (recovery) data is
   flushed on the deferred schedule (recovery.deferred_flush) and reported unasked.
+- Replies carry this node's incarnation and standing (raft/incarnation.py), and a flushed
+  offset never past damage, with the damaged offset to resend (raft/repair.py); an entry we
+  hold damaged is written back from the leader's copy instead of being skipped.
 
 A mixin of RaftCore (raft/raft.py), which owns the state it reads and writes.
 """
@@ -62,13 +65,17 @@ class FollowerSide:
             else:
                 self._reject(msg)
                 return
+        elif msg.log_start_reset and not self._drop_damaged_prefix(msg):
+            self._reject(msg)
+            return
         last = prev
         fresh: list[Batch] = []
         for b in batches:
             if not fresh and b.base_offset <= log.dirty_offset:
                 if b.last_offset <= log.dirty_offset and log.term_at(b.last_offset) == b.term:
+                    self._repair_if_damaged(b)
                     last = b.last_offset
-                    continue  # already held: not rewritten
+                    continue  # already held: not rewritten (unless damaged)
                 # Our entries from here differ from the leader's (an old term's tail).
                 self._truncate_suffix(b.base_offset - 1)
             fresh.append(b)
@@ -172,23 +179,27 @@ class FollowerSide:
     def _append_reply(self, dst: int, seq: int, success: bool,
                       last_appended: int = -1) -> m.AppendEntriesReply:
         log = self.log
+        flushed = self._reportable_flushed()
         return m.AppendEntriesReply(
             self.node_id, dst, self.term, seq, success, last_appended if success else -1,
-            log.dirty_offset, log.last_term(), log.flushed_offset,
-            self._term_or_zero(log.flushed_offset))
+            log.dirty_offset, log.last_term(), flushed, self._term_or_zero(flushed),
+            incarnation=self.incarnation, rejoining=not self.may_vote(),
+            repair_from=self._repair_from())
 
     def _refresh_reply(self, reply: m.AppendEntriesReply) -> m.AppendEntriesReply:
         log = self.log
         reply.dirty_offset, reply.dirty_term = log.dirty_offset, log.last_term()
-        reply.flushed_offset = log.flushed_offset
-        reply.flushed_term = self._term_or_zero(log.flushed_offset)
+        reply.flushed_offset = self._reportable_flushed()
+        reply.flushed_term = self._term_or_zero(reply.flushed_offset)
+        reply.rejoining, reply.repair_from = not self.may_vote(), self._repair_from()
         return reply
 
     def _heartbeat_reply(self, dst: int, seq: int) -> m.HeartbeatReply:
         log = self.log
+        flushed = self._reportable_flushed()
         return m.HeartbeatReply(self.node_id, dst, self.term, seq, log.dirty_offset,
-                                log.last_term(), log.flushed_offset,
-                                self._term_or_zero(log.flushed_offset))
+                                log.last_term(), flushed, self._term_or_zero(flushed),
+                                self.incarnation, not self.may_vote(), self._repair_from())
 
     def _tick_flush_schedule(self) -> None:
         """Followers flush deferred (flush=False) data after follower_flush_ticks."""

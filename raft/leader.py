@@ -9,6 +9,10 @@ Rules held here:
   offset equals the term the follower reported for it (`_matches_our_log`).
 - Replies to requests sent before the last reset of a follower's stream (`seq < reset_seq`)
   may describe a log the follower no longer has: they neither raise match nor back off.
+- Replies from a data directory the configuration does not know for their sender never get
+  here (raft/incarnation.py screens them); a reply reporting damage lowers what counts and gets
+  the range resent (raft/repair.py); the leader's own flushed offset counts only up to its
+  first damaged offset, and a damaged range is never sent.
 - Leadership transfer: catch the target up, then TimeoutNow.
 
 How a lagging follower is caught up (chunks, flush=False, the window, probing with term hints)
@@ -30,7 +34,7 @@ from raft.types import Acks, ErrorCode, Role
 from recovery.probe import backoff_next
 from recovery.stream import StreamLimits, next_chunk
 from storage.api import TailFull
-from storage.batch import Batch
+from storage.batch import Batch, CorruptBatch
 
 if TYPE_CHECKING:
     from raft.config import RaftConfig
@@ -136,9 +140,12 @@ class LeaderSide:
             if (throttle is not None and pr.recovering
                     and throttle.delay_for(self.cfg.recovery_chunk_bytes) > 0):
                 return  # the recovery budget is spent: a later tick resumes the stream
-            chunk = next_chunk(log, pr.next_index,
-                               replicating=pr.state == ProgressState.REPLICATE,
-                               recovering=pr.recovering, limits=self._stream_limits)
+            try:
+                chunk = next_chunk(log, pr.next_index,
+                                   replicating=pr.state == ProgressState.REPLICATE,
+                                   recovering=pr.recovering, limits=self._stream_limits)
+            except CorruptBatch:
+                return  # our copy is damaged (now recorded): raft/repair.py takes it from here
             if chunk is None:
                 return  # nothing new; heartbeats carry the commit index
             pr.recovering = not chunk.at_tail
@@ -177,6 +184,7 @@ class LeaderSide:
                 pr.probe_sent = False
         elif fresh:
             self._back_off(pr, msg)
+        self._note_damage(pr, msg.repair_from, fresh)
         self._maybe_commit()
         self._maybe_promote(pr)
         self._maybe_send_timeout_now()
@@ -218,6 +226,7 @@ class LeaderSide:
             pr.become_probe(pr.match_index + 1, self._seq)
         if pr.state == ProgressState.PROBE:
             pr.probe_sent = False  # a probe may have been lost: try again
+        self._note_damage(pr, msg.repair_from, fresh)
         self._maybe_commit()
         self._maybe_promote(pr)
         self._maybe_send_timeout_now()
@@ -234,6 +243,12 @@ class LeaderSide:
                 pr.become_replicate()
             pr.next_index = max(pr.next_index, dirty + 1)
 
+    def _note_damage(self, pr: FollowerProgress, repair_from: int, fresh: bool) -> None:
+        if repair_from >= 0:
+            self._schedule_repair(pr, repair_from)
+        elif fresh:
+            pr.repair_at = -1
+
     def _matches_our_log(self, offset: int, term: int) -> bool:
         log = self.log
         if offset < log.start_offset - 1 or offset > log.dirty_offset:
@@ -247,7 +262,7 @@ class LeaderSide:
     def _maybe_commit(self) -> None:
         if self.role != Role.LEADER:
             return
-        durable = {self.node_id: self.log.flushed_offset}
+        durable = {self.node_id: self._reportable_flushed()}
         for v in self.config.voters:
             if v != self.node_id:
                 pr = self._progress.get(v)

@@ -33,7 +33,7 @@ from typing import Any
 import msgpack
 
 from storage.api import LogStorage
-from storage.batch import Batch, BatchKind
+from storage.batch import Batch, BatchKind, CorruptBatch
 
 DEFAULT_LOAD_TIMEOUT_MS = 60 * 60 * 1000  # an open load idle this long is aborted by the leader
 
@@ -400,7 +400,10 @@ class LoadIndex:
                 continue
             if t.applied + 1 > self.log.dirty_offset:
                 return False
-            batches = self.log.read(t.applied + 1, min(budget, 16 << 20), left)
+            try:
+                batches = self.log.read(t.applied + 1, min(budget, 16 << 20), left)
+            except CorruptBatch:
+                return False  # damaged here (raft/repair.py fetches it again): wait for it
             if not batches:
                 return False
             for b in batches:

@@ -8,6 +8,12 @@ matching property the leader can check (its own term at that offset equal) that 
 flushed prefix really is a prefix of the leader's log, whatever reordering, duplication or
 crashes happened in between. Without that check a stale "flushed = 10" from before a
 truncation could be counted against entries the follower never flushed.
+
+Incarnations (raft/incarnation.py): votes and append replies carry the sender's data-directory
+identity, and whether it still waits to be (re-)added (`rejoining`), so a leader or voter can
+ignore a member that is not the one its configuration knows. Replies also carry `repair_from`,
+the first offset the follower holds damaged (raft/repair.py), so the leader resends it. Fields
+added later have defaults, so older senders still decode (as incarnation 0: unknown).
 """
 
 from __future__ import annotations
@@ -63,6 +69,11 @@ class AppendEntriesReply:
     # Failure because the follower's unflushed tail is full: the leader keeps next_index and
     # retries after the follower reports a flush, instead of backing up.
     busy: bool = False
+    incarnation: int = 0
+    rejoining: bool = False
+    # The first offset the follower holds damaged (-1: none): its flushed offset above is
+    # already lowered to just before it; the leader sends the range again.
+    repair_from: int = -1
 
 
 @dataclass(slots=True)
@@ -84,6 +95,9 @@ class HeartbeatReply:
     dirty_term: int
     flushed_offset: int
     flushed_term: int
+    incarnation: int = 0
+    rejoining: bool = False
+    repair_from: int = -1
 
 
 @dataclass(slots=True)
@@ -96,6 +110,7 @@ class RequestVote:
     pre_vote: bool = False
     # Set when campaigning because of TimeoutNow: voters ignore their leader lease.
     transfer: bool = False
+    incarnation: int = 0
 
 
 @dataclass(slots=True)
@@ -105,6 +120,7 @@ class RequestVoteReply:
     term: int
     granted: bool
     pre_vote: bool = False
+    incarnation: int = 0
 
 
 @dataclass(slots=True)
@@ -116,7 +132,30 @@ class TimeoutNow:
     term: int
 
 
+@dataclass(slots=True)
+class BootstrapProbe:
+    """From a node that started on an empty data directory, to every voter of its bootstrap
+    configuration: "is this cluster new?" (raft/incarnation.py). Outside the term rules."""
+
+    src: int
+    dst: int
+    term: int
+    incarnation: int
+
+
+@dataclass(slots=True)
+class BootstrapProbeReply:
+    src: int
+    dst: int
+    term: int
+    incarnation: int
+    # The replier never saved a term, a vote or an entry: as far as it knows, nothing ever
+    # happened in this cluster.
+    fresh: bool
+
+
 Message = (AppendEntries | AppendEntriesReply | Heartbeat | HeartbeatReply | RequestVote
-           | RequestVoteReply | TimeoutNow)
+           | RequestVoteReply | TimeoutNow | BootstrapProbe | BootstrapProbeReply)
 MESSAGE_TYPES: tuple[type, ...] = (AppendEntries, AppendEntriesReply, Heartbeat, HeartbeatReply,
-                                   RequestVote, RequestVoteReply, TimeoutNow)
+                                   RequestVote, RequestVoteReply, TimeoutNow, BootstrapProbe,
+                                   BootstrapProbeReply)

@@ -52,6 +52,8 @@ class FollowerProgress:
     recent_active: bool = False
     # Bytes acknowledged (for the runtime's catch-up rate), monotonic.
     acked_bytes: int = 0
+    # The follower reported damage from here (raft/repair.py) and the range is being resent.
+    repair_at: int = -1
 
     @property
     def inflight_bytes(self) -> int:

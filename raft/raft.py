@@ -20,9 +20,10 @@ tail); flushes and metadata writes are the driver's work, announced through Read
 One concern a file, after etcd-io/raft: this file holds the state, the inputs (tick, step,
 propose, flushed), the Ready output and role changes; elections are in raft/election.py, the
 follower side of replication in raft/follower.py, the leader side and the commit rule in
-raft/leader.py, membership changes in raft/confchange.py; the recovery machinery the leader and
-follower call (chunk planning, probing hints, deferred flush, the in-flight window) is in
-recovery/.
+raft/leader.py, membership changes in raft/confchange.py, data-directory identities (a node that
+lost its disk neither votes nor counts until re-added) in raft/incarnation.py, damaged batches
+in raft/repair.py; the recovery machinery the leader and follower call (chunk planning, probing
+hints, deferred flush, the in-flight window) is in recovery/.
 """
 
 from __future__ import annotations
@@ -34,12 +35,14 @@ from raft.config import RaftConfig, Rng
 from raft.confchange import INTERNAL_REQUEST, ConfChanges
 from raft.election import Elections
 from raft.follower import FollowerSide
+from raft.incarnation import Incarnations
 from raft.leader import LeaderSide, Waiting
 from raft.membership import ClusterConfig, ConfigEntry
 from raft.producers import ProducerTable, Verdict
 from raft.snapshot import CONFIG, PRODUCERS, SnapshotContext, StartState, section_raw
 from raft.progress import FollowerProgress
 from raft.ready import FollowerStatus, HardState, ProduceAnswer, Ready, Status
+from raft.repair import Repairs
 from raft.types import Acks, ErrorCode, InvariantViolation, Role
 from recovery.deferred_flush import DeferredFlush
 from recovery.ratelimit import TokenBucket
@@ -48,7 +51,7 @@ from storage.api import LogStorage, StorageError
 from storage.batch import Batch, BatchKind
 
 
-class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges):
+class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, Repairs):
     """One Raft group's consensus state machine. Drive it with tick/step/propose/flushed and
     drain ready(); see raft/ready.py for the driver contract."""
 
@@ -112,6 +115,13 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges):
         self._hs_dirty = False
         self._bcast_wanted = False
 
+        self._damage_seen = -1  # damage found at open is reported at the first tick
+        self._damage_ticks = 0
+        # Damaged from here, held by no other voter and not committed: we stepped down so a
+        # whole node overwrites it, and vote as if our log ended before it (raft/repair.py).
+        self._yield_from: int | None = None
+        self._init_incarnation(meta)
+
         if len(self.config.voters) == 1 and self.config.voters[0] == self.node_id and \
                 self.term == 0:
             # A brand-new single-voter cluster needs no election timeout to start serving.
@@ -134,11 +144,14 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges):
     def tick(self) -> None:
         self._ticks += 1
         self._checkpoint_elapsed += 1
+        self._tick_incarnation()
+        self._tick_repair()
         if (self.cfg.commit_checkpoint_ticks and self.commit_index > self._saved_commit
                 and self._checkpoint_elapsed >= self.cfg.commit_checkpoint_ticks):
             self._hs_dirty = True
         if self.role == Role.LEADER:
             self._tick_leader()
+            self._maybe_readd()
         else:
             self._tick_follower()
         self._tick_flush_schedule()
@@ -146,6 +159,14 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges):
     def step(self, msg: m.Message) -> None:
         if msg.dst != self.node_id:
             return
+        if isinstance(msg, m.BootstrapProbe):  # outside the term rules (raft/incarnation.py)
+            self._handle_probe(msg)
+            return
+        if isinstance(msg, m.BootstrapProbeReply):
+            self._handle_probe_reply(msg)
+            return
+        if not self._screen(msg):
+            return  # from a data directory the configuration does not know for its sender
         if msg.term > self.term:
             if isinstance(msg, m.RequestVote):
                 if self._in_lease(msg):
@@ -166,7 +187,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges):
                 self._send(self._append_reply(msg.src, msg.seq, False))
             elif isinstance(msg, m.RequestVote):
                 self._send(m.RequestVoteReply(self.node_id, msg.src, self.term, False,
-                                              msg.pre_vote))
+                                              msg.pre_vote, self.incarnation))
             return
 
         if isinstance(msg, m.AppendEntries):
@@ -182,7 +203,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges):
         elif isinstance(msg, m.RequestVoteReply):
             self._handle_vote_reply(msg)
         elif isinstance(msg, m.TimeoutNow):
-            if self.role != Role.LEADER and self.is_voter():
+            if self.role != Role.LEADER and self.is_voter() and self._may_campaign():
                 self._campaign(transfer=True)
 
     def propose(self, request_id: int, batch: Batch, acks: Acks) -> None:
@@ -232,13 +253,13 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges):
             self._maybe_commit()
             return
         self._advance_follower_commit()
-        flushed = self.log.flushed_offset
         held, self._held_replies = self._held_replies, []
         for reply in held:
-            if reply.last_appended <= flushed:
-                self._send(self._refresh_reply(reply))
+            if reply.last_appended <= self.log.flushed_offset:
+                self._send(self._refresh_reply(reply))  # (its flushed offset: never past damage)
             else:
                 self._held_replies.append(reply)
+        flushed = self._reportable_flushed()
         if flushed > self._reported_flushed and not held and self.leader_id is not None:
             # Flushed on our own schedule: report so the leader can advance the commit index.
             self._send(self._heartbeat_reply(self.leader_id, 0))
@@ -267,12 +288,17 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges):
                 followers.append(FollowerStatus(
                     pr.node_id, pr.match_index, pr.next_index, pr.dirty_offset,
                     pr.flushed_offset, len(pr.inflight), pr.inflight_bytes, pr.learner,
-                    pr.recovering, pr.ticks_since_heard))
+                    pr.recovering, pr.ticks_since_heard,
+                    self._rejoiners.get(pr.node_id, self.config.incarnations.get(
+                        pr.node_id, self._incarnation_heard.get(pr.node_id, 0))),
+                    pr.node_id in self._rejoiners, pr.repair_at))
         cfg = self.config
         return Status(self.node_id, self.role, self.term, self.leader_id, self.log.dirty_offset,
                       self.log.flushed_offset, self.commit_index, self.high_watermark,
                       self.log.start_offset, list(cfg.voters), list(cfg.learners), followers,
-                      self.log.retained_bytes, self.log.start_term)
+                      self.log.retained_bytes, self.log.start_term,
+                      self.incarnation, self.standing().value,
+                      [[d.first, d.last] for d in self.log.damaged()], self.votes_refused)
 
     def snapshot_context(self) -> SnapshotContext:
         """What the sections of the state at the log start need on this node (raft/snapshot.py):
@@ -296,7 +322,9 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges):
     # ------------------------------------------------------------------ roles and time
     def _tick_follower(self) -> None:
         self._election_elapsed += 1
-        if self._election_elapsed >= self._randomized_timeout and self.is_voter():
+        timeout = self._randomized_timeout * (2 if self._damaged() else 1)
+        if (self._election_elapsed >= timeout and self.is_voter()
+                and self._may_campaign()):
             self._election_elapsed = 0
             self._campaign(transfer=False)
 

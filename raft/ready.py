@@ -63,6 +63,9 @@ class FollowerStatus:
     learner: bool
     recovering: bool
     last_heard_ticks: int  # ticks since we last heard from it
+    incarnation: int = 0  # the data directory the leader takes it for (0: not known yet)
+    rejoining: bool = False  # it lost its disk: being re-added as a learner, not counted
+    repairing_from: int = -1  # it reported damage from here; the range is being resent
 
 
 @dataclass(slots=True)
@@ -83,3 +86,8 @@ class Status:
     retained_bytes: int = 0
     # The term of the entry just before the log start (from the state at the log start).
     start_term: int = 0
+    incarnation: int = 0  # this node's data directory (raft/incarnation.py)
+    # "member", or why it may not vote or count yet ("rejoining: lost its disk", ...).
+    standing: str = "member"
+    damaged: list[list[int]] = field(default_factory=list)  # [first, last] not served yet
+    votes_refused: int = 0  # vote requests refused because it is not a member in good standing

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from raft.snapshot import TERM, SnapshotContext, StartState
 from storage.api import LogStorage
-from storage.batch import Batch
+from storage.batch import Batch, CorruptBatch
 
 if TYPE_CHECKING:
     from raft.loads import LoadTable
@@ -52,6 +52,7 @@ SATISFIED = "policy satisfied"
 MIN_AGE = "retention_min_ms"
 SLICE = "slice limit"
 LOG_END = "log end"
+DAMAGED = "a damaged batch (held until repaired, docs/DISK-LOSS.md)"
 # Valves.
 VALVE_AGE = "retention_max_ms"
 VALVE_DISK = "low_disk_mb"
@@ -201,9 +202,13 @@ class Planner:
         return True
 
     def end_of_log(self) -> None:
+        self.stop(LOG_END)
+
+    def stop(self, why: str) -> None:
+        """Nothing more may be deleted, for reason `why` (the log ends, a damaged batch)."""
         if not self._done:
             self._done = True
-            self.decision.stopped_by = LOG_END
+            self.decision.stopped_by = why
 
     def _keep_reason(self, b: Batch) -> str | None:
         p = self.policy
@@ -259,7 +264,11 @@ def plan(log: LogStorage, policy: RetentionPolicy, holds: Iterable[Hold], *, now
     off = start
     budget = _FIRST_READ_BYTES  # most rounds look at a batch or two: read little, then more
     while True:
-        batches = log.read(off, budget) if off <= log.flushed_offset else []
+        try:
+            batches = log.read(off, budget) if off <= log.flushed_offset else []
+        except CorruptBatch:  # never read past a damaged batch: it holds retention until repaired
+            planner.stop(DAMAGED)
+            break
         budget = min(budget * 4, _READ_BYTES)
         if not batches:
             planner.end_of_log()

@@ -49,3 +49,9 @@ class ErrorCode(IntEnum):
 class InvariantViolation(AssertionError):
     """A safety invariant failed. Fail-stop: the runtime lets this crash the node rather than
     continue with a log it can no longer trust."""
+
+
+class DataLost(Exception):
+    """Committed entries are damaged on this node and no other voter has a good copy: they
+    are lost. Fail-stop: the node stops loudly, naming the range (raft/repair.py), rather than
+    serve a log with a hole in it."""

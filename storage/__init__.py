@@ -37,9 +37,12 @@ def open_log(path: str | os.PathLike[str] | None, **opts: Any) -> LogStorage:
 
     The LMDB log takes an exclusive lock on `<path>/LOCK` for as long as it is open: a second
     opener (in this process or another) gets DataDirLocked at once. Opening a log whose batches
-    overlap or leave a gap raises LogInconsistent."""
+    overlap, with every checksum intact, raises LogInconsistent; what a damaged disk leaves is
+    cut or marked for repair instead (docs/DISK-LOSS.md)."""
     if path is None:
         return MemoryLog(**{k: v for k, v in opts.items() if k == "max_tail_bytes"})
-    from storage.lmdb_log import LmdbLog  # lmdb is imported only when a durable log is wanted
+    from storage.lmdb_log import (
+        LmdbLog,  # lmdb is imported only when a durable log is wanted
+    )
 
     return LmdbLog(path, **opts)

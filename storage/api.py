@@ -24,7 +24,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from storage.batch import REPLACE_NODE_ADVICE, Batch
+from storage.batch import DISK_LOSS_DOC, Batch
+from storage.damage import Damage
 
 DEFAULT_MAX_TAIL_BYTES = 256 * 1024 * 1024
 
@@ -63,15 +64,19 @@ class StorageIOError(StorageError):
 
 
 class LogInconsistent(StorageError):
-    """The durable log contradicts itself (batches overlap or leave a gap, the start record
-    disagrees with the first batch, terms go backwards): no crash can leave it so, so it is not
-    repaired in place. `offsets` names the offsets involved."""
+    """The durable log contradicts itself although every stored record passed its checksum
+    (batches overlap, the start record disagrees with the first batch, terms go backwards):
+    neither a crash nor a damaged disk leaves it so (a software bug does), so it is not repaired
+    in place. `offsets` names the offsets involved. (What a damaged disk leaves, flipped bits or
+    missing batches, is found by checksums and repaired instead: see DISK_LOSS_DOC.)"""
 
     def __init__(self, path: str, detail: str, offsets: tuple[int, ...] = ()) -> None:
         super().__init__(
             f"the log at {path} is inconsistent: {detail}. It cannot be repaired in place and "
-            f"this node must not serve it: {REPLACE_NODE_ADVICE}"
-        )
+            f"this node must not serve it: stop the node, move its data directory aside (keep "
+            f"it for the bug report) and start the node again on an empty one with the same "
+            f"--node-id: it rejoins by itself, as a node that lost its disk (see "
+            f"{DISK_LOSS_DOC})")
         self.path, self.detail, self.offsets = path, detail, offsets
 
 
@@ -101,6 +106,25 @@ class Meta:
     # a plain msgpack-able dict so storage does not depend on the raft package.
     config: dict | None = None
     extra: dict = field(default_factory=dict)
+    # The data directory's identity (its incarnation): a random id storage creates with the
+    # directory, and again whenever it finds the metadata missing or damaged (the node then
+    # forgot its term and vote, so it must come back as a new member: raft/incarnation.py).
+    # load_meta fills it in; save_meta keeps the stored one whatever this field says.
+    incarnation: int = 0
+
+    def is_empty(self) -> bool:
+        """Nothing was ever saved: a new data directory, or one whose metadata was lost."""
+        return self.term == 0 and self.voted_for is None and self.config is None
+
+
+@dataclass(slots=True, frozen=True)
+class ScrubSlice:
+    """What one `LogStorage.scrub` call read back and checked."""
+
+    next_offset: int  # where the next slice starts (the log start again after a full pass)
+    bytes_read: int
+    damaged: tuple[Damage, ...]  # damage this slice found (not known before)
+    wrapped: bool  # this slice reached the flushed offset: a pass over the log completed
 
 
 class LogStorage(abc.ABC):
@@ -209,7 +233,9 @@ class LogStorage(abc.ABC):
         whenever offset <= dirty_offset). Callers on an event loop bound both: with small
         batches a byte budget alone can mean tens of thousands of batches to decode.
         [] at dirty_offset + 1; OffsetOutOfRange outside [start_offset, dirty_offset + 1].
-        A batch read back from disk that fails its CRC raises CorruptBatch naming its offset.
+        A damaged batch is never returned: a batch read back from disk that fails its checksum
+        is recorded as damaged (see `damaged`), and the read stops before it, or raises
+        CorruptBatch naming its offset when it is the first batch asked for.
         Batches still in memory (the dirty tail) are returned as appended without re-hashing:
         every batch is checked once where it enters the process (Batch.create on the leader,
         the wire decoder for replicated ones), and re-hashing each read would charge the CRC
@@ -219,6 +245,48 @@ class LogStorage(abc.ABC):
     def term_at(self, offset: int) -> int:
         """Term of the entry at `offset`; start_term for start_offset - 1; OffsetOutOfRange
         otherwise."""
+
+    # -- damage and repair (docs/DISK-LOSS.md) ---------------------------------------------
+    @property
+    @abc.abstractmethod
+    def incarnation(self) -> int:
+        """This data directory's identity (see Meta.incarnation); never 0."""
+
+    @property
+    @abc.abstractmethod
+    def lost_position(self) -> tuple[int, int] | None:
+        """(offset, term) of the last entry this log once held flushed, when flushed batches
+        were lost after it was written (found missing or with a damaged header at open, so the
+        log was cut before them); None when nothing flushed was ever lost. Durable. The node
+        must not vote for a candidate less up to date than this: those entries may have counted
+        toward commits."""
+
+    @property
+    @abc.abstractmethod
+    def damage_version(self) -> int:
+        """Moves whenever new damage is recorded (polled by the core each tick)."""
+
+    @abc.abstractmethod
+    def damaged(self) -> list[Damage]:
+        """Damaged flushed batches known now, lowest offset first (not served, not counted
+        as flushed by the node until repaired)."""
+
+    def first_damaged(self) -> int | None:
+        """The lowest damaged offset, or None."""
+        got = self.damaged()
+        return got[0].first if got else None
+
+    @abc.abstractmethod
+    def scrub(self, offset: int, max_bytes: int) -> ScrubSlice:
+        """Read back flushed batches from the one holding `offset` (clamped to the log) for
+        about `max_bytes`, checking every checksum, and record what is damaged. Safe to call
+        from a worker thread while the owner appends (it takes the read lock per slice)."""
+
+    @abc.abstractmethod
+    def repair(self, batches: Sequence[Batch]) -> None:
+        """Write good copies of damaged batches back, durably, in one transaction: each must be
+        exactly a damaged batch (same offsets and term) and pass its checksum (ValueError
+        otherwise; nothing is written then). Afterwards they read and count as flushed again."""
 
     # -- metadata -------------------------------------------------------------------------
     @abc.abstractmethod

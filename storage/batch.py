@@ -29,17 +29,8 @@ class BatchKind(IntEnum):
     STAGED = 4
 
 
-# What an operator does with a node whose durable log cannot be trusted (corrupt, inconsistent).
-# Never "wipe the data dir and restart it as the same voter": the node would come back having
-# forgotten its term and vote (it could vote twice in one term) and the flushed entries that
-# counted toward commits (a committed entry could then be lost by a majority that no longer
-# holds it). Re-adding it as a new, empty member goes through a membership change instead.
-REPLACE_NODE_ADVICE = (
-    "take this node out of the cluster with `raftlog remove-node --id <its id>`, then add it back "
-    "with an empty data directory using `raftlog add-node` (it re-fetches the log as a new "
-    "member); do NOT wipe the data dir and restart it as the same voter: it would forget its "
-    "term, its vote and the flushed entries that counted toward commits"
-)
+# Where operators read what a node does about a damaged or lost disk, and what to run.
+DISK_LOSS_DOC = "docs/DISK-LOSS.md"
 
 
 class CorruptBatch(Exception):
@@ -48,9 +39,11 @@ class CorruptBatch(Exception):
     def __init__(self, offset: int | None, reason: str) -> None:
         where = f"at offset {offset}" if offset is not None else "(offset unknown)"
         super().__init__(
-            f"corrupt batch {where}: {reason}; if it was read from this node's log, the log is "
-            f"damaged at this point: {REPLACE_NODE_ADVICE}; if it arrived over the network, the "
-            f"request is rejected and the sender must resend it"
+            f"corrupt batch {where}: {reason}; if it was read from this node's log, the node "
+            f"stops serving and counting it and re-fetches it from a member with a good copy by "
+            f"itself (`raftlog status` shows the damaged range until then; see {DISK_LOSS_DOC}); "
+            f"if it arrived over the network, the request is rejected and the sender must resend "
+            f"it"
         )
         self.offset = offset
         self.reason = reason
@@ -98,7 +91,7 @@ class Batch:
         sequence: int = NO_SEQUENCE,
         base_offset: int = -1,
         term: int = 0,
-    ) -> "Batch":
+    ) -> Batch:
         """A new batch with its CRC computed; offset and term are set later by the leader."""
         if count < 1:
             raise ValueError(f"a batch holds at least one record, got count={count}")
@@ -115,7 +108,7 @@ class Batch:
         """Bytes this batch takes encoded (what byte budgets count)."""
         return HEADER_SIZE + len(self.payload)
 
-    def placed(self, base_offset: int, term: int) -> "Batch":
+    def placed(self, base_offset: int, term: int) -> Batch:
         """The same batch at a leader-assigned offset and term (CRC unchanged by design)."""
         return Batch(base_offset, self.count, term, self.kind, self.timestamp_ms,
                      self.producer_id, self.sequence, self.payload, self.crc)

@@ -28,21 +28,22 @@ Threading rules (a flush runs in a worker thread while the owning thread appends
   (none of them reads below the start any more). Freed LMDB pages are reused by later flushes,
   so the file stops growing at the retained size.
 
-One owner per directory: the log holds an exclusive flock on `<dir>/LOCK` (with the owner's pid
-in it) while open; a second opener, in this process or another, gets DataDirLocked at once. The
-kernel drops the lock when the owner dies, however it dies.
+One owner per directory: an exclusive flock on `<dir>/LOCK` while open (storage/dirlock.py).
 
-Opening checks that the stored batches are contiguous from the start record, with terms never
-going backwards; anything else cannot come from a crash and raises LogInconsistent.
+Opening checks every batch header and the metadata records against their checksums, that the
+batches run contiguously from the start record with terms never going backwards, that the log
+ends at the flushed tail recorded with it, and fully verifies the newest batches; what a damaged
+disk leaves (missing batches, a damaged header or record) is cut or replaced and reported
+(storage/lmdb_format.py), anything else raises LogInconsistent. Damaged batches found later (the
+scrubber, a read) are not served and are written back by `repair()` (storage/damage.py).
 
-The layout on disk (keys, the start record and the state stored with it) is in
-storage/lmdb_format.py.
+Layout and record formats: storage/lmdb_format.py.
 """
 
 from __future__ import annotations
 
 import bisect
-import errno
+import copy
 import logging
 import os
 import threading
@@ -52,55 +53,48 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import lmdb
-import msgpack
 
+from storage import lmdb_format as fmt
 from storage.api import (
     DEFAULT_MAX_TAIL_BYTES,
-    DataDirLocked,
     DiskFull,
     LogInconsistent,
     LogStorage,
     Meta,
     OffsetOutOfRange,
     StorageError,
-    StorageIOError,
     TailFull,
 )
-from storage.batch import HEADER_SIZE, Batch, CorruptBatch
-from storage.dirlock import LOCK_FILE, lock_dir, unlock_dir
-from storage.lmdb_format import (
-    HEAD,
-    KEY,
-    META_KEY,
-    SNAPSHOT_KEY,
-    START_KEY,
-    check_next,
-    decode_meta,
-    decode_snapshot,
-    decode_start,
-    key,
-)
+from storage.batch import Batch, CorruptBatch
+from storage.damage import DamageSet
+from storage.lmdb_damage import LmdbDamage
+from storage.dirlock import LOCK_FILE, lock_dir, unlock_dir  # (LOCK_FILE: for the CLI's up)
 
 # BENCH ONLY: RAFTLOG_BENCH_FSYNC_DELAY_MS adds a fixed delay to every fsynced transaction, to
 # show what deferred flushing buys on a slow (cloud) disk. Never set it in production.
 _BENCH_FSYNC_DELAY_S = float(os.environ.get("RAFTLOG_BENCH_FSYNC_DELAY_MS", "0") or 0) / 1000
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("raftlog.storage")  # under the runtime's "raftlog" handler
 
 DEFAULT_MAP_SIZE = 64 << 20
 DEFAULT_MAX_MAP_SIZE = 1 << 40
-PROGRESS_EVERY_S = 5.0
+# How much of the newest flushed log an open verifies in full (the rest is the scrubber's).
+DEFAULT_VERIFY_TAIL_BYTES = 8 << 20
 
+_key = fmt.key
+_KEY = fmt.KEY
 
 T = TypeVar("T")
+__all__ = ["DEFAULT_MAP_SIZE", "DEFAULT_MAX_MAP_SIZE", "LOCK_FILE", "LmdbLog"]
 
 
-class LmdbLog(LogStorage):
+class LmdbLog(LmdbDamage, LogStorage):
     """`storage.api.LogStorage` on LMDB. See the module docstring for the threading rules."""
 
     def __init__(self, path: str | os.PathLike[str], max_tail_bytes: int = DEFAULT_MAX_TAIL_BYTES,
                  map_size: int = DEFAULT_MAP_SIZE,
-                 max_map_size: int = DEFAULT_MAX_MAP_SIZE) -> None:
+                 max_map_size: int = DEFAULT_MAX_MAP_SIZE,
+                 verify_tail_bytes: int = DEFAULT_VERIFY_TAIL_BYTES) -> None:
         self.path = os.fspath(path)
         self._max_tail_bytes = max_tail_bytes
         self._max_map_size = max(max_map_size, map_size)
@@ -114,6 +108,11 @@ class LmdbLog(LogStorage):
         # (first offset, term) at every term change across the whole log, for term_at.
         self._term_firsts: list[int] = []
         self._term_terms: list[int] = []
+        self._bytes = 0  # encoded size of every batch held (retained_bytes)
+        self._snapshot: dict | None = None  # the state at the log start
+        self._damage = DamageSet()
+        # What the open found wrong and repaired or cut (for the runtime's log and status).
+        self.open_findings: list[str] = []
         # The directory lock comes first: a second opener must not even open the environment.
         fd = lock_dir(self.path)
         # Released by close(), or when this object is collected without close() (nothing can
@@ -129,7 +128,7 @@ class LmdbLog(LogStorage):
             try:
                 self._log_db = self._env.open_db(b"log")
                 self._meta_db = self._env.open_db(b"meta")
-                self._load()
+                self._load(verify_tail_bytes)
             except BaseException:
                 self._env.close()
                 raise
@@ -138,50 +137,42 @@ class LmdbLog(LogStorage):
             raise
 
     # -- opening -----------------------------------------------------------------------------
-    def _load(self) -> None:
+    def _load(self, verify_tail_bytes: int) -> None:
         started = time.monotonic()
-        last_report = started
         with self._env.begin(buffers=True) as txn:
-            raw = txn.get(START_KEY, db=self._meta_db)
-            start, start_term = decode_start(self.path, raw)
-            raw = txn.get(META_KEY, db=self._meta_db)
-            if raw is not None:
-                decode_meta(self.path, bytes(raw))  # undecodable metadata fails the open, not later
-            self._snapshot = decode_snapshot(self.path, txn.get(SNAPSHOT_KEY, db=self._meta_db))
-            nbytes = 0
-            last = start - 1
-            last_term = start_term
-            n = 0
-            cur = txn.cursor(db=self._log_db)
-            for k, v in cur:
-                base, count, term = HEAD.unpack_from(v, 0) if len(v) >= HEADER_SIZE else (
-                    -1, 0, 0)
-                key_base = KEY.unpack(bytes(k))[0]
-                if base != key_base or count < 1:
-                    raise CorruptBatch(key_base, "batch header does not match its key while "
-                                                 "opening the log")
-                check_next(self.path, start, last, last_term, base, count, term)
-                if not self._term_terms or self._term_terms[-1] != term:
-                    self._term_firsts.append(base)
-                    self._term_terms.append(term)
-                last = base + count - 1
-                last_term = term
-                n += 1
-                nbytes += len(v)
-                if n % 4096 == 0:
-                    now = time.monotonic()
-                    if now - last_report >= PROGRESS_EVERY_S:
-                        last_report = now
-                        log.info("opening_log path=%s batches=%d last_offset=%d elapsed_s=%.0f",
-                                 self.path, n, last, now - started)
-        self._start, self._start_term = int(start), int(start_term)
-        self._durable_start = self._start
-        self._flushed = last
-        self._dirty = last
-        self._bytes = nbytes
-        if time.monotonic() - started >= PROGRESS_EVERY_S:
+            s = fmt.scan(txn, self._log_db, self._meta_db, self.path, verify_tail_bytes)
+        self._fmt = s.fmt
+        self._trailer = fmt.TRAILER if s.fmt >= 2 else 0
+        meta = s.meta
+        if meta is None or s.identity_lost:
+            # A new directory, or one that forgot its term and vote (or what it held): a new
+            # identity, so the cluster takes it for the new member it is (raft/incarnation.py).
+            if not s.new:
+                s.findings.append("its term and vote are lost: it gets a new identity and "
+                                  "rejoins the cluster as a new member")
+            meta = Meta(incarnation=fmt.new_incarnation())
+        elif meta.incarnation == 0:  # written before incarnations existed
+            meta.incarnation = fmt.new_incarnation()
+        if s.needs_write or s.identity_lost:  # before anything is served
+            with self._write_lock:
+                self._write("recording what the open found",
+                            lambda txn: fmt.write_open_repairs(txn, self._log_db, self._meta_db,
+                                                               s, meta))
+        self._meta = meta
+        self._start, self._start_term = s.start, s.start_term
+        self._snapshot, self._bytes = s.snapshot, s.nbytes
+        self._flushed = self._dirty = s.last
+        self._term_firsts, self._term_terms = s.term_firsts, s.term_terms
+        self._floor = s.floor
+        for d in s.damaged:
+            self._damage.add(d)
+            s.findings.append(f"damaged batch at {d.describe()}")
+        self.open_findings = s.findings
+        for finding in s.findings:
+            log.warning("log_damage_found path=%s at=open: %s", self.path, finding)
+        if time.monotonic() - started >= fmt.PROGRESS_EVERY_S:
             log.info("opened_log path=%s batches=%d start=%d last_offset=%d elapsed_s=%.0f",
-                     self.path, n, self._start, last, time.monotonic() - started)
+                     self.path, s.batches, self._start, s.last, time.monotonic() - started)
 
     # -- positions ---------------------------------------------------------------------------
     @property
@@ -232,10 +223,8 @@ class LmdbLog(LogStorage):
                 return out
             except lmdb.MapFullError:
                 self._grow(what)
-            except lmdb.Error as e:
-                raise self._disk_error(what, e) from e
-            except OSError as e:
-                raise self._disk_error(what, e) from e
+            except (lmdb.Error, OSError) as e:
+                raise fmt.disk_error(self.path, what, e) from e
 
     def _grow(self, what: str) -> None:
         with self._lock:  # no read transaction may be open in this process while resizing
@@ -249,19 +238,6 @@ class LmdbLog(LogStorage):
             new = min(cur * 2, self._max_map_size)
             self._env.set_mapsize(new)
             log.info("lmdb_map_grown path=%s from=%d to=%d", self.path, cur, new)
-
-    def _disk_error(self, what: str, e: BaseException) -> StorageError:
-        code = getattr(e, "errno", None)
-        text = str(e)
-        if isinstance(e, lmdb.DiskError) or code == errno.ENOSPC or "No space" in text:
-            return DiskFull(
-                f"{what}: writing {self.path} failed ({text}); free disk space or move the data "
-                f"dir to a bigger disk, then retry. Nothing flushed before is lost; unflushed "
-                f"batches stay in memory")
-        return StorageIOError(
-            f"{what}: writing {self.path} failed ({text}); nothing was changed, on disk or in "
-            f"memory. Check the disk (kernel log, SMART) before restarting the node: its "
-            f"flushed log is as it was before this write")
 
     # -- writes ------------------------------------------------------------------------------
     def append(self, batches: Sequence[Batch]) -> None:
@@ -307,32 +283,34 @@ class LmdbLog(LogStorage):
                 flushed = self._flushed  # only writers change it, and we hold _write_lock
             if not snap:
                 return flushed
-            encoded = [(key(b.base_offset), b.encode()) for b in snap]
+            encoded = [(_key(b.base_offset), fmt.encode_value(b, self._fmt)) for b in snap]
             first, end = snap[0].base_offset, snap[-1].last_offset
+            tail = fmt.seal([end, snap[-1].term])
 
             def put_all(txn: lmdb.Transaction) -> None:
                 cur = txn.cursor(db=self._log_db)
                 # Memory and disk must agree before we add to the disk: nothing stored past the
                 # flushed offset, and the last stored batch ends at it. Two cursor moves; they
                 # turn a disagreement into a refusal instead of an overlapping log.
-                if cur.set_range(key(first)):
-                    stale = KEY.unpack(bytes(cur.key()))[0]
+                if cur.set_range(_key(first)):
+                    stale = _KEY.unpack(bytes(cur.key()))[0]
                     raise LogInconsistent(
                         self.path, f"flushing offsets {first}..{end} found a stored batch at "
                                    f"offset {stale}, past the flushed offset {flushed}",
                         (first, end, stale))
-                if cur.last():
-                    base, count, _ = HEAD.unpack_from(cur.value(), 0)
+                if cur.last() and (h := fmt.head(cur.value(), self._fmt)) is not None:
+                    base, count, _ = h  # (a damaged header is the damage set's business)
                     if base + count - 1 != flushed:
                         raise LogInconsistent(
                             self.path, f"the last stored batch ends at offset {base + count - 1}"
                                        f", not at the flushed offset {flushed}",
                             (base + count - 1, flushed))
-                elif flushed != self._start - 1:
+                elif not cur.last() and flushed != self._start - 1:
                     raise LogInconsistent(
                         self.path, f"no batch is stored, yet offsets up to {flushed} count as "
                                    f"flushed", (flushed,))
                 cur.putmulti(encoded, dupdata=False, overwrite=True)
+                txn.put(fmt.TAIL_KEY, tail, db=self._meta_db)
 
             self._write(f"flush of offsets {first}..{end}", put_all)
             done = sum(b.size for b in snap)  # before the lock: readers wait on it
@@ -359,19 +337,23 @@ class LmdbLog(LogStorage):
             if after_offset < self._flushed:
                 # Disk first (under _lock: readers wait, see the module docstring). If this
                 # raises, nothing below runs and memory still matches the untouched disk.
+                tail = fmt.seal([after_offset, self._term_at_locked(after_offset)])
+
                 def delete_after(txn: lmdb.Transaction) -> int:
                     cur = txn.cursor(db=self._log_db)
                     gone = 0
-                    if cur.set_range(key(after_offset + 1)):
-                        while True:
-                            gone += len(cur.value())
+                    if cur.set_range(_key(after_offset + 1)):
+                        while cur.key():  # (empty once the last key is deleted)
+                            gone += len(cur.value()) - self._trailer
                             if not cur.delete():
                                 break
+                    txn.put(fmt.TAIL_KEY, tail, db=self._meta_db)
                     return gone
 
                 self._bytes -= self._write(f"suffix truncation after {after_offset}",
                                            delete_after)
                 self._flushed = after_offset
+                self._damage.drop_after(after_offset)
             i = bisect.bisect_right(self._tail_bases, after_offset)
             tail_gone = sum(b.size for b in self._tail[i:])
             self._unflushed -= tail_gone
@@ -390,14 +372,16 @@ class LmdbLog(LogStorage):
                 if offset <= self._start:
                     return
                 before = (self._start, self._start_term, self._snapshot, self._bytes,
-                          list(self._term_firsts), list(self._term_terms))
+                          list(self._term_firsts), list(self._term_terms), self._damage.all())
                 self._advance_locked(offset, snapshot)
             try:
                 self._persist_start_locked()
             except BaseException:
                 with self._lock:  # the disk is unchanged: so is the log, memory included
                     (self._start, self._start_term, self._snapshot, self._bytes,
-                     self._term_firsts, self._term_terms) = before
+                     self._term_firsts, self._term_terms, damaged) = before
+                    for d in damaged:
+                        self._damage.add(d)
                 raise
 
     def advance_start(self, offset: int, snapshot: dict | None = None) -> None:
@@ -419,14 +403,15 @@ class LmdbLog(LogStorage):
         gone = 0
         with self._env.begin(db=self._log_db, buffers=True) as txn:
             cur = txn.cursor()
-            if cur.set_range(key(self._start)):
+            if cur.set_range(_key(self._start)):
                 for k, v in cur:
-                    if KEY.unpack(k)[0] >= offset:
+                    if _KEY.unpack(k)[0] >= offset:
                         break
-                    gone += len(v)
+                    gone += len(v) - self._trailer
         self._start, self._start_term = offset, new_term
         self._snapshot = snapshot
         self._bytes -= gone
+        self._damage.drop_before(offset)
         j = bisect.bisect_right(self._term_firsts, offset) - 1
         if j > 0:
             del self._term_firsts[:j]
@@ -442,44 +427,33 @@ class LmdbLog(LogStorage):
         the flushed offset). Deletes the keys below the in-memory start as of now."""
         with self._lock:
             start, term, snap = self._start, self._start_term, self._snapshot
-        packed_snap = None if snap is None else msgpack.packb(snap, use_bin_type=True)
 
         def delete_before(txn: lmdb.Transaction) -> None:
-            txn.put(START_KEY, msgpack.packb([start, term]), db=self._meta_db)
-            if packed_snap is None:
-                txn.delete(SNAPSHOT_KEY, db=self._meta_db)
-            else:
-                txn.put(SNAPSHOT_KEY, packed_snap, db=self._meta_db)
+            fmt.write_start(txn, self._meta_db, start, term, snap)
             cur = txn.cursor(db=self._log_db)
             if cur.first():
-                while cur.key() and KEY.unpack(cur.key())[0] < start:
+                while cur.key() and _KEY.unpack(cur.key())[0] < start:
                     if not cur.delete():
                         break
 
         self._write(f"prefix truncation to {start}", delete_before)
-        self._durable_start = start
 
     def reset(self, start_offset: int, start_term: int, snapshot: dict | None = None) -> None:
         self._check_open()
-        packed_snap = None if snapshot is None else msgpack.packb(snapshot, use_bin_type=True)
         with self._write_lock, self._lock:
             def wipe(txn: lmdb.Transaction) -> None:
                 txn.drop(self._log_db, delete=False)
-                txn.put(START_KEY, msgpack.packb([start_offset, start_term]), db=self._meta_db)
-                if packed_snap is None:
-                    txn.delete(SNAPSHOT_KEY, db=self._meta_db)
-                else:
-                    txn.put(SNAPSHOT_KEY, packed_snap, db=self._meta_db)
+                fmt.write_start(txn, self._meta_db, start_offset, start_term, snapshot)
+                txn.put(fmt.TAIL_KEY, fmt.seal([start_offset - 1, start_term]), db=self._meta_db)
 
             self._write(f"reset to offset {start_offset}", wipe)  # disk first
             self._tail.clear()
             self._tail_bases.clear()
-            self._unflushed = 0
-            self._bytes = 0
+            self._unflushed = self._bytes = 0
+            self._damage.clear()
             self._term_firsts.clear()
             self._term_terms.clear()
             self._start, self._start_term = start_offset, start_term
-            self._durable_start = start_offset
             self._snapshot = snapshot
             self._dirty = self._flushed = start_offset - 1
 
@@ -489,16 +463,21 @@ class LmdbLog(LogStorage):
         if offset > self._flushed:
             b = self._tail[bisect.bisect_right(self._tail_bases, offset) - 1]
             return b.base_offset, b.last_offset
+        known = self._damage.find(offset)
+        if known is not None:
+            return known.first, known.last
         with self._env.begin(db=self._log_db, buffers=True) as txn:
             cur = txn.cursor()
             k, v = self._seek(cur, offset)
-            base, count, _ = HEAD.unpack_from(v, 0)
-            return base, base + count - 1
+            h = fmt.head(v, self._fmt)
+            if h is None:
+                raise CorruptBatch(_KEY.unpack(k)[0], "its header fails its checksum")
+            return h[0], h[0] + h[1] - 1
 
     @staticmethod
     def _seek(cur: lmdb.Cursor, offset: int) -> tuple[bytes, memoryview]:
         """Position `cur` on the batch holding `offset` (largest key <= offset)."""
-        want = key(offset)
+        want = _key(offset)
         if cur.set_range(want):
             if bytes(cur.key()) != want:
                 cur.prev()
@@ -517,19 +496,27 @@ class LmdbLog(LogStorage):
             out: list[Batch] = []
             used = 0
             if offset <= self._flushed:
-                flushed = self._flushed
                 with self._env.begin(db=self._log_db, buffers=True) as txn:
                     cur = txn.cursor()
-                    self._seek(cur, offset)  # then iternext walks in C from there
-                    for k, v in cur.iternext():
-                        base = KEY.unpack(k)[0]
-                        if base > flushed:
+                    k, v = self._seek(cur, offset)
+                    while True:
+                        base = _KEY.unpack(k)[0]
+                        if base > self._flushed:
                             break
-                        size = len(v)
+                        size = len(v) - self._trailer  # what the batch counts as
                         if out and (used + size > max_bytes or len(out) >= limit):
                             return out
-                        out.append(self._decode(base, v))
+                        b = self._checked_locked(cur, base, v)
+                        if b is None:  # damaged: never served (see LogStorage.read)
+                            if out:
+                                return out
+                            d = self._damage.find(base)
+                            raise CorruptBatch(base, d.reason if d else "damaged")
+                        out.append(b)
                         used += size
+                        if not cur.next():
+                            break
+                        k, v = bytes(cur.key()), cur.value()
                 i = 0
             else:
                 i = bisect.bisect_right(self._tail_bases, offset) - 1
@@ -539,16 +526,6 @@ class LmdbLog(LogStorage):
                 out.append(b)  # in memory since its checked append: see LogStorage.read
                 used += b.size
             return out
-
-    @staticmethod
-    def _decode(base: int, raw: memoryview) -> Batch:
-        try:
-            b = Batch.decode(raw)
-        except CorruptBatch as e:
-            raise CorruptBatch(base, e.reason) from None
-        if b.base_offset != base:
-            raise CorruptBatch(base, f"stored header says base offset {b.base_offset}")
-        return b
 
     def _term_at_locked(self, offset: int) -> int:
         if offset == self._start - 1:
@@ -567,19 +544,18 @@ class LmdbLog(LogStorage):
     # -- metadata ----------------------------------------------------------------------------
     def load_meta(self) -> Meta:
         self._check_open()
-        with self._lock, self._env.begin(db=self._meta_db) as txn:
-            raw = txn.get(META_KEY)
-        if raw is None:
-            return Meta()
-        return decode_meta(self.path, raw)
+        with self._lock:
+            return copy.deepcopy(self._meta)
 
     def save_meta(self, meta: Meta) -> None:
         self._check_open()
-        raw = msgpack.packb({"term": meta.term, "voted_for": meta.voted_for,
-                             "config": meta.config, "extra": meta.extra}, use_bin_type=True)
+        keep = Meta(meta.term, meta.voted_for, meta.config, meta.extra, self._meta.incarnation)
+        raw = fmt.seal(fmt.meta_to_record(keep, keep.incarnation))
         with self._write_lock:
             self._write("saving term/vote metadata",
-                        lambda txn: txn.put(META_KEY, raw, db=self._meta_db))
+                        lambda txn: txn.put(fmt.META_KEY, raw, db=self._meta_db))
+            with self._lock:
+                self._meta = copy.deepcopy(keep)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:

@@ -10,12 +10,20 @@ truncate_suffix, truncate_prefix, reset, save_meta) that would write the durable
 log does when its transaction fails (disk first, then memory). The caller decides when: there is
 no randomness in here. A call that writes nothing durable (nothing to flush, a cut inside the
 unflushed tail, a prefix truncation at or below the start) neither fails nor uses up the fault.
+
+Damage to a stopped node's disk (the simulation's disk-loss faults, docs/DISK-LOSS.md): flip_bits,
+flip_header, lose_batches, lose_batch, lose_meta and wipe change the durable state the way a
+damaged disk would; the next crash() (the restart) then finds it exactly as LmdbLog's open does:
+a damaged or missing batch cuts the log there and records the lost position, lost metadata gives
+the directory a new incarnation, a batch that fails its checksum is recorded as damaged.
+flip_bits also hits a running log's flushed copy (a bit that rots while the node runs).
 """
 
 from __future__ import annotations
 
 import bisect
 import copy
+import itertools
 from collections.abc import Sequence
 
 from storage.api import (
@@ -23,25 +31,36 @@ from storage.api import (
     LogStorage,
     Meta,
     OffsetOutOfRange,
+    ScrubSlice,
     StorageError,
     StorageIOError,
     TailFull,
 )
-from storage.batch import Batch
+from storage.batch import Batch, CorruptBatch
+from storage.damage import Damage, DamageSet
 
 # The operations that write durable state, hence the ones a disk fault can hit.
 FAULT_OPS = ("flush", "truncate_suffix", "truncate_prefix", "reset", "save_meta")
+# Identities for logs created without one: deterministic, distinct within a process.
+_INCARNATIONS = itertools.count(0x5EED_0001)
 
 
 class MemoryLog(LogStorage):
-    def __init__(self, max_tail_bytes: int = DEFAULT_MAX_TAIL_BYTES) -> None:
+    def __init__(self, max_tail_bytes: int = DEFAULT_MAX_TAIL_BYTES,
+                 incarnation: int | None = None) -> None:
         self._max_tail_bytes = max_tail_bytes
         # Durable state: what survives crash().
         self._d_batches: list[Batch] = []
         self._d_start = 0
         self._d_start_term = 0
         self._d_snapshot: dict | None = None
-        self._d_meta = Meta()
+        self._d_meta: Meta | None = Meta(incarnation=incarnation or next(_INCARNATIONS))
+        self._d_tail = (-1, 0)  # the flushed tail recorded with every durable change
+        self._d_floor: tuple[int, int] | None = None
+        self._d_bad_headers: set[int] = set()
+        self._d_new_incarnation = 0  # the identity a load gives a log whose metadata is lost
+        self._damage = DamageSet()
+        self.open_findings: list[str] = []
         # op -> exceptions to raise, in order, at its next durable writes (see fail_next).
         self._faults: dict[str, list[StorageError]] = {}
         self._load_durable()
@@ -84,6 +103,29 @@ class MemoryLog(LogStorage):
 
     # -- durable <-> live --------------------------------------------------------------------
     def _load_durable(self) -> None:
+        """What an open does (storage/lmdb_format.py): cut at a damaged header or a gap, record
+        the lost position, give lost metadata a new identity, find damaged batches."""
+        found: list[str] = []
+        last, cut = (self._d_start - 1, self._d_start_term), None
+        for i, b in enumerate(self._d_batches):
+            if b.base_offset in self._d_bad_headers or b.base_offset > last[0] + 1:
+                cut = i
+                found.append(f"the batch at offset {b.base_offset} is damaged or missing")
+                break
+            last = (b.last_offset, b.term)
+        had = self._d_tail if cut is not None or self._d_tail[0] > last[0] else None
+        if cut is not None:
+            del self._d_batches[cut:]
+        self._d_bad_headers.clear()
+        if had is not None:
+            found.append(f"flushed offsets after {last[0]} up to {had[0]} are lost")
+            if self._d_floor is None or (had[1], had[0]) > (self._d_floor[1], self._d_floor[0]):
+                self._d_floor = had
+        self._d_tail = last
+        if self._d_meta is None:
+            found.append("its term and vote are lost: it gets a new identity")
+            self._d_meta = Meta(incarnation=self._d_new_incarnation or next(_INCARNATIONS))
+        self._incarnation = self._d_meta.incarnation
         self._batches: list[Batch] = list(self._d_batches)
         self._bases: list[int] = [b.base_offset for b in self._batches]
         self._start = self._d_start
@@ -92,6 +134,58 @@ class MemoryLog(LogStorage):
         self._flushed = self._batches[-1].last_offset if self._batches else self._start - 1
         self._unflushed_bytes = 0
         self._bytes = sum(b.size for b in self._batches)
+        self._damage.clear()
+        for b in self._batches:
+            try:
+                b.verify()
+            except CorruptBatch as e:
+                self._damage.add(Damage(b.base_offset, b.last_offset, b.term, e.reason))
+                found.append(f"damaged batch at offsets {b.base_offset}..{b.last_offset}")
+        self.open_findings = found
+
+    # -- a damaged disk (simulation) --------------------------------------------------------------
+    def _durable_index(self, offset: int) -> int:
+        for i, b in enumerate(self._d_batches):
+            if b.base_offset <= offset <= b.last_offset:
+                return i
+        raise OffsetOutOfRange(offset, self._d_start, self._d_tail[0])
+
+    def flip_bits(self, offset: int) -> None:
+        """The stored copy of the batch holding `offset` no longer matches its checksum (and so
+        does the running log's, when it is flushed there)."""
+        i = self._durable_index(offset)
+        b = self._d_batches[i]
+        bad = Batch(b.base_offset, b.count, b.term, b.kind, b.timestamp_ms, b.producer_id,
+                    b.sequence, b.payload, b.crc ^ 0x5A5A)
+        self._d_batches[i] = bad
+        j = bisect.bisect_right(self._bases, b.base_offset) - 1
+        if 0 <= j < len(self._batches) and self._batches[j] is b:
+            self._batches[j] = bad
+
+    def flip_header(self, offset: int) -> None:
+        """The stored header of the batch holding `offset` is damaged (found at the next open)."""
+        self._d_bad_headers.add(self._d_batches[self._durable_index(offset)].base_offset)
+
+    def lose_batches(self, after_offset: int) -> None:
+        """Stored batches after `after_offset` vanish (a truncated file), the tail record stays."""
+        self._d_batches = [b for b in self._d_batches if b.base_offset <= after_offset]
+
+    def lose_batch(self, offset: int) -> None:
+        """The stored batch holding `offset` vanishes (a hole in the middle)."""
+        del self._d_batches[self._durable_index(offset)]
+
+    def lose_meta(self, new_incarnation: int) -> None:
+        """The metadata is gone or damaged: the next open gives the log a new identity."""
+        self._d_meta = None
+        self._d_new_incarnation = new_incarnation
+
+    def wipe(self, new_incarnation: int) -> None:
+        """The whole data directory is gone: the next open finds a new, empty one."""
+        self._d_batches, self._d_start, self._d_start_term = [], 0, 0
+        self._d_tail, self._d_floor = (-1, 0), None
+        self._d_bad_headers.clear()
+        self._d_snapshot = None
+        self._d_meta = Meta(incarnation=new_incarnation)
 
     def crash(self) -> None:
         """Lose everything past the flushed offset, as a power cut would."""
@@ -162,6 +256,7 @@ class MemoryLog(LogStorage):
         self._disk_write("flush")
         new = self._batches[i:j]
         self._d_batches.extend(new)
+        self._d_tail = (new[-1].last_offset, new[-1].term)
         self._flushed = new[-1].last_offset
         self._unflushed_bytes -= sum(b.size for b in new)
         return self._flushed
@@ -176,7 +271,9 @@ class MemoryLog(LogStorage):
         if after_offset < self._flushed:
             # Everything left is at or below after_offset < flushed, so all of it was durable.
             self._d_batches = list(self._batches)
+            self._d_tail = (after_offset, self.term_at(after_offset))
             self._flushed = after_offset
+            self._damage.drop_after(after_offset)
         self._unflushed_bytes = sum(b.size for b in self._batches if b.last_offset > self._flushed)
 
     def truncate_prefix(self, offset: int, snapshot: dict | None = None) -> None:
@@ -218,6 +315,7 @@ class MemoryLog(LogStorage):
         del self._bases[:i]
         self._start, self._start_term = offset, new_start_term
         self._snapshot = copy.deepcopy(snapshot)
+        self._damage.drop_before(offset)
 
     def _persist(self) -> None:
         """The durable prefix follows the live start (everything below it was flushed)."""
@@ -230,7 +328,14 @@ class MemoryLog(LogStorage):
         self._d_batches = []
         self._d_start, self._d_start_term = start_offset, start_term
         self._d_snapshot = copy.deepcopy(snapshot)
-        self._load_durable()
+        self._d_tail = (start_offset - 1, start_term)
+        self._batches, self._bases = [], []
+        self._start, self._start_term = start_offset, start_term
+        self._flushed = start_offset - 1
+        self._unflushed_bytes = 0
+        self._damage.clear()
+        self._snapshot = copy.deepcopy(snapshot)
+        self._bytes = 0
 
     # -- reads -----------------------------------------------------------------------------------
     def _index_of(self, offset: int) -> int:
@@ -259,10 +364,27 @@ class MemoryLog(LogStorage):
         for b in self._batches[self._index_of(offset):]:
             if out and (used + b.size > max_bytes or len(out) >= limit):
                 break
-            b.verify()
+            if not self._checked(b):  # damaged: never served (see LogStorage.read)
+                if out:
+                    break
+                d = self._damage.find(b.base_offset)
+                raise CorruptBatch(b.base_offset, d.reason if d else "damaged")
             out.append(b)
             used += b.size
         return out
+
+    def _checked(self, b: Batch) -> bool:
+        """False when `b` is damaged (a flushed one is then recorded as such)."""
+        if self._damage.find(b.base_offset) is not None:
+            return False
+        try:
+            b.verify()
+        except CorruptBatch as e:
+            if b.last_offset > self._flushed:
+                raise  # the unflushed tail was checked on its way in: a bug, not a disk
+            self._damage.add(Damage(b.base_offset, b.last_offset, b.term, e.reason))
+            return False
+        return True
 
     def term_at(self, offset: int) -> int:
         if offset == self._start - 1:
@@ -271,13 +393,62 @@ class MemoryLog(LogStorage):
             raise OffsetOutOfRange(offset, self._start, self.dirty_offset)
         return self._batches[self._index_of(offset)].term
 
+    # -- damage and repair -----------------------------------------------------------------------
+    @property
+    def incarnation(self) -> int:
+        return self._incarnation  # as of the last open: a lost identity shows at the next
+
+    @property
+    def lost_position(self) -> tuple[int, int] | None:
+        return self._d_floor
+
+    @property
+    def damage_version(self) -> int:
+        return self._damage.version
+
+    def damaged(self) -> list[Damage]:
+        return self._damage.all()
+
+    def first_damaged(self) -> int | None:
+        return self._damage.first()
+
+    def scrub(self, offset: int, max_bytes: int) -> ScrubSlice:
+        if self._flushed < self._start:
+            return ScrubSlice(self._start, 0, (), True)
+        offset = min(max(offset, self._start), self._flushed)
+        found: list[Damage] = []
+        used, nxt = 0, offset
+        for b in self._batches[self._index_of(offset):]:
+            if b.base_offset > self._flushed or used >= max_bytes:
+                break
+            used += b.size
+            known = self._damage.find(b.base_offset) is not None
+            if not self._checked(b) and not known:
+                found.append(self._damage.find(b.base_offset))
+            nxt = b.last_offset + 1
+        wrapped = nxt > self._flushed
+        return ScrubSlice(self._start if wrapped else nxt, used, tuple(found), wrapped)
+
+    def repair(self, batches: Sequence[Batch]) -> None:
+        for b in batches:
+            b.verify()
+            d = self._damage.find(b.base_offset)
+            if d is None or (d.first, d.last, d.term) != (b.base_offset, b.last_offset, b.term):
+                raise ValueError(f"offsets {b.base_offset}..{b.last_offset} (term {b.term}) are "
+                                 f"not a damaged batch; nothing was written")
+        for b in batches:
+            self._batches[self._index_of(b.base_offset)] = b
+            self._d_batches[self._durable_index(b.base_offset)] = b
+            self._damage.remove(b.base_offset)
+
     # -- metadata --------------------------------------------------------------------------------
     def load_meta(self) -> Meta:
         return copy.deepcopy(self._d_meta)
 
     def save_meta(self, meta: Meta) -> None:
         self._disk_write("save_meta")
-        self._d_meta = copy.deepcopy(meta)
+        self._d_meta = Meta(meta.term, meta.voted_for, copy.deepcopy(meta.config),
+                            copy.deepcopy(meta.extra), self._incarnation)
 
     def close(self) -> None:
         pass

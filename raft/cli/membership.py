@@ -10,6 +10,11 @@ voter once its match index reaches the leader's flushed offset; `raftlog status`
 progress (recovering, bytes behind, catch-up rate). A node that is not running yet can be
 added too (add-node warns): it is caught up the same way once it starts.
 
+`add-node` for a member that lost its disk (restarted with the same --node-id on an empty or
+damaged data directory; `raftlog status` shows it "rejoining: lost its disk") re-adds it as a
+learner with its new data directory, as the leader does by itself when it hears from it: it is
+caught up and promoted like a new node (docs/DISK-LOSS.md).
+
 Each command prints one line of text, or one JSON object with --json. A membership change is an
 entry in the log, so it takes an offset (record offsets skip it).
 """
@@ -96,11 +101,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         json_flag(p, "print the result as one JSON object")
 
     p = subparsers.add_parser(
-        "add-node", help="add a node (as a learner, promoted to voter once caught up)",
+        "add-node", help="add a node (as a learner, promoted to voter once caught up), or "
+                         "re-add a member that lost its disk",
         description="Add a node as a learner; the leader promotes it to voter once recovery "
                     "has caught it up. Start it first with `raftlog serve --join`; if it is "
                     "not running yet, it is added anyway (with a warning) and caught up once "
-                    "it starts.")
+                    "it starts. For a member that lost its disk (restarted with the same id "
+                    "on an empty data directory), it re-adds it as a learner with its new "
+                    "data directory, which the leader also does by itself "
+                    "(docs/DISK-LOSS.md).")
     p.add_argument("--id", type=int, required=True, help="the new node's id")
     p.add_argument("--address", required=True, metavar="HOST:PORT",
                    help="where the new node listens (start it with `raftlog serve --join`)")

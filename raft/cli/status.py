@@ -82,7 +82,12 @@ def node_rows(statuses: dict[str, dict[str, Any]]) -> list[list[str]]:
     for addr, st in sorted(statuses.items(), key=lambda kv: ids.get(kv[0], 1 << 30)):
         if "error" in st:
             continue
-        rows.append([str(st["node_id"]), addr, st["role"], str(st["term"]),
+        role = st["role"]
+        if st.get("standing", "member") != "member":  # e.g. "rejoining: lost its disk"
+            role += f" ({st['standing']})"
+        if st.get("damaged"):  # docs/DISK-LOSS.md: not served, being fetched again
+            role += " (damaged: " + ", ".join(f"{a}..{b}" for a, b in st["damaged"]) + ")"
+        rows.append([str(st["node_id"]), addr, role, str(st["term"]),
                      str(st.get("leader_id")), str(st["dirty_offset"]),
                      str(st["flushed_offset"]), str(st["commit_index"]),
                      str(st["high_watermark"]), str(top - st["dirty_offset"])])
@@ -95,7 +100,9 @@ def follower_rows(leader_st: dict[str, Any]) -> list[list[str]]:
              f"{f['inflight']} / {f['inflight_bytes']} B",
              "yes" if f.get("recovering") else "no", f"{f.get('bytes_behind', 0):,}",
              f"{f.get('catchup_bytes_per_s', 0) / 1e6:.1f} MB/s",
-             "yes" if f.get("learner") else "no", str(f["last_heard_ticks"])]
+             ("yes" if f.get("learner") else "no") + (" (rejoining)" if f.get("rejoining")
+                                                      else ""),
+             str(f["last_heard_ticks"])]
             for f in leader_st.get("followers") or []]
 
 

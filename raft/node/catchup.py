@@ -14,6 +14,7 @@ import trio
 
 from raft.types import Role
 from storage.api import LogStorage
+from storage.batch import CorruptBatch
 
 
 class CatchupSource(Protocol):
@@ -61,7 +62,10 @@ class CatchupTracker:
         dirty = log_storage.dirty_offset if log_storage is not None else -1
         per = self._bytes_per_offset or 0.0
         if not per and log_storage is not None and dirty >= log_storage.start_offset:
-            last = log_storage.read(dirty, 1)  # the last batch stands for the average
+            try:
+                last = log_storage.read(dirty, 1)  # the last batch stands for the average
+            except CorruptBatch:  # damaged (being re-fetched): no estimate this time
+                last = []
             per = last[0].size / last[0].count if last else 0.0
         for f in followers:
             behind = max(0, dirty - f["match_index"])

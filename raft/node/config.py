@@ -220,6 +220,9 @@ FLAG_HELP = {
     "recovery_rate": "limit on recovery traffic in MiB/s (0 = unlimited)",
     "recovery_burst": "MiB the recovery limit may bank while idle",
     "join": "start outside the configuration and wait to be added with `raftlog add-node`",
+    "scrub_rate": "re-read flushed batches in the background at this many MiB/s to find "
+                  "damage early (0 = off; docs/DISK-LOSS.md)",
+    "scrub_slice_kib": "KiB one scrub slice reads, in a worker thread",
 }
 
 
@@ -258,6 +261,13 @@ class NodeConfig:
     # Start outside the configuration: this node waits to be added (`raftlog add-node`) instead
     # of counting itself a voter of the --peers it was given.
     join: bool = False
+    # -- disk loss and corruption (docs/DISK-LOSS.md) -----------------------------------------
+    # The background scrubber re-reads flushed batches at this many MiB/s, checking every
+    # checksum, so damage is found (and re-fetched) before a read or a failover needs the data;
+    # 0 turns it off. A full pass over a 100 GiB log takes about 14 h at the default.
+    scrub_rate: float = 2.0
+    # What one scrub slice reads, in KiB (each slice runs in a worker thread, off the event loop).
+    scrub_slice_kib: int = 256
     log_level: str = "WARNING"
     # "text" (key=value) or "json" (one object per line with node, term, event) on stderr.
     log_format: str = "text"
@@ -367,6 +377,14 @@ class NodeConfig:
                 raise ConfigError(f"{name} must be a number >= 0 (MiB/s or MiB), got {value!r}")
         if self.recovery_rate and not self.recovery_burst:
             raise ConfigError("recovery_burst must be above 0 when recovery_rate is set")
+        if (isinstance(self.scrub_rate, bool) or not isinstance(self.scrub_rate, (int, float))
+                or self.scrub_rate < 0):
+            raise ConfigError(f"scrub_rate must be a number >= 0 (MiB/s; 0 = off), got "
+                              f"{self.scrub_rate!r}")
+        if (isinstance(self.scrub_slice_kib, bool) or not isinstance(self.scrub_slice_kib, int)
+                or self.scrub_slice_kib < 1):
+            raise ConfigError(f"scrub_slice_kib must be a positive integer (KiB), got "
+                              f"{self.scrub_slice_kib!r}")
         if not isinstance(self.join, bool):
             raise ConfigError(f"join must be true or false, got {self.join!r}")
         level = str(self.log_level).upper()

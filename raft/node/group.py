@@ -9,6 +9,7 @@ Tasks (started into the node's driver nursery by `start`):
   next flush takes everything appended since (group commit);
 - the catch-up sampler (raft.node.catchup) behind `status`;
 - the event-loop lag monitor (raft.node.looplag), shown by `status` as `loop_lag`.
+- the scrubber (raft.node.scrubber), re-reading the flushed log at `scrub_rate`.
 
 Driver contract (raft/ready.py), in the order the Ready loop applies it: persist `hard_state`
 (fsync) BEFORE enqueueing `messages`; request a flush when `flush` is set; route `answers` to the
@@ -42,6 +43,7 @@ from raft.node.catchup import CatchupTracker
 from raft.node.config import ConfigError, NodeConfig
 from raft.node.errors import NodeFailed
 from raft.node.looplag import LoopLag
+from raft.node.scrubber import Scrubber
 from raft.ready import ProduceAnswer
 from raft.types import Acks, ErrorCode, Role
 from storage.api import DataDirLocked, DiskFull, LogStorage, Meta, StorageError
@@ -100,6 +102,7 @@ class RaftGroup:
         self.catchup = CatchupTracker(self)
         # One trio loop per node and one group per node today: the group owns the monitor.
         self.loop_lag = LoopLag()
+        self.scrubber = Scrubber(self, config.scrub_rate, config.scrub_slice_kib * 1024)
         self.closing = False
         self._meta = Meta()
         self._wake = trio.Event()
@@ -180,6 +183,8 @@ class RaftGroup:
             nursery.start_soon(self._loads_loop)
         if self.retention is not None and self.retention.policy.active:
             nursery.start_soon(self.retention.run)
+        if hasattr(self.log, "scrub"):
+            nursery.start_soon(self.scrubber.run)
 
     async def hand_over_leadership(self) -> None:
         """On a graceful stop, a leader hands leadership over (bounded by shutdown_transfer_ms)."""
@@ -305,6 +310,10 @@ class RaftGroup:
         await self._hw_changed.wait()
 
     # -- the driver loops --------------------------------------------------------------------------
+    async def run_io(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run blocking storage work in a worker thread (inline for the in-memory log)."""
+        return await self._run_io(fn, *args)
+
     async def _run_io(self, fn: Callable[..., Any], *args: Any) -> Any:
         if self._inline_io:
             return fn(*args)
@@ -513,7 +522,7 @@ async def open_log_with_progress(config: NodeConfig) -> LogStorage:
             opened = await trio.to_thread.run_sync(open_log, path)
         except DataDirLocked as e:
             raise ConfigError(str(e)) from None
-        except StorageError as e:  # LogInconsistent, CorruptBatch, an I/O error
-            raise NodeFailed(f"cannot open the log in {path}: {e}") from None
+        except StorageError as e:  # LogInconsistent, an I/O error
+            raise NodeFailed(f"cannot open the log in {path}: {e}") from e
         nursery.cancel_scope.cancel()
     return opened

@@ -236,6 +236,21 @@ def state_families(st: dict[str, Any]) -> Iterator[Metric]:
                                 "loop_lag.p99_ms)")):
         yield _gauge(f"raftlog_event_loop_lag_window_{key[:-3]}_seconds", doc,
                      loop.get(key, 0.0) / 1000)
+    # Disk loss and corruption (docs/DISK-LOSS.md).
+    yield _gauge("raftlog_member_in_good_standing", "0 while the node may not vote or count "
+                 "(it lost its disk and is being re-added, or is checking the cluster is new)",
+                 1.0 if st.get("standing", "member") == "member" else 0.0)
+    yield _gauge("raftlog_damaged_batches", "Damaged batches held (not served, being fetched "
+                 "again)", len(st.get("damaged") or ()))
+    scrub = st.get("scrub") or {}
+    found = CounterMetricFamily("raftlog_scrub_damaged_batches", "Damaged batches the "
+                                "background scrubber found")
+    found.add_metric([], scrub.get("found", 0))
+    yield found
+    read = CounterMetricFamily("raftlog_scrub_read_bytes", "Bytes the background scrubber "
+                               "re-read and checked")
+    read.add_metric([], scrub.get("bytes_read", 0))
+    yield read
     yield from _follower_families(st)
     yield from _link_families(st.get("links") or {})
 

@@ -21,7 +21,8 @@ from raft.node.errors import NodeFailed
 from raft.node.logfmt import make_formatter
 from raft.node.looplag import slow_step_instruments
 from raft.node.server import Node
-from storage.api import LogStorage
+from raft.types import DataLost
+from storage.api import LogInconsistent, LogStorage
 
 log = logging.getLogger("raftlog.node")
 
@@ -150,8 +151,12 @@ def serve(settings: dict[str, Any], prog: str = "raftlog serve") -> int:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
     except NodeFailed as e:
-        print(f"{prog}: {e}; restart it (it recovers from its flushed log), and see "
-              f"docs/STORAGE-SAFETY.md if it fails again", file=sys.stderr)
+        if isinstance(e.__cause__, (DataLost, LogInconsistent)):
+            # A restart finds the same log: its message says what to do (docs/DISK-LOSS.md).
+            print(f"{prog}: {e}", file=sys.stderr)
+        else:
+            print(f"{prog}: {e}; restart it (it recovers from its flushed log), and see "
+                  f"docs/STORAGE-SAFETY.md if it fails again", file=sys.stderr)
         return 3
     return 0
 

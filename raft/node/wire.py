@@ -231,6 +231,8 @@ _KIND_OF: dict[type, str] = {
     m.RequestVote: "rv",
     m.RequestVoteReply: "rvr",
     m.TimeoutNow: "tn",
+    m.BootstrapProbe: "bp",
+    m.BootstrapProbeReply: "bpr",
 }
 _TYPE_OF: dict[str, type] = {v: k for k, v in _KIND_OF.items()}
 

@@ -1,5 +1,10 @@
 """Safety and liveness checks over a simulated cluster. Each records a Violation instead of
-raising, so a run reports every broken property with the simulated time it broke at."""
+raising, so a run reports every broken property with the simulated time it broke at.
+
+With disk loss (raft/sim/nemesis.py): a node that lost its disk (its new incarnation is in
+`forgot`) must not grant a vote until its own configuration records that incarnation (it was
+re-added); a commit must be held flushed, readable and by a node the leader's configuration
+knows as it is; damaged batches are skipped by the content checks (they are not served)."""
 
 from __future__ import annotations
 
@@ -8,8 +13,10 @@ from typing import TYPE_CHECKING
 
 import bisect
 
+from raft import messages as m
 from raft.quorum import majority
-from storage.batch import Batch, BatchKind
+from storage.api import LogStorage
+from storage.batch import Batch, BatchKind, CorruptBatch
 from storage.records import decode_records
 
 if TYPE_CHECKING:
@@ -42,6 +49,23 @@ class Checkers:
     committed_values: dict[bytes, int] = field(default_factory=dict)  # record -> batch base
     starts: dict[int, int] = field(default_factory=dict)  # node -> log start it last had
     state_transfers: int = 0
+    forgot: dict[int, int] = field(default_factory=dict)  # node -> incarnation after disk loss
+    # node -> (base, last, term) of the batches it held flushed when its disk was damaged: a
+    # report it sent before may still be on its way, and counting it then was right.
+    before_loss: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
+
+    def note_disk_loss(self, node: "SimNode") -> None:
+        """Called with the node down, before its storage is damaged."""
+        held: list[tuple[int, int, int]] = []
+        off = node.log.start_offset
+        while off <= node.log.flushed_offset:
+            batches, skip_to = read_whole(node.log, off, 1 << 22)
+            if skip_to >= 0:
+                off = skip_to
+                continue
+            held.extend((b.base_offset, b.last_offset, b.term) for b in batches)
+            off = batches[-1].last_offset + 1
+        self.before_loss[node.node_id] = held
 
     def fail(self, now: int, prop: str, detail: str) -> None:
         if len(self.violations) < 50:
@@ -51,6 +75,9 @@ class Checkers:
     def on_ready(self, now: int, node: "SimNode", nodes: dict[int, "SimNode"]) -> None:
         core = node.core
         assert core is not None
+        inc = self.forgot.get(node.node_id)
+        if inc is not None and core.config.incarnations.get(node.node_id) == inc:
+            del self.forgot[node.node_id]  # re-added: a member again
         if core.role.value == "leader":
             other = self.leaders.setdefault(core.term, node.node_id)
             if other != node.node_id:
@@ -92,6 +119,17 @@ class Checkers:
                       f"the configuration of offset {have}; the one committed at {latest} is "
                       f"below its log start")
 
+    def on_send(self, now: int, msg: m.Message, nodes: dict[int, "SimNode"]) -> None:
+        if not (isinstance(msg, m.RequestVoteReply) and msg.granted):
+            return
+        node = nodes[msg.src]
+        inc = self.forgot.get(msg.src)
+        if (inc is not None and node.core is not None and node.log.incarnation == inc
+                and node.core.config.incarnations.get(msg.src) != inc):
+            self.fail(now, "a node that lost its disk does not vote until re-added",
+                      f"node {msg.src} (new incarnation {inc}) granted a "
+                      f"{'pre-' if msg.pre_vote else ''}vote to {msg.dst} in term {msg.term}")
+
     def on_restart(self, node: "SimNode") -> None:
         """A restarted node starts from its checkpointed commit index (it may be lower than
         before the crash; the high watermark it serves never passes what was committed)."""
@@ -107,7 +145,10 @@ class Checkers:
         log = node.log
         off = max(lo, log.start_offset)
         while off <= hi:
-            batches = log.read(off, 1 << 20)
+            batches, skip_to = read_whole(log, off, 1 << 20)
+            if skip_to >= 0:
+                off = skip_to  # damaged here: not served, not checked (it is being repaired)
+                continue
             if not batches:
                 self.fail(now, "committed data present",
                           f"node {node.node_id} commit index {hi} passes its log end "
@@ -158,6 +199,17 @@ class Checkers:
             if n is None:
                 continue
             log = n.log
+            if log.start_offset > commit and self.committed_last.get(commit) == term:
+                holders += 1  # retention deleted it here, which it does only once committed
+                continue
+            if any(b <= commit <= last and t == term for b, last, t in
+                   self.before_loss.get(v, ())):
+                holders += 1  # held before its disk was damaged (its report may be late)
+                continue
+            if any(d.first <= commit for d in log.damaged()) or (
+                    v in self.forgot and log.incarnation == self.forgot[v]
+                    and core.config.incarnations.get(v) != log.incarnation):
+                continue  # damaged below it, or a disk the configuration does not know
             if log.flushed_offset >= commit:
                 try:
                     same = log.term_at(commit) == term
@@ -213,11 +265,25 @@ class Checkers:
                         break
 
 
+def read_whole(log: LogStorage, offset: int, max_bytes: int) -> tuple[list[Batch], int]:
+    """(batches, -1), or ([], the offset after it) when the batch at `offset` is damaged."""
+    try:
+        return log.read(offset, max_bytes), -1
+    except CorruptBatch:
+        hit = [d for d in log.damaged() if d.first <= offset <= d.last]
+        if not hit:
+            raise
+        return [], hit[0].last + 1
+
+
 def _entries(node: "SimNode") -> dict[int, tuple[int, int, int, int]]:
     out = {}
     off = node.log.start_offset
     while off <= node.log.dirty_offset:
-        batches = node.log.read(off, 1 << 22)
+        batches, skip_to = read_whole(node.log, off, 1 << 22)
+        if skip_to >= 0:
+            off = skip_to
+            continue
         for b in batches:
             out[b.base_offset] = _entry_id(b)
         off = batches[-1].last_offset + 1
@@ -229,7 +295,10 @@ def data_records(node: "SimNode", upto: int) -> list[tuple[int, bytes]]:
     out = []
     off = node.log.start_offset
     while off <= min(upto, node.log.dirty_offset):
-        batches = node.log.read(off, 1 << 22)
+        batches, skip_to = read_whole(node.log, off, 1 << 22)
+        if skip_to >= 0:
+            off = skip_to
+            continue
         for b in batches:
             if b.last_offset > upto:
                 return out

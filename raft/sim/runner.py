@@ -14,7 +14,7 @@ from raft.ready import ProduceAnswer
 from raft.retention import RetentionPolicy
 from raft.sim.checkers import Checkers, Violation, data_records
 from raft.sim.loop import EventLoop
-from raft.sim.nemesis import KINDS, Nemesis
+from raft.sim.nemesis import DISK_LOSS, KINDS, Nemesis
 from raft.sim.network import Network
 from raft.sim.node import SimNode
 from raft.sim.workload import Workload
@@ -83,6 +83,7 @@ class Simulation:
         self.trace = hashlib.blake2b(digest_size=16)
         self.trace_tail: list[str] = []
         ids = list(range(1, cfg.nodes + 1))
+        self.bootstrap_voters = ids
         all_ids = list(range(1, cfg.nodes + cfg.spare_nodes + 1))
         knobs = {"election_ticks": 10, "heartbeat_ticks": 1, "max_append_bytes": 4096,
                  "recovery_chunk_bytes": 2048, "follower_flush_bytes": 8192,
@@ -94,7 +95,7 @@ class Simulation:
             self.nodes[i] = SimNode(
                 i, self.loop, random.Random(self.rng.getrandbits(64)),
                 lambda nid: RaftConfig(node_id=nid, voters=ids, **knobs),
-                self.network.send, self._answer, self._node_event, tick_us=cfg.tick_us,
+                self._send, self._answer, self._node_event, tick_us=cfg.tick_us,
                 persist_hard_state=cfg.persist_hard_state, retention=retention)
         self.workload = Workload(self, random.Random(self.rng.getrandbits(64)))
         self.nemesis = Nemesis(self, random.Random(self.rng.getrandbits(64)),
@@ -102,6 +103,13 @@ class Simulation:
                                log=self.trace_tail)
 
     # -- wiring ----------------------------------------------------------------------------
+    def _send(self, msg: m.Message) -> None:
+        self.checkers.on_send(self.loop.now, msg, self.nodes)
+        self.network.send(msg)
+
+    def note_new_identity(self, node_id: int, incarnation: int) -> None:
+        self.checkers.forgot[node_id] = incarnation
+
     def _deliver(self, msg: m.Message) -> None:
         self.trace.update(f"{self.loop.now}:{type(msg).__name__}:{msg.src}>{msg.dst}:"
                           f"{msg.term}".encode())
@@ -132,6 +140,21 @@ class Simulation:
     def leaders(self) -> list[int]:
         return [i for i, n in self.nodes.items() if n.is_leader]
 
+    def voters(self) -> list[int]:
+        """The voters of the configuration in force on the leader, or else on the node with
+        the most up-to-date log."""
+        leaders = self.leaders()
+        if len(leaders) == 1:
+            core = self.nodes[leaders[0]].core
+            assert core is not None
+            return list(core.config.voters)
+        up = [n for n in self.nodes.values() if n.core is not None]
+        if not up:
+            return list(self.bootstrap_voters)
+        best = max(up, key=lambda n: (n.log.last_term(), n.log.dirty_offset))
+        assert best.core is not None
+        return list(best.core.config.voters)
+
     def members(self) -> list[int]:
         """The configuration in force on the leader (all nodes when there is none)."""
         leaders = self.leaders()
@@ -153,6 +176,7 @@ class Simulation:
         top = lead.log.dirty_offset
         return all(n.log.dirty_offset == top and n.log.flushed_offset == top
                    and n.core.commit_index == top and n.core.leader_id == leaders[0]
+                   and not n.log.damaged() and n.core.may_vote()
                    for n in nodes if n.core is not None)
 
     def run(self) -> SimResult:
@@ -193,7 +217,8 @@ class Simulation:
                  "restarts": sum(n.restarts for n in self.nodes.values()),
                  "fail_stops": sum(n.fail_stops for n in self.nodes.values()),
                  "retention_cuts": sum(n.retention_cuts for n in self.nodes.values()),
-                 "state_transfers": self.checkers.state_transfers}
+                 "state_transfers": self.checkers.state_transfers,
+                 "disk_losses": self.nemesis.disk_losses}
         return SimResult(cfg.seed, list(self.checkers.violations), self.trace.hexdigest(),
                          stats, list(self.trace_tail), cfg.profile)
 
@@ -250,6 +275,14 @@ PROFILES: dict[str, dict[str, Any]] = {
     "disk": {"mean_fault_gap_us": 80_000,
              "faults": ("disk", "disk", "disk", "crash", "crash_leader", "partition"),
              "raft": {"follower_flush_ticks": 10}},
+    # Disk loss: wiped, truncated, holed and bit-flipped logs and metadata on a minority of
+    # nodes between crash and restart, among crashes, leader kills and partitions. Retention
+    # with small limits: damage found in a range the cluster has since deleted is dropped with
+    # the prefix (raft/repair.py, _drop_damaged_prefix), wiped nodes rejoin behind the start.
+    "diskloss": {"mean_fault_gap_us": 100_000,
+                 "faults": (DISK_LOSS, DISK_LOSS, DISK_LOSS, "crash", "crash_leader",
+                            "partition", "pause"),
+                 "retention": {"max_bytes": 3000, "max_age_ms": 300, "valve_age_ms": 200}},
 }
 
 

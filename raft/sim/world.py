@@ -22,3 +22,12 @@ class World(Protocol):
     def leaders(self) -> list[int]:
         """The ids of the nodes that currently believe they lead."""
         ...
+
+    def voters(self) -> list[int]:
+        """The voters of the configuration in force on the leader (the bootstrap ones when
+        there is no single leader)."""
+        ...
+
+    def note_new_identity(self, node_id: int, incarnation: int) -> None:
+        """`node_id` lost its disk and comes back as `incarnation` (for the checkers)."""
+        ...

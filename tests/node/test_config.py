@@ -18,6 +18,7 @@ def test_defaults_and_derived_values(tmp_path) -> None:
     assert cfg.node_dir == tmp_path / "node-2"
     assert cfg.tick_ms == 50 and cfg.max_frame_bytes == 16 << 20 and cfg.log_level == "WARNING"
     assert cfg.raft_kwargs() == {}
+    assert cfg.scrub_rate == 2.0 and cfg.scrub_slice_kib == 256  # on by default, at a low rate
     cfg = NodeConfig.from_dict({"node_id": 1, "data_dir": "d", "peers": PEERS,
                                 "election_ticks": 7, "pre_vote": False,
                                 "raft": {"max_inflight": 2}, "listen": "0.0.0.0:9000",
@@ -43,6 +44,8 @@ def test_defaults_and_derived_values(tmp_path) -> None:
     ({"node_id": 1, "peers": PEERS, "max_frame_bytes": 1000}, "below the 65536-byte minimum"),
     ({"node_id": 1, "peers": PEERS, "pre_vote": "yes"}, "pre_vote must be true or false"),
     ({"node_id": 1, "peers": PEERS, "listen": "nope"}, "listen address 'nope'"),
+    ({"node_id": 1, "peers": PEERS, "scrub_rate": -1}, "scrub_rate must be a number >= 0"),
+    ({"node_id": 1, "peers": PEERS, "scrub_slice_kib": 0}, "scrub_slice_kib must be a positive"),
 ])
 def test_errors_name_the_setting(values: dict, fragment: str) -> None:
     with pytest.raises(ConfigError) as info:

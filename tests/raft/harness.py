@@ -36,6 +36,9 @@ class Cluster:
         self.filter: Callable[[m.Message], bool] = lambda msg: True
         self.sent: list[m.Message] = []
         self._rid = 0
+        # A brand-new cluster's first start: every node finds out the others are new too
+        # (raft/incarnation.py's BootstrapProbe) before anything else happens.
+        self.deliver()
 
     def _new_core(self, i: int, voters: list[int] | None = None) -> RaftCore:
         cfg = RaftConfig(node_id=i, voters=voters or self.ids, **self.knobs)

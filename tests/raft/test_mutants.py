@@ -28,6 +28,7 @@ import pytest
 
 import test_core
 import test_retention
+import test_disk_loss_rules
 import test_safety_rules
 import test_state_transfer
 
@@ -73,7 +74,7 @@ MUTANTS = [
            (test_core.test_dirty_offsets_never_count_towards_commit,)),
     Mutant("the leader counts its dirty offset",
            "raft.leader", "LeaderSide._maybe_commit",
-           "durable = {self.node_id: self.log.flushed_offset}",
+           "durable = {self.node_id: self._reportable_flushed()}",
            "durable = {self.node_id: self.log.dirty_offset}",
            (test_safety_rules.test_the_leader_counts_only_its_own_flushed_offset,)),
     Mutant("a follower's commit index is not bounded by its own flushed offset",
@@ -122,9 +123,49 @@ MUTANTS = [
                op="flush"),)),
     Mutant("a learner is promoted during a leadership transfer",
            "raft.confchange", "ConfChanges._maybe_promote",
-           " or self._transfer_target is not None):",
-           "):",
+           " or self._transfer_target is not None\n",
+           "\n",
            (test_safety_rules.test_no_promotion_is_appended_during_a_leadership_transfer,)),
+    # Disk loss and corruption (raft/incarnation.py, raft/repair.py).
+    Mutant("a node that lost its disk votes before it is re-added",
+           "raft.election", "Elections._handle_vote",
+           "        if not self.may_vote():\n            # It forgot",
+           "        if False:\n            # It forgot",
+           (test_disk_loss_rules.test_a_node_that_lost_its_disk_does_not_vote,)),
+    Mutant("a voter that forgot counts toward a commit before it is re-added",
+           "raft.incarnation", "Incarnations._screen_reply",
+           "            return False  # not re-added yet, or an older incarnation",
+           "            return True",
+           (test_disk_loss_rules
+            .test_a_voter_that_forgot_does_not_count_while_a_change_blocks_its_re_add,)),
+    Mutant("a reply from an incarnation the configuration does not know counts",
+           "raft.incarnation", "Incarnations._screen_reply",
+           "            return False  # not the member the configuration knows",
+           "            return True",
+           (test_disk_loss_rules.test_a_reply_from_another_incarnation_is_ignored,)),
+    Mutant("a node counts and reports its flushed offset past damage",
+           "raft.repair", "Repairs._reportable_flushed",
+           "return flushed if first is None else min(flushed, first - 1)",
+           "return flushed",
+           (test_disk_loss_rules
+            .test_a_leader_does_not_count_its_own_damaged_batch_and_hands_over,)),
+    Mutant("a leader gives up committed data nobody else holds (steps down) instead of stopping",
+           "raft.repair", "Repairs._leader_damaged",
+           "if d.first > self.commit_index:",
+           "if True:",
+           (test_disk_loss_rules.test_committed_data_nobody_holds_stops_the_leader_loudly,)),
+    Mutant("a node that lost flushed batches votes as if it never held them",
+           "raft.election", "Elections._log_up_to_date",
+           "if lost is not None and",
+           "if False and",
+           (test_disk_loss_rules
+            .test_a_node_that_lost_flushed_batches_votes_as_the_log_it_held,)),
+    Mutant("a node that lost flushed entries campaigns before it has them again",
+           "raft.election", "Elections._may_campaign",
+           "return self.may_vote() and (lost is None or",
+           "return self.may_vote() and (True or",
+           (test_disk_loss_rules
+            .test_a_node_that_lost_flushed_entries_does_not_lead_before_it_has_them_again,)),
     # Security (raft/node/auth.py, raft/node/tls.py, raft/node/gate.py, raft/node/server.py).
     Mutant("a peer's hello is accepted with another node's certificate",
            "raft.node.gate", "Gate.check_peer",

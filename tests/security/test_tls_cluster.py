@@ -129,7 +129,15 @@ def test_a_client_trusting_another_ca_refuses_the_cluster(up: UpCluster,
 
 def rogue(tmp: Path, cert: pki.Issued, ca: Path, addresses: dict[int, str]) -> tuple:
     """Node 4, believing itself a voter of {1, 2, 3, 4}, campaigning without pre-vote (so a
-    member that listened would be pushed to a higher term)."""
+    member that listened would be pushed to a higher term). Its data directory already holds
+    a term: on an empty one it would wait to be re-added and never campaign at all
+    (docs/DISK-LOSS.md), which would leave the members' refusal untested."""
+    from storage import open_log
+    from storage.api import Meta
+
+    seeded = open_log(tmp / "data" / "node-4")
+    seeded.save_meta(Meta(term=1))
+    seeded.close()
     address = f"127.0.0.1:{free_ports(1)[0]}"
     peers = ",".join(f"{i}={a}" for i, a in {**addresses, 4: address}.items())
     log_path = tmp / "rogue.log"
@@ -181,7 +189,13 @@ def test_a_fourth_node_whose_certificate_is_not_a_members_cannot_vote_or_join(
         # jumped to the rogue's term.
         for addr, ca in ((a_addr, other / "ca.pem"), (_b_addr, up.ca)):
             with BlockingClient(addr, tls_ca=str(ca), timeout=20) as c:
-                wait_for(lambda: term_of(c, addr) >= top + 6, "a rogue to campaign", 90)
+                def campaigned() -> bool:
+                    try:
+                        return c.status(addr)["term"] >= top + 6
+                    except RaftlogError:  # not listening yet
+                        return False
+
+                wait_for(campaigned, "a rogue to campaign", 90)
                 assert c.status(addr)["role"] != "leader"
         assert "peer_tls_failed node=4" in a_log.read_text()
         wait_for(lambda: sum("claimed=4: not a member" in up.node_log(i)

@@ -13,8 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import raft.progress
+import raft.incarnation
 import raft.leader
+import raft.progress
 import raft.sim.node
 from raft.sim.runner import PROFILES, SimConfig, Simulation, profile_config, run_simulation
 from raft.types import Acks
@@ -76,6 +77,27 @@ def test_teeth_running_on_after_a_storage_fault(monkeypatch: pytest.MonkeyPatch)
     profile: its core and its log disagree after the half-done step."""
     monkeypatch.setattr(raft.sim.node.SimNode, "fail_stop", lambda self, error: None)
     assert _first_failure("disk", range(1, 60)) is not None
+
+
+def test_teeth_a_node_that_lost_its_disk_votes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node that votes right after losing its disk (its standing never checked) is caught by
+    the disk-loss profile's vote checker, or by what it lets happen."""
+    monkeypatch.setattr(raft.incarnation.Incarnations, "may_vote", lambda self: True)
+    assert _first_failure("diskloss", range(1, 30)) is not None
+
+
+def test_teeth_messages_from_an_unknown_disk_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leader that takes replies (and voters that take votes) from any data directory."""
+    monkeypatch.setattr(raft.incarnation.Incarnations, "_screen", lambda self, msg: True)
+    assert _first_failure("diskloss", range(1, 30)) is not None
+
+
+def test_disk_loss_fires_and_the_cluster_repairs_itself() -> None:
+    """The disk-loss profile really wipes, cuts and rots disks, and the run still converges with
+    every acknowledged record on every member."""
+    res = run_simulation(profile_config(3, 3, "diskloss"))
+    assert res.ok, res.describe()
+    assert res.stats["disk_losses"] >= 3
 
 
 def test_disk_faults_fire_and_fail_stop() -> None:
@@ -164,3 +186,14 @@ def test_recovery_chunks_are_deferred_flush_and_commit_follows_flushes() -> None
     assert sum(1 for f, _ in seen if not f) >= 5, seen  # the bulk went without flush
     assert commit_before < sim.nodes[leader].core.commit_index
     assert not sim.checkers.violations, sim.checkers.violations
+
+
+@pytest.mark.parametrize("seed,nodes", [(20304, 5), (5299, 3)])
+def test_disk_loss_schedules_that_once_failed(seed: int, nodes: int) -> None:
+    """20304: the first entry damaged on the only node holding it, another node's lost position
+    refusing empty candidates: the damaged node won every election only to step down (a
+    livelock) until it compared as the log before its damage (raft/repair.py). 5299: damage in
+    a range retention had deleted everywhere else was never repaired until the follower dropped
+    it with its prefix (_drop_damaged_prefix)."""
+    res = run_simulation(profile_config(seed, nodes, "diskloss"))
+    assert res.ok, res.describe()

@@ -4,6 +4,11 @@ The model is a list of batches plus the flushed offset and the durable start; af
 (MemoryLog.crash(), or dropping an LmdbLog without flush and reopening its directory) the log
 must equal the model cut at the flushed offset: nothing flushed lost, nothing unflushed kept.
 
+Damage: `damage_and_repair` rots one flushed batch (MemoryLog.flip_bits; for LMDB a byte of
+its stored record), and the log must stop serving it (a read stops before it or raises), a
+scrub must find exactly it, and `repair` with a good copy must make it whole again. The
+directory's identity (incarnation) never changes across crashes and reopens.
+
 Disk faults: `failed_op` makes one mutation fail on the disk (MemoryLog.fail_next; for LMDB a
 wrapped environment whose write transaction fails, tests/storage/lmdb_inject.py) with an I/O
 error or a full disk, and checks the log is exactly as before (disk first, then memory); the
@@ -37,7 +42,7 @@ from storage.api import (
     StorageIOError,
     TailFull,
 )
-from storage.batch import Batch, BatchKind
+from storage.batch import HEADER_SIZE, Batch, BatchKind, CorruptBatch
 from storage.memory import FAULT_OPS, MemoryLog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -74,6 +79,8 @@ class LogMachine(RuleBasedStateMachine):
         if self.impl == "lmdb":
             self.dir = tempfile.mkdtemp(prefix="raftlog-contract-")
         self.log = self._open()
+        assert self.log.incarnation != 0
+        self.meta = Meta(incarnation=self.log.incarnation)
 
     def teardown(self) -> None:
         if hasattr(self, "log"):
@@ -214,9 +221,62 @@ class LogMachine(RuleBasedStateMachine):
     def save_meta(self, term: int, vote: int | None, voters: list[int], note: bytes) -> None:
         meta = Meta(term=term, voted_for=vote,
                     config={"voters": voters, "addresses": {v: f"h:{v}" for v in voters}},
-                    extra={"note": note})
-        self.log.save_meta(meta)
+                    extra={"note": note}, incarnation=self.log.incarnation)
+        self.log.save_meta(Meta(meta.term, meta.voted_for, meta.config, meta.extra,
+                                incarnation=12345))  # storage keeps its own identity
         self.meta = meta
+
+    # -- damage ---------------------------------------------------------------------------
+    def _rot(self, b: Batch) -> None:
+        """The stored copy of `b` no longer matches its checksums."""
+        if isinstance(self.log, MemoryLog):
+            self.log.flip_bits(b.base_offset)
+            return
+        log = self.log
+        db = log._log_db  # type: ignore[attr-defined]
+        key = b.base_offset.to_bytes(8, "big")
+
+        def rot(txn: object) -> None:
+            raw = bytearray(txn.get(key, db=db))  # type: ignore[attr-defined]
+            raw[HEADER_SIZE if len(b.payload) else 1] ^= 0x40  # payload, or the header
+            txn.put(key, bytes(raw), db=db)  # type: ignore[attr-defined]
+
+        with log._write_lock:  # type: ignore[attr-defined]
+            log._write("rotting a batch (test)", rot)  # type: ignore[attr-defined]
+
+    @precondition(lambda self: any(b.last_offset <= self.flushed for b in self.batches))
+    @rule(data=st.data())
+    def damage_and_repair(self, data: st.DataObject) -> None:
+        flushed = [b for b in self.batches if b.last_offset <= self.flushed]
+        b = data.draw(st.sampled_from(flushed), label="rotten")
+        self._rot(b)
+        log = self.log
+        before = log.damage_version
+        found: list = []
+        offset = log.start_offset
+        for _ in range(10_000):
+            got = log.scrub(offset, data.draw(st.integers(1, 3000), label="slice"))
+            found.extend(got.damaged)
+            offset = got.next_offset
+            if got.wrapped:
+                break
+        assert [(d.first, d.last, d.term) for d in found] == [(b.base_offset, b.last_offset,
+                                                               b.term)]
+        assert log.damage_version != before and log.first_damaged() == b.base_offset
+        with pytest.raises(CorruptBatch):
+            log.read(b.base_offset, 1 << 20)
+        if b.base_offset > log.start_offset:
+            got = log.read(log.start_offset, 1 << 30)
+            assert got and got[-1].last_offset == b.base_offset - 1  # stops before it
+        with pytest.raises(ValueError):  # only the very batch is accepted back
+            log.repair([b.placed(b.base_offset, b.term + 1)])
+        log.repair([b])
+        assert log.damaged() == [] and log.read(b.base_offset, 1)[0] == b
+
+    @rule()
+    def scrub_finds_nothing_whole(self) -> None:
+        got = self.log.scrub(self.log.start_offset, 1 << 30)
+        assert got.wrapped and got.damaged == () and self.log.damaged() == []
 
     # -- disk faults ----------------------------------------------------------------------
     def _state(self) -> tuple:
@@ -343,6 +403,8 @@ class LogMachine(RuleBasedStateMachine):
         assert self.log.load_meta() == self.meta
         assert self.log.snapshot == self.snap
         assert self.log.retained_bytes == sum(b.size for b in self.batches)
+        assert self.log.incarnation == self.meta.incarnation  # stable across crash and reopen
+        assert self.log.lost_position is None  # nothing here loses flushed batches
 
 
 class MemoryMachine(LogMachine):

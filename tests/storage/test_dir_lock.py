@@ -18,7 +18,7 @@ import pytest
 
 from storage import DataDirLocked, StorageError, open_log
 from storage.batch import Batch
-from storage.lmdb_log import LOCK_FILE
+from storage.dirlock import LOCK_FILE
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent

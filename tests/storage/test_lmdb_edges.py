@@ -46,9 +46,12 @@ def test_corrupt_byte_on_disk_raises_naming_the_offset(tmp_path: Path) -> None:
     try:
         two = 2 * (HEADER_SIZE + 100)  # exactly the first two batches
         assert [b.base_offset for b in log.read(0, two)] == [0, 2]  # before the damage: fine
+        # A read stops before the damaged batch, and raises when it is the first one asked for.
+        assert [b.base_offset for b in log.read(0, 1 << 20)] == [0, 2, 4]
         with pytest.raises(CorruptBatch) as err:
-            log.read(0, 1 << 20)
+            log.read(6, 1 << 20)
         assert err.value.offset == 6 and "offset 6" in str(err.value)
+        assert [(d.first, d.last) for d in log.damaged()] == [(6, 7)]
         with pytest.raises(CorruptBatch):
             log.read(7, 1)
         assert log.read(8, 1)[0].base_offset == 8
@@ -160,7 +163,9 @@ def test_meta_survives_reopen(tmp_path: Path) -> None:
     meta = Meta(term=7, voted_for=3, config={"voters": [1, 2, 3], "addresses": {1: "a:1"}},
                 extra={"k": b"v"})
     log.save_meta(meta)
+    inc = log.incarnation
     log.close()
     log = LmdbLog(tmp_path)
-    assert log.load_meta() == meta
+    meta.incarnation = inc
+    assert log.load_meta() == meta and log.incarnation == inc
     log.close()

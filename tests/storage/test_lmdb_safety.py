@@ -26,7 +26,7 @@ from storage.lmdb_log import LmdbLog
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lmdb_inject import enospc, inject, io_error  # noqa: E402
 
-SAFE_ADVICE = ("raftlog remove-node", "raftlog add-node", "empty data directory")
+SAFE_ADVICE = ("docs/DISK-LOSS.md",)
 
 
 def batch(base: int, count: int, term: int, fill: bytes = b"x", size: int = 64) -> Batch:
@@ -59,10 +59,12 @@ def write_raw(path: Path, batches: list[Batch], start: tuple[int, int] | None = 
 
 
 def assert_safe_advice(text: str) -> None:
+    """Every storage error points to the disk-loss page; since a node that lost its disk
+    rejoins by itself (raft/incarnation.py), restarting one on an empty directory is what the
+    advice says for a broken log, never "remove it first"."""
     for phrase in SAFE_ADVICE:
         assert phrase in text, (phrase, text)
-    assert "wipe its data dir and let recovery" not in text
-    assert "do NOT wipe the data dir and restart it as the same voter" in text
+    assert "remove-node" not in text
 
 
 # -- the scripted reproduction --------------------------------------------------------------
@@ -121,7 +123,7 @@ def test_failed_prefix_truncation_reset_and_meta_change_nothing(tmp_path: Path) 
     log = LmdbLog(tmp_path)
     term1 = scripted_term1(log)
     log.append([batch(11, 2, 1)])  # an unflushed tail that must survive every failure
-    meta = Meta(term=3, voted_for=2, config={"voters": [1, 2, 3]})
+    meta = Meta(term=3, voted_for=2, config={"voters": [1, 2, 3]}, incarnation=log.incarnation)
     log.save_meta(meta)
     for what, call in [("prefix truncation", lambda: log.truncate_prefix(6)),
                        ("reset", lambda: log.reset(50, 4)),
@@ -144,20 +146,14 @@ def test_failed_prefix_truncation_reset_and_meta_change_nothing(tmp_path: Path) 
 
 # -- open refuses a broken log --------------------------------------------------------------
 @pytest.mark.parametrize("stored, start, expect, offsets", [
-    ([batch(0, 2, 1), batch(2, 3, 1), batch(7, 1, 1)], None,
-     "offsets 5..6 are missing", (5, 6)),
     ([batch(0, 2, 1), batch(1, 3, 1)], None,
      "the batch at offsets 1..3 (term 1) overlaps the batch ending at offset 1", (1, 3, 1)),
     ([batch(4, 2, 1), batch(6, 2, 1)], (7, 1),
      "the batch at offsets 4..5 lies before the log start offset 7", (4, 5, 7)),
-    ([batch(10, 2, 1)], (5, 1),
-     ("offsets 5..9 are missing: the batch at offset 10 follows one ending at offset 4 "
-      "(the log start is 5)"), (5, 9)),
     ([batch(0, 2, 3), batch(2, 2, 2)], None,
      "the term goes backwards at offset 2: 2 after 3", (2, 1)),
     ([batch(5, 2, 1)], (5, 2), "the term goes backwards at offset 5: 1 after 2", (5, 4)),
-], ids=["gap", "overlap", "before-start", "gap-after-start", "term-backwards",
-        "below-start-term"])
+], ids=["overlap", "before-start", "term-backwards", "below-start-term"])
 def test_open_refuses_an_inconsistent_log(tmp_path: Path, stored: list[Batch],
                                           start: tuple[int, int] | None, expect: str,
                                           offsets: tuple[int, ...]) -> None:
@@ -172,11 +168,53 @@ def test_open_refuses_an_inconsistent_log(tmp_path: Path, stored: list[Batch],
         open_log(tmp_path)
 
 
-def test_open_refuses_undecodable_metadata(tmp_path: Path) -> None:
-    write_raw(tmp_path, [batch(0, 1, 1)], meta=b"\xc1 not msgpack")
-    with pytest.raises(LogInconsistent) as err:
-        open_log(tmp_path)
-    assert "term/vote metadata cannot be decoded" in str(err.value)
+# -- open repairs what a damaged disk leaves -------------------------------------------------
+@pytest.mark.parametrize("stored, start, kept, lost, finding", [
+    ([batch(0, 2, 1), batch(2, 3, 1), batch(7, 1, 2)], None, 4, (7, 2),
+     "offsets 5..6 are missing"),
+    ([batch(10, 2, 1)], (5, 1), 4, (11, 1), "offsets 5..9 are missing"),
+], ids=["gap", "gap-after-start"])
+def test_open_cuts_a_log_with_missing_batches_and_records_what_it_held(
+        tmp_path: Path, stored: list[Batch], start: tuple[int, int] | None, kept: int,
+        lost: tuple[int, int], finding: str) -> None:
+    """Missing batches are what a damaged disk leaves: the log is cut before the gap (the
+    leader sends the rest again) and the position it held is kept, so the node never votes as
+    if it had not held those entries."""
+    write_raw(tmp_path, stored, start)
+    log = open_log(tmp_path)
+    try:
+        assert log.dirty_offset == log.flushed_offset == kept
+        assert log.lost_position == lost
+        assert any(finding in f for f in log.open_findings), log.open_findings
+    finally:
+        log.close()
+    log = open_log(tmp_path)  # the cut and the lost position are durable
+    try:
+        assert log.dirty_offset == kept and log.lost_position == lost
+        assert log.open_findings == []
+    finally:
+        log.close()
+
+
+def test_open_gives_a_log_with_damaged_metadata_a_new_identity(tmp_path: Path) -> None:
+    """Metadata that fails to decode is metadata lost: the node forgot its term and vote, so it
+    gets a new identity (it rejoins as a new member); its batches stay."""
+    log = open_log(tmp_path)
+    old = log.incarnation
+    log.append([batch(0, 1, 1)])
+    log.flush()
+    log.save_meta(Meta(term=4, voted_for=2))
+    log._env.close()  # type: ignore[attr-defined]
+    log._release_dir()  # type: ignore[attr-defined]
+    write_raw(tmp_path, [], meta=b"RLS2\x00\x00\x00\x00 flipped bits")
+    log = open_log(tmp_path)
+    try:
+        assert log.incarnation not in (0, old)
+        assert log.load_meta() == Meta(incarnation=log.incarnation)
+        assert log.read(0, 1 << 20) == [batch(0, 1, 1)]
+        assert any("metadata record is damaged" in f for f in log.open_findings)
+    finally:
+        log.close()
 
 
 def test_open_accepts_what_crashes_and_retention_leave(tmp_path: Path) -> None:
@@ -199,7 +237,7 @@ def test_open_accepts_what_crashes_and_retention_leave(tmp_path: Path) -> None:
         log.close()
 
 
-def test_corrupt_batch_advice_is_remove_and_add_back() -> None:
+def test_corrupt_batch_advice_points_to_the_disk_loss_page() -> None:
     assert_safe_advice(str(CorruptBatch(7, "crc mismatch")))
 
 
@@ -220,8 +258,12 @@ def test_flush_refuses_when_the_disk_holds_batches_past_the_flushed_offset(
     assert (log.dirty_offset, log.flushed_offset) == (14, 10)
     assert log.read(0, 1 << 20) == [*term1, batch(11, 4, 2)]
     log.close()
-    with pytest.raises(LogInconsistent):  # and the stale batch makes the log refuse to open
-        LmdbLog(tmp_path)
+    log = LmdbLog(tmp_path)  # the stale batch was never flushed (past the recorded tail): cut
+    try:
+        assert log.read(0, 1 << 20) == term1 and log.lost_position is None
+        assert log.open_findings
+    finally:
+        log.close()
 
 
 # -- a full disk is not corruption ----------------------------------------------------------

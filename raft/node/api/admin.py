@@ -47,6 +47,9 @@ def status_map(ctx: ApiContext) -> dict[str, Any]:
     if ctx.group.retention is not None:
         # Log start, bytes retained, what holds retention back and what a valve skipped.
         st["retention"] = ctx.group.retention.report()
+    # Disk loss and corruption (docs/DISK-LOSS.md): what the open repaired, the scrubber.
+    st["open_findings"] = list(getattr(ctx.group.log, "open_findings", []))
+    st["scrub"] = ctx.group.scrubber.status()
     return st
 
 

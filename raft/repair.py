@@ -1,0 +1,170 @@
+"""Repair: a damaged flushed batch is neither served nor counted, and comes back from a copy.
+
+Storage records a flushed batch that fails its checksum as damaged (found by the open-time check,
+the scrubber or a read: storage/damage.py) and never returns it. The rules here:
+
+- A node never reports a flushed offset past its first damaged offset (`_reportable_flushed`):
+  its replies say flushed = just before the damage and `repair_from` = the damage, so the leader
+  stops counting the range toward commits; a leader counts its own flushed offset the same way.
+- The leader answers `repair_from` by sending the range again (a probe from the damaged offset,
+  `_schedule_repair`); the follower writes each damaged batch back in place (`log.repair`: the
+  same offsets and term, by log matching), then serves and counts it again. Nothing around it
+  moves: the node's log, its vote and its commit index stay as they were.
+- A node with damage campaigns only after twice the election timeout, so a whole node leads
+  first; as leader it could not send the range to anyone (but see the next rule).
+- A leader that finds damage in its own log never truncates it: a leader's log is the reference,
+  and an entry it holds may already be committed on a majority it has not heard from. It hands
+  leadership to a voter that has the range, which then repairs it. If no voter has it and every
+  voter has answered, nobody has a good copy: when the range is not committed the leader steps
+  down (a leader without it overwrites it); when it is committed, the node stops with DataLost
+  naming the range (loud, never a silent loss).
+
+A node that lost flushed batches whose position is unknown (a damaged header, a missing batch)
+has its log cut at open instead (storage/lmdb_format.py), and keeps the position it held
+(`log.lost_position`) for its votes (raft/election.py).
+
+A mixin of RaftCore (raft/raft.py), which owns the state it reads and writes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from raft import messages as m
+from raft.membership import ClusterConfig, ConfigEntry
+from raft.progress import FollowerProgress, ProgressState
+from raft.snapshot import TERM, StartState
+from raft.types import DataLost, Role
+from storage.batch import Batch, BatchKind, CorruptBatch
+from storage.damage import Damage
+
+if TYPE_CHECKING:
+    from raft.config import RaftConfig
+    from storage.api import LogStorage
+
+
+class Repairs:
+    """State lives on RaftCore: `_damage_seen` (the storage damage version acted on) and
+    `_damage_ticks` (ticks a leader has held damage without a holder)."""
+
+    cfg: "RaftConfig"
+    log: "LogStorage"
+
+    def _reportable_flushed(self) -> int:
+        """The flushed offset this node may report and count: never past damage."""
+        first = self.log.first_damaged()
+        flushed = self.log.flushed_offset
+        return flushed if first is None else min(flushed, first - 1)
+
+    def _repair_from(self) -> int:
+        first = self.log.first_damaged()
+        return -1 if first is None else first
+
+    def _damaged(self) -> bool:
+        return self.log.first_damaged() is not None
+
+    def _tick_repair(self) -> None:
+        version = self.log.damage_version
+        if version != self._damage_seen:
+            self._damage_seen = version
+            self._damage_ticks = 0
+            if self._yield_from is not None and self.log.first_damaged() != self._yield_from:
+                self._yield_from = None  # repaired or overwritten
+            if self.role != Role.LEADER and self.leader_id is not None:
+                # Tell the leader now: it stops counting the range and sends it again.
+                self._send(self._heartbeat_reply(self.leader_id, 0))
+        if self.role == Role.LEADER and self._damaged():
+            self._damage_ticks += 1
+            self._leader_damaged(self.log.damaged()[0])
+
+    def _leader_damaged(self, d: Damage) -> None:
+        holders = [self._progress[v] for v in self.config.voters
+                   if v in self._progress and self._progress[v].durable_offset() >= d.last]
+        if holders:
+            if self._transfer_target is None:
+                best = max(holders, key=lambda pr: (pr.match_index, -pr.node_id))
+                self.transfer_leadership(best.node_id)
+            return
+        others = [v for v in self.config.voters if v != self.node_id]
+        if self._damage_ticks < self.cfg.election_ticks or any(
+                v not in self._progress
+                or self._progress[v].ticks_since_heard >= self.cfg.election_ticks
+                for v in others):
+            return  # a voter we have not heard from lately may hold it: wait
+        if d.first > self.commit_index:
+            # Only ours and not committed: a whole node overwrites it. Until then we vote as if
+            # our log ended before it; else a node whose log is shorter could never win our
+            # vote, and we would win every election only to step down again (a livelock the
+            # simulation found: a damaged first entry and another node's lost position).
+            self._yield_from = d.first
+            self._become_follower(self.term, None)
+            return
+        raise DataLost(
+            f"node {self.node_id}: committed {d.describe()} is damaged here and no other voter "
+            f"has a good copy ({len(others)} answered), so it is lost; stopping rather than "
+            f"serving a log with a hole. See docs/DISK-LOSS.md, 'No member has a good copy'")
+
+    def _schedule_repair(self, pr: FollowerProgress, first: int) -> None:
+        """A follower reports damage from `first`: stop counting it, send the range again."""
+        pr.flushed_offset = min(pr.flushed_offset, first - 1)
+        if pr.repair_at == first and pr.state == ProgressState.PROBE:
+            return  # the resend is on its way
+        pr.repair_at = first
+        self._seq += 1
+        # Gone from our log too (retention deleted it, so it was committed): the follower drops
+        # it with its prefix, taking the state at our log start (_drop_damaged_prefix).
+        pr.become_probe(first if first >= self.log.start_offset else self.log.start_offset - 1,
+                        self._seq)
+
+    def _drop_damaged_prefix(self, msg: m.AppendEntries) -> bool:
+        """Follower: the leader's log starts at `msg.prev_offset + 1` and our log matches it
+        there, but we hold damage below that start. The cluster deleted that range (retention
+        deletes only committed entries), so nobody can send it again: cut our log at the
+        leader's start with the state there, as retention would have, then rebuild the tables
+        from that state and what we hold after it. False when the state does not describe that
+        start (the request is refused). Waits (True, nothing done) while the start is not
+        flushed here yet."""
+        prev, first = msg.prev_offset, self.log.first_damaged()
+        if (first is None or first > prev or prev > self.log.flushed_offset
+                or msg.snapshot is None):
+            return True
+        try:
+            state = StartState.from_snapshot(msg.snapshot, self.snapshot_context())
+        except ValueError:
+            return False
+        if state.start_offset != prev + 1 or state.states[TERM][0] != msg.prev_term:
+            return False
+        self.log.truncate_prefix(prev + 1, msg.snapshot)
+        self._restore_start_state(state)
+        self._rebuild_from_log()
+        return True
+
+    def _repair_if_damaged(self, b: Batch) -> None:
+        """Follower: `b` is the leader's copy of an entry we hold (same offsets and term); if
+        ours is damaged, write it back."""
+        d = self.log.first_damaged()
+        if d is None or d > b.last_offset:
+            return
+        hit = [x for x in self.log.damaged() if x.first == b.base_offset]
+        if hit and (hit[0].last, hit[0].term) == (b.last_offset, b.term):
+            self.log.repair([b])
+            # Bookkeeping the start-up rebuild skipped while it was unreadable.
+            if self.producers.lookup(b.producer_id, b.sequence)[1] is None:
+                self.producers.record(b)
+            if (b.kind == BatchKind.CONFIG and b.base_offset > self._configs[0].offset
+                    and all(c.offset != b.base_offset for c in self._configs)):
+                self._configs.append(ConfigEntry(b.base_offset, b.term,
+                                                 ClusterConfig.from_batch(b)))
+                self._configs.sort(key=lambda c: c.offset)
+                self._hs_dirty = True
+
+    def _read_or_skip(self, offset: int, max_bytes: int) -> tuple[list[Batch], int]:
+        """Batches from `offset`, or ([], the offset after the damage) when the batch there is
+        damaged (the producer table and configuration rebuild skip what they cannot read)."""
+        try:
+            return self.log.read(offset, max_bytes), -1
+        except CorruptBatch:
+            hit = [d for d in self.log.damaged() if d.first <= offset <= d.last]
+            if not hit:
+                raise
+            return [], hit[0].last + 1
