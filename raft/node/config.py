@@ -170,6 +170,14 @@ class NodeConfig:
     # Any other RaftConfig keyword (forward compatible with knobs the core adds).
     raft: dict[str, Any] = field(default_factory=dict)
 
+    # -- subscriptions (raft/subscriptions.py, docs/SUBSCRIPTIONS.md) -----------------------------
+    # Retention never deletes past the lowest subscription position (within retention's valves,
+    # --retention-max-ms and --low-disk-mb). Off: retention ignores subscriptions.
+    retention_respect_subscriptions: bool = False
+    # Drop a subscription nobody opened or committed for this long (ms); 0 = never. Forgotten
+    # subscriptions otherwise hold retention back for good.
+    subscription_expiry_ms: int = 0
+
     _RAFT_KNOBS = ("election_ticks", "heartbeat_ticks", "max_append_bytes",
                    "recovery_chunk_bytes", "max_inflight", "max_inflight_bytes",
                    "follower_flush_bytes", "follower_flush_ticks", "pre_vote", "check_quorum",
@@ -257,7 +265,21 @@ class NodeConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(self.raft, dict):
             raise ConfigError("raft must be a table of extra RaftConfig settings")
+        self._validate_subscriptions()
         return self
+
+    def _validate_subscriptions(self) -> None:
+        if not isinstance(self.retention_respect_subscriptions, bool):
+            raise ConfigError(f"retention_respect_subscriptions must be true or false, got "
+                              f"{self.retention_respect_subscriptions!r}")
+        value = self.subscription_expiry_ms
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"subscription_expiry_ms must be an integer >= 0 (0 = never "
+                              f"expire), got {value!r}")
+        if 0 < value < 1000:
+            raise ConfigError(f"subscription_expiry_ms {value} is under a second: consumers "
+                              f"would lose their position between two commits; use hours or "
+                              f"days (or 0 to keep subscriptions until deleted)")
 
     def check_data_dir(self) -> Path:
         """Create the node's directory and prove it is writable; return it."""
@@ -346,6 +368,15 @@ class NodeConfig:
                 parser.add_argument(flag, action="store_const", const=True, default=None,
                                     help="start outside the configuration and wait to be "
                                          "added with `raftlog add-node`")
+            elif f.name == "retention_respect_subscriptions":
+                parser.add_argument(flag, type=_parse_bool, metavar="true|false",
+                                    help="retention never deletes past the lowest "
+                                         "subscription position, within the retention valves "
+                                         "(default false)")
+            elif f.name == "subscription_expiry_ms":
+                parser.add_argument(flag, type=int, metavar="MS",
+                                    help="drop a subscription unused (no open or commit) for "
+                                         "this long, e.g. 604800000 for a week; 0 = never (default 0)")
             elif "bool" in str(f.type):
                 parser.add_argument(flag, type=_parse_bool, metavar="true|false",
                                     help=f"(default: the core's, on)")

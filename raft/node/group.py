@@ -85,6 +85,7 @@ class RaftGroup:
         self._rng = rng
         self.core: Any = None
         self.loads: Any = None  # raft.node.load_service.LoadService once the log is open
+        self.subs: Any = None  # raft.node.subscription_service.SubscriptionService, likewise
         self.catchup = CatchupTracker(self)
         self.closing = False
         self._meta = Meta()
@@ -142,6 +143,7 @@ class RaftGroup:
             raise ConfigError(f"raft settings: {e}; check --raft KEY=VALUE options and "
                               f"the [raft] table of the config file") from None
         self.loads = _make_load_service(self.log)
+        self.subs = _make_subscription_service(self)
         self._last_hw = self.core.high_watermark
 
     def membership(self) -> Any:
@@ -155,6 +157,8 @@ class RaftGroup:
         nursery.start_soon(self._tick_loop)
         nursery.start_soon(self._ready_loop)
         nursery.start_soon(self._flush_loop)
+        if self.subs is not None:
+            nursery.start_soon(self.subs.run)
 
     async def hand_over_leadership(self) -> None:
         """On a graceful stop, a leader hands leadership over (bounded by shutdown_transfer_ms)."""
@@ -422,6 +426,16 @@ def _make_load_service(log_storage: LogStorage) -> Any:
     except ImportError:
         return None
     return LoadService(log_storage)
+
+
+def _make_subscription_service(group: RaftGroup) -> Any:
+    """Subscriptions (raft.node.subscription_service) when present in this build."""
+    try:
+        from raft.node.subscription_service import SubscriptionService
+    except ImportError:
+        return None
+    return SubscriptionService(group, expiry_ms=group.config.subscription_expiry_ms,
+                               respect_retention=group.config.retention_respect_subscriptions)
 
 
 async def open_log_with_progress(config: NodeConfig) -> LogStorage:
