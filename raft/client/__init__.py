@@ -12,9 +12,13 @@ Errors are typed (`NotLeaderError`, `RequestTimeout`, `TooLargeError`, `OffsetOu
 `ShuttingDownError`, ...), all subclasses of `RaftlogError` carrying the server's code and
 message.
 
+Subscriptions (named positions kept by the cluster): `Consumer(client, subscription="orders")`
+iterates a subscription's records and commits the position as it goes; `Client.subscription_*`
+and `Client.subscriptions()` manage them (raft/client/subscriptions.py).
+
 Layout: errors.py (the typed errors), results.py (what operations return), connection.py (one
 connection to one node), client.py (`Client`), producer.py (`Producer`), blocking.py
-(`BlockingClient`).
+(`BlockingClient`), subscriptions.py (the subscription calls), consumer.py (`Consumer`).
 """
 
 from raft.client.blocking import BlockingClient
@@ -24,6 +28,10 @@ from raft.client.errors import (BackpressureError, BadRequestError, DiskFullErro
                                 NotLeaderError, OffsetOutOfRangeError, RaftlogError,
                                 RequestTimeout, ShuttingDownError, TooLargeError,
                                 UnavailableError, error_from_reply)
+from raft.client.consumer import BlockingConsumer, Consumer
+from raft.client.errors import (InvalidSubscriptionName, PositionBehind,
+                                PositionPastHighWatermark, SubscriptionError, SubscriptionLeased,
+                                UnknownSubscription)
 from raft.client.producer import Producer
 from raft.client.results import FetchedRecord, FetchResult, ProduceResult
 
@@ -33,4 +41,7 @@ __all__ = [
     "FetchedRecord", "LeadershipLostError", "NotLeaderError", "OffsetOutOfRangeError",
     "ProduceResult", "Producer", "RaftlogError", "RequestTimeout", "ShuttingDownError",
     "TooLargeError", "UnavailableError", "error_from_reply", "parse_servers",
+    "BlockingConsumer", "Consumer", "InvalidSubscriptionName", "PositionBehind",
+    "PositionPastHighWatermark", "SubscriptionError", "SubscriptionLeased",
+    "UnknownSubscription",
 ]

@@ -16,6 +16,7 @@ from raft.client.connection import _Connection
 from raft.client.errors import (RETRIABLE, NotLeaderError, RaftlogError, RequestTimeout,
                                 ShuttingDownError, UnavailableError, error_from_reply)
 from raft.client.results import FetchedRecord, FetchResult, ProduceResult
+from raft.client.subscriptions import SubscriptionCalls
 from raft.node import wire
 from raft.node.config import ConfigError, parse_address
 from storage.records import Record, decode_records, encode_records
@@ -23,7 +24,7 @@ from storage.records import Record, decode_records, encode_records
 DEFAULT_TIMEOUT_S = 10.0
 
 
-class Client:
+class Client(SubscriptionCalls):
     """A connection pool to one cluster. Use as `async with Client("h:p,h:p") as c:`."""
 
     def __init__(self, servers: str | Sequence[str], *, timeout: float = DEFAULT_TIMEOUT_S,
