@@ -10,6 +10,7 @@ from typing import Any
 
 import trio
 
+from raft.cli import subscriptions
 from raft.cli.args import positive_int, servers_arg
 from raft.client import Client, FetchedRecord
 
@@ -17,6 +18,9 @@ from raft.client import Client, FetchedRecord
 def cmd_consume(args: argparse.Namespace) -> int:
     """Records from --from (default: the log start) up to --to (exclusive); stops at the high
     watermark unless --follow."""
+    if args.subscription is not None:  # resume from a subscription (raft/cli/subscriptions.py)
+        return subscriptions.consume_subscription(args, _print_record)
+
     async def run() -> int:
         printed = 0
         offset = args.from_offset
@@ -90,4 +94,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--node", metavar="HOST:PORT", default=None,
                    help="read from this node (default: the leader)")
     p.add_argument("--json", action="store_true", help="one JSON object per record")
+    subscriptions.add_consume_arguments(p)
     p.set_defaults(func=cmd_consume)

@@ -4,14 +4,16 @@
     raftlog up [--nodes 3] [--data-dir ./data] [--base-port 7101]
     raftlog produce --servers H:P,... [--acks quorum|leader|none] [--json]   < lines
     raftlog consume --servers H:P,... [--offset N] [--count N] [--follow] [--json]
+    raftlog consume --subscription NAME [--from-start|--from-end|--from N] [--count N]
+    raftlog subscriptions [--json] | reset NAME --to OFFSET|start|end | delete NAME
     raftlog status --servers H:P,... [--json]
     raftlog demo                    (what `make run` runs)
     raftlog add-node | remove-node | transfer-leader   (membership, raft/cli/membership.py)
 
 Each command group is its own module in this package with a `register(subparsers)`: serve.py
-(serve, up), produce.py, consume.py, status.py, demo.py, membership.py. Other packages add their
-commands the same way, as plugins that may be missing: bench.cli (`raftlog bench`) and
-sparkio.cli (`raftlog load`).
+(serve, up), produce.py, consume.py, subscriptions.py, status.py, demo.py, membership.py.
+Other packages add their commands the same way, as plugins that may be missing: bench.cli
+(`raftlog bench`) and sparkio.cli (`raftlog load`).
 Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration.
 """
 
@@ -22,7 +24,7 @@ import importlib
 import logging
 import sys
 
-from raft.cli import consume, demo, membership, produce, serve, status
+from raft.cli import consume, demo, membership, produce, serve, status, subscriptions
 from raft.client import RaftlogError
 from raft.node.config import ConfigError
 
@@ -37,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log more (-v info, -vv debug); quiet by default")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (serve, produce, consume, status, demo):
+    for module in (serve, produce, consume, subscriptions, status, demo):
         module.register(sub)
     for name in PLUGINS:
         try:
