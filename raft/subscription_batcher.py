@@ -27,10 +27,10 @@ from raft.subscriptions import Op, OpRequest
 
 W = TypeVar("W")
 
-DEFAULT_LINGER_MS = 1
+DEFAULT_LINGER_MS = 2
 DEFAULT_MAX_OPS = 2048
 DEFAULT_MAX_PENDING = 100_000
-DEFAULT_MAX_INFLIGHT = 2
+DEFAULT_MAX_INFLIGHT = 1
 
 
 @dataclass(slots=True)

@@ -29,6 +29,10 @@ DEFAULT_MAX_POINTS = 1 << 16
 _COUNTED = (BatchKind.DATA, BatchKind.STAGED)
 
 
+def _nobody(src: tuple[int, ...]) -> bool:
+    return False
+
+
 class DataCounter:
     """Cumulative records and bytes of consumer data, at batch boundaries."""
 
@@ -136,9 +140,11 @@ class SubscriptionIndex:
         return table
 
     def catch_up(self, commit_index: int, max_bytes: int = 64 << 20,
-                 on_applied: Callable[[Applied], None] | None = None) -> bool:
-        """Apply committed batches up to `commit_index`, reading at most about max_bytes.
-        True if fully caught up."""
+                 on_applied: Callable[[Applied], None] | None = None,
+                 mine: Callable[[tuple[int, ...]], bool] | None = None) -> bool:
+        """Apply committed batches up to `commit_index`, reading at most about max_bytes,
+        and hand the verdicts of our entries (those `mine` picks; all without it) to
+        `on_applied`. True if fully caught up."""
         t = self.table
         budget = max_bytes
         while t.applied < commit_index and budget > 0:
@@ -163,7 +169,7 @@ class SubscriptionIndex:
                     return t.applied >= commit_index
                 if b.base_offset != t.applied + 1:
                     return False  # the log moved under us: the next call reads afresh
-                applied = t.apply(b)
+                applied = t.apply(b, mine if on_applied is not None else _nobody)
                 self.counter.add(b)
                 budget -= b.size
                 if applied is not None and on_applied is not None:

@@ -37,6 +37,7 @@ Pure: no sockets, clocks or threads.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -227,11 +228,14 @@ class SubscriptionTable:
         self.subs: dict[str, Subscription] = {}
         self.applied = start_offset - 1  # last offset applied
         self.clock_ms = 0  # the largest entry stamp applied (leader clocks, never ours)
+        self._views = True  # build the subscription views of OK verdicts (someone reads them)
 
     # -- applying ------------------------------------------------------------------------------
-    def apply(self, batch: Batch) -> Applied | None:
+    def apply(self, batch: Batch,
+              mine: Callable[[tuple[int, ...]], bool] | None = None) -> Applied | None:
         """Apply one committed batch (every batch, in log order, without gaps). Returns the
-        verdicts if it was one of our entries."""
+        verdicts if it was one of our entries (all of them, or those `mine` picks by source
+        tag: the others' verdicts are not worth building)."""
         if batch.base_offset != self.applied + 1:
             raise ValueError(f"subscription table applied up to {self.applied} but got a batch "
                              f"at {batch.base_offset}: apply committed batches in order")
@@ -243,10 +247,11 @@ class SubscriptionTable:
             return None
         src, ops = decoded
         self.clock_ms = max(self.clock_ms, batch.timestamp_ms)
+        self._views = mine is None or mine(src)
         outcomes = [self._apply_op(op, batch.base_offset) if op is not None else
                     Outcome(ErrorCode.BAD_REQUEST, "malformed subscription operation")
                     for op in ops]
-        return Applied(batch.base_offset, src, outcomes)
+        return Applied(batch.base_offset, src, outcomes) if self._views else None
 
     def skip_to(self, offset: int) -> None:
         """The log start moved past what we applied (retention or a reset without state):
@@ -293,7 +298,7 @@ class SubscriptionTable:
             sub.lease_until_ms = self.clock_ms + min(lease_ms, MAX_LEASE_MS)
 
     def _ok(self, sub: Subscription) -> Outcome:
-        return Outcome(ErrorCode.OK, "", sub.describe(self.clock_ms))
+        return Outcome(ErrorCode.OK, "", sub.describe(self.clock_ms) if self._views else None)
 
     def _open(self, sub: Subscription, op: OpRequest, offset: int) -> Outcome:
         conflict = self._lease_conflict(sub, op.consumer)

@@ -173,7 +173,7 @@ class SubscriptionService:
                                                else ErrorCode.SHUTTING_DOWN, message))
 
     def _on_applied(self, applied: Applied) -> None:
-        out = self._awaiting.pop(tuple(applied.src), None)
+        out = self._awaiting.pop(applied.src, None)
         if out is None:
             return  # another node's entry, or ours that we stopped waiting for
         if len(applied.outcomes) != len(out.slots):
@@ -205,7 +205,10 @@ class SubscriptionService:
     def catch_up(self, max_bytes: int = CATCH_UP_STEP_BYTES) -> bool:
         """Apply up to about max_bytes of committed batches; True if caught up."""
         return self.index.catch_up(self.group.core.commit_index, max_bytes,
-                                   on_applied=self._on_applied)
+                                   on_applied=self._on_applied, mine=self._is_mine)
+
+    def _is_mine(self, src: tuple[int, ...]) -> bool:
+        return src in self._awaiting
 
     async def catch_up_to(self, offset: int) -> None:
         """Apply through `offset` (committed), yielding to the event loop between steps."""

@@ -192,6 +192,7 @@ async def execute_list(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[s
     page = names[:req["limit"]]
     return wire.ok_reply(rid, high_watermark=hw, start_offset=ctx.group.log.start_offset,
                          more=len(names) > len(page), total=len(subs.table.subs),
+                         service=subs.status(),
                          subscriptions=[subs.view(subs.table.describe(n), hw, now)
                                         for n in page])
 
