@@ -261,11 +261,16 @@ class SubscriptionService:
         retention = getattr(self.group, "retention", None)
         if self._retention_attached or retention is None or not self.respect_retention:
             return
-        from raft.retention import Hold  # issue 15; present whenever group.retention is
-
-        retention.holders.register(
-            "subscriptions", lambda: [Hold(h, o, v) for h, o, v in self.retention_holds()])
         self._retention_attached = True
+        try:
+            from raft.retention import Hold  # issue 15; present whenever group.retention is
+
+            retention.holders.register(
+                "subscriptions", lambda: [Hold(h, o, v) for h, o, v in self.retention_holds()])
+        except Exception:
+            log.exception("retention_hook_failed node=%d: retention will NOT respect "
+                          "subscriptions although --retention-respect-subscriptions is set; "
+                          "report this (the retention holder API changed?)", self.group.node_id)
 
     # -- views ---------------------------------------------------------------------------------
     def view(self, sub: dict[str, Any], hw: int, now_ms: int) -> dict[str, Any]:

@@ -5,6 +5,10 @@ leader crash and rebuilt by a restart, expiry, the retention hook; and the clien
 
 from __future__ import annotations
 
+import collections
+import sys
+import types
+
 import pytest
 import trio
 
@@ -156,6 +160,23 @@ async def test_retention_holds_follow_the_setting() -> None:
         assert holds[0][0] == "subscriptions table (not applied yet)" and not holds[0][2]
         assert holds[1] == ("subscription 'slow'", base + 2, True)
         assert svc.status()["lowest"] == {"name": "slow", "position": base + 2}
+        # Issue 15's retention task takes the holds through its `holders.register` hook.
+        registered = {}
+
+        class Holders:
+            def register(self, name, provider):  # noqa: ANN001, ANN202
+                registered[name] = provider
+
+        fake = types.ModuleType("raft.retention")
+        fake.Hold = collections.namedtuple("Hold", "holder offset valve")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setitem(sys.modules, "raft.retention", fake)
+            mp.setattr(leader.group, "retention", types.SimpleNamespace(holders=Holders()),
+                       raising=False)
+            svc.attach_retention()
+            svc.attach_retention()  # once
+        assert [h.holder for h in registered["subscriptions"]()][1:] == \
+            ["subscription 'slow'", "subscription 'fast'"]
         await cl.aclose()
 
 
