@@ -28,6 +28,7 @@ processing a single record must take less than lease_ms.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections import deque
@@ -36,7 +37,7 @@ from typing import Any
 
 import trio
 
-from raft.client.errors import OffsetOutOfRangeError
+from raft.client.errors import OffsetOutOfRangeError, RaftlogError
 from raft.client.results import FetchedRecord
 from raft.client.subscriptions import Where
 
@@ -227,10 +228,12 @@ class Consumer:
         self._closed = True
         if not self._opened:
             return
-        try:
+        # Best effort: the error being raised matters more than these; a commit that fails
+        # only means a longer re-read (at least once either way).
+        with contextlib.suppress(RaftlogError):
             await self._commit(self._processed, force=False)
-        finally:
-            if self.lease_ms:
+        if self.lease_ms:
+            with contextlib.suppress(RaftlogError):
                 await self.client.subscription_release(self.subscription, self.consumer_id)
 
 

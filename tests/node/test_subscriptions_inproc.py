@@ -223,6 +223,27 @@ async def test_consumer_resumes_commits_what_was_processed_and_lists_lag() -> No
 
 
 @trio_test
+async def test_a_consumer_carries_on_across_a_leader_crash() -> None:
+    async with running_cluster(3) as c:
+        leader = await c.wait_leader()
+        servers = ",".join(n.address for n in c.nodes)
+        async with Client(servers, timeout=20) as client:
+            for k in range(4):
+                await client.produce([f"f{k * 50 + i}".encode() for i in range(50)])
+            got: list[bytes] = []
+            async with Consumer(client, "fo", auto_commit_ms=0, follow=False,
+                                exclusive=True, max_bytes=512) as con:
+                async for rec in con:
+                    got.append(rec.value)
+                    if len(got) == 100:
+                        await con.commit()
+                        await c.stop(leader.node_id, crash=True)
+            assert got == [f"f{i}".encode() for i in range(200)]  # no gap, no repeat
+            # Closing committed everything through the last record, on the new leader.
+            assert (await client.subscription("fo"))["position"] == con.committed > 200
+
+
+@trio_test
 async def test_exclusive_consumer_fences_a_second_one_until_it_closes() -> None:
     async with running_cluster(3) as c:
         await c.wait_leader()
