@@ -79,8 +79,10 @@ class Cluster:
     base_dir: str | None = None
     extra_args: list[str] = field(default_factory=list)
     keep: bool = False
+    tls: bool = False  # TLS on every connection: a fresh CA and node certificates in the tmp dir
     nodes: dict[int, Node] = field(default_factory=dict)
     _tmp: str | None = None
+    tls_ca: str | None = None  # the CA clients trust, when tls
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> "Cluster":
@@ -90,6 +92,11 @@ class Cluster:
             d = os.path.join(self._tmp, f"n{i}")
             os.makedirs(d)
             self.nodes[i] = Node(i, f"127.0.0.1:{port}", d, os.path.join(self._tmp, f"n{i}.log"))
+        if self.tls:
+            from raft.cli import pki
+
+            ca, _ = pki.local_cluster(os.path.join(self._tmp, "tls"), list(self.nodes))
+            self.tls_ca = str(ca.cert)
         for node_id in self.nodes:
             self.start_node(node_id)
         return self
@@ -103,7 +110,7 @@ class Cluster:
             return
         cmd = [*serve_command(node_id), "--node-id", str(node_id),
                "--data-dir", node.data_dir, "--listen", node.addr, "--peers", self.peers_arg(),
-               *self.extra_args]
+               *self.extra_args, *self._tls_args(node_id)]
         out = open(node.log_path, "ab")
         try:
             node.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
@@ -112,6 +119,16 @@ class Cluster:
             out.close()
         log.debug("event=node_started node_id=%s addr=%s pid=%s", node_id, node.addr,
                   node.proc.pid)
+
+    def _tls_args(self, node_id: int) -> list[str]:
+        if not self.tls:
+            return []
+        from raft.cli import pki
+
+        assert self._tmp is not None and self.tls_ca is not None
+        paths = pki.node_paths(os.path.join(self._tmp, "tls"), node_id)
+        return ["--tls-cert", str(paths.cert), "--tls-key", str(paths.key),
+                "--tls-ca", self.tls_ca]
 
     def kill(self, node_id: int, sig: int = signal.SIGKILL) -> None:
         node = self.nodes[node_id]
@@ -158,7 +175,8 @@ class Cluster:
         return [n.addr for n in self.nodes.values()]
 
     def statuses(self) -> dict[int, dict[str, Any] | None]:
-        return {i: (status_of(n.addr) if n.alive else None) for i, n in self.nodes.items()}
+        return {i: (status_of(n.addr, tls_ca=self.tls_ca) if n.alive else None)
+                for i, n in self.nodes.items()}
 
     def _check_alive(self) -> None:
         for node in self.nodes.values():
@@ -216,5 +234,5 @@ class Cluster:
                            f"{self.statuses()!r}")
 
     def admin(self, node_id: int, msg: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
-        with SyncConn(self.nodes[node_id].addr, timeout=timeout) as conn:
+        with SyncConn(self.nodes[node_id].addr, timeout=timeout, tls_ca=self.tls_ca) as conn:
             return conn.request(msg)

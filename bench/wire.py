@@ -6,12 +6,16 @@ API hides. This module speaks exactly the documented frames (4-byte big-endian l
 msgpack map with `"v": 1`) and nothing else, so the numbers measure the server, not our client.
 
 Two flavours: `SyncConn` (blocking socket) for the orchestrating parent (status polls, admin
-calls), and `AsyncConn` (trio) for the pipelined generators in worker processes.
+calls), and `AsyncConn` (trio) for the pipelined generators in worker processes. Both speak TLS
+when given the cluster CA (`tls_ca`), for the TLS-versus-plaintext workload (bench/workloads/
+tls.py): a path, not a context, so worker arguments stay picklable.
 """
 
 from __future__ import annotations
 
+import functools
 import socket
+import ssl
 import struct
 import time
 from dataclasses import dataclass, field
@@ -34,6 +38,12 @@ def split_addr(addr: str) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise ValueError(f"bad address {addr!r}: expected HOST:PORT, e.g. 127.0.0.1:7101")
     return host, int(port)
+
+
+@functools.lru_cache(maxsize=4)
+def tls_context(ca: str) -> ssl.SSLContext:
+    """A client context trusting the cluster CA (made once per process)."""
+    return ssl.create_default_context(cafile=ca)
 
 
 def pack(msg: dict[str, Any]) -> bytes:
@@ -92,10 +102,13 @@ def error_code(reply: dict[str, Any]) -> str | None:
 class SyncConn:
     """One blocking client connection: hello, then request/reply by id."""
 
-    def __init__(self, addr: str, timeout: float = 2.0) -> None:
+    def __init__(self, addr: str, timeout: float = 2.0, tls_ca: str | None = None) -> None:
         self.addr = addr
-        self._sock = socket.create_connection(split_addr(addr), timeout=timeout)
+        host, port = split_addr(addr)
+        self._sock = socket.create_connection((host, port), timeout=timeout)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls_ca:
+            self._sock = tls_context(tls_ca).wrap_socket(self._sock, server_hostname=host)
         self._buf = FrameBuffer()
         self._pending: list[dict[str, Any]] = []
         self._next_id = 0
@@ -135,10 +148,11 @@ class SyncConn:
         self.close()
 
 
-def status_of(addr: str, timeout: float = 1.0) -> dict[str, Any] | None:
+def status_of(addr: str, timeout: float = 1.0,
+              tls_ca: str | None = None) -> dict[str, Any] | None:
     """The node's status map, or None when it does not answer (down, starting, overloaded)."""
     try:
-        with SyncConn(addr, timeout=timeout) as conn:
+        with SyncConn(addr, timeout=timeout, tls_ca=tls_ca) as conn:
             reply = conn.request({"t": "status"})
     except (OSError, WireError, ValueError, msgpack.ExtraData, msgpack.FormatError):
         return None
@@ -155,17 +169,21 @@ class AsyncConn:
     reply frame in arrival order (replies may come out of order; match them by id)."""
 
     addr: str
-    stream: trio.SocketStream
+    stream: trio.abc.Stream
     node_id: int | None = None
     next_id: int = 0
     _buf: FrameBuffer = field(default_factory=FrameBuffer)
     _ready: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
-    async def open(cls, addr: str, timeout: float = 2.0) -> "AsyncConn":
+    async def open(cls, addr: str, timeout: float = 2.0,
+                   tls_ca: str | None = None) -> "AsyncConn":
         host, port = split_addr(addr)
         with trio.fail_after(timeout):
-            stream = await trio.open_tcp_stream(host, port)
+            stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+            if tls_ca:
+                stream = trio.SSLStream(stream, tls_context(tls_ca), server_hostname=host)
+                await stream.do_handshake()
             conn = cls(addr, stream)
             await stream.send_all(pack({"v": VERSION, "t": "hello", "role": "client"}))
             hello = await conn.recv()

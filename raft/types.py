@@ -46,6 +46,10 @@ class ErrorCode(IntEnum):
     SUBSCRIPTION_LEASED = 15  # another consumer holds the single-active-consumer lease
     POSITION_PAST_HIGH_WATERMARK = 16  # a position past high watermark + 1: never read
     POSITION_BEHIND = 17  # a commit below the current position (only a reset may move back)
+    # Security (raft/node/auth.py). The wire carries names, not numbers; these leave room below
+    # for codes other work adds.
+    UNAUTHENTICATED = 20  # no valid token or client certificate (or plaintext to a TLS node)
+    FORBIDDEN = 21  # authenticated, but the principal lacks the permission the message names
 
 
 class InvariantViolation(AssertionError):

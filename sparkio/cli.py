@@ -36,6 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--csv-header", action="store_true", help="the CSV file has a header row")
     p.add_argument("--value-json", action="store_true",
                    help="write every row as JSON in `value` even if a `value` column exists")
+    from raft.cli.security import add_client_security_args
+    add_client_security_args(p)
     p.set_defaults(func=run_load)
 
 
@@ -63,7 +65,18 @@ def run_load(args: argparse.Namespace) -> int:
         print(f"input {args.input!r} does not exist", file=sys.stderr)
         return 2
     import sparkio
+    from raft.cli.security import client_options
+    from sparkio.security import ConnSecurity
     from sparkio.staging import Session
+
+    # Spark option names (the token travels via RAFTLOG_TOKEN in the environment, which the
+    # local executors inherit, rather than as an option).
+    security = client_options(args)
+    if security.get("token"):
+        os.environ["RAFTLOG_TOKEN"] = security["token"]
+    tls_options = {opt: security[key] for key, opt in (("tls_ca", "tlsCa"),
+                                                       ("tls_cert", "tlsCert"),
+                                                       ("tls_key", "tlsKey")) if key in security}
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     load_id = args.load_id or f"load-{uuid.uuid4()}"
@@ -87,7 +100,7 @@ def run_load(args: argparse.Namespace) -> int:
     try:
         (df.write.format("raftlog").option("servers", args.servers).option("acks", args.acks)
          .option("loadId", load_id).option("batchBytes", str(args.batch_bytes))
-         .mode("append").save())
+         .options(**tls_options).mode("append").save())
     except Exception as e:  # noqa: BLE001 (one clear line for the user)
         stop.set()
         msg = str(e).strip().splitlines()
@@ -98,7 +111,8 @@ def run_load(args: argparse.Namespace) -> int:
         stop.set()
         ticker.join()
     secs = time.time() - started
-    s = Session(args.servers)
+    s = Session(args.servers, security=ConnSecurity.from_options(
+        {k.lower(): v for k, v in tls_options.items()}))
     try:
         load = s.load_status(load_id) or {}
     finally:

@@ -16,6 +16,7 @@ import msgpack
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+from sparkio.security import ConnSecurity
 from sparkio.staging import RaftlogError, Session, parse_servers
 from sparkio.subscriptions import first_use_position, pin
 
@@ -62,8 +63,9 @@ class RaftlogReader(DataSourceReader):
         self.servers = parse_servers(options["servers"])
         self.timeout_s = int(options.get("requesttimeoutms", 60_000)) / 1000
         self.fetch_bytes = int(options.get("fetchbytes", 4 << 20))
+        self.security = ConnSecurity.from_options(options)
         self.arrow_tz = arrow_tz
-        session = Session(self.servers, self.timeout_s)
+        session = Session(self.servers, self.timeout_s, security=self.security)
         try:
             info = session.call({"t": "load_status"})
         finally:
@@ -95,7 +97,7 @@ class RaftlogReader(DataSourceReader):
             raise ValueError("endingOffset does not combine with subscription: a subscription "
                              "read ends where its pin does (see docs/SUBSCRIPTIONS.md)")
         first = first_use_position(options.get("startingoffset"))
-        session = Session(self.servers, self.timeout_s)
+        session = Session(self.servers, self.timeout_s, security=self.security)
         try:
             return pin(session, options["subscription"], first)
         finally:
@@ -108,7 +110,7 @@ class RaftlogReader(DataSourceReader):
         start, end = partition.start, partition.end
         if end <= start:
             return
-        session = Session(self.servers, self.timeout_s)
+        session = Session(self.servers, self.timeout_s, security=self.security)
         try:
             offset = start
             deadline = time.monotonic() + self.timeout_s

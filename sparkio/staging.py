@@ -22,11 +22,14 @@ import itertools
 import logging
 import random
 import socket
+import ssl
 import struct
 import time
 from collections import deque
 from dataclasses import dataclass
 import msgpack
+
+from sparkio.security import ConnSecurity
 
 log = logging.getLogger("sparkio.staging")
 
@@ -60,15 +63,35 @@ def parse_servers(servers: str | list[str]) -> list[str]:
 
 
 class _Conn:
-    def __init__(self, addr: str, timeout: float) -> None:
+    def __init__(self, addr: str, timeout: float, security: ConnSecurity | None = None) -> None:
+        security = security or ConnSecurity()
         host, _, port = addr.rpartition(":")
         self.addr = addr
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.settimeout(timeout)
-        self.send({"v": 1, "t": "hello", "role": "client"})
-        hello = self.recv()
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(timeout)
+        try:
+            self.sock = security.wrap(sock, host.strip("[]"))
+            self.send(security.hello())
+            hello = self._read_frame()
+        except ssl.SSLCertVerificationError as e:
+            sock.close()
+            # Not retried: every node would fail the same way.
+            raise RaftlogError("TLS_ERROR", f"{addr}: the node's certificate is not trusted "
+                                            f"({e.verify_message}); check option tlsCa") from None
+        except ssl.SSLError as e:
+            sock.close()
+            raise RaftlogError("TLS_ERROR", f"{addr}: TLS failed ({e.reason or e}); check "
+                                            f"options tlsCa/tlsCert/tlsKey and that the "
+                                            f"cluster runs with TLS") from None
+        except BaseException:
+            sock.close()
+            raise
+        if hello.get("t") == "error" and hello.get("code") == "UNAUTHENTICATED":
+            self.close()
+            raise RaftlogError("UNAUTHENTICATED", str(hello.get("message")), hello)
         if hello.get("t") != "hello":
+            self.close()
             raise ConnectionError(f"{addr} answered the hello with {hello!r}")
 
     def send(self, obj: dict) -> None:
@@ -84,9 +107,12 @@ class _Conn:
             buf += part
         return bytes(buf)
 
-    def recv(self) -> dict:
+    def _read_frame(self) -> dict:
         (n,) = _LEN.unpack(self._read(4))
-        obj = msgpack.unpackb(self._read(n), raw=False)
+        return msgpack.unpackb(self._read(n), raw=False)
+
+    def recv(self) -> dict:
+        obj = self._read_frame()
         if obj.get("t") == "error":
             raise ConnectionError(f"{self.addr} rejected our frame: {obj.get('message')}")
         return obj
@@ -108,8 +134,9 @@ class Session:
     """One connection to the current leader (or any node for reads), re-established as needed."""
 
     def __init__(self, servers: str | list[str], timeout_s: float = 60.0,
-                 io_timeout_s: float = 30.0) -> None:
+                 io_timeout_s: float = 30.0, security: ConnSecurity | None = None) -> None:
         self.servers = parse_servers(servers)
+        self.security = security or ConnSecurity()
         self.timeout_s = timeout_s
         self.io_timeout_s = io_timeout_s
         self._conn: _Conn | None = None
@@ -129,7 +156,8 @@ class Session:
             self._rr += 1
             try:
                 self._conn = _Conn(addr, min(self.io_timeout_s, max(0.1, deadline -
-                                                                     time.monotonic())))
+                                                                     time.monotonic())),
+                                   self.security)
                 return self._conn
             except OSError as e:
                 last = e

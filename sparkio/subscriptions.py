@@ -29,13 +29,15 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from sparkio.security import ConnSecurity
 from sparkio.staging import RaftlogError, Session, parse_servers
 
 SPARK_CONSUMER = "spark"
 _FIRST_USE = {"earliest": "start", "latest": "end", "start": "start", "end": "end"}
 
-# id(DataFrame) -> (servers, subscription, pinned end) for DataFrames made by read_subscription.
-_READS: dict[int, tuple[str, str, int]] = {}
+# id(DataFrame) -> (servers, subscription, pinned end, security) for DataFrames made by
+# read_subscription.
+_READS: dict[int, tuple[str, str, int, ConnSecurity]] = {}
 
 
 def first_use_position(value: str | None) -> Any:
@@ -69,8 +71,10 @@ def read_subscription(spark: Any, servers: str, subscription: str, *,
     """A DataFrame of `subscription`'s next range, which `commit(df)` commits. Extra options
     are passed to the reader (fetchBytes, numPartitions, requestTimeoutMs)."""
     first = first_use_position(None if starting_offset is None else str(starting_offset))
+    security = ConnSecurity.from_options({k.lower(): str(v) for k, v in options.items()})
     session = Session(parse_servers(servers), float(options.get("requestTimeoutMs",
-                                                                60_000)) / 1000)
+                                                                60_000)) / 1000,
+                      security=security)
     try:
         _, end = pin(session, subscription, first)
     finally:
@@ -83,7 +87,7 @@ def read_subscription(spark: Any, servers: str, subscription: str, *,
         reader = reader.option(key, str(value))
     df = reader.load()
     key = id(df)
-    _READS[key] = (servers, subscription, end)
+    _READS[key] = (servers, subscription, end, security)
     try:
         weakref.finalize(df, _READS.pop, key, None)
     except TypeError:  # not weak-referenceable in this Spark build: keep the small entry
@@ -92,26 +96,28 @@ def read_subscription(spark: Any, servers: str, subscription: str, *,
 
 
 def commit(df: Any = None, *, servers: str | None = None, subscription: str | None = None,
-           timeout_s: float = 60.0) -> int:
+           timeout_s: float = 60.0, **options: str) -> int:
     """Commit a successful incremental read: the subscription's position moves to the end of
     the range the read covered. Call it only after the job that consumed the DataFrame
     succeeded. Returns the new position.
 
     `commit(df)` for a DataFrame from read_subscription; `commit(servers=..., subscription=...)`
-    commits the range pinned by the last planned read of that subscription."""
+    commits the range pinned by the last planned read of that subscription (TLS and token
+    as the reader's options: tlsCa=..., tlsCert=..., tlsKey=..., token=...)."""
+    security = ConnSecurity.from_options({k.lower(): str(v) for k, v in options.items()})
     if df is not None:
         known = _READS.get(id(df))
         if known is None:
             raise ValueError("this DataFrame was not made by sparkio.read_subscription (or is a "
                              "DataFrame derived from it); pass that one, or "
                              "commit(servers=..., subscription=...)")
-        servers, subscription, end = known
+        servers, subscription, end, security = known
     elif servers is None or subscription is None:
         raise ValueError("commit needs the DataFrame from read_subscription, or servers and "
                          "subscription")
     else:
         end = None
-    session = Session(parse_servers(servers), timeout_s)
+    session = Session(parse_servers(servers), timeout_s, security=security)
     try:
         sub = session.call({"t": "sub_get", "name": subscription})["subscription"]
         if end is None:

@@ -20,6 +20,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, StringType, StructType
 
 from sparkio.encode import SchemaError, check_columns, chunks
+from sparkio.security import ConnSecurity
 from sparkio.staging import LoadClosed, RaftlogError, Session, Stager, parse_servers
 
 log = logging.getLogger("sparkio.writer")
@@ -52,6 +53,7 @@ class WriteOptions:
     timeout_s: float
     fail_once: int | None  # test only: partition whose first attempt fails midway
     fail_always: int | None  # test only: partition whose every attempt fails midway
+    security: ConnSecurity = ConnSecurity()  # tlsCa/tlsCert/tlsKey/token options
 
     @staticmethod
     def parse(options: dict[str, str]) -> "WriteOptions":
@@ -72,7 +74,8 @@ class WriteOptions:
             batch_bytes=int(options.get("batchbytes", DEFAULT_BATCH_BYTES)),
             max_inflight=int(options.get("maxinflight", 4)),
             timeout_s=int(options.get("requesttimeoutms", 60_000)) / 1000,
-            fail_once=opt_int("failonce"), fail_always=opt_int("failalways"))
+            fail_once=opt_int("failonce"), fail_always=opt_int("failalways"),
+            security=ConnSecurity.from_options(options))
 
 
 def check_schema(schema: StructType) -> None:
@@ -91,7 +94,7 @@ class RaftlogWriter(DataSourceArrowWriter):
             raise ValueError("raftlog is append-only: use .mode('append')")
         check_schema(schema)
         self.opts = WriteOptions.parse(dict(options))
-        session = Session(self.opts.servers, self.opts.timeout_s)
+        session = Session(self.opts.servers, self.opts.timeout_s, security=self.opts.security)
         try:
             load = session.load_begin(self.opts.load_id)
         finally:
@@ -119,7 +122,7 @@ class RaftlogWriter(DataSourceArrowWriter):
         o = self.opts
         if self.already:
             return LoadCommitMessage(part, attempt, 0, 0, 0, 0.0, "already committed")
-        session = Session(o.servers, o.timeout_s)
+        session = Session(o.servers, o.timeout_s, security=o.security)
         try:
             # Executors re-check: a re-run may have committed (or restarted) the load since.
             load = session.load_status(o.load_id)
@@ -172,7 +175,7 @@ class RaftlogWriter(DataSourceArrowWriter):
                                             f"({skipped[0].skipped}); this run published "
                                             f"nothing")
         attempts = [(m.partition, m.attempt, m.batches, m.rows) for m in msgs]
-        session = Session(o.servers, o.timeout_s)
+        session = Session(o.servers, o.timeout_s, security=o.security)
         try:
             load = session.load_commit(o.load_id, self.gen, attempts)
         finally:
@@ -192,7 +195,7 @@ class RaftlogWriter(DataSourceArrowWriter):
         o = self.opts
         if self.already:
             return
-        session = Session(o.servers, o.timeout_s)
+        session = Session(o.servers, o.timeout_s, security=o.security)
         try:
             load = session.load_abort(o.load_id, self.gen, "the Spark job failed")
             log.warning("load aborted load_id=%s gen=%d state=%s", o.load_id, self.gen,

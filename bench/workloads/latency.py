@@ -36,11 +36,13 @@ class LatencyArgs:
     warmup: float
     duration: float
     drain_timeout: float = 5.0
+    acks: str = "quorum"
+    tls_ca: str | None = None  # TLS to the node, trusting this CA
 
 
 async def latency_worker(a: LatencyArgs, sync: Sync) -> None:
     payload = encode_values([b"x" * RECORD_SIZE])
-    conn = await AsyncConn.open(a.addr)
+    conn = await AsyncConn.open(a.addr, tls_ca=a.tls_ca)
     sync.ready()
     k = 0
     try:
@@ -98,7 +100,7 @@ async def latency_round(conn: AsyncConn, a: LatencyArgs, payload: bytes, t0: flo
             # a late send is charged to the system (no coordinated omission), an early one is
             # never credited.
             intended[rid] = min(due, time.monotonic())
-            await conn.send_raw(produce_frame(rid, "quorum", payload, 1))
+            await conn.send_raw(produce_frame(rid, a.acks, payload, 1))
         with trio.move_on_after(a.drain_timeout):
             while intended:
                 await trio.sleep(0.001)

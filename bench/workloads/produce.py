@@ -37,11 +37,12 @@ class ProduceArgs:
     warmup: float
     duration: float
     max_records: int = 0  # >0: stop after this many acknowledged records (pre-filling a log)
+    tls_ca: str | None = None  # TLS to the node, trusting this CA
 
 
 async def produce_worker(a: ProduceArgs, sync: Sync) -> None:
     payload, count = batch_payload(a.record_size, a.batch_bytes)
-    conn = await AsyncConn.open(a.addr)
+    conn = await AsyncConn.open(a.addr, tls_ca=a.tls_ca)
     sync.ready()
     k = 0
     try:
@@ -55,7 +56,7 @@ async def produce_worker(a: ProduceArgs, sync: Sync) -> None:
             if result["stalled"] or result["lost"]:
                 # A send may have been cut mid-frame: start the next round on a clean stream.
                 await conn.aclose()
-                conn = await AsyncConn.open(a.addr)
+                conn = await AsyncConn.open(a.addr, tls_ca=a.tls_ca)
     finally:
         await conn.aclose()
 

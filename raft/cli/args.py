@@ -1,21 +1,61 @@
 """Argument types and options shared by the `raftlog` commands: a bad value is a usage error
-(exit 2, argparse's message) before anything connects."""
+(exit 2, with the flag's name) before anything connects.
+
+Where the cluster is: `--servers`, else the RAFTLOG_SERVERS environment variable (as rpk reads
+RPK_BROKERS, etcdctl ETCDCTL_ENDPOINTS and nats NATS_URL), else the addresses `raftlog up`
+uses by default. `resolve_servers` fills it in after parsing and remembers where it came from
+(`raftlog config show` prints that)."""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import os
+import re
 
+from raft.cli.security import add_client_security_args
 from raft.client import parse_servers
 from raft.node.config import ConfigError
 
 DEFAULT_SERVERS = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
+SERVERS_ENV = "RAFTLOG_SERVERS"
+
+# Kafka's words for the ack levels, accepted as aliases: acks=all is quorum, 1 the leader, 0 none.
+ACKS_ALIASES = {"all": "quorum", "-1": "quorum", "1": "leader", "0": "none"}
+ACKS_CHOICES = ("quorum", "leader", "none", "all", "1", "0")
 
 
-def servers_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--servers", default=DEFAULT_SERVERS, type=_servers,
-                   help=f"any nodes of the cluster (default {DEFAULT_SERVERS})")
-    p.add_argument("--timeout", type=positive_float, default=10.0,
-                   help="seconds per operation, retries included (default 10)")
+def servers_arg(p: argparse.ArgumentParser, *, timeout: float = 10.0,
+                timeout_help: str = "seconds per operation, retries included",
+                security: bool = True) -> None:
+    """--servers and --timeout, and (unless the parser has the node's own TLS flags already)
+    the client's TLS and token flags."""
+    p.add_argument("--servers", default=None, type=_servers, metavar="HOST:PORT,...",
+                   help=f"any nodes of the cluster (default: ${SERVERS_ENV}, else "
+                        f"{DEFAULT_SERVERS}, where `raftlog up` listens by default)")
+    p.add_argument("--timeout", type=positive_float, default=timeout,
+                   help=f"{timeout_help} (default {timeout:g})")
+    if security:
+        add_client_security_args(p)
+
+
+def resolve_servers(args: argparse.Namespace) -> None:
+    """Fill in `args.servers` (flag, else $RAFTLOG_SERVERS, else the default) and record its
+    source in `args.servers_source`."""
+    if not hasattr(args, "servers"):
+        return
+    if args.servers is not None:
+        args.servers_source = "flag --servers"
+        return
+    env = os.environ.get(SERVERS_ENV, "").strip()
+    if env:
+        try:
+            parse_servers(env)
+        except ConfigError as e:
+            raise ConfigError(f"{SERVERS_ENV}={env!r}: {e}") from None
+        args.servers, args.servers_source = env, f"env {SERVERS_ENV}"
+    else:
+        args.servers, args.servers_source = DEFAULT_SERVERS, "default"
 
 
 def _servers(text: str) -> str:
@@ -24,6 +64,15 @@ def _servers(text: str) -> str:
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text
+
+
+def acks(text: str) -> str:
+    """quorum | leader | none, or Kafka's all | 1 | 0."""
+    value = ACKS_ALIASES.get(text.strip().lower(), text.strip().lower())
+    if value not in ("quorum", "leader", "none"):
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {text!r} (choose from quorum/all, leader/1, none/0)")
+    return value
 
 
 def positive_int(text: str) -> int:
@@ -36,6 +85,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
+    return value
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -44,3 +103,60 @@ def positive_float(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} must be above 0")
     return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
+    return value
+
+
+def start_offset(text: str) -> int | str:
+    """`consume --from`: an offset (>= 0), -N (the last N records), `start` or `end`."""
+    word = text.strip().lower()
+    if word in ("start", "beginning", "oldest"):
+        return "start"
+    if word in ("end", "newest"):
+        return "end"
+    try:
+        return int(word)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an offset: give N (from offset N), -N (the last N records), "
+            f"start or end") from None
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
+            "w": 7 * 86_400_000}
+
+
+def since(text: str, now_ms: int | None = None) -> int:
+    """`consume --since`: a point in time as epoch milliseconds. Either a duration back from
+    now (`90s`, `10m`, `1h30m`, `2d`) or an ISO 8601 date/time (`2026-11-23`,
+    `2026-11-23T10:00`, `2026-11-23T10:00:00+01:00`; local time when no offset is given)."""
+    raw = text.strip()
+    now = int(dt.datetime.now().timestamp() * 1000) if now_ms is None else now_ms
+    parts = _DURATION.findall(raw.lower())
+    if parts and "".join(n + u for n, u in parts) == raw.lower():
+        return now - int(sum(float(n) * _UNIT_MS[u] for n, u in parts))
+    try:
+        when = dt.datetime.fromisoformat(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a duration (10m, 1h30m, 2d) nor an ISO time "
+            f"(2026-11-23T10:00)") from None
+    if when.tzinfo is None:
+        when = when.astimezone()  # naive: the local time zone, as `date` shows it
+    return int(when.timestamp() * 1000)
+
+
+def json_flag(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--json", action="store_true",
+                   help=f"{what}; errors too are one JSON object on stderr: "
+                        f'{{"error": {{"code": ..., "message": ...}}}}')
+

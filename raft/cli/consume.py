@@ -1,98 +1,186 @@
-"""`raftlog consume`: print committed records from an offset, as `offset<TAB>value` or as JSON
-(values that are not UTF-8 come out base64)."""
+"""`raftlog consume`: print committed records, one per line, as `offset<TAB>value` or as JSON.
+
+Where to start: `--from N` (an offset), `--from -N` (the last N records), `--from start` (the
+log start, the default), `--from end` (only records committed from now on, with --follow), or
+`--since TIME` (the first record stamped at or after TIME: a duration back from now such as
+`10m`, or an ISO time; found by a binary search over batch timestamps, see
+raft.client.Client.offset_for_time). `--to` stops before an offset.
+
+Offsets: every entry of the replicated log takes offsets, and some are not records: a new
+leader's no-op (so the first record of a new cluster is at offset 1), membership changes and
+staged-load markers. Record offsets therefore have gaps; consume reads across them.
+
+Text output escapes values so each record is one unambiguous line (raft.cli.output); --json
+prints {"offset", "timestamp_ms", "value"|"value_b64", "key"|"key_b64", "headers"}.
+"""
 
 from __future__ import annotations
 
 import argparse
-import base64
 import json
+import sys
 from typing import Any
 
 import trio
 
 from raft.cli import subscriptions
-from raft.cli.args import positive_int, servers_arg
-from raft.client import Client, FetchedRecord
+from raft.cli.args import json_flag, non_negative_int, positive_float, positive_int, \
+    servers_arg, since, start_offset
+from raft.cli.security import client_options
+from raft.cli.output import escape_value, headers_json, put_bytes
+from raft.client import Client, FetchedRecord, OffsetOutOfRangeError
+from raft.node.config import ConfigError
+
+OFFSETS_NOTE = ("Offsets: every log entry takes offsets, and some are not records (a new "
+                "leader's no-op, so a new cluster's first record is at offset 1; membership "
+                "changes; load markers): record offsets have gaps, and consume reads across "
+                "them.")
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
-    """Records from --from (default: the log start) up to --to (exclusive); stops at the high
-    watermark unless --follow."""
     if args.subscription is not None:  # resume from a subscription (raft/cli/subscriptions.py)
         return subscriptions.consume_subscription(args, _print_record)
+    if isinstance(args.from_offset, int) and args.from_offset >= 0 and args.to is not None \
+            and args.to <= args.from_offset:
+        raise ConfigError(f"--to {args.to} must be above --from {args.from_offset} (--to is "
+                          f"exclusive: --from 5 --to 8 reads offsets 5, 6 and 7)")
 
     async def run() -> int:
-        printed = 0
-        offset = args.from_offset
-        async with Client(args.servers, timeout=args.timeout) as client:
-            if offset < 0:
-                offset = (await client.fetch(0, max_bytes=1, address=args.node)).start_offset
-            while args.count is None or printed < args.count:
-                if args.to is not None and offset >= args.to:
-                    return 0
-                res = await client.fetch(offset, max_bytes=args.max_bytes,
-                                         max_wait=args.max_wait if args.follow else 0.0,
-                                         address=args.node)
-                for r in res.records:
-                    if args.to is not None and r.offset >= args.to:
-                        return 0
-                    _print_record(r, args.json)
-                    printed += 1
-                    if args.count is not None and printed >= args.count:
-                        return 0
-                if res.next_offset <= offset and not res.records and not args.follow:
-                    return 0  # at the high watermark: everything committed was printed
-                offset = max(offset, res.next_offset)
+        async with Client(args.servers, timeout=args.timeout, **client_options(args)) as client:
+            await _consume(client, args)
         return 0
 
     try:
         return trio.run(run)
     except KeyboardInterrupt:
-        return 0
+        return 0  # Ctrl-C is how --follow ends
+
+
+async def _bounds(client: Client, node: str | None) -> tuple[int, int]:
+    """(log start, high watermark)."""
+    try:
+        res = await client.fetch(0, max_bytes=1, address=node)
+        return res.start_offset, res.high_watermark
+    except OffsetOutOfRangeError as e:
+        start = e.start_offset if e.start_offset is not None else 0
+        return start, e.high_watermark if e.high_watermark is not None else start - 1
+
+
+async def _read_range(client: Client, args: argparse.Namespace, first: int,
+                      last: int) -> list[FetchedRecord]:
+    """Every committed record in [first, last]."""
+    out: list[FetchedRecord] = []
+    offset = first
+    while offset <= last:
+        res = await client.fetch(offset, max_bytes=args.max_bytes, address=args.node)
+        out.extend(r for r in res.records if r.offset <= last)
+        if res.next_offset <= offset:
+            break
+        offset = res.next_offset
+    return out
+
+
+async def _last_records(client: Client, args: argparse.Namespace, n: int) -> tuple[
+        list[FetchedRecord], int]:
+    """The last n committed records (fewer if the log holds fewer), and the offset after them.
+    Offsets have gaps (control entries), so the window is widened until it holds n records."""
+    start, hw = await _bounds(client, args.node)
+    back = n
+    while True:
+        lo = max(start, hw + 1 - back)
+        records = await _read_range(client, args, lo, hw)
+        if len(records) >= n or lo == start:
+            return records[-n:], hw + 1
+        back *= 2
+
+
+async def _consume(client: Client, args: argparse.Namespace) -> None:
+    printed = 0
+    frm = "start" if args.from_offset is None else args.from_offset
+    if args.since is not None:
+        offset = await client.offset_for_time(args.since, address=args.node)
+    elif frm == "start":
+        offset = (await _bounds(client, args.node))[0]
+    elif frm == "end":
+        offset = (await _bounds(client, args.node))[1] + 1
+    elif frm < 0:
+        records, offset = await _last_records(client, args, -frm)
+        for r in records:
+            if args.to is not None and r.offset >= args.to:
+                return
+            _print_record(r, args.json)
+            printed += 1
+            if args.count is not None and printed >= args.count:
+                return
+        sys.stdout.flush()
+    else:
+        offset = frm
+    while args.count is None or printed < args.count:
+        if args.to is not None and offset >= args.to:
+            return
+        res = await client.fetch(offset, max_bytes=args.max_bytes,
+                                 max_wait=args.max_wait if args.follow else 0.0,
+                                 address=args.node)
+        for r in res.records:
+            if args.to is not None and r.offset >= args.to:
+                return
+            _print_record(r, args.json)
+            printed += 1
+            if args.count is not None and printed >= args.count:
+                return
+        sys.stdout.flush()
+        if res.next_offset <= offset and not res.records and not args.follow:
+            return  # at the high watermark: everything committed was printed
+        offset = max(offset, res.next_offset)
+
+
+def record_json(r: FetchedRecord) -> dict[str, Any]:
+    out: dict[str, Any] = {"offset": r.offset, "timestamp_ms": r.timestamp_ms}
+    put_bytes(out, "value", r.value)
+    if r.key is not None:
+        put_bytes(out, "key", r.key)
+    if r.headers:
+        out["headers"] = headers_json(r.headers)
+    return out
 
 
 def _print_record(r: FetchedRecord, as_json: bool) -> None:
     if as_json:
-        out: dict[str, Any] = {"offset": r.offset, "timestamp_ms": r.timestamp_ms}
-        _put_bytes(out, "value", r.value)
-        if r.key is not None:
-            _put_bytes(out, "key", r.key)
-        print(json.dumps(out))
+        sys.stdout.write(json.dumps(record_json(r)) + "\n")
     else:
-        print(f"{r.offset}\t{_text(r.value)}")
-
-
-def _put_bytes(out: dict[str, Any], name: str, b: bytes) -> None:
-    """UTF-8 text as `name`, anything else base64 as `name_b64`."""
-    try:
-        out[name] = b.decode()
-    except UnicodeDecodeError:
-        out[f"{name}_b64"] = base64.b64encode(b).decode()
-
-
-def _text(b: bytes) -> str:
-    try:
-        return b.decode()
-    except UnicodeDecodeError:
-        return "b64:" + base64.b64encode(b).decode()
+        sys.stdout.write(f"{r.offset}\t{escape_value(r.value)}\n")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("consume", help="print committed records from an offset")
+    p = sub.add_parser(
+        "consume", help="print committed records from an offset, the end, or a time",
+        description="Print committed records, one per line: `offset<TAB>value` (values "
+                    "escaped: \\n, \\t, \\\\, \\xNN for bytes that are not UTF-8) or JSON. "
+                    + OFFSETS_NOTE)
     servers_arg(p)
-    p.add_argument("--from", "--offset", dest="from_offset", type=int, default=-1,
-                   metavar="OFFSET", help="first offset to read (default: the log start)")
-    p.add_argument("--to", type=int, default=None, metavar="OFFSET",
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--from", "--offset", dest="from_offset", type=start_offset,
+                       default=None, metavar="OFFSET",
+                       help="N: from offset N; -N: the last N records; start: the log start "
+                            "(default); end: only new records (with --follow)")
+    where.add_argument("--since", type=since, default=None, metavar="TIME",
+                       help="from the first record stamped at or after TIME: a duration back "
+                            "from now (90s, 10m, 1h30m, 2d) or an ISO time (2026-11-23T10:00, "
+                            "local time unless it has an offset)")
+    p.add_argument("--to", type=non_negative_int, default=None, metavar="OFFSET",
                    help="stop before this offset (exclusive)")
     p.add_argument("--count", type=positive_int, default=None,
                    help="stop after this many records")
-    p.add_argument("--follow", action="store_true", help="keep waiting for new records")
-    p.add_argument("--max-wait", type=float, default=5.0,
+    p.add_argument("--follow", "-f", action="store_true",
+                   help="keep waiting for new records (Ctrl-C stops)")
+    p.add_argument("--max-wait", type=positive_float, default=5.0,
                    help="long-poll seconds per fetch with --follow (default 5)")
     p.add_argument("--max-bytes", type=positive_int, default=1 << 20,
                    help="bytes per fetch (default 1 MiB)")
     p.add_argument("--node", metavar="HOST:PORT", default=None,
-                   help="read from this node (default: the leader)")
-    p.add_argument("--json", action="store_true", help="one JSON object per record")
+                   help="read from this node, up to its own high watermark (default: the "
+                        "leader)")
+    json_flag(p, 'one JSON object per record: offset, timestamp_ms, value (or value_b64 when '
+                 'not UTF-8), key, headers')
     subscriptions.add_consume_arguments(p)
     p.set_defaults(func=cmd_consume)

@@ -6,6 +6,7 @@ Each node logs to DATA_DIR/node-<id>.log so a failed run can be diagnosed after 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -19,20 +20,45 @@ from typing import Any
 from raft.client import BlockingClient, RaftlogError
 
 
-def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on 127.0.0.1 (bound then released: a small race remains,
-    acceptable for local clusters and tests)."""
-    socks, ports = [], []
+# Where free_ports looks: below the kernel's ephemeral range, whose ports any outgoing
+# connection (the nodes' own peer links included) may take between our check and the node's
+# bind. Linux's default range starts at 32768.
+PORT_RANGE = (20000, 32000)
+
+
+def _ephemeral_low() -> int:
     try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_ports(n: int, consecutive: bool = False) -> list[int]:
+    """n distinct free TCP ports on 127.0.0.1 (consecutive if asked), chosen outside the
+    ephemeral range. Bound then released: a small race remains with other processes that pick
+    ports the same way, acceptable for local clusters and tests."""
+    lo, hi = PORT_RANGE[0], min(PORT_RANGE[1], _ephemeral_low() - 1)
+    rng = random.Random()
+    for _ in range(1000):
+        if consecutive:
+            base = rng.randrange(lo, hi - n)
+            candidates = list(range(base, base + n))
+        else:
+            candidates = rng.sample(range(lo, hi), n)
+        socks = []
+        try:
+            for p in candidates:
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return candidates
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} free ports found in {lo}..{hi}")
 
 
 def wait_for(cond: Callable[[], Any], what: str, timeout: float = 30.0,
@@ -56,6 +82,10 @@ class LocalCluster:
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     procs: dict[int, subprocess.Popen] = field(default_factory=dict)
+    # Per-node flags (TLS certificates differ per node: raft/cli/localtls.py) and what the
+    # cluster's own client needs to talk to it (tls_ca, token, ...).
+    node_args: Callable[[int], list[str]] | None = None
+    client_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
@@ -65,6 +95,7 @@ class LocalCluster:
                  else free_ports(self.nodes))
         self.addresses = {i + 1: f"127.0.0.1:{p}" for i, p in enumerate(ports)}
         self.joining: set[int] = set()
+        self.started_at: dict[int, float] = {}  # node id -> time.monotonic() of its last start
         self._client: BlockingClient | None = None
 
     @property
@@ -79,7 +110,7 @@ class LocalCluster:
         extra = ["--join"] if node_id in self.joining else []
         return [sys.executable, "-m", "raft.cli", "serve", "--node-id", str(node_id),
                 "--data-dir", str(self.data_dir), "--peers", self.peers_spec, *self.extra_args,
-                *extra]
+                *(self.node_args(node_id) if self.node_args else []), *extra]
 
     def new_node(self) -> int:
         """Reserve an id and a port for a node that will join with `raftlog add-node`; start
@@ -102,8 +133,12 @@ class LocalCluster:
             if i in self.procs and self.procs[i].poll() is None:
                 continue
             out = open(self.data_dir / f"node-{i}.log", "ab")
+            # Its own process group: a Ctrl-C in the terminal reaches the supervisor (`up`,
+            # a test), which stops the nodes in order, not every node at once.
             self.procs[i] = subprocess.Popen(self.command(i), stdout=out,
-                                             stderr=subprocess.STDOUT, env=env)
+                                             stderr=subprocess.STDOUT, env=env,
+                                             process_group=0)
+            self.started_at[i] = time.monotonic()
             out.close()
 
     def kill(self, node_id: int) -> None:
@@ -148,6 +183,15 @@ class LocalCluster:
         proc = self.procs.get(node_id)
         return proc is not None and proc.poll() is None
 
+    def returncode(self, node_id: int) -> int | None:
+        """None while the node runs (or was never started), else how it ended (-N: signal N)."""
+        proc = self.procs.get(node_id)
+        return None if proc is None else proc.poll()
+
+    def pid(self, node_id: int) -> int | None:
+        proc = self.procs.get(node_id)
+        return None if proc is None else proc.pid
+
     def __enter__(self) -> "LocalCluster":
         self.start()
         return self
@@ -159,7 +203,7 @@ class LocalCluster:
     @property
     def client(self) -> BlockingClient:
         if self._client is None:
-            self._client = BlockingClient(self.servers, timeout=10.0)
+            self._client = BlockingClient(self.servers, timeout=10.0, **self.client_options)
         return self._client
 
     def status_of(self, node_id: int, timeout: float = 1.0) -> dict[str, Any] | None:

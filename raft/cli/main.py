@@ -1,45 +1,81 @@
-"""`raftlog`: the command line that people, scripts and the tests use.
+"""The `raftlog` command: build the parser, run the chosen command, map errors to exit codes.
 
-    raftlog serve --node-id 1 --data-dir ./data --peers 1=127.0.0.1:7101,2=...,3=...
-    raftlog up [--nodes 3] [--data-dir ./data] [--base-port 7101]
-    raftlog produce --servers H:P,... [--acks quorum|leader|none] [--json]   < lines
-    raftlog consume --servers H:P,... [--offset N] [--count N] [--follow] [--json]
-    raftlog consume --subscription NAME [--from-start|--from-end|--from N] [--count N]
-    raftlog subscriptions [--json] | reset NAME --to OFFSET|start|end | delete NAME
-    raftlog status --servers H:P,... [--json]
-    raftlog demo                    (what `make run` runs)
-    raftlog add-node | remove-node | transfer-leader   (membership, raft/cli/membership.py)
+    raftlog up                               # a local 3-node cluster (Ctrl-C stops it)
+    echo hello | raftlog produce             # stream stdin lines as records
+    raftlog consume --from -10               # the last 10 records
+    raftlog status                           # roles, offsets, follower progress
+    raftlog consume --subscription orders    # resume where the last run committed
+    raftlog subscriptions                    # positions, lag, leases (docs/SUBSCRIPTIONS.md)
+    raftlog certs init|issue|show | token create|revoke  # TLS and tokens (docs/SECURITY.md)
 
 Each command group is its own module in this package with a `register(subparsers)`: serve.py
-(serve, up), produce.py, consume.py, subscriptions.py, status.py, demo.py, membership.py.
-Other packages add their commands the same way, as plugins that may be missing: bench.cli
-(`raftlog bench`) and sparkio.cli (`raftlog load`).
-Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration.
+(serve, up), produce.py, consume.py, subscriptions.py, status.py, demo.py, membership.py,
+config_cmd.py, completion.py. Other packages add their commands the same way, as plugins that
+may be missing: bench.cli (`raftlog bench`) and sparkio.cli (`raftlog load`).
+
+Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration, 130 interrupted.
+Errors are one line on stderr (`raftlog CMD: CODE: message`), or one JSON object
+(`{"error": {"code": ..., "message": ...}}`) when the command was given --json.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
+import os
+import re
+import signal
 import sys
+from importlib import metadata
 
-from raft.cli import consume, demo, membership, produce, serve, status, subscriptions
+from raft.cli import (certs, completion, config_cmd, consume, demo, membership, produce,
+                      serve, status, subscriptions, tokens)
+from raft.cli.args import resolve_servers
+from raft.cli.output import print_error
 from raft.client import RaftlogError
 from raft.node.config import ConfigError
+from raft.node.wire import PROTOCOL_VERSION
 
 # Optional packages whose commands join `raftlog` when they (and their extras) are installed.
 PLUGINS = ("bench.cli", "sparkio.cli")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class UsageError(Exception):
+    """A command line argparse refused; main() prints it (as text or JSON) and exits 2."""
+
+    def __init__(self, message: str, prog: str) -> None:
+        super().__init__(message)
+        self.message, self.prog = message, prog
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, raising UsageError instead of printing and exiting, so main() can suggest the
+    closest command or flag and answer in JSON when asked."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message, self.prog)
+
+
+def version() -> str:
+    try:
+        v = metadata.version("raftlog")
+    except metadata.PackageNotFoundError:
+        v = "(not installed)"
+    return f"raftlog {v} (wire protocol v{PROTOCOL_VERSION}, Python {sys.version.split()[0]})"
+
+
+def build_parser() -> Parser:
+    parser = Parser(
         prog="raftlog", description="A Raft-replicated log of record batches.",
-        epilog="Start with `raftlog demo`, or `raftlog up` and then produce/consume/status.")
+        epilog="Start with `raftlog demo`, or `raftlog up` and then produce/consume/status "
+               "(they find `up`'s cluster by default, or through --servers / RAFTLOG_SERVERS).")
+    parser.add_argument("--version", action="version", version=version())
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log more (-v info, -vv debug); quiet by default")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (serve, produce, consume, subscriptions, status, demo):
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for module in (serve, produce, consume, subscriptions, status, demo, certs, tokens):
         module.register(sub)
     for name in PLUGINS:
         try:
@@ -51,30 +87,112 @@ def build_parser() -> argparse.ArgumentParser:
         register = getattr(mod, "register", None)
         if register is not None:
             register(sub)
-    # Last, after the plugins' commands: the order `raftlog --help` has always shown.
+    # After the plugins' commands: the order `raftlog --help` has always shown.
     membership.register(sub)
+    config_cmd.register(sub)
+    completion.register(sub, parser)
+    for p in _all_parsers(sub):
+        # -v works after the subcommand too (`raftlog produce -v`).
+        if "-v" not in p._option_string_actions:
+            p.add_argument("-v", "--verbose", action="count", dest="sub_verbose",
+                           default=argparse.SUPPRESS, help="log more (-v info, -vv debug)")
     return parser
 
 
+def _all_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser]:
+    out = []
+    for p in dict.fromkeys(sub.choices.values()):
+        out.append(p)
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                out.extend(_all_parsers(action))
+    return out
+
+
+def _suggest(parser: Parser, argv: list[str], message: str) -> str:
+    """'did you mean ...?' for a mistyped command, choice or flag."""
+    m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if m:
+        choices = re.findall(r"'([^']*)'", m.group(2))
+        close = difflib.get_close_matches(m.group(1), choices, n=1)
+        return f"; did you mean {close[0]!r}?" if close else ""
+    m = re.search(r"unrecognized arguments: (.*)", message)
+    if m:
+        options = set(parser._option_string_actions)
+        sub = _subparser_for(parser, argv)
+        if sub is not None:
+            options |= set(sub._option_string_actions)
+        for word in m.group(1).split():
+            if word.startswith("-"):
+                close = difflib.get_close_matches(word.split("=")[0], sorted(options), n=1)
+                if close:
+                    return f"; did you mean {close[0]}?"
+    return ""
+
+
+def _subparser_for(parser: argparse.ArgumentParser,
+                   argv: list[str]) -> argparse.ArgumentParser | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for word in argv:
+                if word in action.choices:
+                    deeper = _subparser_for(action.choices[word], argv)
+                    return deeper or action.choices[word]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
-    level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
+    as_json = "--json" in argv
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as e:
+        message = e.message + _suggest(parser, argv, e.message)
+        if as_json:
+            print_error(e.prog.removeprefix("raftlog ").strip() or "raftlog", "USAGE",
+                        message, as_json=True)
+        else:
+            sub = _subparser_for(parser, argv) or parser
+            sub.print_usage(sys.stderr)
+            print(f"{e.prog}: error: {message}", file=sys.stderr)
+        return 2
+    verbose = args.verbose + getattr(args, "sub_verbose", 0)
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()
         return 2
+    as_json = bool(getattr(args, "json", False))
+    command = args.command
     try:
+        resolve_servers(args)
         return int(func(args) or 0)
     except ConfigError as e:
-        print(f"raftlog {args.command}: {e}", file=sys.stderr)
+        print_error(command, "CONFIG", str(e), as_json=as_json)
         return 2
     except RaftlogError as e:
-        print(f"raftlog {args.command}: {e.code}: {e.message}", file=sys.stderr)
+        print_error(command, e.code, e.message, as_json=as_json)
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_gone()
+    except BaseExceptionGroup as group:  # from a command's task group
+        matched, rest = group.split(BrokenPipeError)
+        if matched is not None and rest is None:
+            return _reader_gone()
+        raise
+
+
+def _reader_gone() -> int:
+    """stdout's reader went away (`raftlog consume | head`): stop quietly with the code of a
+    process ended by SIGPIPE, as `cat` would, and keep Python from failing on the final
+    flush."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

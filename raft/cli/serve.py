@@ -1,64 +1,84 @@
 """`raftlog serve` (one node until SIGTERM) and `raftlog up` (a local cluster of real node
-processes until Ctrl-C)."""
+processes until Ctrl-C; raft.cli.up supervises it)."""
 
 from __future__ import annotations
 
 import argparse
-import signal
-import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from raft.cli.args import non_negative_int, positive_int
 from raft.node.config import NodeConfig
+
+if TYPE_CHECKING:
+    from raft.cli.localcluster import LocalCluster
+    from raft.cli.localtls import LocalTLS
+
+# Parsed attributes that are the CLI's, not node settings.
+_NOT_SETTINGS = ("func", "command", "verbose", "sub_verbose")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from raft.node.serve import serve
 
-    return serve({k: v for k, v in vars(args).items() if k not in ("func", "command", "verbose")})
+    return serve({k: v for k, v in vars(args).items() if k not in _NOT_SETTINGS})
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from raft.cli.localcluster import LocalCluster
+    from raft.cli.up import supervise
 
-    console = Console(stderr=True)
     cluster = LocalCluster(Path(args.data_dir), nodes=args.nodes, base_port=args.base_port)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    cluster.start()
-    try:
-        for i, addr in cluster.addresses.items():
-            console.print(f"node {i}: {addr}  (log: {cluster.data_dir / f'node-{i}.log'})")
-        try:
-            with console.status("waiting for a leader..."):
-                leader = cluster.wait_leader(timeout=30)
-        except TimeoutError:
-            console.print("[red]no leader within 30 s[/]; see the node logs above")
-            return 1
-        console.print(f"leader: node {leader}. servers: [bold]{cluster.servers}[/]")
-        console.print(f"try: echo hello | raftlog produce --servers {cluster.servers}")
-        console.print("Ctrl-C stops every node cleanly.")
-        while not stop.wait(0.5):
-            dead = [i for i in cluster.addresses if not cluster.alive(i)]
-            if dead:
-                console.print(f"[red]node(s) {dead} exited[/]; see their logs. Stopping.")
-                return 1
-        return 0
-    finally:
-        codes = cluster.stop()
-        console.print(f"stopped: exit codes {codes}")
+    tls = _up_tls(args, cluster)
+    notes = []
+    if tls is not None:
+        notes.append(f"TLS: clients add {tls.client_flags()} (or: export "
+                     f"RAFTLOG_TLS_CA={tls.ca})")
+    return supervise(cluster, restart=args.restart, notes=notes)
+
+
+def _up_tls(args: argparse.Namespace, cluster: "LocalCluster") -> "LocalTLS | None":
+    """`up --tls`: certificates under DATA_DIR/tls/ (made once, reused), TLS flags per node."""
+    if not args.tls:
+        return None
+    from raft.cli.localtls import prepare
+    from raft.cli.up import say
+
+    tls = prepare(Path(args.data_dir), list(cluster.addresses))
+    cluster.node_args = tls.node_args
+    cluster.client_options = tls.client_options
+    say(f"TLS on: CA {tls.ca}, node certificates in {tls.directory}")
+    return tls
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="run one node until SIGTERM")
+    p = sub.add_parser(
+        "serve", help="run one node until SIGTERM",
+        description="Run one node until SIGTERM or Ctrl-C (a clean stop: a leader hands "
+                    "over, the log is flushed). Settings come from flags or --config FILE.toml "
+                    "(keys = flag names with _; flags win); `raftlog config show` prints the "
+                    "effective ones. Exit 0 after a clean stop, 2 on a configuration error "
+                    "(including a data dir another process is using), 3 after a fail-stop.")
     NodeConfig.add_arguments(p)
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("up", help="run a local cluster of real processes until Ctrl-C")
-    p.add_argument("--nodes", type=int, default=3, help="cluster size (default 3)")
-    p.add_argument("--data-dir", default="./data", help="where the nodes keep their logs")
-    p.add_argument("--base-port", type=int, default=7101,
-                   help="node i listens on base-port + i - 1 (default 7101)")
+    p = sub.add_parser(
+        "up", help="run a local cluster of real processes until Ctrl-C",
+        description="Start a local cluster of `raftlog serve` processes on 127.0.0.1 and "
+                    "watch it until Ctrl-C (which stops every node cleanly). A node that dies "
+                    "is reported and the others keep running; --restart restarts it. "
+                    "Each node logs to DATA_DIR/node-<id>.log. One `up` per data dir.")
+    p.add_argument("--nodes", type=positive_int, default=3, help="cluster size (default 3)")
+    p.add_argument("--data-dir", default="./data",
+                   help="where the nodes keep their logs (default ./data)")
+    p.add_argument("--base-port", type=non_negative_int, default=7101,
+                   help="node i listens on base-port + i - 1 (default 7101; 0 = pick free "
+                        "ports)")
+    p.add_argument("--tls", action="store_true",
+                   help="TLS on every connection, with a throw-away CA and node certificates "
+                        "made under DATA_DIR/tls/ (reused on restart); clients pass "
+                        "--tls-ca DATA_DIR/tls/ca.pem")
+    p.add_argument("--restart", action="store_true",
+                   help="restart a node that dies (with a growing pause if it keeps dying); "
+                        "by default it stays down and `up` prints how to restart it")
     p.set_defaults(func=cmd_up)

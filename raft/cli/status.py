@@ -1,81 +1,152 @@
 """`raftlog status`: every node's role, term and offsets, and the leader's view of its
-followers, as tables or as JSON. `render_status` is also what `raftlog demo` prints at the end."""
+followers, as tables or as JSON. `render_status` is also what `raftlog demo` prints at the end.
+
+Nothing is cut off: when a table is wider than the terminal, each node is printed as a short
+block of `name value` pairs instead (a terminal wraps those; it would have truncated table
+cells). Nodes that do not answer are listed under the table with the reason, and when none
+answers the command fails with one error. Nodes are asked at the same time, so one that is down
+costs one --timeout at most (none when its port refuses connections).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
-from raft.cli.args import servers_arg
-from raft.client import BlockingClient
+from raft.cli.args import json_flag, servers_arg
+from raft.cli.security import client_options
+from raft.client import BlockingClient, UnavailableError
+
+NODE_COLUMNS = ("node", "address", "role", "term", "leader", "dirty", "flushed", "commit",
+                "high watermark", "lag")
+FOLLOWER_COLUMNS = ("node", "match", "next", "dirty", "flushed", "in flight", "recovering",
+                    "bytes behind", "catch-up", "learner", "last heard (ticks)")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with BlockingClient(args.servers, timeout=args.timeout) as client:
+    with BlockingClient(args.servers, timeout=args.timeout, **client_options(args)) as client:
         statuses = client.cluster_status(timeout=args.timeout)
+    if all("error" in st for st in statuses.values()):
+        raise UnavailableError(
+            f"no node answered `status` at {', '.join(statuses)}: "
+            + "; ".join(f"{a}: {st['error']}" for a, st in statuses.items()))
     if args.json:
         print(json.dumps(status_json(statuses), indent=2, sort_keys=True))
     else:
         render_status(statuses)
-    return 0 if any("error" not in st for st in statuses.values()) else 1
+    return 0
 
 
 def status_json(statuses: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """`status --json`: {"nodes": [{node_id, address, role, term, leader_id, dirty_offset,
-    flushed_offset, commit_index, high_watermark, lag, ..., followers (leader only)}]}."""
+    flushed_offset, commit_index, high_watermark, lag, ..., followers (leader only)}]}; a
+    node that did not answer is {"address", "node_id" (when a peer names it), "error",
+    "code"}."""
     nodes = []
-    top = max((st.get("dirty_offset", -1) for st in statuses.values() if "error" not in st),
-              default=-1)
-    for addr, st in sorted(statuses.items(), key=lambda kv: kv[1].get("node_id", 1 << 30)):
+    ids = _ids_by_address(statuses)
+    top = _top(statuses)
+    for addr, st in sorted(statuses.items(), key=lambda kv: ids.get(kv[0], 1 << 30)):
         entry = {"address": addr, **st}
-        if "error" not in st:
+        if "error" in st:
+            if addr in ids:
+                entry["node_id"] = ids[addr]
+        else:
             entry["lag"] = top - st.get("dirty_offset", -1)
         nodes.append(entry)
     return {"nodes": nodes}
 
 
+def _top(statuses: dict[str, dict[str, Any]]) -> int:
+    return max((st.get("dirty_offset", -1) for st in statuses.values() if "error" not in st),
+               default=-1)
+
+
+def _ids_by_address(statuses: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """address -> node id, from the nodes' own answers and their peer lists."""
+    ids: dict[str, int] = {}
+    for st in statuses.values():
+        for k, a in (st.get("peers") or {}).items():
+            ids.setdefault(a, int(k))
+    for addr, st in statuses.items():
+        if "node_id" in st:
+            ids[addr] = st["node_id"]
+    return ids
+
+
+def node_rows(statuses: dict[str, dict[str, Any]]) -> list[list[str]]:
+    top = _top(statuses)
+    ids = _ids_by_address(statuses)
+    rows = []
+    for addr, st in sorted(statuses.items(), key=lambda kv: ids.get(kv[0], 1 << 30)):
+        if "error" in st:
+            continue
+        rows.append([str(st["node_id"]), addr, st["role"], str(st["term"]),
+                     str(st.get("leader_id")), str(st["dirty_offset"]),
+                     str(st["flushed_offset"]), str(st["commit_index"]),
+                     str(st["high_watermark"]), str(top - st["dirty_offset"])])
+    return rows
+
+
+def follower_rows(leader_st: dict[str, Any]) -> list[list[str]]:
+    return [[str(f["node_id"]), str(f["match_index"]), str(f["next_index"]),
+             str(f["dirty_offset"]), str(f["flushed_offset"]),
+             f"{f['inflight']} / {f['inflight_bytes']} B",
+             "yes" if f.get("recovering") else "no", f"{f.get('bytes_behind', 0):,}",
+             f"{f.get('catchup_bytes_per_s', 0) / 1e6:.1f} MB/s",
+             "yes" if f.get("learner") else "no", str(f["last_heard_ticks"])]
+            for f in leader_st.get("followers") or []]
+
+
 def render_status(statuses: dict[str, dict[str, Any]], console: Any = None) -> None:
     from rich.console import Console
+
+    if console is None:
+        # Off a terminal (a pipe, a file) nothing limits the width, unless COLUMNS says so.
+        piped = not Console().is_terminal and "COLUMNS" not in os.environ
+        console = Console(width=1 << 12) if piped else Console()
+    _render(console, "raftlog nodes", NODE_COLUMNS, node_rows(statuses))
+    ids = _ids_by_address(statuses)
+    for addr, st in statuses.items():
+        if "error" in st:
+            who = f"node {ids[addr]}" if addr in ids else "node"
+            console.print(f"[red]{who} at {addr} did not answer:[/] {st['error']}",
+                          soft_wrap=True, markup=True, highlight=False)
+    leader_st = next((st for st in statuses.values() if st.get("role") == "leader"), None)
+    if leader_st and leader_st.get("followers"):
+        _render(console, f"followers of leader {leader_st['node_id']}", FOLLOWER_COLUMNS,
+                follower_rows(leader_st))
+
+
+def _render(console: Any, title: str, columns: tuple[str, ...], rows: list[list[str]]) -> None:
+    """A table when it fits the console's width; otherwise one block per row."""
+    from rich.measure import Measurement
     from rich.table import Table
 
-    console = console or Console()
-    nodes = Table(title="raftlog nodes")
-    for col in ("node", "address", "role", "term", "leader", "dirty", "flushed", "commit",
-                "high watermark", "lag"):
-        nodes.add_column(col, justify="right" if col not in ("address", "role") else "left")
-    leader_st = None
-    top = max((st.get("dirty_offset", -1) for st in statuses.values() if "error" not in st),
-              default=-1)
-    for addr, st in sorted(statuses.items(), key=lambda kv: kv[1].get("node_id", 1 << 30)):
-        if "error" in st:
-            nodes.add_row("?", addr, f"[red]{st['error']}[/]", *[""] * 7)
-            continue
-        if st.get("role") == "leader":
-            leader_st = st
-        nodes.add_row(str(st["node_id"]), addr, st["role"], str(st["term"]),
-                      str(st.get("leader_id")), str(st["dirty_offset"]),
-                      str(st["flushed_offset"]), str(st["commit_index"]),
-                      str(st["high_watermark"]), str(top - st["dirty_offset"]))
-    console.print(nodes)
-    if leader_st and leader_st.get("followers"):
-        prog = Table(title=f"followers of leader {leader_st['node_id']}")
-        for col in ("node", "match", "next", "dirty", "flushed", "in flight", "recovering",
-                    "bytes behind", "catch-up", "learner", "last heard (ticks)"):
-            prog.add_column(col, justify="right")
-        for f in leader_st["followers"]:
-            prog.add_row(str(f["node_id"]), str(f["match_index"]), str(f["next_index"]),
-                         str(f["dirty_offset"]), str(f["flushed_offset"]),
-                         f"{f['inflight']} / {f['inflight_bytes']} B",
-                         "yes" if f.get("recovering") else "no",
-                         f"{f.get('bytes_behind', 0):,}",
-                         f"{f.get('catchup_bytes_per_s', 0) / 1e6:.1f} MB/s",
-                         "yes" if f.get("learner") else "no", str(f["last_heard_ticks"]))
-        console.print(prog)
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, no_wrap=True,
+                         justify="left" if col in ("address", "role") else "right")
+    for row in rows:
+        table.add_row(*row)
+    needed = Measurement.get(console, console.options.update_width(1 << 16), table).maximum
+    if needed <= console.width:
+        console.print(table)
+        return
+    console.print(f"[bold]{title}[/]", highlight=False)
+    for row in rows:
+        head = f"{columns[0]} {row[0]}"
+        rest = "  ".join(f"{c} {v}" for c, v in zip(columns[1:], row[1:]))
+        console.print(f"{head}: {rest}", soft_wrap=True, highlight=False, markup=False)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("status", help="every node's role, term, offsets and follower progress")
-    servers_arg(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("status", help="every node's role, term, offsets and follower progress",
+                       description="Every node's role, term and offsets (dirty = appended, "
+                                   "flushed = fsynced, commit = flushed on a majority, high "
+                                   "watermark = readable), and the leader's view of its "
+                                   "followers. Exit 1 when no node answers.")
+    servers_arg(p, timeout=2.0, timeout_help="seconds to wait for each node")
+    json_flag(p, "machine-readable output")
     p.set_defaults(func=cmd_status)

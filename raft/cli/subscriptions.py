@@ -22,7 +22,8 @@ from typing import Any
 
 import trio
 
-from raft.cli.args import positive_int, servers_arg
+from raft.cli.args import json_flag, positive_int, servers_arg
+from raft.cli.security import client_options
 from raft.client import BlockingClient, Client, Consumer, FetchedRecord
 from raft.node.config import ConfigError
 
@@ -50,19 +51,25 @@ def add_consume_arguments(p: argparse.ArgumentParser) -> None:
 def consume_subscription(args: argparse.Namespace,
                          print_record: Callable[[FetchedRecord, bool], None]) -> int:
     """`raftlog consume --subscription NAME`: print from the committed position, commit as
-    lines are flushed. `--from OFFSET` picks the first-use position like --from-start/-end."""
+    lines are flushed. `--from OFFSET|start|end` picks the first-use position like
+    --from-start/--from-end."""
     start: Any = args.sub_start or "start"
-    if args.from_offset >= 0:
+    frm = args.from_offset
+    if frm is not None:
         if args.sub_start:
             raise ConfigError("give one of --from, --from-start, --from-end")
-        start = args.from_offset
-    if args.to is not None or args.node is not None:
-        raise ConfigError("--to and --node do not combine with --subscription (a "
-                          "subscription reads in order from the leader; use --count)")
+        if isinstance(frm, int) and frm < 0:
+            raise ConfigError(f"--from {frm} (the last N records) does not combine with "
+                              f"--subscription; use --from start, end or an offset (the "
+                              f"position on first use)")
+        start = frm
+    if args.to is not None or args.node is not None or args.since is not None:
+        raise ConfigError("--to, --node and --since do not combine with --subscription (a "
+                          "subscription reads in order from its position; use --count)")
 
     async def run() -> int:
         printed = 0
-        async with Client(args.servers, timeout=args.timeout) as client:
+        async with Client(args.servers, timeout=args.timeout, **client_options(args)) as client:
             async with Consumer(client, args.subscription, auto_commit_ms=args.commit_ms,
                                 start=start, exclusive=args.exclusive,
                                 max_bytes=args.max_bytes, follow=args.follow,
@@ -83,7 +90,7 @@ def consume_subscription(args: argparse.Namespace,
 
 # -- raftlog subscriptions ------------------------------------------------------------------------
 def cmd_list(args: argparse.Namespace) -> int:
-    with BlockingClient(args.servers, timeout=args.timeout) as client:
+    with BlockingClient(args.servers, timeout=args.timeout, **client_options(args)) as client:
         subs = client.subscriptions(args.prefix)
     if args.json:
         print(json.dumps({"subscriptions": subs}, indent=2, sort_keys=True))
@@ -134,36 +141,40 @@ def _position(text: str) -> int | str:
 
 
 def cmd_reset(args: argparse.Namespace) -> int:
-    with BlockingClient(args.servers, timeout=args.timeout) as client:
+    with BlockingClient(args.servers, timeout=args.timeout, **client_options(args)) as client:
         sub = client.subscription_reset(args.name, args.to)
     print(f"subscription {sub['name']} reset to position {sub['position']}", file=sys.stderr)
     return 0
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    with BlockingClient(args.servers, timeout=args.timeout) as client:
+    with BlockingClient(args.servers, timeout=args.timeout, **client_options(args)) as client:
         client.subscription_delete(args.name)
     print(f"subscription {args.name} deleted", file=sys.stderr)
     return 0
 
 
 def _servers_again(p: argparse.ArgumentParser) -> None:
-    """--servers/--timeout after the action too, without their defaults overriding values
-    given before it (`raftlog subscriptions --servers X reset ...`)."""
+    """--servers, --timeout and the security flags after the action too, without their defaults
+    overriding values given before it (`raftlog subscriptions --servers X reset ...`)."""
+    before = set(map(id, p._actions))
     servers_arg(p)
     for action in p._actions:
-        if action.dest in ("servers", "timeout"):
+        if id(action) not in before:
             action.default = argparse.SUPPRESS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("subscriptions", help="list, reset or delete subscriptions (named "
-                                             "consumer positions kept by the cluster)")
+                                             "consumer positions kept by the cluster)",
+                       description="Subscriptions are named consumer positions kept by the "
+                                   "cluster, replicated with the log (docs/SUBSCRIPTIONS.md). "
+                                   "Without an action: list them with their lag.")
     servers_arg(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    json_flag(p, "machine-readable output: {\"subscriptions\": [...]}")
     p.add_argument("--prefix", default="", help="only names starting with this")
     p.set_defaults(func=cmd_list)
-    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
     r = actions.add_parser("reset", help="move a subscription to an offset (back or forward); "
                                          "creates it if missing")
     _servers_again(r)

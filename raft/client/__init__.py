@@ -9,8 +9,13 @@ the same (producer id, sequence), so the cluster writes the batch once and answe
 with the original offsets.
 
 Errors are typed (`NotLeaderError`, `RequestTimeout`, `TooLargeError`, `OffsetOutOfRangeError`,
-`ShuttingDownError`, ...), all subclasses of `RaftlogError` carrying the server's code and
-message.
+`ShuttingDownError`, `AuthenticationError`, `PermissionDeniedError`, `TLSError`, ...), all
+subclasses of `RaftlogError` carrying the server's code and message; the public API never raises
+an ExceptionGroup. `RequestTimeout` is the "unknown" outcome: a write that may or may not be in
+the log. When no node listens at any of the addresses given, calls fail at once with one
+`UnavailableError` naming them all.
+
+Security: `Client(..., tls_ca=, tls_cert=, tls_key=, token=)` (raft.client.security).
 
 Subscriptions (named positions kept by the cluster): `Consumer(client, subscription="orders")`
 iterates a subscription's records and commits the position as it goes; `Client.subscription_*`
@@ -23,21 +28,23 @@ connection to one node), client.py (`Client`), producer.py (`Producer`), blockin
 
 from raft.client.blocking import BlockingClient
 from raft.client.client import Client, parse_servers
-from raft.client.errors import (BackpressureError, BadRequestError, DiskFullError,
-                                LeadershipLostError,
-                                NotLeaderError, OffsetOutOfRangeError, RaftlogError,
+from raft.client.errors import (AuthenticationError, BackpressureError, BadRequestError,
+                                DiskFullError, LeadershipLostError, NotLeaderError,
+                                OffsetOutOfRangeError, PermissionDeniedError, RaftlogError,
                                 RequestTimeout, ShuttingDownError, TooLargeError,
                                 UnavailableError, error_from_reply)
 from raft.client.consumer import BlockingConsumer, Consumer
 from raft.client.errors import (InvalidSubscriptionName, PositionBehind,
                                 PositionPastHighWatermark, SubscriptionError, SubscriptionLeased,
                                 UnknownSubscription)
-from raft.client.producer import Producer
+from raft.client.producer import Delivery, Producer
 from raft.client.results import FetchedRecord, FetchResult, ProduceResult
+from raft.client.security import ClientSecurity, TLSError
 
 __all__ = [
-    "BackpressureError", "BadRequestError", "BlockingClient", "Client", "DiskFullError",
-    "FetchResult",
+    "AuthenticationError", "ClientSecurity", "PermissionDeniedError", "TLSError",
+    "BackpressureError", "BadRequestError", "BlockingClient", "Client", "Delivery",
+    "DiskFullError", "FetchResult",
     "FetchedRecord", "LeadershipLostError", "NotLeaderError", "OffsetOutOfRangeError",
     "ProduceResult", "Producer", "RaftlogError", "RequestTimeout", "ShuttingDownError",
     "TooLargeError", "UnavailableError", "error_from_reply", "parse_servers",

@@ -80,6 +80,9 @@ class BlockingClient(BlockingSubscriptionCalls):
     def fetch(self, offset: int, **kwargs: Any) -> FetchResult:
         return self._call(self._client.fetch, offset, **kwargs)
 
+    def offset_for_time(self, timestamp_ms: int, **kwargs: Any) -> int:
+        return self._call(self._client.offset_for_time, timestamp_ms, **kwargs)
+
     def status(self, address: str | None = None) -> dict[str, Any]:
         return self._call(self._client.status, address)
 

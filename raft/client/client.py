@@ -7,30 +7,51 @@ from __future__ import annotations
 
 import itertools
 import random
+import socket
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import trio
 
 from raft.client.connection import _Connection
-from raft.client.errors import (RETRIABLE, NotLeaderError, RaftlogError, RequestTimeout,
-                                ShuttingDownError, UnavailableError, error_from_reply)
+from raft.client.errors import (RETRIABLE, NotLeaderError, OffsetOutOfRangeError,
+                                RaftlogError, RequestTimeout,
+                                ShuttingDownError, TooLargeError, UnavailableError,
+                                error_from_reply)
 from raft.client.results import FetchedRecord, FetchResult, ProduceResult
+from raft.client.security import ClientSecurity
 from raft.client.subscriptions import SubscriptionCalls
 from raft.node import wire
 from raft.node.config import ConfigError, parse_address
 from storage.records import Record, decode_records, encode_records
 
 DEFAULT_TIMEOUT_S = 10.0
+# The longest wait a request asks a node for (the nodes' default max_timeout_ms): a longer
+# client timeout is spent in retries, which are safe where the client retries at all.
+MAX_SERVER_TIMEOUT_MS = 120_000
+
+
+def server_timeout_ms(budget_s: float) -> int:
+    return max(1, min(MAX_SERVER_TIMEOUT_MS, int(budget_s * 1000)))
 
 
 class Client(SubscriptionCalls):
-    """A connection pool to one cluster. Use as `async with Client("h:p,h:p") as c:`."""
+    """A connection pool to one cluster. Use as `async with Client("h:p,h:p") as c:`.
+    With `tls_ca` (and optionally `tls_cert`/`tls_key`) it speaks TLS; `token` authenticates
+    (raft.client.security)."""
 
     def __init__(self, servers: str | Sequence[str], *, timeout: float = DEFAULT_TIMEOUT_S,
-                 max_frame_bytes: int = 64 << 20, rng: random.Random | None = None) -> None:
+                 max_frame_bytes: int = 64 << 20, rng: random.Random | None = None,
+                 tls_ca: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None, token: str | None = None,
+                 retry_refused: bool = False) -> None:
         self.servers = parse_servers(servers)
+        self.security = ClientSecurity.create(tls_ca=tls_ca, tls_cert=tls_cert,
+                                              tls_key=tls_key, token=token)
         self.timeout = timeout
+        # Keep retrying addresses that refuse connections until the timeout (a script that
+        # starts the cluster and the client together); by default that fails at once.
+        self.retry_refused = retry_refused
         self.max_frame_bytes = max_frame_bytes
         self._rng = rng or random.Random()
         self._conns: dict[str, _Connection] = {}
@@ -54,7 +75,7 @@ class Client(SubscriptionCalls):
         conn = self._conns.get(address)
         if conn is not None and not conn.broken:
             return conn
-        conn = await _Connection.open(address, self.max_frame_bytes)
+        conn = await _Connection.open(address, self.max_frame_bytes, self.security)
         self._conns[address] = conn
         return conn
 
@@ -72,6 +93,11 @@ class Client(SubscriptionCalls):
             self._rng.shuffle(self._rotation)
         return self._rotation.pop()
 
+    async def _forget(self, address: str) -> None:
+        await self._drop(address)
+        if self._leader_addr == address:
+            self._leader_addr = None
+
     async def call(self, t: str, *, timeout: float | None = None, leader: bool = True,
                    server: str | None = None, attempt_timeout: float | None = None,
                    **fields: Any) -> dict[str, Any]:
@@ -81,15 +107,23 @@ class Client(SubscriptionCalls):
         `attempt_timeout` (default a third of the budget, at least 2 s), so a hung node does
         not eat the whole budget.
 
+        When every address refuses the connection (nothing listens there) before any node
+        has answered, the call fails at once with one UnavailableError naming them all:
+        waiting out the timeout would not help a cluster that is not running (pass
+        `retry_refused=True` to the Client to wait for one that is starting).
+
         A produce without a producer id is not idempotent: once it may have reached the
         server, an ambiguous failure (no answer, connection lost, leadership lost) is raised
-        instead of retried, since a retry could write the batch twice."""
+        as RequestTimeout ("unknown outcome") instead of retried, since a retry could write
+        the batch twice, and never as an earlier, definite error such as NOT_LEADER."""
         budget = self.timeout if timeout is None else timeout
         per_attempt = attempt_timeout if attempt_timeout is not None else max(2.0, budget / 3)
         deadline = trio.current_time() + budget
         safe_to_retry = t != "produce" or bool(fields.get("producer_id"))
         backoff = 0.01
         last: RaftlogError | None = None
+        refused: dict[str, str] = {}  # address -> why nothing answered there
+        answered = False
         while True:
             target = server or self._next_target()
             remaining = deadline - trio.current_time()
@@ -102,27 +136,38 @@ class Client(SubscriptionCalls):
                     sent = True
                     reply = await conn.request({"t": t, **fields}, next(self._ids))
             except trio.TooSlowError:
-                await self._drop(target)
-                if self._leader_addr == target:
-                    self._leader_addr = None
+                await self._forget(target)
+                waited = min(remaining, per_attempt)
+                if sent and not safe_to_retry:
+                    raise RequestTimeout(
+                        f"no answer from {target} to {t} within {waited:.1f} s; the batch may "
+                        f"or may not be in the log: read it back before resending, or use an "
+                        f"idempotent Producer, whose retries are safe") from None
                 if last is not None and remaining <= per_attempt:
                     break  # out of time: report the more telling earlier error
-                last = RequestTimeout(f"no answer from {target} to {t} within "
-                                      f"{min(remaining, per_attempt):.1f} s")
-                if sent and not safe_to_retry:
-                    raise last from None
+                last = RequestTimeout(f"no answer from {target} to {t} within {waited:.1f} s")
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
                     wire.WireError) as e:
-                await self._drop(target)
-                if self._leader_addr == target:
-                    self._leader_addr = None
-                last = UnavailableError(f"{target}: {e}; check the node is running")
+                await self._forget(target)
                 if sent and not safe_to_retry:
-                    raise last from None
+                    raise RequestTimeout(
+                        f"lost the connection to {target} after sending {t} ({e}); the batch "
+                        f"may or may not be in the log: read it back before resending, or use "
+                        f"an idempotent Producer, whose retries are safe") from None
+                why = None if sent else _unreachable(e)
+                if why is not None and not self.retry_refused:
+                    refused[target] = why
+                    if server is not None or (not answered and set(self.servers) <= set(refused)):
+                        raise UnavailableError(_summary(refused), details={
+                            "addresses": sorted(refused)}) from None
+                last = UnavailableError(f"{target}: {e}; check the node is running")
+            except TooLargeError:
+                raise  # refused before sending: the connection is fine
             except RaftlogError as e:  # the server hung up on our frame: not retriable
                 await self._drop(target)
                 raise e
             else:
+                answered = True
                 if reply.get("ok"):
                     if leader and not server:
                         self._leader_addr = target
@@ -165,7 +210,7 @@ class Client(SubscriptionCalls):
             raise ValueError("produce needs at least one record")
         budget = self.timeout if timeout is None else timeout
         fields: dict[str, Any] = {"acks": acks, "payload": encode_records(recs),
-                                  "count": len(recs), "timeout_ms": max(1, int(budget * 1000))}
+                                  "count": len(recs), "timeout_ms": server_timeout_ms(budget)}
         if producer_id:
             fields.update(producer_id=producer_id, sequence=sequence)
         if timestamp_ms:
@@ -199,31 +244,87 @@ class Client(SubscriptionCalls):
         return reply["status"]
 
     async def cluster_status(self, timeout: float = 2.0) -> dict[str, dict[str, Any]]:
-        """Every known node's status, keyed by address (an `error` entry for unreachable
-        ones). Nodes are found from the servers given and each node's peer list."""
+        """Every known node's status, keyed by address (an `error` entry, with the error's
+        `code`, for unreachable ones). Nodes are found from the servers given and each node's
+        peer list; they are asked at the same time, so a node that is down costs one timeout
+        at most, and a refused connection none."""
         seen: dict[str, dict[str, Any]] = {}
-        todo = list(self.servers)
+        todo = list(dict.fromkeys(self.servers))
         while todo:
-            addr = todo.pop(0)
-            if addr in seen:
-                continue
-            try:
-                st = await self.call("status", server=addr, leader=False, timeout=timeout)
-                seen[addr] = st["status"]
-                for peer in (st["status"].get("peers") or {}).values():
-                    if peer and peer not in seen and peer not in todo:
-                        todo.append(peer)
-            except RaftlogError as e:
-                seen[addr] = {"error": f"{e.code}: {e.message}"}
+            async def one(addr: str) -> None:
+                try:
+                    st = await self.call("status", server=addr, leader=False, timeout=timeout)
+                    seen[addr] = st["status"]
+                except RaftlogError as e:
+                    seen[addr] = {"error": f"{e.code}: {e.message}", "code": e.code}
+
+            async with trio.open_nursery() as nursery:
+                for addr in todo:
+                    seen[addr] = {}
+                    nursery.start_soon(one, addr)
+            todo = [peer for st in list(seen.values())
+                    for peer in (st.get("peers") or {}).values() if peer and peer not in seen]
+            todo = list(dict.fromkeys(todo))
         return seen
 
     async def transfer_leader(self, to: int | None = None, *,
                               timeout: float | None = None) -> dict[str, Any]:
+        """Move leadership (to `to`, or the most caught-up voter) and return the new
+        `leader_id` and `leader_addr`. The old leader answers as soon as it has stepped down,
+        often before it knows its successor; the new leader is then looked up (within the
+        same timeout), and the answer's `leader_id` is None only if none emerged in time."""
         budget = self.timeout if timeout is None else timeout
-        fields: dict[str, Any] = {"timeout_ms": max(1, int(budget * 1000))}
+        deadline = trio.current_time() + budget
+        fields: dict[str, Any] = {"timeout_ms": server_timeout_ms(budget)}
         if to is not None:
             fields["to"] = to
-        return await self.call("transfer_leader", timeout=budget, **fields)
+        reply = await self.call("transfer_leader", timeout=budget, **fields)
+        if reply.get("leader_id") is not None and reply.get("leader_addr"):
+            return reply
+        while trio.current_time() < deadline:
+            statuses = await self.cluster_status(
+                timeout=max(0.1, min(1.0, deadline - trio.current_time())))
+            leaders = [st for st in statuses.values() if st.get("role") == "leader"]
+            if leaders:
+                st = max(leaders, key=lambda x: x.get("term", 0))
+                self._leader_addr = st.get("address")
+                return {**reply, "leader_id": st.get("node_id"), "leader_addr": st.get("address")}
+            await trio.sleep(0.05)  # an election takes a few ticks: poll the cluster
+        return reply
+
+    async def offset_for_time(self, timestamp_ms: int, *, address: str | None = None,
+                              timeout: float | None = None) -> int:
+        """The first offset to read for records stamped at or after `timestamp_ms`: the
+        offset of the first record whose batch timestamp is >= it (high watermark + 1 when
+        no committed record is that recent), like Kafka's offsetsForTimes.
+
+        A binary search by batch timestamp with one-batch fetches (about log2 of the log's
+        batch count): no server index. The answer is exact when timestamps grow with
+        offsets, as they do when the leader stamps batches (the default); batches a
+        producer stamped itself out of order can move it to where the timestamps cross."""
+        try:
+            head = await self.fetch(0, max_bytes=1, address=address, timeout=timeout)
+            lo, hi = head.start_offset, head.high_watermark + 1
+        except OffsetOutOfRangeError as e:
+            lo = e.start_offset if e.start_offset is not None else 0
+            hi = (e.high_watermark if e.high_watermark is not None else lo - 1) + 1
+        hw_end = hi
+        # f(x) = timestamp of the first record at or after x: non-decreasing; find the least
+        # x in [lo, hi] with f(x) >= timestamp_ms (f(hi) counts as infinite).
+        while lo < hi:
+            mid = (lo + hi) // 2
+            res = await self.fetch(mid, max_bytes=1, address=address, timeout=timeout)
+            older = list(itertools.takewhile(lambda r: r.timestamp_ms < timestamp_ms,
+                                             res.records))
+            if not older:
+                hi = mid
+            else:  # the records of a batch share its timestamp: skip the whole batch
+                lo = min(hi, older[-1].offset + 1)
+        if lo < hw_end:  # lo may be a control entry's offset: name the record itself
+            res = await self.fetch(lo, max_bytes=1, address=address, timeout=timeout)
+            if res.records:
+                return res.records[0].offset
+        return lo
 
     async def add_node(self, node_id: int, address: str, *,
                        timeout: float | None = None) -> dict[str, Any]:
@@ -231,6 +332,28 @@ class Client(SubscriptionCalls):
 
     async def remove_node(self, node_id: int, *, timeout: float | None = None) -> dict[str, Any]:
         return await self.call("remove_node", timeout=timeout, node_id=node_id)
+
+
+def _unreachable(e: BaseException) -> str | None:
+    """Why nothing can answer at an address whose connection failed this way ("connection
+    refused", "unknown host"), or None when the failure may pass (a reset, a timeout)."""
+    leaves: list[BaseException] = [e]
+    cause = e.__cause__
+    if isinstance(cause, BaseExceptionGroup):  # trio.open_tcp_stream: one per address tried
+        leaves = list(cause.exceptions)
+    elif cause is not None:
+        leaves = [cause]
+    if all(isinstance(x, ConnectionRefusedError) for x in leaves):
+        return "connection refused"
+    if all(isinstance(x, socket.gaierror) for x in leaves):
+        return "unknown host"
+    return None
+
+
+def _summary(refused: dict[str, str]) -> str:
+    reasons = sorted(set(refused.values()))
+    return (f"no raftlog node answers at {', '.join(sorted(refused))} ({'; '.join(reasons)}); "
+            f"is the cluster running, and are these its addresses?")
 
 
 def parse_servers(servers: str | Sequence[str]) -> list[str]:

@@ -137,6 +137,25 @@ class PositionBehind(SubscriptionError):
         return self.details.get("position")
 
 
+class AuthenticationError(RaftlogError):
+    """UNAUTHENTICATED: no valid token or client certificate (or plaintext to a TLS node).
+    Not retried: fix the credentials."""
+
+    code = "UNAUTHENTICATED"
+
+
+class PermissionDeniedError(RaftlogError):
+    """FORBIDDEN: authenticated, but the principal lacks the permission `permission` names.
+    The connection stays usable for the requests it may send."""
+
+    code = "FORBIDDEN"
+
+    @property
+    def permission(self) -> str | None:
+        """The missing permission: produce, consume or admin."""
+        return self.details.get("permission")
+
+
 class UnavailableError(RaftlogError):
     """No node could be reached (or none answered) within the timeout."""
 
@@ -148,7 +167,8 @@ _BY_CODE: dict[str, type[RaftlogError]] = {
                         ShuttingDownError, LeadershipLostError, BackpressureError,
                         DiskFullError, BadRequestError, UnavailableError,
                         InvalidSubscriptionName, UnknownSubscription, SubscriptionLeased,
-                        PositionPastHighWatermark, PositionBehind)}
+                        PositionPastHighWatermark, PositionBehind, AuthenticationError,
+                        PermissionDeniedError)}
 
 
 def error_from_reply(err: dict[str, Any]) -> RaftlogError:
@@ -158,8 +178,8 @@ def error_from_reply(err: dict[str, Any]) -> RaftlogError:
 
 
 __all__ = [
-    "RETRIABLE", "BackpressureError", "BadRequestError", "DiskFullError", "LeadershipLostError",
-    "NotLeaderError",
+    "RETRIABLE", "AuthenticationError", "BackpressureError", "BadRequestError", "DiskFullError",
+    "LeadershipLostError", "NotLeaderError", "PermissionDeniedError",
     "OffsetOutOfRangeError", "RaftlogError", "RequestTimeout", "ShuttingDownError",
     "TooLargeError", "UnavailableError", "error_from_reply",
     "InvalidSubscriptionName", "PositionBehind", "PositionPastHighWatermark",

@@ -13,17 +13,26 @@ from typing import Any
 import trio
 
 from raft.client.client import Client, as_record
-from raft.client.errors import RaftlogError
+from raft.client.errors import RaftlogError, RequestTimeout
 from storage.records import Record
 
 
 @dataclass(slots=True)
-class _Pending:
+class Delivery:
+    """One record handed to `Producer.submit`: `await delivery.wait()` returns its offset once
+    its batch is acknowledged, or raises the batch's typed error."""
+
     record: Record
     size: int
     done: trio.Event = field(default_factory=trio.Event)
     offset: int = -1
     error: BaseException | None = None
+
+    async def wait(self) -> int:
+        await self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.offset
 
 
 class Producer:
@@ -50,7 +59,7 @@ class Producer:
         self.timeout = client.timeout if timeout is None else timeout
         self.producer_id = producer_id or random.SystemRandom().randrange(1, 2**63)
         self._sequence = 0
-        self._buffer: list[_Pending] = []
+        self._buffer: list[Delivery] = []
         self._buffered = 0
         self._wake = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -66,10 +75,52 @@ class Producer:
         self._nursery.start_soon(self._sender)
         return self
 
-    async def __aexit__(self, *exc: Any) -> bool | None:
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        """A clean exit sends what is still buffered; an exit by exception (including a
+        typed RaftlogError from the body) stops at once and lets that exception propagate as
+        it is, never wrapped in an ExceptionGroup."""
         self._closed = True
         self._wake.set()
-        return await self._nursery_cm.__aexit__(*exc)
+        assert self._nursery is not None
+        if exc is not None:
+            self._nursery.cancel_scope.cancel()
+        try:
+            await self._nursery_cm.__aexit__(None, None, None)
+        except BaseExceptionGroup as group:  # the sender itself failed
+            leaves = _leaves(group)
+            if exc is None:
+                raise leaves[0] if len(leaves) == 1 else group from None
+        finally:
+            self._fail_unsent(exc)
+        return False
+
+    def _fail_unsent(self, exc: BaseException | None) -> None:
+        """Whatever never got a batch (the producer stopped early) fails its waiters."""
+        if not self._buffer:
+            return
+        err = RaftlogError(f"the producer stopped before sending this record"
+                           f"{f' ({type(exc).__name__})' if exc is not None else ''}; it was "
+                           f"not written", code="CANCELLED")
+        for p in self._buffer:
+            if not p.done.is_set():
+                p.error = err
+                p.done.set()
+        self._buffer.clear()
+        self._buffered = 0
+
+    def submit(self, record: bytes | str | Record) -> Delivery:
+        """Queue one record without waiting; its Delivery says when (and where) it landed.
+        For streams whose records arrive one at a time (the CLI's `produce`): each is sent
+        as soon as the previous batch is answered, or `linger` expires, or `batch_bytes`
+        accumulate, whichever is first."""
+        if self._closed or self._nursery is None:
+            raise RuntimeError("use the Producer inside `async with`")
+        rec = as_record(record)
+        p = Delivery(rec, record_size(rec))
+        self._buffer.append(p)
+        self._buffered += p.size
+        self._wake.set()
+        return p
 
     async def send(self, record: bytes | str | Record) -> int:
         """Queue one record; returns its offset once its batch is acknowledged."""
@@ -82,7 +133,7 @@ class Producer:
         pending = []
         for r in records:
             rec = as_record(r)
-            p = _Pending(rec, len(rec.value) + len(rec.key or b"") + 8)
+            p = Delivery(rec, record_size(rec))
             pending.append(p)
             self._buffer.append(p)
             self._buffered += p.size
@@ -118,7 +169,7 @@ class Producer:
             if self._closed:
                 return
 
-    async def _send_batch(self, batch: list[_Pending]) -> None:
+    async def _send_batch(self, batch: list[Delivery]) -> None:
         seq = self._sequence
         self._sequence += 1
         try:
@@ -130,6 +181,13 @@ class Producer:
                 p.error = e
                 p.done.set()
             return
+        except BaseException:  # stopped (cancelled) with the request out: outcome unknown
+            err = RequestTimeout("the producer stopped while this batch was in flight; it may "
+                                 "or may not be in the log")
+            for p in batch:
+                p.error = err
+                p.done.set()
+            raise
         self.batches_sent += 1
         self.records_sent += len(batch)
         self.duplicates += res.duplicate
@@ -138,4 +196,17 @@ class Producer:
             p.done.set()
 
 
-__all__ = ["Producer"]
+def record_size(rec: Record) -> int:
+    """A record's share of a batch, as batch_bytes counts it (payload plus a little framing)."""
+    return (len(rec.value) + len(rec.key or b"") + 8
+            + sum(len(k) + len(v) + 4 for k, v in rec.headers or ()))
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out.extend(_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+    return out
+
+
+__all__ = ["Delivery", "Producer"]

@@ -25,8 +25,9 @@ class SubscriptionCalls:
 
     async def _sub(self, t: str, timeout: float | None, **fields: Any) -> dict[str, Any]:
         budget = self.timeout if timeout is None else timeout
-        return await self.call(t, timeout=budget, timeout_ms=max(1, int(budget * 1000)),
-                               **fields)
+        # A node refuses timeout_ms above its max_timeout_ms (120 s by default).
+        return await self.call(t, timeout=budget,
+                               timeout_ms=max(1, min(120_000, int(budget * 1000))), **fields)
 
     async def subscription_open(self, name: str, *, consumer: str = "",
                                 start: Where = "start", lease_ms: int = 0,

@@ -16,16 +16,30 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raft.config import RaftConfig
 from raft.node.wire import DEFAULT_MAX_FRAME_BYTES
 
 DEFAULT_HOST = "127.0.0.1"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS = ("text", "json")
+# Settings that name files or addresses: strings, with their own flags (see add_arguments).
+_SECURITY_FLAGS = {
+    "tls_cert": ("FILE.pem", "this node's certificate (with --tls-key and --tls-ca: TLS on "
+                             "every connection; `raftlog certs issue` makes one)"),
+    "tls_key": ("FILE.pem", "this node's private key"),
+    "tls_ca": ("FILE.pem", "the cluster CA: peers and client certificates must be signed by it"),
+    "auth_file": ("FILE.toml", "principals, permissions and hashed tokens; clients must then "
+                               "authenticate (needs TLS; SIGHUP reloads it)"),
+    "metrics_listen": ("HOST:PORT", "serve Prometheus metrics at http://HOST:PORT/metrics "
+                                    "(default off)"),
+}
 
 
 class ConfigError(ValueError):
@@ -89,6 +103,25 @@ def parse_peers(spec: str | dict[Any, Any]) -> dict[int, str]:
     return peers
 
 
+def check_keys(values: dict[str, Any], known: set[str], source: str) -> None:
+    """Refuse unknown keys (a typo must not fall back to a default silently), naming the
+    closest known key for each."""
+    unknown = sorted(set(values) - known)
+    if not unknown:
+        return
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, sorted(known), n=1)
+        hints.append(f"{key} (did you mean {close[0]}?)" if close else key)
+    raise ConfigError(f"{source}: unknown setting(s) {', '.join(hints)}; known: "
+                      f"{', '.join(sorted(known))}")
+
+
+def raft_default(name: str) -> Any:
+    """The core's default for a RaftConfig setting (what a None knob here means)."""
+    return {f.name: f.default for f in dataclasses.fields(RaftConfig)}[name]
+
+
 def _parse_raft_options(items: list[str]) -> dict[str, Any]:
     """['k=v', ...] -> {k: int | float | bool | str}."""
     out: dict[str, Any] = {}
@@ -117,6 +150,44 @@ def _parse_bool(text: str) -> bool:
     if text.lower() in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
+# What each numeric or boolean setting does, for `raftlog serve --help` (the default is added
+# from the field, or from RaftConfig for the core's knobs). Every field but the ones with their
+# own flag above (node_id, data_dir, peers, listen, log_level, raft) is listed.
+FLAG_HELP = {
+    "tick_ms": "length of one Raft tick in ms",
+    "election_ticks": "a follower that hears no leader for a random 1-2x this many ticks "
+                      "campaigns",
+    "heartbeat_ticks": "leader heartbeat interval in ticks (carries the commit index)",
+    "max_append_bytes": "bytes per AppendEntries in normal replication",
+    "recovery_chunk_bytes": "bytes per recovery chunk to a lagging follower (sent unflushed)",
+    "max_inflight": "pipelined AppendEntries per follower",
+    "max_inflight_bytes": "pipelined AppendEntries bytes per follower",
+    "follower_flush_bytes": "a follower flushes deferred recovery data after this many bytes",
+    "follower_flush_ticks": "... or after this many ticks",
+    "pre_vote": "pre-vote: a partitioned node cannot disrupt the cluster when it returns",
+    "check_quorum": "a leader that loses touch with a majority steps down",
+    "max_pending_produce": "quorum writes waiting for commit before BACKPRESSURE",
+    "max_frame_bytes": "largest accepted frame; larger requests get TOO_LARGE",
+    "max_inflight_per_connection": "pipelined requests per client connection before the node "
+                                   "stops reading from it",
+    "peer_queue_messages": "outgoing messages queued per peer (beyond: dropped, Raft retries)",
+    "peer_queue_bytes": "outgoing bytes queued per peer",
+    "reconnect_min_ms": "first pause before redialling a peer",
+    "reconnect_max_ms": "longest pause before redialling a peer",
+    "default_timeout_ms": "a request's timeout when the client gives none",
+    "max_timeout_ms": "the longest timeout a client may ask for",
+    "max_fetch_wait_ms": "the longest long poll a fetch may ask for",
+    "shutdown_transfer_ms": "on SIGTERM a leader hands leadership over for at most this long",
+    "recovery_rate": "limit on recovery traffic in MiB/s (0 = unlimited)",
+    "recovery_burst": "MiB the recovery limit may bank while idle",
+    "join": "start outside the configuration and wait to be added with `raftlog add-node`",
+    "retention_respect_subscriptions": "retention never deletes past the lowest subscription "
+                                       "position, within the retention valves",
+    "subscription_expiry_ms": "drop a subscription nobody opened or committed for this long, "
+                              "e.g. 604800000 for a week (0 = never)",
+}
 
 
 @dataclass(slots=True)
@@ -155,6 +226,17 @@ class NodeConfig:
     # of counting itself a voter of the --peers it was given.
     join: bool = False
     log_level: str = "WARNING"
+    # "text" (key=value) or "json" (one object per line with node, term, event) on stderr.
+    log_format: str = "text"
+    # Security (docs/SECURITY.md). All three TLS files or none: TLS on every connection, mutual
+    # between nodes. Plaintext is the default, for local use.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    # With an auth file, clients authenticate (token or client certificate) and need permissions.
+    auth_file: str | None = None
+    # Prometheus text format over HTTP (prometheus_client's server, in a thread); None = off.
+    metrics_listen: str | None = None
     # Raft knobs, passed through to raft.raft.RaftConfig (None = the core's default).
     election_ticks: int | None = None
     heartbeat_ticks: int | None = None
@@ -254,6 +336,10 @@ class NodeConfig:
             raise ConfigError(f"log level {self.log_level!r} must be one of "
                               f"{', '.join(LOG_LEVELS)}")
         self.log_level = level
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"log format {self.log_format!r} must be one of "
+                              f"{', '.join(LOG_FORMATS)}")
+        self._validate_security()
         for name in self._RAFT_KNOBS:
             value = getattr(self, name)
             if value is None:
@@ -265,6 +351,8 @@ class NodeConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(self.raft, dict):
             raise ConfigError("raft must be a table of extra RaftConfig settings")
+        check_keys(self.raft, {f.name for f in dataclasses.fields(RaftConfig)}
+                   - {"node_id", "voters", "learners"}, "raft settings (--raft / [raft])")
         self._validate_subscriptions()
         return self
 
@@ -280,6 +368,33 @@ class NodeConfig:
             raise ConfigError(f"subscription_expiry_ms {value} is under a second: consumers "
                               f"would lose their position between two commits; use hours or "
                               f"days (or 0 to keep subscriptions until deleted)")
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls_cert is not None
+
+    def _validate_security(self) -> None:
+        for name in _SECURITY_FLAGS:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, (str, os.PathLike)) or not str(value)):
+                raise ConfigError(f"{name} must be a file path or address string, got {value!r}")
+            if value is not None:
+                setattr(self, name, str(value))
+        tls = {k: getattr(self, k) for k in ("tls_cert", "tls_key", "tls_ca")}
+        if any(tls.values()) and not all(tls.values()):
+            missing = [f"--{k.replace('_', '-')}" for k, v in tls.items() if not v]
+            raise ConfigError(f"TLS needs --tls-cert, --tls-key and --tls-ca together; missing "
+                              f"{', '.join(missing)} (`raftlog certs` makes them)")
+        for k, v in tls.items():
+            if v and not Path(v).is_file():
+                raise ConfigError(f"{k} {v} is not a readable file; pass the path of the PEM "
+                                  f"file (`raftlog certs init|issue` makes them)")
+        if self.auth_file is not None and not self.tls_enabled:
+            raise ConfigError("auth_file needs TLS (--tls-cert, --tls-key, --tls-ca): tokens "
+                              "would travel in clear and any process could pose as a peer")
+        if self.metrics_listen is not None:
+            host, port = parse_address(self.metrics_listen, what="metrics_listen address")
+            self.metrics_listen = format_address(host, port)
 
     def check_data_dir(self) -> Path:
         """Create the node's directory and prove it is writable; return it."""
@@ -300,11 +415,7 @@ class NodeConfig:
     # -- constructors -----------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, values: dict[str, Any], *, source: str = "config") -> "NodeConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names)
-        if unknown:
-            raise ConfigError(f"{source}: unknown setting(s) {', '.join(unknown)}; known: "
-                              f"{', '.join(sorted(names))}")
+        check_keys(values, {f.name for f in dataclasses.fields(cls)}, source)
         for required in ("node_id", "data_dir", "peers"):
             if values.get(required) is None:
                 flag = "--" + required.replace("_", "-")
@@ -332,57 +443,44 @@ class NodeConfig:
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
-        """The `raftlog serve` flags (the CLI may call this to stay in sync with the fields)."""
+        """The `raftlog serve` flags, one per field (the CLI calls this to stay in sync with the
+        fields). Every flag's help says what it does and its default."""
         parser.add_argument("--config", metavar="FILE.toml",
-                            help="read settings from a TOML file (keys = flag names with _)")
+                            help="read settings from a TOML file (keys = flag names with _; "
+                                 "flags given too win)")
         parser.add_argument("--node-id", type=int, help="this node's id (a key of --peers)")
         parser.add_argument("--data-dir", help="directory for logs; this node uses "
-                                               "DATA_DIR/node-<id>/")
+                                               "DATA_DIR/node-<id>/ (one process at a time)")
         parser.add_argument("--listen", metavar="HOST:PORT",
                             help="address to listen on (default: this node's --peers entry)")
         parser.add_argument("--peers", metavar="ID=HOST:PORT,...",
                             help="every node of the cluster, this one included")
-        parser.add_argument("--tick-ms", type=int, help="raft tick length (default 50)")
-        parser.add_argument("--max-frame-bytes", type=int,
-                            help="largest accepted frame (default 16 MiB)")
-        parser.add_argument("--election-ticks", type=int, help="election timeout in ticks")
-        parser.add_argument("--heartbeat-ticks", type=int, help="heartbeat interval in ticks")
         parser.add_argument("--log-level", help="DEBUG, INFO, WARNING (default), ERROR")
+        parser.add_argument("--log-format", choices=LOG_FORMATS,
+                            help="text (key=value, default) or json (one object per line)")
+        for name, (metavar, text) in _SECURITY_FLAGS.items():
+            parser.add_argument("--" + name.replace("_", "-"), metavar=metavar, help=text)
         parser.add_argument("--raft", action="append", metavar="KEY=VALUE",
-                            help="any other raft.raft.RaftConfig setting (repeatable), e.g. "
-                                 "--raft recovery_flush_per_chunk=true")
-        # Every other setting as a flag too (the README's settings table explains them).
-        given = {"election_ticks", "heartbeat_ticks", "tick_ms", "max_frame_bytes"}
-        for f in dataclasses.fields(NodeConfig):
-            if f.name in given or f.name.startswith("_") or f.name in (
-                    "node_id", "data_dir", "peers", "listen", "log_level", "raft"):
-                continue
-            flag = "--" + f.name.replace("_", "-")
-            if f.name == "recovery_rate":
-                parser.add_argument(flag, type=float, metavar="MiB/s",
-                                    help="limit recovery traffic (default 0 = unlimited)")
-            elif f.name == "recovery_burst":
-                parser.add_argument(flag, type=float, metavar="MiB",
-                                    help="recovery limit burst (default 4)")
-            elif f.name == "join":
+                            help="any other raft.config.RaftConfig setting (repeatable), e.g. "
+                                 "--raft producer_window=16")
+        fields = {f.name: f for f in dataclasses.fields(NodeConfig)}
+        for name, meaning in FLAG_HELP.items():
+            flag = "--" + name.replace("_", "-")
+            default = fields[name].default
+            if default is None:
+                default = raft_default(name)
+            if name == "join":
                 parser.add_argument(flag, action="store_const", const=True, default=None,
-                                    help="start outside the configuration and wait to be "
-                                         "added with `raftlog add-node`")
-            elif f.name == "retention_respect_subscriptions":
+                                    help=meaning)
+            elif isinstance(default, bool):
                 parser.add_argument(flag, type=_parse_bool, metavar="true|false",
-                                    help="retention never deletes past the lowest "
-                                         "subscription position, within the retention valves "
-                                         "(default false)")
-            elif f.name == "subscription_expiry_ms":
-                parser.add_argument(flag, type=int, metavar="MS",
-                                    help="drop a subscription unused (no open or commit) for "
-                                         "this long, e.g. 604800000 for a week; 0 = never (default 0)")
-            elif "bool" in str(f.type):
-                parser.add_argument(flag, type=_parse_bool, metavar="true|false",
-                                    help=f"(default: the core's, on)")
+                                    help=f"{meaning} (default {str(default).lower()})")
+            elif isinstance(default, float):
+                parser.add_argument(flag, type=float, metavar="N",
+                                    help=f"{meaning} (default {default:g})")
             else:
                 parser.add_argument(flag, type=int, metavar="N",
-                                    help=f"(default {f.default if f.default is not None else 'the core default'})")
+                                    help=f"{meaning} (default {default})")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace | dict[str, Any]) -> "NodeConfig":

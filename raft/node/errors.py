@@ -38,6 +38,10 @@ ERROR_ADVICE: dict[ErrorCode, str] = {
                                             "the last record processed",
     ErrorCode.POSITION_BEHIND: "a commit may not move a subscription back; to re-read, reset it "
                                "(`raftlog subscriptions reset NAME --to OFFSET`)",
+    ErrorCode.UNAUTHENTICATED: "authenticate: send a valid token (--token or RAFTLOG_TOKEN) or "
+                               "a client certificate signed by the cluster CA, over TLS",
+    ErrorCode.FORBIDDEN: "the principal lacks the permission this request needs; ask an "
+                         "operator to grant it in the node's auth file",
 }
 
 

@@ -104,6 +104,8 @@ class RaftGroup:
         # cleared by its own next success (a small metadata save can succeed in LMDB's free
         # pages while flushes still fail).
         self._full_ops: set[str] = set()
+        # raft.node.metrics.NodeMetrics (flush and election counters) when the node has one.
+        self.metrics: Any = None
 
     def fail(self, exc: BaseException, where: str) -> None:
         """Stop the node now: it can no longer trust its state. Nothing is flushed on the way
@@ -374,6 +376,9 @@ class RaftGroup:
                 log.info("state_changed node=%d role=%s term=%d leader=%s", self.node_id,
                          state[0].value, state[1], state[2])
             self._last_state = state
+            if self.metrics is not None:
+                self.metrics.observe_state(self.node_id, *state,
+                                           getattr(self.core, "voted_for", None))
             self._state_changed.set()
             self._state_changed = trio.Event()
 
@@ -381,6 +386,7 @@ class RaftGroup:
         while True:
             await self._flush_wanted.wait()
             self._flush_wanted = trio.Event()
+            before, started = self.log.flushed_offset, time.perf_counter()
             try:
                 flushed = await self._run_io(self.log.flush)
             except DiskFull as e:
@@ -394,6 +400,8 @@ class RaftGroup:
                 self.fail(e, "flush")
                 return
             self._note_disk_ok("flush")
+            if self.metrics is not None:
+                self.metrics.flush_done(time.perf_counter() - started, flushed - before)
             try:
                 # A truncation may have raced the flush; never report more than the log holds.
                 self.core.flushed(min(flushed, self.log.flushed_offset))

@@ -4,6 +4,10 @@ Why a bounded queue that drops: Raft tolerates lost messages (heartbeats repeat,
 retried from the follower's reported position), while an unbounded queue to a dead or slow peer
 grows memory without limit. So when the queue is full the newest message is dropped and counted.
 
+With TLS (raft.node.tls), each link is mutual TLS: we present this node's certificate, and the
+peer's must come from the cluster CA and name the node id we dialled, else the link retries
+with backoff and says why (the peer does the same check on its side).
+
 Why one connection per direction: each node dials each peer and only writes on that connection;
 replies come back on the peer's own outgoing connection. No request/response pairing on a socket
 means a slow peer never blocks our reads, and reconnect logic lives in one place.
@@ -14,11 +18,13 @@ from __future__ import annotations
 import logging
 import random
 from collections import deque
+from collections.abc import Callable
 
 import trio
 
 from raft.node import wire
 from raft.node.config import parse_address
+from raft.node.tls import NodeTLS, PeerIdentityError, dial_tls, handshake_failure
 from raft.messages import Message
 
 log = logging.getLogger("raftlog.peer")
@@ -34,8 +40,12 @@ class PeerLink:
     def __init__(self, self_id: int, peer_id: int, address: str, *, max_frame_bytes: int,
                  queue_messages: int, queue_bytes: int, backoff_min_s: float,
                  backoff_max_s: float, rng: random.Random,
-                 encodings: wire.BatchEncodings | None = None) -> None:
+                 encodings: wire.BatchEncodings | None = None,
+                 tls: Callable[[], NodeTLS | None] = lambda: None) -> None:
         self.self_id = self_id
+        # The node's current TLS material (None: plaintext), read at each dial: SIGHUP may
+        # have replaced the certificates.
+        self._tls = tls
         # Shared by all of a node's links: a batch sent to every follower is encoded once.
         self._encodings = encodings if encodings is not None else wire.BatchEncodings()
         self.peer_id = peer_id
@@ -108,13 +118,15 @@ class PeerLink:
             try:
                 async with stream:
                     with trio.CancelScope() as self._session_scope:
-                        await self._session(stream)
+                        session_stream = await self._secure(stream, host, failures)
+                        await self._session(session_stream)
                 if self._address_changed.is_set():  # moved: redial at once
                     self._address_changed = trio.Event()
                     failures = 0
                     continue
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
-                    trio.TooSlowError, wire.WireError, wire.ConnectionClosed) as e:
+                    trio.TooSlowError, wire.WireError, wire.ConnectionClosed,
+                    PeerIdentityError) as e:
                 log.info("peer_disconnected node=%d peer=%d address=%s error=%r", self.self_id,
                          self.peer_id, address, e)
             finally:
@@ -142,7 +154,24 @@ class PeerLink:
         self._queue.clear()
         self._queued_bytes = 0
 
-    async def _session(self, stream: trio.SocketStream) -> None:
+    async def _secure(self, stream: trio.SocketStream, host: str,
+                      failures: int) -> trio.abc.Stream:
+        """With TLS, the handshake and the check that the certificate names our peer."""
+        tls = self._tls()
+        if tls is None:
+            return stream
+        try:
+            with trio.fail_after(HELLO_TIMEOUT_S):
+                secured = await dial_tls(stream, tls.peer, host)
+            tls.check_peer(secured, self.peer_id)
+        except (trio.BrokenResourceError, PeerIdentityError) as e:
+            if failures in (0, 1, 10) or failures % 100 == 0:
+                log.warning("peer_tls_failed node=%d peer=%d address=%s reason=%s",
+                            self.self_id, self.peer_id, self.address, handshake_failure(e))
+            raise
+        return secured
+
+    async def _session(self, stream: trio.abc.Stream) -> None:
         reader = wire.FrameReader(stream, self._max_frame)
         await stream.send_all(wire.encode_frame(
             {"t": "hello", "role": "peer", "node_id": self.self_id}))
@@ -179,7 +208,7 @@ class PeerLink:
                 log.warning("peer_error_frame peer=%d code=%s message=%r", self.peer_id,
                             frame.get("code"), frame.get("message"))
 
-    async def _send_loop(self, stream: trio.SocketStream) -> None:
+    async def _send_loop(self, stream: trio.abc.Stream) -> None:
         while True:
             while not self._queue:
                 self._has_data = trio.Event()

@@ -1,7 +1,8 @@
 """Running one node as a program: `raftlog serve`, `python -m raft.node`, logging and signals.
 
 SIGTERM/SIGINT begin a graceful stop (raft.node.server.Node.request_shutdown); a second signal
-during the stop is ignored on purpose. Exit codes: 0 after a clean stop, 2 after a configuration
+during the stop is ignored on purpose. SIGHUP re-reads the auth file and the TLS files
+(Node.reload_security) without a restart. Exit codes: 0 after a clean stop, 2 after a configuration
 error (one line on stderr saying what to fix), 3 after a fail-stop (the node could no longer
 trust its own state: a storage fault or a broken invariant; see raft.node.errors.NodeFailed).
 """
@@ -10,29 +11,38 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import Callable
 from typing import Any
 
 import trio
 
 from raft.node.config import ConfigError, NodeConfig
 from raft.node.errors import NodeFailed
+from raft.node.logfmt import make_formatter
 from raft.node.server import Node
 from storage.api import LogStorage
 
 log = logging.getLogger("raftlog.node")
 
 
-def configure_logging(level: str = "WARNING") -> None:
-    """Structured key=value lines on stderr; quiet (WARNING) unless asked."""
-    root = logging.getLogger("raftlog")
-    root.setLevel(getattr(logging, level.upper(), logging.WARNING))
-    if not any(getattr(h, "_raftlog", False) for h in root.handlers):
+def configure_logging(level: str = "WARNING", fmt: str = "text",
+                      context: Callable[[], dict[str, Any]] | None = None) -> None:
+    """Structured lines on stderr, key=value text or JSON (raft.node.logfmt); quiet (WARNING)
+    unless asked. `context` adds node id and term to JSON lines."""
+    formatter = make_formatter(fmt, context)
+    for name in ("raftlog", "raft"):  # the node's loggers, and the load service's
+        logger = logging.getLogger(name)
+        logger.setLevel(getattr(logging, level.upper(), logging.WARNING))
+        mine = [h for h in logger.handlers if getattr(h, "_raftlog", False)]
+        if mine:
+            for handler in mine:
+                handler.setFormatter(formatter)
+            continue
         handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter(
-            "ts=%(asctime)s level=%(levelname)s logger=%(name)s event=%(message)s"))
+        handler.setFormatter(formatter)
         handler._raftlog = True  # type: ignore[attr-defined]
-        root.addHandler(handler)
-        root.propagate = False
+        logger.addHandler(handler)
+        logger.propagate = False
 
 
 async def run_node(config: NodeConfig, *, log_storage: LogStorage | None = None,
@@ -42,8 +52,13 @@ async def run_node(config: NodeConfig, *, log_storage: LogStorage | None = None,
     metadata, close the log) and return. A second signal during the stop is ignored on purpose:
     the stop is bounded and exiting half-way would skip the final flush. `log_storage` is for
     tests (the node otherwise opens its durable log under the data dir), as is `core_classes`."""
-    configure_logging(config.log_level)
     node = Node(config, log_storage=log_storage, core_classes=core_classes)
+
+    def log_context() -> dict[str, Any]:
+        core = node.group.core
+        return {"node": config.node_id, "term": core.term if core is not None else None}
+
+    configure_logging(config.log_level, config.log_format, log_context)
     try:
         await _run_node(node, config, task_status)
     except BaseExceptionGroup as group:
@@ -66,18 +81,46 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
 async def _run_node(node: Node, config: NodeConfig, task_status: trio.TaskStatus[Node]) -> None:
     async with trio.open_nursery() as nursery:
         async def watch_signals(*, task_status=trio.TASK_STATUS_IGNORED) -> None:
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT,
+                                           signal.SIGHUP) as signals:
                 task_status.started()
                 async for signum in signals:
                     log.info("signal_received node=%d signal=%s", config.node_id,
-                                signal.Signals(signum).name)
-                    node.request_shutdown()
+                             signal.Signals(signum).name)
+                    if signum == signal.SIGHUP:
+                        node.reload_security()
+                    else:
+                        node.request_shutdown()
 
         await nursery.start(watch_signals)
         await nursery.start(node.run)
         task_status.started(node)
         await node._stopped.wait()
         nursery.cancel_scope.cancel()
+
+
+async def _serve_and_announce(config: NodeConfig, prog: str) -> None:
+    """run_node, plus one line on stderr once the node listens: where, its data, its peers
+    and the state of its log (an operator should not have to guess whether it started)."""
+    import sys
+
+    try:
+        async with trio.open_nursery() as nursery:
+            node = await nursery.start(run_node, config)
+            log_storage, core = node.log, node.core
+            peers = ", ".join(f"{i}={a}" for i, a in sorted(node.peer_addresses.items()))
+            print(f"{prog}: node {config.node_id} listening on {node.address}; data in "
+                  f"{config.node_dir}; peers {peers or '(none)'}; term {core.term}, log "
+                  f"{log_storage.start_offset}..{log_storage.dirty_offset} (flushed "
+                  f"{log_storage.flushed_offset})"
+                  f"{'; waiting to be added (--join)' if config.join else ''}. SIGTERM or "
+                  f"Ctrl-C stops it cleanly.", file=sys.stderr, flush=True)
+    except BaseExceptionGroup as group:
+        for kind in (ConfigError, NodeFailed):
+            matched, _ = group.split(kind)
+            if matched is not None:
+                raise _leaves(matched)[0] from None
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +144,7 @@ def serve(settings: dict[str, Any], prog: str = "raftlog serve") -> int:
     try:
         config = NodeConfig.from_args(settings)
         config.check_data_dir()
-        trio.run(run_node, config)
+        trio.run(_serve_and_announce, config, prog)
     except ConfigError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2

@@ -9,6 +9,10 @@ One trio program per node. What is whose:
   requests waiting for the core's answers). Today a node runs one group;
 - raft.node.transport.PeerTransport: the peer links and the address book, which all of a node's
   groups would share;
+- raft.node.gate.Gate: what a connection passes before its hello is served (TLS, the peer's
+  certificate, the client's authentication); the node checks each client request's permission
+  with it before dispatch;
+- raft.node.metrics.NodeMetrics: the node's Prometheus registry and `--metrics-listen` server;
 - raft.node.serve: running a node as a program (`raftlog serve`, signals, logging).
 """
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,8 +29,12 @@ import trio
 
 from raft.node import api, wire
 from raft.node.config import ConfigError, NodeConfig, format_address
+from raft.node.api.admin import status_map
+from raft.node.auth import Session
 from raft.node.errors import NodeFailed
+from raft.node.gate import Gate, remote_of
 from raft.node.group import RaftGroup
+from raft.node.metrics import NodeMetrics
 from raft.node.peer import PeerLink
 from raft.node.transport import PeerTransport
 from raft.types import ErrorCode
@@ -34,6 +43,8 @@ from storage.api import LogStorage
 log = logging.getLogger("raftlog.node")
 
 HELLO_TIMEOUT_S = 10.0
+# How long a refused oversized frame's body is read and dropped so the refusal arrives.
+DISCARD_TIMEOUT_S = 5.0
 
 
 class Node:
@@ -47,10 +58,14 @@ class Node:
         self.node_id = config.node_id
         # One generator for the core and the links (each link draws its own from it).
         rng = rng or random.Random(int.from_bytes(os.urandom(8), "big"))
-        self.transport = PeerTransport(config, rng)
+        self.metrics = NodeMetrics()
+        self.gate = Gate(config, self.metrics)
+        self.transport = PeerTransport(config, rng, tls=lambda: self.gate.tls)
         self.group = RaftGroup(config, self.transport, log_storage=log_storage, rng=rng,
                                inline_io=inline_io, core_classes=core_classes)
         self.group.on_fatal = self.abort
+        self.group.metrics = self.metrics
+        self.metrics_address: str | None = None  # where /metrics is served, once running
         self.api = api.ApiContext(config=config, group=self.group, peers=self.transport)
         self._shutdown_requested = trio.Event()
         self._stopped = trio.Event()
@@ -106,6 +121,24 @@ class Node:
     def set_peer_address(self, peer_id: int, address: str) -> None:
         self.transport.set_peer_address(peer_id, address)
 
+    def reload_security(self) -> None:
+        """What SIGHUP does: re-read the auth file (tokens, permissions) and the TLS files.
+        New connections use the new certificates; open connections keep theirs, but their
+        permissions are looked up in the new table on every request."""
+        self.gate.reload()
+
+    def _metrics_state(self) -> dict[str, Any] | None:
+        """The status map for a /metrics scrape (on the trio thread: see raft.node.metrics)."""
+        if self.group.core is None or self.group.log is None:
+            return None
+        st = status_map(self.api)
+        st["disk_full"] = self.group.disk_full
+        progress = getattr(self.group.core, "progress", None)
+        if progress is not None:  # leader: bytes each follower acknowledged, for a rate()
+            st["acked_bytes"] = {f["node_id"]: getattr(progress(f["node_id"]), "acked_bytes", 0)
+                                 for f in st.get("followers") or []}
+        return st
+
     def peer_address(self, node_id: int | None) -> str | None:
         return self.transport.address_of(node_id)
 
@@ -132,10 +165,16 @@ class Node:
                                   f"the process using it)") from None
             bound = listeners[0].socket.getsockname()
             self.transport.address = format_address(host, bound[1])
-            log.info("node_started node=%d address=%s peers=%s term=%d dirty=%d flushed=%d",
-                     self.node_id, self.address, self.peer_addresses, group.core.term,
-                     group.log.dirty_offset, group.log.flushed_offset)
+            self.metrics.bind(self._metrics_state)
+            if self.config.metrics_listen:
+                self.metrics_address = self.metrics.start_http(self.config.metrics_listen)
+            log.info("node_started node=%d address=%s peers=%s term=%d dirty=%d flushed=%d "
+                     "tls=%s auth=%s metrics=%s", self.node_id, self.address,
+                     self.peer_addresses, group.core.term, group.log.dirty_offset,
+                     group.log.flushed_offset, self.gate.tls is not None,
+                     self.gate.auth.enabled, self.metrics_address)
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.metrics.run_loop_probe)
                 self.transport.start(nursery, group.membership())
                 async with trio.open_nursery() as driver:
                     group.start(driver)
@@ -152,6 +191,8 @@ class Node:
                 await group.final_flush()
                 nursery.cancel_scope.cancel()
         finally:
+            with trio.CancelScope(shield=True):
+                await self.metrics.stop_http()
             group.mark_closed()
             if group.owns_log and group.log is not None:
                 group.log.close()
@@ -186,46 +227,78 @@ class Node:
             if fatal is not None:
                 raise fatal from None
 
-    async def _connection(self, stream: trio.SocketStream) -> None:
-        reader = wire.FrameReader(stream, self.config.max_frame_bytes)
+    async def _connection(self, raw: trio.SocketStream) -> None:
+        remote = remote_of(raw)
+        kind = "handshake"
+        self.metrics.connections.labels(kind).inc()
+        stream: trio.abc.Stream = raw
         try:
-            async with stream:
+            async with raw:
                 try:
                     with trio.fail_after(HELLO_TIMEOUT_S):
+                        opened, identity = await self.gate.open(raw)
+                        if opened is None:
+                            return
+                        stream = opened
+                        reader = wire.FrameReader(stream, self.config.max_frame_bytes)
                         hello = await reader.receive()
                     if hello is None:
                         return
-                    role = self._check_hello(hello)
-                    await stream.send_all(wire.encode_frame(
-                        {"t": "hello", "node_id": self.node_id}))
+                    role, session = self._check_hello(hello, identity, remote)
+                    # The frame limit lets a client refuse an oversized request itself
+                    # instead of having it cut off mid-send.
+                    reply: dict[str, Any] = {"t": "hello", "node_id": self.node_id,
+                                             "max_frame_bytes": self.config.max_frame_bytes}
+                    if session is not None and session.principal is not None:
+                        reply["principal"] = session.principal
+                    await stream.send_all(wire.encode_frame(reply))
+                    self.metrics.connections.labels(kind).dec()
+                    kind = role
+                    self.metrics.connections.labels(kind).inc()
                     if role == "peer":
                         await self._serve_peer(reader, hello["node_id"])
                     else:
-                        await self._serve_client(stream, reader)
+                        assert session is not None
+                        await self._serve_client(stream, reader, session)
                 except trio.TooSlowError:
+                    if stream is raw and self.gate.tls is not None:
+                        return  # still in the TLS handshake: a frame would be garbage to it
                     await _send_error(stream, wire.WireError(
                         f"no hello within {HELLO_TIMEOUT_S:.0f} s; open with "
                         f'{{"v":1,"t":"hello","role":"client"}}'))
                 except wire.WireError as e:
                     log.info("bad_frame node=%d code=%s error=%s", self.node_id, e.code.name, e)
+                    self.metrics.count_error(e.code.name)
                     await _send_error(stream, e)
+                    if isinstance(e, wire.FrameTooLarge):
+                        await _discard_input(stream, e.size)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
+        finally:
+            self.metrics.connections.labels(kind).dec()
 
-    def _check_hello(self, hello: dict[str, Any]) -> str:
+    def _check_hello(self, hello: dict[str, Any], identity: Any,
+                     remote: str) -> tuple[str, Session | None]:
         if hello.get("t") != "hello":
             raise wire.WireError(f'the first frame must be {{"v":1,"t":"hello","role":"client"}}, '
                                  f'got type {hello.get("t")!r}')
         role = wire.get_str(hello, "role", choices=["client", "peer"], where="hello")
+        session = None
         if role == "peer":
             peer_id = wire.get_int(hello, "node_id", where="hello")
+            self.gate.check_peer(peer_id, identity, remote)
             if peer_id == self.node_id or peer_id not in self.peer_addresses:
+                if self.gate.tls is not None:
+                    log.warning("peer_refused node=%d remote=%s claimed=%d: not a member",
+                                self.node_id, remote, peer_id)
                 raise wire.WireError(f"node {peer_id} is not a peer of node {self.node_id} "
                                      f"(peers: {sorted(self.peer_addresses)}); check --peers")
+        else:
+            session = self.gate.authenticate(hello, identity, remote)
         if self._closing:
             raise wire.WireError("node is shutting down; connect to another node",
                                  code=ErrorCode.SHUTTING_DOWN)
-        return role
+        return role, session
 
     async def _serve_peer(self, reader: wire.FrameReader, peer_id: int) -> None:
         while True:
@@ -239,9 +312,11 @@ class Node:
             if self.core is not None and not self._closing:
                 self.group.deliver(msgs, from_peer=peer_id)
 
-    async def _serve_client(self, stream: trio.SocketStream, reader: wire.FrameReader) -> None:
+    async def _serve_client(self, stream: trio.abc.Stream, reader: wire.FrameReader,
+                            session: Session) -> None:
         send_lock = trio.Lock()
         limiter = trio.Semaphore(self.config.max_inflight_per_connection)
+        auth = self.gate.auth
 
         async def send(frame: dict[str, Any]) -> None:
             data = wire.encode_frame(frame)
@@ -259,14 +334,23 @@ class Node:
                     if frame is None:
                         limiter.release()
                         break  # client half-closed: finish in-flight replies, then hang up
-                    rid = wire.get_int(frame, "id", where=f'request "{frame["t"]}"')
-                    handler = api.lookup(self.api, frame["t"])
-                    if handler is None:
+                    started = time.perf_counter()
+                    t = frame["t"]
+                    rid = wire.get_int(frame, "id", where=f'request "{t}"')
+                    handler = api.lookup(self.api, t)
+                    refusal = (None if handler is None or not auth.enabled
+                               else auth.authorize(session, t))
+                    if handler is None or refusal is not None:
                         limiter.release()
-                        await send(wire.error_reply(
-                            rid, ErrorCode.BAD_REQUEST,
-                            f'unknown request type {frame["t"]!r}; known: '
-                            f'{", ".join(sorted(api.REQUESTS))}'))
+                        if refusal is None:
+                            error = wire.error_reply(
+                                rid, ErrorCode.BAD_REQUEST, f'unknown request type {t!r}; '
+                                f'known: {", ".join(sorted(api.REQUESTS))}')
+                        else:
+                            error = wire.error_reply(rid, refusal.code, refusal.message,
+                                                     permission=refusal.permission)
+                        self.metrics.count_error(error["error"]["code"])
+                        await send(error)
                         continue
                     try:
                         request = handler.parse(self.api, frame, rid)
@@ -281,12 +365,13 @@ class Node:
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     nursery.cancel_scope.cancel()  # the client is gone: nobody to answer
                     break
-                nursery.start_soon(self._run_request, handler.execute, request, rid, send,
-                                   limiter, nursery.cancel_scope)
+                nursery.start_soon(self._run_request, t, started, handler.execute, request, rid,
+                                   send, limiter, nursery.cancel_scope)
         if failure is not None:
             raise failure
 
-    async def _run_request(self, execute: Callable[[api.ApiContext, Any, int], Awaitable[dict]],
+    async def _run_request(self, t: str, started: float,
+                           execute: Callable[[api.ApiContext, Any, int], Awaitable[dict]],
                            request: Any, rid: int, send: Callable[[dict], Awaitable[None]],
                            limiter: trio.Semaphore, scope: trio.CancelScope) -> None:
         self._active_requests += 1
@@ -298,6 +383,8 @@ class Node:
                 log.exception("request_failed node=%d id=%d", self.node_id, rid)
                 reply = wire.error_reply(rid, ErrorCode.INTERNAL,
                                          f"internal error: {type(e).__name__}: {e}")
+            acks = request.get("acks") if t == "produce" and isinstance(request, dict) else None
+            self.metrics.request_done(t, reply, started, getattr(acks, "value", acks))
             try:
                 await send(reply)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -329,6 +416,24 @@ def _split_connection_errors(exc: BaseException, node_id: int) -> BaseException 
     if not isinstance(exc, _NETWORK_ERRORS):
         log.error("connection_task_failed node=%d", node_id, exc_info=exc)
     return None
+
+
+async def _discard_input(stream: trio.abc.Stream, limit: int) -> None:
+    """After refusing an oversized frame: stop sending and read (and drop) what the client is
+    still sending, bounded in bytes and time, before closing. Closing with unread data would
+    reset the connection, and a reset can destroy the TOO_LARGE answer before the client
+    reads it."""
+    try:
+        if isinstance(stream, trio.abc.HalfCloseableStream):
+            await stream.send_eof()
+        with trio.move_on_after(DISCARD_TIMEOUT_S):
+            while limit > 0:
+                data = await stream.receive_some(1 << 16)
+                if not data:
+                    return
+                limit -= len(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
 
 
 async def _send_error(stream: trio.abc.SendStream, err: wire.WireError) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -22,13 +23,16 @@ from raft.messages import Message
 from raft.node import wire
 from raft.node.config import NodeConfig
 from raft.node.peer import PeerLink
+from raft.node.tls import NodeTLS
 
 log = logging.getLogger("raftlog.node")
 
 
 class PeerTransport:
-    def __init__(self, config: NodeConfig, rng: random.Random) -> None:
+    def __init__(self, config: NodeConfig, rng: random.Random,
+                 tls: Callable[[], NodeTLS | None] = lambda: None) -> None:
         self.node_id = config.node_id
+        self._tls = tls  # the node's current TLS material (None: plaintext links)
         self._config = config
         # Shared with the core: each link's own generator is drawn from it when the link opens.
         self._rng = rng
@@ -77,7 +81,8 @@ class PeerTransport:
             queue_bytes=config.peer_queue_bytes,
             backoff_min_s=config.reconnect_min_ms / 1000,
             backoff_max_s=config.reconnect_max_ms / 1000,
-            rng=random.Random(self._rng.getrandbits(64)), encodings=self._encodings)
+            rng=random.Random(self._rng.getrandbits(64)), encodings=self._encodings,
+            tls=self._tls)
         self.links[peer_id] = link
         scope = trio.CancelScope()
         self._link_scopes[peer_id] = scope

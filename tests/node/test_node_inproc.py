@@ -353,6 +353,7 @@ def test_sigterm_stops_run_node_cleanly(tmp_path) -> None:
     port = _free_port()
     config = NodeConfig(node_id=1, data_dir=tmp_path, peers={1: f"127.0.0.1:{port}"},
                         tick_ms=10, election_ticks=5)
+    kept: list[int] = []  # the offset the record was acknowledged at
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -363,6 +364,7 @@ def test_sigterm_stops_run_node_cleanly(tmp_path) -> None:
             client = await RawClient.connect(node.address)
             reply = await client.request("produce", payload=values_payload([b"kept"]), count=1)
             assert reply["ok"], reply
+            kept.append(reply["base_offset"])
             os.kill(os.getpid(), signal.SIGTERM)
             with trio.fail_after(DEADLINE_S):
                 await node._stopped.wait()
@@ -373,11 +375,11 @@ def test_sigterm_stops_run_node_cleanly(tmp_path) -> None:
     async def reopen() -> None:
         async with trio.open_nursery() as nursery:
             node = await nursery.start(functools.partial(run_node, config))
+            # Leading is not enough: the record is readable once the new term's first entry
+            # commits and the high watermark covers it again.
             with trio.fail_after(DEADLINE_S):
-                # Leading is not enough: the restored commit index may trail the log until the
-                # new term's no-op commits, and read_all stops at the high watermark.
-                while node.core.role != Role.LEADER or node.core.high_watermark < 1:
-                    await trio.sleep(0.02)
+                while node.core.high_watermark < kept[0]:
+                    await node.group.wait_hw_change()
             records = await read_all(node.address)
             assert [v for _, v in records] == [b"kept"]
             node.request_shutdown()

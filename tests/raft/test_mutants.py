@@ -14,8 +14,10 @@ second each, so the whole module stays cheap in CI.
 from __future__ import annotations
 
 import __future__
+import functools
 import importlib
 import inspect
+import pathlib
 import sys
 import textwrap
 import types
@@ -27,6 +29,13 @@ import pytest
 import test_core
 import test_safety_rules
 import test_subscriptions
+
+# The runtime's fail-stop rule is killed by a node test.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "node"))
+import test_failstop  # noqa: E402
+# The security rules' killers live with the security tests (tests/security).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "security"))
+import test_security_unit  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,13 @@ MUTANTS = [
            "            if fresh:\n",
            "            if fresh or msg.last_appended > pr.match_index:\n",
            (test_safety_rules.test_a_stale_success_reply_does_not_raise_match,)),
+    Mutant("a node runs on after a storage fault (no fail-stop)",
+           "raft.node.group", "RaftGroup.fail",
+           "            self.on_fatal()\n",
+           "            pass\n",
+           (functools.partial(
+               test_failstop.test_a_storage_fault_stops_the_node_and_a_restart_recovers,
+               op="flush"),)),
     Mutant("a learner is promoted during a leadership transfer",
            "raft.confchange", "ConfChanges._maybe_promote",
            " or self._transfer_target is not None):",
@@ -154,6 +170,42 @@ MUTANTS = [
            "if i is not None and self._slots[i].op.position <= op.position:",
            "if i is not None:",
            (test_subscriptions.test_batcher_coalesces_a_consumers_commits_and_bounds_everything,)),
+    # Security (raft/node/auth.py, raft/node/tls.py, raft/node/gate.py, raft/node/server.py).
+    Mutant("a peer's hello is accepted with another node's certificate",
+           "raft.node.gate", "Gate.check_peer",
+           "if identity is None or identity.node_id != claimed:",
+           "if identity is None:",
+           (test_security_unit.test_a_peer_hello_must_match_its_certificate,)),
+    Mutant("a dialled peer may present another node's certificate",
+           "raft.node.tls", "NodeTLS.check_peer",
+           "if ident is None or ident.node_id != expected:",
+           "if ident is None:",
+           (test_security_unit.test_a_dialled_peer_must_present_the_expected_node_id,)),
+    Mutant("any authenticated principal may send any request",
+           "raft.node.auth", "Authenticator.authorize",
+           "if principal is not None and needed in principal.permissions:",
+           "if principal is not None:",
+           (test_security_unit.test_permissions_per_principal_and_request_type,)),
+    Mutant("request types missing from the permission table are open to all",
+           "raft.node.auth", "Authenticator.authorize",
+           "needed = required_permission(request_type)",
+           "needed = REQUIRED.get(request_type)",
+           (test_security_unit.test_permissions_per_principal_and_request_type,)),
+    Mutant("a revoked token keeps working on an open connection",
+           "raft.node.auth", "Authenticator.authorize",
+           'if session.method == "token" and table.by_digest.get(session.digest or "") != name:',
+           "if False:",
+           (test_security_unit.test_a_revoked_token_stops_working_on_an_open_connection,)),
+    Mutant("an unknown token authenticates",
+           "raft.node.auth", "Authenticator.authenticate",
+           "            if name is None:\n",
+           "            if False:\n",
+           (test_security_unit.test_an_unknown_token_is_refused,)),
+    Mutant("requests are dispatched without the permission check",
+           "raft.node.server", "Node._serve_client",
+           "else auth.authorize(session, t))",
+           "else None)",
+           (test_security_unit.test_a_node_refuses_a_forbidden_request_before_dispatch,)),
 ]
 
 
@@ -191,7 +243,7 @@ def bindings(mutant: Mutant) -> list[tuple[object, str]]:
     out: list[tuple[object, str]] = []
     for modname, mod in list(sys.modules.items()):
         if (isinstance(mod, types.ModuleType) and modname.startswith("raft.")
-                and not modname.startswith(("raft.sim", "raft.node", "raft.cli", "raft.client"))
+                and not modname.startswith(("raft.sim", "raft.cli", "raft.client"))
                 and getattr(mod, name, None) is original):
             out.append((mod, name))
     return out
@@ -207,9 +259,10 @@ def test_mutant_is_killed(mutant: Mutant, monkeypatch: pytest.MonkeyPatch) -> No
         try:
             killer()
         except (Exception, pytest.fail.Exception) as e:  # the rule was missed
-            print(f"killed by {killer.__module__}.{killer.__name__}: {type(e).__name__}")
+            name = getattr(killer, "__name__", None) or killer.func.__name__  # a partial
+            print(f"killed by {name}: {type(e).__name__}")
             return
-        survived.append(killer.__name__)
+        survived.append(getattr(killer, "__name__", None) or killer.func.__name__)
     pytest.fail(f"mutant survived: {mutant.name!r} passed {survived}")
 
 

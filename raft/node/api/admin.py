@@ -26,6 +26,11 @@ def parse_status(ctx: ApiContext, frame: dict[str, Any], rid: int) -> None:
 
 
 async def status(ctx: ApiContext, _req: None, rid: int) -> dict[str, Any]:
+    return wire.ok_reply(rid, status=status_map(ctx))
+
+
+def status_map(ctx: ApiContext) -> dict[str, Any]:
+    """The node's status as `status` answers it (and as /metrics exports it)."""
     core, peers = ctx.group.core, ctx.peers
     st = status_to_wire(core.status())
     ctx.group.catchup.recovery_view(st.get("followers") or [])
@@ -38,7 +43,7 @@ async def status(ctx: ApiContext, _req: None, rid: int) -> dict[str, Any]:
         {**peers.peer_addresses, peers.node_id: peers.address}.items())}
     st["leader_addr"] = peers.address_of(core.leader_id)
     st["links"] = peers.link_status()
-    return wire.ok_reply(rid, status=st)
+    return st
 
 
 def parse_transfer(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:

@@ -1,0 +1,134 @@
+"""`raftlog config show`: the effective settings and where each comes from.
+
+It takes what `raftlog serve` takes (flags and/or --config FILE.toml) and prints every node
+setting with its value and source: `flag --tick-ms`, `file node.toml`, `default`, or
+`default (core)` for the Raft knobs whose default lives in raft.config.RaftConfig. The client
+side follows: the servers the other commands would use (`flag --servers`, `env
+RAFTLOG_SERVERS` or `default`) and their timeout. Unknown keys are refused with the closest
+known one; when the settings are complete they are validated as `serve` would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tomllib
+from typing import Any
+
+from raft.cli.args import json_flag, servers_arg
+from raft.node.config import (ConfigError, NodeConfig, _parse_raft_options, check_keys,
+                              raft_default)
+
+_CLI_ONLY = ("func", "command", "verbose", "sub_verbose", "config", "json", "servers",
+             "servers_source", "timeout", "config_command")
+
+
+def _read_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+
+
+def effective(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """[{setting, value, source}] for every node setting, then the client's."""
+    flags = {k: v for k, v in vars(args).items() if k not in _CLI_ONLY}
+    raft_flags = _parse_raft_options(flags["raft"]) if flags.get("raft") else {}
+    fields = [f for f in dataclasses.fields(NodeConfig) if not f.name.startswith("_")]
+    file_values: dict[str, Any] = _read_toml(args.config) if args.config else {}
+    if args.config:
+        check_keys(file_values, {f.name for f in fields}, args.config)
+    rows: list[dict[str, Any]] = []
+    for f in fields:
+        if f.name == "raft":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if flags.get(f.name) is not None:
+            value, source = flags[f.name], f"flag {flag}"
+        elif f.name in file_values:
+            value, source = file_values[f.name], f"file {args.config}"
+        elif f.name in ("node_id", "data_dir", "peers"):
+            value, source = None, f"not set (required: {flag})"
+        elif f.default is None and f.name in NodeConfig._RAFT_KNOBS:
+            value, source = raft_default(f.name), "default (core)"
+        else:
+            value, source = f.default, "default"
+        rows.append({"setting": f.name, "value": value, "source": source})
+    file_raft = file_values.get("raft") or {}
+    for key in sorted(set(file_raft) | set(raft_flags)):
+        if key in raft_flags:
+            rows.append({"setting": f"raft.{key}", "value": raft_flags[key],
+                         "source": "flag --raft"})
+        else:
+            rows.append({"setting": f"raft.{key}", "value": file_raft[key],
+                         "source": f"file {args.config}"})
+    rows.append({"setting": "servers (client)", "value": args.servers,
+                 "source": args.servers_source})
+    rows.append({"setting": "timeout (client)", "value": args.timeout,
+                 "source": "flag --timeout" if args.timeout_given else "default"})
+    return rows
+
+
+def _validate(args: argparse.Namespace) -> str | None:
+    """None when `serve` would accept these settings; else why not (or what is missing)."""
+    settings = {k: v for k, v in vars(args).items() if k not in _CLI_ONLY or k == "config"}
+    try:
+        NodeConfig.from_args(settings)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    args.timeout_given = args.timeout != _DEFAULT_TIMEOUT
+    rows = effective(args)
+    problem = _validate(args)
+    missing = [r["setting"] for r in rows if str(r["source"]).startswith("not set")]
+    if args.json:
+        print(json.dumps({"settings": [{**r, "value": r["value"] if not isinstance(
+            r["value"], dict) else {str(k): v for k, v in r["value"].items()}} for r in rows],
+            "valid_for_serve": problem is None, "problem": problem}, default=str, indent=2))
+    else:
+        width = max(len(r["setting"]) for r in rows)
+        vwidth = min(40, max(len(_text(r["value"])) for r in rows))
+        for r in rows:
+            print(f"{r['setting']:<{width}}  {_text(r['value']):<{vwidth}}  {r['source']}")
+        if problem and not missing:
+            print(f"\nnot valid for `raftlog serve`: {problem}")
+    if problem and not missing:
+        return 2
+    return 0
+
+
+_DEFAULT_TIMEOUT = 10.0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("config", help="show the effective settings and their sources")
+    inner = p.add_subparsers(dest="config_command", metavar="ACTION", required=True,
+                             parser_class=type(p))
+    show = inner.add_parser(
+        "show", help="every setting's value and source (flag, file, env, default)",
+        description="Print every setting `raftlog serve` would run with (give it the same "
+                    "flags or --config), with its source, and the servers the client "
+                    "commands use. Exit 2 when complete settings would be refused.")
+    NodeConfig.add_arguments(show)
+    servers_arg(show, timeout=_DEFAULT_TIMEOUT, security=False)  # the node's TLS flags serve
+    json_flag(show, "print the settings as JSON")
+    show.set_defaults(func=cmd_config_show)

@@ -1,0 +1,286 @@
+"""Client authentication and permissions: who a connection is, and what it may ask for.
+
+Enabled by `--auth-file FILE` (which needs TLS: tokens must not travel in clear, and without
+mutual TLS any process could pose as a peer and bypass all of this). The file names principals
+and what each may do:
+
+    [principals.reader]
+    permissions = ["consume"]
+    tokens = ["sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"]
+
+    [principals.ops]                # no tokens: authenticates with a client certificate
+    permissions = ["admin", "produce", "consume"]
+
+A client authenticates in its hello, with a bearer token (`"token": "..."`) or, failing that,
+with its TLS client certificate (`raftlog://client/<name>` names the principal). Tokens are
+stored as SHA-256 digests only: they are 256-bit random strings (`raftlog token create`), so a
+slow hash buys nothing, and the file never holds a usable secret. SIGHUP re-reads the file; a
+connection's permissions are looked up on every request, so a permission change or a revoked
+token applies at once, to open connections too.
+
+Permissions: `produce` (produce and staged-load writes), `consume` (fetch; subscription open,
+commit, pin, release, get, list), `admin` (membership, leadership transfer, load abort,
+subscription reset and delete, and any request type not listed below: new
+request types are refused until someone classifies them). `status` and `load_status` are open
+to every authenticated principal. A refused request gets FORBIDDEN naming the permission; the
+connection stays usable. No token or digest is ever logged or reported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import tomllib
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from raft.node.config import ConfigError
+from raft.node.tls import Identity
+from raft.types import ErrorCode
+
+
+class Permission(str, Enum):
+    PRODUCE = "produce"
+    CONSUME = "consume"
+    ADMIN = "admin"
+
+
+# Request type -> the permission it needs (None: any authenticated principal). Not listed:
+# ADMIN (fail closed). tests/security/test_auth_unit.py checks every registered type is here.
+REQUIRED: dict[str, Permission | None] = {
+    "status": None,
+    "load_status": None,
+    "produce": Permission.PRODUCE,
+    "load_begin": Permission.PRODUCE,
+    "load_stage": Permission.PRODUCE,
+    "load_commit": Permission.PRODUCE,
+    "fetch": Permission.CONSUME,
+    "transfer_leader": Permission.ADMIN,
+    "add_node": Permission.ADMIN,
+    "remove_node": Permission.ADMIN,
+    "load_abort": Permission.ADMIN,
+    # Subscriptions (docs/SUBSCRIPTIONS.md): a consumer opens, commits, pins (Spark), releases
+    # and reads its own; moving one back or forgetting it is an operator's act.
+    "sub_open": Permission.CONSUME,
+    "sub_commit": Permission.CONSUME,
+    "sub_pin": Permission.CONSUME,
+    "sub_release": Permission.CONSUME,
+    "sub_get": Permission.CONSUME,
+    "sub_list": Permission.CONSUME,
+    "sub_reset": Permission.ADMIN,
+    "sub_delete": Permission.ADMIN,
+}
+
+TOKEN_PREFIX = "rl_"
+MAX_TOKEN_CHARS = 512
+_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def required_permission(request_type: str) -> Permission | None:
+    return REQUIRED.get(request_type, Permission.ADMIN)
+
+
+def new_token() -> str:
+    """A fresh bearer token: 256 random bits, URL-safe."""
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def token_digest(token: str) -> str:
+    """What the auth file stores for a token."""
+    return "sha256:" + hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+class AuthFileError(ValueError):
+    """The auth file cannot be used; the message names the file and the entry."""
+
+
+class AuthError(Exception):
+    """A client failed to authenticate (UNAUTHENTICATED); the message says what to send."""
+
+    code = ErrorCode.UNAUTHENTICATED
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    name: str
+    permissions: frozenset[Permission]
+    token_digests: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AuthTable:
+    principals: dict[str, Principal]
+    by_digest: dict[str, str] = field(default_factory=dict)  # token digest -> principal
+
+    @property
+    def token_count(self) -> int:
+        return len(self.by_digest)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "AuthTable":
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except FileNotFoundError:
+            raise AuthFileError(f"auth file {path} does not exist; create it with `raftlog "
+                                f"token create --auth-file {path} --principal NAME "
+                                f"--permissions consume`") from None
+        except OSError as e:
+            raise AuthFileError(f"auth file {path} cannot be read: {e.strerror or e}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise AuthFileError(f"auth file {path} is not valid TOML: {e}") from None
+        return cls.from_dict(data, source=str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "auth file") -> "AuthTable":
+        unknown = sorted(set(data) - {"principals"})
+        if unknown:
+            raise AuthFileError(f"{source}: unknown key(s) {', '.join(unknown)}; the file has "
+                                f"one table per principal: [principals.NAME]")
+        raw = data.get("principals", {})
+        if not isinstance(raw, dict):
+            raise AuthFileError(f"{source}: principals must be tables: [principals.NAME]")
+        principals: dict[str, Principal] = {}
+        by_digest: dict[str, str] = {}
+        for name, entry in raw.items():
+            where = f"{source}: [principals.{name}]"
+            if not _NAME_RE.match(name):
+                raise AuthFileError(f"{where}: a name is 1-63 letters, digits, '.', '_' or '-'")
+            if not isinstance(entry, dict):
+                raise AuthFileError(f"{where} must be a table")
+            extra = sorted(set(entry) - {"permissions", "tokens"})
+            if extra:
+                raise AuthFileError(f"{where}: unknown key(s) {', '.join(extra)}; a principal "
+                                    f"has permissions and tokens")
+            perms = entry.get("permissions", [])
+            if not isinstance(perms, list):
+                raise AuthFileError(f"{where}: permissions must be a list, e.g. "
+                                    f'["produce", "consume"]')
+            try:
+                permissions = frozenset(Permission(p) for p in perms)
+            except ValueError:
+                raise AuthFileError(f"{where}: permissions {perms!r} must each be one of "
+                                    f"{[p.value for p in Permission]}") from None
+            tokens = entry.get("tokens", [])
+            if not isinstance(tokens, list):
+                raise AuthFileError(f"{where}: tokens must be a list of sha256 digests")
+            for digest in tokens:
+                if not isinstance(digest, str) or not _DIGEST_RE.match(digest):
+                    # Never echo the value: it may be a token pasted by mistake.
+                    raise AuthFileError(f"{where}: every token must be stored as "
+                                        f"'sha256:<64 hex digits>' (`raftlog token create` "
+                                        f"writes it), never the token itself")
+                if digest in by_digest:
+                    raise AuthFileError(f"{where}: a token digest is also listed under "
+                                        f"[principals.{by_digest[digest]}]; a token names one "
+                                        f"principal")
+                by_digest[digest] = name
+            principals[name] = Principal(name, permissions, tuple(tokens))
+        return cls(principals, by_digest)
+
+    def to_toml(self) -> str:
+        """The file as `raftlog token create` writes it back (digests only)."""
+        lines = ["# raftlog auth file: principals and their permissions (produce, consume,",
+                 "# admin). Tokens are stored as SHA-256 digests; send SIGHUP to the nodes",
+                 "# after editing. See docs/SECURITY.md.", ""]
+        for name in sorted(self.principals):
+            p = self.principals[name]
+            perms = ", ".join(f'"{x.value}"' for x in sorted(p.permissions, key=lambda x: x.value))
+            lines.append(f"[principals.{name}]")
+            lines.append(f"permissions = [{perms}]")
+            lines.append("tokens = [" + ", ".join(f'"{d}"' for d in p.token_digests) + "]")
+            lines.append("")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request the session may not send: the error to answer with."""
+
+    code: ErrorCode
+    message: str
+    permission: str | None = None  # the missing permission (FORBIDDEN)
+
+
+@dataclass(slots=True)
+class Session:
+    """One client connection's authentication: its principal and how it proved it."""
+
+    principal: str | None
+    method: str  # "token", "certificate" or "none" (authentication off)
+    digest: str | None = None
+
+
+class Authenticator:
+    """The node's current auth table (None when authentication is off) and the checks."""
+
+    def __init__(self, auth_file: str | Path | None) -> None:
+        self.path = Path(auth_file) if auth_file else None
+        self.table: AuthTable | None = None
+        if self.path is not None:
+            try:
+                self.table = AuthTable.load(self.path)
+            except AuthFileError as e:
+                raise ConfigError(str(e)) from None
+
+    @property
+    def enabled(self) -> bool:
+        return self.table is not None
+
+    def reload(self) -> AuthTable | None:
+        """Re-read the file (SIGHUP). On error the current table stays and AuthFileError
+        is raised for the caller to log."""
+        if self.path is None:
+            return None
+        table = AuthTable.load(self.path)
+        self.table = table
+        return table
+
+    def authenticate(self, hello: dict[str, Any], identity: Identity | None) -> Session:
+        """The session for a client hello; raises AuthError when authentication is on and the
+        client proved nothing (or sent a token that is not valid)."""
+        table = self.table
+        token = hello.get("token")
+        if token is not None and (not isinstance(token, str) or not token
+                                  or len(token) > MAX_TOKEN_CHARS):
+            raise AuthError(f'hello field "token" must be a non-empty string of at most '
+                            f'{MAX_TOKEN_CHARS} characters')
+        if table is None:
+            return Session(None, "none")
+        if token is not None:
+            digest = token_digest(token)
+            name = table.by_digest.get(digest)
+            if name is None:
+                raise AuthError("the token is not valid (unknown, mistyped or revoked); ask "
+                                "an operator for a current one (`raftlog token create`)")
+            return Session(name, "token", digest)
+        if identity is not None and identity.kind == "client":
+            return Session(identity.principal, "certificate")
+        raise AuthError("this node requires authentication: send a token (--token or "
+                        "RAFTLOG_TOKEN) or a client certificate (--tls-cert/--tls-key)")
+
+    def authorize(self, session: Session, request_type: str) -> Refusal | None:
+        """None when `session` may send `request_type`; else why not."""
+        table = self.table
+        if table is None:
+            return None
+        name = session.principal
+        if session.method == "token" and table.by_digest.get(session.digest or "") != name:
+            return Refusal(ErrorCode.UNAUTHENTICATED,
+                           "the token this connection authenticated with has been revoked; "
+                           "reconnect with a current token")
+        needed = required_permission(request_type)
+        if needed is None:
+            return None
+        principal = table.principals.get(name or "")
+        if principal is not None and needed in principal.permissions:
+            return None
+        return Refusal(ErrorCode.FORBIDDEN,
+                       f"principal {name!r} lacks the {needed.value} permission needed for "
+                       f"{request_type!r} requests; grant it in the node's auth file "
+                       f"(permissions = [\"{needed.value}\", ...]) and send SIGHUP",
+                       needed.value)

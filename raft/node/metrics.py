@@ -1,0 +1,286 @@
+"""Prometheus metrics for one node (`--metrics-listen HOST:PORT` serves them at /metrics).
+
+Two kinds, read in two ways:
+- events (requests, flushes, elections, connections) are counted where they happen, on the trio
+  thread, into prometheus_client counters and histograms (thread safe, a lock per update);
+- state (role, term, offsets, follower lag, links) is read when scraped: prometheus_client's
+  HTTP server runs in its own thread, which hands one short function to the trio loop
+  (trio.from_thread.run_sync) that builds the same map `status` answers with. The loop is never
+  blocked by the HTTP server, the state is read on the thread that owns it, and the figures
+  agree with `raftlog status --json` by construction.
+
+Each node has its own registry (in-process tests run several nodes in one process). Names follow
+Prometheus conventions: `raftlog_` prefix, `_total` for counters, `_seconds` and `_bytes` units.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import trio
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
+                               disable_created_metrics)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
+
+from raft.node.config import ConfigError, format_address, parse_address
+from raft.types import Role
+
+log = logging.getLogger("raftlog.node")
+
+LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0,
+                   2.0, 5.0, 10.0)
+RECORDS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 50_000,
+                   200_000)
+LOOP_PROBE_S = 0.1  # how often the event-loop lag probe wakes up
+ROLES = tuple(r.value for r in Role)
+
+
+class NodeMetrics:
+    """The node's registry, its event hooks (called on the trio thread) and its HTTP server."""
+
+    def __init__(self) -> None:
+        # No `_created` series beside every counter: they double the scrape for a timestamp
+        # that a process start time already gives.
+        disable_created_metrics()
+        reg = self.registry = CollectorRegistry(auto_describe=False)
+        self.requests = Counter("raftlog_requests", "Client requests answered, by type and "
+                                "outcome (OK or the error code)", ["type", "code"], registry=reg)
+        self.produce_requests = Counter("raftlog_produce_requests", "Produce requests answered, "
+                                        "by ack level and outcome", ["acks", "code"],
+                                        registry=reg)
+        self.produce_latency = Histogram("raftlog_produce_latency_seconds", "Produce request "
+                                         "latency on the node (receipt to answer), by ack level",
+                                         ["acks"], buckets=LATENCY_BUCKETS, registry=reg)
+        self.fetch_bytes = Counter("raftlog_fetch_bytes", "Record payload bytes served by fetch",
+                                   registry=reg)
+        self.errors = Counter("raftlog_errors", "Error answers and error frames sent, by code",
+                              ["code"], registry=reg)
+        self.fsync_latency = Histogram("raftlog_fsync_latency_seconds", "Duration of one log "
+                                       "flush (write and fsync)", buckets=LATENCY_BUCKETS,
+                                       registry=reg)
+        self.flush_records = Histogram("raftlog_flush_batch_records", "Records made durable by "
+                                       "one flush (group commit size)", buckets=RECORDS_BUCKETS,
+                                       registry=reg)
+        self.loop_lag = Histogram("raftlog_event_loop_lag_seconds", "How late the trio loop "
+                                  "ran a timer (a blocked loop delays every request)",
+                                  buckets=LATENCY_BUCKETS, registry=reg)
+        self.elections_started = Counter("raftlog_elections_started", "Elections this node "
+                                         "started (it became a candidate in a new term)",
+                                         registry=reg)
+        self.elections_won = Counter("raftlog_elections_won", "Elections this node won",
+                                     registry=reg)
+        self.leader_changes = Counter("raftlog_leader_changes", "Times this node saw a "
+                                      "different leader", registry=reg)
+        self.connections = Gauge("raftlog_open_connections", "Open connections, by kind "
+                                 "(client, peer, or handshake before the hello)", ["kind"],
+                                 registry=reg)
+        self.tls_failures = Counter("raftlog_tls_handshake_failures", "Incoming TLS "
+                                    "handshakes that failed (untrusted or missing certificate, "
+                                    "bad input)", registry=reg)
+        self.plaintext_refused = Counter("raftlog_plaintext_refused", "Plaintext connections "
+                                         "refused by a TLS node", registry=reg)
+        self.auth_failures = Counter("raftlog_auth_failures", "Client hellos refused as "
+                                     "UNAUTHENTICATED", registry=reg)
+        for kind in ("client", "peer", "handshake"):
+            self.connections.labels(kind)
+        self._produce = {}  # acks -> (latency child) cached: label lookups take a lock
+        self._state: Callable[[], dict[str, Any] | None] = lambda: None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._campaign_term = 0
+        self._last_leader: int | None = None
+        self._last_role: Role | None = None
+        self._httpd: Any = None
+        reg.register(_StateCollector(self))
+        try:
+            ProcessCollector(registry=reg)  # CPU, memory, open files (Linux /proc)
+        except Exception:  # no /proc: skip process metrics
+            pass
+
+    # -- wiring (the node) -----------------------------------------------------------------------
+    def bind(self, state: Callable[[], dict[str, Any] | None]) -> None:
+        """`state()` is called on the trio thread at scrape time and returns the status map."""
+        self._state = state
+        self._token = trio.lowlevel.current_trio_token()
+
+    def snapshot(self) -> dict[str, Any] | None:
+        """The node's state for a scrape, read on the trio thread (from any thread)."""
+        try:
+            trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            pass
+        else:
+            return self._state()  # already on the trio thread (tests)
+        if self._token is None:
+            return None
+        try:
+            return trio.from_thread.run_sync(self._state, trio_token=self._token)
+        except (trio.RunFinishedError, trio.Cancelled):
+            return None
+
+    # -- events (trio thread) ----------------------------------------------------------------------
+    def request_done(self, t: str, reply: dict[str, Any], started: float,
+                     acks: str | None) -> None:
+        code = "OK" if reply.get("ok") else str((reply.get("error") or {}).get("code", "?"))
+        self.requests.labels(t, code).inc()
+        if code != "OK":
+            self.errors.labels(code).inc()
+        if t == "produce" and acks is not None:
+            child = self._produce.get(acks)
+            if child is None:
+                child = self._produce[acks] = self.produce_latency.labels(acks)
+            child.observe(time.perf_counter() - started)
+            self.produce_requests.labels(acks, code).inc()
+        elif t == "fetch" and code == "OK":
+            n = sum(len(b.get("payload", b"")) for b in reply.get("batches", ()))
+            if n:
+                self.fetch_bytes.inc(n)
+
+    def count_error(self, code: str) -> None:
+        """An error answer or error frame that did not go through request_done."""
+        self.errors.labels(code).inc()
+
+    def flush_done(self, seconds: float, records: int) -> None:
+        self.fsync_latency.observe(seconds)
+        if records > 0:
+            self.flush_records.observe(records)
+
+    def observe_state(self, node_id: int, role: Role, term: int, leader_id: int | None,
+                      voted_for: int | None) -> None:
+        """After a role/term/leader change: count elections started and won, leader changes."""
+        if voted_for == node_id and term > self._campaign_term and role in (Role.CANDIDATE,
+                                                                            Role.LEADER):
+            self._campaign_term = term  # a vote for ourselves in a new term: we campaigned
+            self.elections_started.inc()
+        if role == Role.LEADER and self._last_role != Role.LEADER:
+            self.elections_won.inc()
+        if leader_id is not None and leader_id != self._last_leader:
+            self._last_leader = leader_id
+            self.leader_changes.inc()
+        self._last_role = role
+
+    async def run_loop_probe(self) -> None:
+        """Sleep a little, again and again, and record how late the loop woke us."""
+        while True:
+            due = trio.current_time() + LOOP_PROBE_S
+            await trio.sleep_until(due)
+            self.loop_lag.observe(max(0.0, trio.current_time() - due))
+
+    # -- HTTP ------------------------------------------------------------------------------------
+    def start_http(self, address: str) -> str:
+        """Serve /metrics on `address` in prometheus_client's own thread; the bound address."""
+        from prometheus_client import start_http_server
+
+        host, port = parse_address(address, what="metrics_listen address")
+        try:
+            self._httpd, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as e:
+            raise ConfigError(f"cannot serve metrics on {address}: {e.strerror or e}; pick a "
+                              f"free --metrics-listen address") from None
+        return format_address(host, self._httpd.server_port)
+
+    async def stop_http(self) -> None:
+        httpd, self._httpd = self._httpd, None
+        if httpd is not None:
+            # shutdown() waits for the serving loop to notice (up to its poll interval).
+            await trio.to_thread.run_sync(httpd.shutdown)
+            httpd.server_close()
+
+
+class _StateCollector:
+    """Gauges read from the node's state at scrape time (see the module docstring)."""
+
+    def __init__(self, metrics: NodeMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        st = self._metrics.snapshot()
+        if not st:
+            return
+        yield from state_families(st)
+
+
+def _gauge(name: str, doc: str, value: float, labels: dict[str, str] | None = None) -> Metric:
+    g = GaugeMetricFamily(name, doc, labels=list(labels) if labels else None)
+    g.add_metric(list(labels.values()) if labels else [], value)
+    return g
+
+
+def state_families(st: dict[str, Any]) -> Iterator[Metric]:
+    """The status map (raft.node.api.admin.status_map plus `disk_full`) as metric families."""
+    role = GaugeMetricFamily("raftlog_role", "1 for the node's current Raft role", labels=["role"])
+    for r in ROLES:
+        role.add_metric([r], 1.0 if st.get("role") == r else 0.0)
+    yield role
+    yield _gauge("raftlog_term", "Current Raft term", st.get("term", 0))
+    yield _gauge("raftlog_leader_id", "The leader this node knows (0: none)",
+                 st.get("leader_id") or 0)
+    for key, doc in (("dirty_offset", "Last offset appended to the log (may be unflushed)"),
+                     ("flushed_offset", "Last offset fsynced to the log"),
+                     ("commit_index", "Raft commit index: majority-flushed offset"),
+                     ("high_watermark", "Last offset consumers may read"),
+                     ("start_offset", "First offset the log still holds")):
+        yield _gauge(f"raftlog_{key}", doc, st.get(key, -1))
+    yield _gauge("raftlog_voters", "Voters in the configuration", len(st.get("voters") or ()))
+    yield _gauge("raftlog_learners", "Learners in the configuration",
+                 len(st.get("learners") or ()))
+    yield _gauge("raftlog_disk_full", "1 while the disk is full (writes refused)",
+                 1.0 if st.get("disk_full") else 0.0)
+    yield from _follower_families(st)
+    yield from _link_families(st.get("links") or {})
+
+
+def _follower_families(st: dict[str, Any]) -> Iterator[Metric]:
+    followers = st.get("followers") or []
+    dirty = st.get("dirty_offset", -1)
+    lag = GaugeMetricFamily("raftlog_follower_lag_offsets", "Leader's dirty offset minus the "
+                            "follower's match index (kind=match) or flushed offset "
+                            "(kind=flushed); leader only", labels=["follower", "kind"])
+    lag_bytes = GaugeMetricFamily("raftlog_follower_lag_bytes", "The lag in bytes (estimated "
+                                  "from recent batch sizes); leader only",
+                                  labels=["follower", "kind"])
+    rate = GaugeMetricFamily("raftlog_follower_recovery_bytes_per_second", "How fast the "
+                             "follower is catching up (bytes acknowledged per second over "
+                             "the last seconds); leader only", labels=["follower"])
+    recovering = GaugeMetricFamily("raftlog_follower_recovering", "1 while the follower is "
+                                   "being caught up by a recovery stream", labels=["follower"])
+    acked = CounterMetricFamily("raftlog_follower_replicated_bytes", "Bytes the follower "
+                                "acknowledged since this node became leader (rate() of it is "
+                                "the replication or recovery speed); leader only",
+                                labels=["follower"])
+    acked_bytes = st.get("acked_bytes") or {}
+    for f in followers:
+        fid = str(f.get("node_id"))
+        match_lag = max(0, dirty - f.get("match_index", -1))
+        flushed_lag = max(0, dirty - f.get("flushed_offset", -1))
+        per = (f.get("bytes_behind", 0) / match_lag) if match_lag else st.get(
+            "bytes_per_offset", 0.0)
+        lag.add_metric([fid, "match"], match_lag)
+        lag.add_metric([fid, "flushed"], flushed_lag)
+        lag_bytes.add_metric([fid, "match"], f.get("bytes_behind", int(match_lag * per)))
+        lag_bytes.add_metric([fid, "flushed"], int(flushed_lag * per))
+        rate.add_metric([fid], f.get("catchup_bytes_per_s", 0.0))
+        recovering.add_metric([fid], 1.0 if f.get("recovering") else 0.0)
+        if f.get("node_id") in acked_bytes:
+            acked.add_metric([fid], acked_bytes[f["node_id"]])
+    yield acked
+    yield lag
+    yield lag_bytes
+    yield rate
+    yield recovering
+
+
+def _link_families(links: dict[str, Any]) -> Iterator[Metric]:
+    connected = GaugeMetricFamily("raftlog_peer_connected", "1 while the outgoing link to "
+                                  "the peer is up", labels=["peer"])
+    dropped = CounterMetricFamily("raftlog_peer_dropped_messages", "Raft messages dropped for "
+                                  "the peer (queue full or link down; Raft resends)",
+                                  labels=["peer"])
+    for peer, link in sorted(links.items()):
+        connected.add_metric([str(peer)], 1.0 if link.get("connected") else 0.0)
+        dropped.add_metric([str(peer)], link.get("dropped", 0))
+    yield connected
+    yield dropped
