@@ -14,8 +14,6 @@ Rules held here:
   it is still checking whether the cluster is new: raft/incarnation.py) refuses every vote and
   pre-vote and never campaigns; a node holding damaged batches campaigns only after twice the
   election timeout (raft/repair.py).
-- A node that stepped down over damaged entries no other voter holds and nobody committed
-  (raft/repair.py) compares as the log before the damage until it is overwritten.
 - A log that lost flushed batches (cut at open: storage's lost_position) still compares as the
   log it held: the node must not vote for a candidate missing entries it counted toward, and
   does not campaign itself until it has them (or entries of a later term) again.
@@ -92,11 +90,6 @@ class Elections:
 
     def _log_up_to_date(self, last_offset: int, last_term: int) -> bool:
         my_term, my_last = self.log.last_term(), self.log.dirty_offset
-        if self._yield_from is not None and self.log.first_damaged() == self._yield_from:
-            # Damage no other voter holds and nobody committed (raft/repair.py): compare as
-            # the log before it, so a whole node can win and overwrite it.
-            my_last = self._yield_from - 1
-            my_term = self.log.term_at(my_last) if my_last >= self.log.start_offset - 1 else 0
         lost = self.log.lost_position  # (offset, term) it held before losing flushed batches
         if lost is not None and (lost[1], lost[0]) > (my_term, my_last):
             my_last, my_term = lost

@@ -117,9 +117,6 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
 
         self._damage_seen = -1  # damage found at open is reported at the first tick
         self._damage_ticks = 0
-        # Damaged from here, held by no other voter and not committed: we stepped down so a
-        # whole node overwrites it, and vote as if our log ended before it (raft/repair.py).
-        self._yield_from: int | None = None
         self._init_incarnation(meta)
 
         if len(self.config.voters) == 1 and self.config.voters[0] == self.node_id and \

@@ -68,8 +68,6 @@ class Repairs:
         if version != self._damage_seen:
             self._damage_seen = version
             self._damage_ticks = 0
-            if self._yield_from is not None and self.log.first_damaged() != self._yield_from:
-                self._yield_from = None  # repaired or overwritten
             if self.role != Role.LEADER and self.leader_id is not None:
                 # Tell the leader now: it stops counting the range and sends it again.
                 self._send(self._heartbeat_reply(self.leader_id, 0))
@@ -92,12 +90,7 @@ class Repairs:
                 for v in others):
             return  # a voter we have not heard from lately may hold it: wait
         if d.first > self.commit_index:
-            # Only ours and not committed: a whole node overwrites it. Until then we vote as if
-            # our log ended before it; else a node whose log is shorter could never win our
-            # vote, and we would win every election only to step down again (a livelock the
-            # simulation found: a damaged first entry and another node's lost position).
-            self._yield_from = d.first
-            self._become_follower(self.term, None)
+            self._become_follower(self.term, None)  # only ours and not committed: overwritten
             return
         raise DataLost(
             f"node {self.node_id}: committed {d.describe()} is damaged here and no other voter "

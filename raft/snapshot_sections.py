@@ -11,6 +11,7 @@ from typing import Any
 
 from raft.loads import LoadTable
 from raft.membership import ClusterConfig, ConfigEntry
+from raft import subscriptions
 from raft.producers import ProducerTable
 from raft.snapshot import (
     CONFIG,
@@ -95,6 +96,11 @@ register_section(Section(PRODUCERS, _producers_fresh, _producers_apply,
                          lambda t, start: t.dump(), _producers_load))
 register_section(Section(LOADS, lambda ctx, start: LoadTable(start), LoadTable.apply, _loads_dump,
                          _loads_load))
+# The subscription table (issue 16): positions committed through the log, so a node restarted
+# behind a new log start, or given a state transfer, knows every subscription's position.
+register_section(Section(subscriptions.SNAPSHOT_SECTION, subscriptions.section_fresh,
+                         subscriptions.section_apply, subscriptions.section_dump,
+                         subscriptions.section_load))
 
 
 def stored_config(snapshot: dict | None) -> ConfigEntry | None:

@@ -40,6 +40,12 @@ class ErrorCode(IntEnum):
     # The leader's disk is full: it refuses new writes, keeps serving reads and catch-up from
     # what it has, and takes writes again once a flush succeeds.
     DISK_FULL = 12
+    # Subscriptions (raft/subscriptions.py): named consumer positions replicated with the log.
+    INVALID_SUBSCRIPTION_NAME = 13  # empty, too long, or characters outside [A-Za-z0-9._:-]
+    UNKNOWN_SUBSCRIPTION = 14  # no subscription of that name (never created, deleted, expired)
+    SUBSCRIPTION_LEASED = 15  # another consumer holds the single-active-consumer lease
+    POSITION_PAST_HIGH_WATERMARK = 16  # a position past high watermark + 1: never read
+    POSITION_BEHIND = 17  # a commit below the current position (only a reset may move back)
     # Security (raft/node/auth.py). The wire carries names, not numbers; these leave room below
     # for codes other work adds.
     UNAUTHENTICATED = 20  # no valid token or client certificate (or plaintext to a TLS node)

@@ -1,7 +1,8 @@
 """`spark.read.format("raftlog")`: committed records as Arrow batches, split by offset range.
 
 Planning asks the cluster for the log start and the consumer-visible high watermark (the last
-stable offset: committed data of no open load). Each partition fetches its offset range and
+stable offset: committed data of no open load). With `subscription`, the range is the one the
+subscription pins for its next incremental read (sparkio/subscriptions.py). Each partition fetches its offset range and
 yields one Arrow RecordBatch per fetch reply. Schema as Spark's Kafka source.
 """
 
@@ -17,6 +18,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from sparkio.security import ConnSecurity
 from sparkio.staging import RaftlogError, Session, parse_servers
+from sparkio.subscriptions import first_use_position, pin
 
 READ_SCHEMA = ("key binary, value binary, offset long, timestamp timestamp, "
                "headers array<struct<key: string, value: binary>>")
@@ -69,12 +71,37 @@ class RaftlogReader(DataSourceReader):
         finally:
             session.close()
         log_start, hw = int(info["start_offset"]), int(info["high_watermark"])
-        start = _parse_offset(options.get("startingoffset"), {"earliest": None}) or 0
-        end = _parse_offset(options.get("endingoffset"), {"latest": None})
+        if options.get("subscription"):
+            # An incremental read: the subscription's pinned range (sparkio/subscriptions.py).
+            start, end = self._subscription_range(options)
+            if start < log_start and options.get("failondataloss", "true").lower() != "false":
+                raise ValueError(
+                    f"subscription {options['subscription']!r} is at offset {start} but "
+                    f"retention removed everything below {log_start}: those records are "
+                    f"lost to it. Set option failOnDataLoss=false to read on from {log_start}, "
+                    f"or reset the subscription (raftlog subscriptions reset)")
+        else:
+            start = _parse_offset(options.get("startingoffset"), {"earliest": None}) or 0
+            end = _parse_offset(options.get("endingoffset"), {"latest": None})
         self.start = max(start, log_start)
         self.end = hw + 1 if end is None else min(end, hw + 1)
+        if options.get("subscription"):
+            # Never clipped: committing the pin must mean its whole range was read (a leader
+            # just elected may not show all of it yet; the partition read waits for it).
+            self.end = max(self.start, end)
         default_parts = max(1, min(64, -(-(self.end - self.start) // 500_000)))
         self.num_partitions = int(options.get("numpartitions", default_parts))
+
+    def _subscription_range(self, options: dict[str, str]) -> tuple[int, int]:
+        if options.get("endingoffset"):
+            raise ValueError("endingOffset does not combine with subscription: a subscription "
+                             "read ends where its pin does (see docs/SUBSCRIPTIONS.md)")
+        first = first_use_position(options.get("startingoffset"))
+        session = Session(self.servers, self.timeout_s, security=self.security)
+        try:
+            return pin(session, options["subscription"], first)
+        finally:
+            session.close()
 
     def partitions(self) -> list[OffsetRange]:
         return split(self.start, self.end, self.num_partitions)

@@ -23,6 +23,7 @@ from typing import Any
 
 import trio
 
+from raft.cli import subscriptions
 from raft.cli.args import json_flag, non_negative_int, positive_float, positive_int, \
     servers_arg, since, start_offset
 from raft.cli.security import client_options
@@ -37,6 +38,8 @@ OFFSETS_NOTE = ("Offsets: every log entry takes offsets, and some are not record
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
+    if args.subscription is not None:  # resume from a subscription (raft/cli/subscriptions.py)
+        return subscriptions.consume_subscription(args, _print_record)
     if isinstance(args.from_offset, int) and args.from_offset >= 0 and args.to is not None \
             and args.to <= args.from_offset:
         raise ConfigError(f"--to {args.to} must be above --from {args.from_offset} (--to is "
@@ -179,4 +182,5 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "leader)")
     json_flag(p, 'one JSON object per record: offset, timestamp_ms, value (or value_b64 when '
                  'not UTF-8), key, headers')
+    subscriptions.add_consume_arguments(p)
     p.set_defaults(func=cmd_consume)

@@ -4,12 +4,14 @@
     echo hello | raftlog produce             # stream stdin lines as records
     raftlog consume --from -10               # the last 10 records
     raftlog status                           # roles, offsets, follower progress
+    raftlog consume --subscription orders    # resume where the last run committed
+    raftlog subscriptions                    # positions, lag, leases (docs/SUBSCRIPTIONS.md)
     raftlog certs init|issue|show | token create|revoke  # TLS and tokens (docs/SECURITY.md)
 
 Each command group is its own module in this package with a `register(subparsers)`: serve.py
-(serve, up), produce.py, consume.py, status.py, demo.py, membership.py, config_cmd.py,
-completion.py. Other packages add their commands the same way, as plugins that may be missing:
-bench.cli (`raftlog bench`) and sparkio.cli (`raftlog load`).
+(serve, up), produce.py, consume.py, subscriptions.py, status.py, demo.py, membership.py,
+config_cmd.py, completion.py. Other packages add their commands the same way, as plugins that
+may be missing: bench.cli (`raftlog bench`) and sparkio.cli (`raftlog load`).
 
 Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration, 130 interrupted.
 Errors are one line on stderr (`raftlog CMD: CODE: message`), or one JSON object
@@ -29,7 +31,7 @@ import sys
 from importlib import metadata
 
 from raft.cli import (certs, completion, config_cmd, consume, demo, membership, produce,
-                      serve, status, tokens)
+                      serve, status, subscriptions, tokens)
 from raft.cli.args import resolve_servers
 from raft.cli.output import print_error
 from raft.client import RaftlogError
@@ -73,7 +75,7 @@ def build_parser() -> Parser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log more (-v info, -vv debug); quiet by default")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for module in (serve, produce, consume, status, demo, certs, tokens):
+    for module in (serve, produce, consume, subscriptions, status, demo, certs, tokens):
         module.register(sub)
     for name in PLUGINS:
         try:

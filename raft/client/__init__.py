@@ -17,9 +17,13 @@ the log. When no node listens at any of the addresses given, calls fail at once 
 
 Security: `Client(..., tls_ca=, tls_cert=, tls_key=, token=)` (raft.client.security).
 
+Subscriptions (named positions kept by the cluster): `Consumer(client, subscription="orders")`
+iterates a subscription's records and commits the position as it goes; `Client.subscription_*`
+and `Client.subscriptions()` manage them (raft/client/subscriptions.py).
+
 Layout: errors.py (the typed errors), results.py (what operations return), connection.py (one
 connection to one node), client.py (`Client`), producer.py (`Producer`), blocking.py
-(`BlockingClient`).
+(`BlockingClient`), subscriptions.py (the subscription calls), consumer.py (`Consumer`).
 """
 
 from raft.client.blocking import BlockingClient
@@ -29,6 +33,10 @@ from raft.client.errors import (AuthenticationError, BackpressureError, BadReque
                                 OffsetOutOfRangeError, PermissionDeniedError, RaftlogError,
                                 RequestTimeout, ShuttingDownError, TooLargeError,
                                 UnavailableError, error_from_reply)
+from raft.client.consumer import BlockingConsumer, Consumer
+from raft.client.errors import (InvalidSubscriptionName, PositionBehind,
+                                PositionPastHighWatermark, SubscriptionError, SubscriptionLeased,
+                                UnknownSubscription)
 from raft.client.producer import Delivery, Producer
 from raft.client.results import FetchedRecord, FetchResult, ProduceResult
 from raft.client.security import ClientSecurity, TLSError
@@ -40,4 +48,7 @@ __all__ = [
     "FetchedRecord", "LeadershipLostError", "NotLeaderError", "OffsetOutOfRangeError",
     "ProduceResult", "Producer", "RaftlogError", "RequestTimeout", "ShuttingDownError",
     "TooLargeError", "UnavailableError", "error_from_reply", "parse_servers",
+    "BlockingConsumer", "Consumer", "InvalidSubscriptionName", "PositionBehind",
+    "PositionPastHighWatermark", "SubscriptionError", "SubscriptionLeased",
+    "UnknownSubscription",
 ]

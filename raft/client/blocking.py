@@ -9,14 +9,16 @@ from typing import Any, TypeVar
 import trio
 
 from raft.client.client import Client
+from raft.client.consumer import BlockingConsumer, Consumer
 from raft.client.producer import Producer
 from raft.client.results import FetchResult, ProduceResult
+from raft.client.subscriptions import BlockingSubscriptionCalls
 from storage.records import Record
 
 T = TypeVar("T")
 
 
-class BlockingClient:
+class BlockingClient(BlockingSubscriptionCalls):
     """The client for code without a trio loop (scripts, Spark executors): a private trio loop
     runs in a daemon thread and each call is handed to it.
 
@@ -95,6 +97,15 @@ class BlockingClient:
 
     def remove_node(self, node_id: int, **kwargs: Any) -> dict[str, Any]:
         return self._call(self._client.remove_node, node_id, **kwargs)
+
+    def consumer(self, subscription: str, **kwargs: Any) -> BlockingConsumer:
+        """A `Consumer` of `subscription` (same keywords) to iterate with a plain `for`:
+
+            with client.consumer("orders", auto_commit_ms=1000) as consumer:
+                for record in consumer:
+                    handle(record)
+        """
+        return BlockingConsumer(self, Consumer(self._client, subscription, **kwargs))
 
     def close(self) -> None:
         if self._token is not None and self._stop is not None:

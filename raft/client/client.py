@@ -20,6 +20,7 @@ from raft.client.errors import (RETRIABLE, NotLeaderError, OffsetOutOfRangeError
                                 error_from_reply)
 from raft.client.results import FetchedRecord, FetchResult, ProduceResult
 from raft.client.security import ClientSecurity
+from raft.client.subscriptions import SubscriptionCalls
 from raft.node import wire
 from raft.node.config import ConfigError, parse_address
 from storage.records import Record, decode_records, encode_records
@@ -34,7 +35,7 @@ def server_timeout_ms(budget_s: float) -> int:
     return max(1, min(MAX_SERVER_TIMEOUT_MS, int(budget_s * 1000)))
 
 
-class Client:
+class Client(SubscriptionCalls):
     """A connection pool to one cluster. Use as `async with Client("h:p,h:p") as c:`.
     With `tls_ca` (and optionally `tls_cert`/`tls_key`) it speaks TLS; `token` authenticates
     (raft.client.security)."""

@@ -81,6 +81,62 @@ class BadRequestError(RaftlogError):
     code = "BAD_REQUEST"
 
 
+class SubscriptionError(RaftlogError):
+    """Base class of the subscription errors; `subscription` is the subscription as the
+    cluster has it, when the error concerns one that exists."""
+
+    @property
+    def subscription(self) -> dict[str, Any] | None:
+        return self.details.get("subscription")
+
+
+class InvalidSubscriptionName(SubscriptionError):
+    """A name that is empty, longer than 128 characters, or has characters outside letters,
+    digits and '.', '_', ':', '-'."""
+
+    code = "INVALID_SUBSCRIPTION_NAME"
+
+
+class UnknownSubscription(SubscriptionError):
+    """No subscription of that name (never created, deleted, or expired)."""
+
+    code = "UNKNOWN_SUBSCRIPTION"
+
+
+class SubscriptionLeased(SubscriptionError):
+    """Another consumer holds the subscription's single-active-consumer lease."""
+
+    code = "SUBSCRIPTION_LEASED"
+
+    @property
+    def lease_holder(self) -> str | None:
+        return self.details.get("lease_holder")
+
+    @property
+    def lease_until_ms(self) -> int | None:
+        return self.details.get("lease_until_ms")
+
+
+class PositionPastHighWatermark(SubscriptionError):
+    """A position past high watermark + 1: nothing there can have been read."""
+
+    code = "POSITION_PAST_HIGH_WATERMARK"
+
+    @property
+    def high_watermark(self) -> int | None:
+        return self.details.get("high_watermark")
+
+
+class PositionBehind(SubscriptionError):
+    """A commit below the subscription's position; only a reset moves it back."""
+
+    code = "POSITION_BEHIND"
+
+    @property
+    def position(self) -> int | None:
+        return self.details.get("position")
+
+
 class AuthenticationError(RaftlogError):
     """UNAUTHENTICATED: no valid token or client certificate (or plaintext to a TLS node).
     Not retried: fix the credentials."""
@@ -110,7 +166,9 @@ _BY_CODE: dict[str, type[RaftlogError]] = {
     c.code: c for c in (NotLeaderError, RequestTimeout, TooLargeError, OffsetOutOfRangeError,
                         ShuttingDownError, LeadershipLostError, BackpressureError,
                         DiskFullError, BadRequestError, UnavailableError,
-                        AuthenticationError, PermissionDeniedError)}
+                        InvalidSubscriptionName, UnknownSubscription, SubscriptionLeased,
+                        PositionPastHighWatermark, PositionBehind, AuthenticationError,
+                        PermissionDeniedError)}
 
 
 def error_from_reply(err: dict[str, Any]) -> RaftlogError:
@@ -124,4 +182,6 @@ __all__ = [
     "LeadershipLostError", "NotLeaderError", "PermissionDeniedError",
     "OffsetOutOfRangeError", "RaftlogError", "RequestTimeout", "ShuttingDownError",
     "TooLargeError", "UnavailableError", "error_from_reply",
+    "InvalidSubscriptionName", "PositionBehind", "PositionPastHighWatermark",
+    "SubscriptionError", "SubscriptionLeased", "UnknownSubscription",
 ]

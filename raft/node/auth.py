@@ -18,8 +18,9 @@ slow hash buys nothing, and the file never holds a usable secret. SIGHUP re-read
 connection's permissions are looked up on every request, so a permission change or a revoked
 token applies at once, to open connections too.
 
-Permissions: `produce` (produce and staged-load writes), `consume` (fetch), `admin`
-(membership, leadership transfer, load abort, and any request type not listed below: new
+Permissions: `produce` (produce and staged-load writes), `consume` (fetch; subscription open,
+commit, pin, release, get, list), `admin` (membership, leadership transfer, load abort,
+subscription reset and delete, and any request type not listed below: new
 request types are refused until someone classifies them). `status` and `load_status` are open
 to every authenticated principal. A refused request gets FORBIDDEN naming the permission; the
 connection stays usable. No token or digest is ever logged or reported.
@@ -61,6 +62,16 @@ REQUIRED: dict[str, Permission | None] = {
     "add_node": Permission.ADMIN,
     "remove_node": Permission.ADMIN,
     "load_abort": Permission.ADMIN,
+    # Subscriptions (docs/SUBSCRIPTIONS.md): a consumer opens, commits, pins (Spark), releases
+    # and reads its own; moving one back or forgetting it is an operator's act.
+    "sub_open": Permission.CONSUME,
+    "sub_commit": Permission.CONSUME,
+    "sub_pin": Permission.CONSUME,
+    "sub_release": Permission.CONSUME,
+    "sub_get": Permission.CONSUME,
+    "sub_list": Permission.CONSUME,
+    "sub_reset": Permission.ADMIN,
+    "sub_delete": Permission.ADMIN,
 }
 
 TOKEN_PREFIX = "rl_"

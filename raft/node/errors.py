@@ -25,6 +25,19 @@ ERROR_ADVICE: dict[ErrorCode, str] = {
     ErrorCode.DISK_FULL: "the leader's disk is full: it refuses writes until space is freed "
                          "(reads go on); free disk space on the leader (or set retention), then "
                          "retry",
+    ErrorCode.INVALID_SUBSCRIPTION_NAME: "a subscription name is 1-128 characters of letters, "
+                                         "digits and '.', '_', ':', '-'; pick another name",
+    ErrorCode.UNKNOWN_SUBSCRIPTION: "no subscription of that name (never created, deleted or "
+                                    "expired); open it to create it, or list them with "
+                                    "`raftlog subscriptions`",
+    ErrorCode.SUBSCRIPTION_LEASED: "another consumer holds this subscription's lease; stop it "
+                                   "(it releases the lease on close) or wait until the lease "
+                                   "expires (lease_until_ms)",
+    ErrorCode.POSITION_PAST_HIGH_WATERMARK: "a position may be at most high_watermark + 1 (the "
+                                            "next offset to deliver); commit the offset after "
+                                            "the last record processed",
+    ErrorCode.POSITION_BEHIND: "a commit may not move a subscription back; to re-read, reset it "
+                               "(`raftlog subscriptions reset NAME --to OFFSET`)",
     ErrorCode.UNAUTHENTICATED: "authenticate: send a valid token (--token or RAFTLOG_TOKEN) or "
                                "a client certificate signed by the cluster CA, over TLS",
     ErrorCode.FORBIDDEN: "the principal lacks the permission this request needs; ask an "

@@ -99,6 +99,7 @@ class RaftGroup:
         self.loads: Any = None  # raft.node.load_service.LoadService once the log is open
         # raft.node.retention.RetentionTask once the core runs (its `holders` take hooks).
         self.retention: Any = None
+        self.subs: Any = None  # raft.node.subscription_service.SubscriptionService, likewise
         self.catchup = CatchupTracker(self)
         # One trio loop per node and one group per node today: the group owns the monitor.
         self.loop_lag = LoopLag()
@@ -161,10 +162,13 @@ class RaftGroup:
             raise ConfigError(f"raft settings: {e}; check --raft KEY=VALUE options and "
                               f"the [raft] table of the config file") from None
         self.loads = _make_load_service(self.log)
+        self.subs = _make_subscription_service(self)
         self._last_hw = self.core.high_watermark
         if hasattr(self.core, "snapshot_context"):
             from raft.node.retention import RetentionTask
             self.retention = RetentionTask(self, self.config.retention_policy())
+            if self.subs is not None:
+                self.subs.attach_retention()  # before retention's first pass, not after it
 
     def membership(self) -> Any:
         """The configuration in force (None with a core that has none)."""
@@ -185,6 +189,8 @@ class RaftGroup:
             nursery.start_soon(self.retention.run)
         if hasattr(self.log, "scrub"):
             nursery.start_soon(self.scrubber.run)
+        if self.subs is not None:
+            nursery.start_soon(self.subs.run)
 
     async def hand_over_leadership(self) -> None:
         """On a graceful stop, a leader hands leadership over (bounded by shutdown_transfer_ms)."""
@@ -499,6 +505,16 @@ def _make_load_service(log_storage: LogStorage) -> Any:
     except ImportError:
         return None
     return LoadService(log_storage)
+
+
+def _make_subscription_service(group: RaftGroup) -> Any:
+    """Subscriptions (raft.node.subscription_service) when present in this build."""
+    try:
+        from raft.node.subscription_service import SubscriptionService
+    except ImportError:
+        return None
+    return SubscriptionService(group, expiry_ms=group.config.subscription_expiry_ms,
+                               respect_retention=group.config.retention_respect_subscriptions)
 
 
 async def open_log_with_progress(config: NodeConfig) -> LogStorage:

@@ -17,6 +17,7 @@ from raft.sim.loop import EventLoop
 from raft.sim.nemesis import DISK_LOSS, KINDS, Nemesis
 from raft.sim.network import Network
 from raft.sim.node import SimNode
+from raft.sim.subscriptions import SimSubscriptions, SubscriptionConsumers
 from raft.sim.workload import Workload
 from raft.types import Acks, Role
 
@@ -29,6 +30,8 @@ class SimConfig:
     # learners (promoted once caught up) and removes members.
     spare_nodes: int = 0
     clients: int = 3
+    # Consumers of subscriptions (raft/sim/subscriptions.py), one per subscription.
+    subscriptions: int = 2
     fault_time_us: int = 2_000_000
     # After healing, the cluster must elect one leader and converge within this bound.
     converge_within_us: int = 4_000_000
@@ -91,6 +94,7 @@ class Simulation:
         retention = (RetentionPolicy(**cfg.retention).validate() if cfg.retention is not None
                      else None)
         self.nodes: dict[int, SimNode] = {}
+        self.subs = SimSubscriptions(self)
         for i in all_ids:
             self.nodes[i] = SimNode(
                 i, self.loop, random.Random(self.rng.getrandbits(64)),
@@ -101,6 +105,8 @@ class Simulation:
         self.nemesis = Nemesis(self, random.Random(self.rng.getrandbits(64)),
                                mean_gap_us=cfg.mean_fault_gap_us, kinds=cfg.faults,
                                log=self.trace_tail)
+        self.consumers = SubscriptionConsumers(self, self.subs,
+                                               random.Random(self.rng.getrandbits(64)))
 
     # -- wiring ----------------------------------------------------------------------------
     def _send(self, msg: m.Message) -> None:
@@ -118,19 +124,25 @@ class Simulation:
     def _answer(self, node_id: int, a: ProduceAnswer) -> None:
         self.trace.update(f"{self.loop.now}:ans:{node_id}:{a.request_id}:{a.error.name}:"
                           f"{a.base_offset}".encode())
-        self.workload.on_answer(node_id, a)
+        if self.subs.owns(a.request_id):
+            self.subs.on_answer(node_id, a)
+        else:
+            self.workload.on_answer(node_id, a)
 
     def _node_event(self, node: SimNode, what: str) -> None:
         if what == "ready":
             if node.core is not None:
                 self.checkers.on_ready(self.loop.now, node, self.nodes)
+                self.subs.on_ready(node)
         elif what == "start":
+            self.subs.on_start(node)
             self.checkers.on_restart(node) if self.loop.now else None
             if node.restarts:
                 self.trace_tail.append(f"{self.loop.now:>10} us  node {node.node_id} started")
         elif what == "retention":
             self.checkers.on_retention(node)
         elif what == "crash":
+            self.subs.on_crash(node)
             self.trace_tail.append(f"{self.loop.now:>10} us  node {node.node_id} crashed "
                                    f"(flushed {node.log.flushed_offset})")
         if len(self.trace_tail) > 200:
@@ -182,10 +194,12 @@ class Simulation:
     def run(self) -> SimResult:
         cfg = self.cfg
         self.workload.start(cfg.clients)
+        self.consumers.start(cfg.subscriptions)
         self.nemesis.schedule(0, cfg.fault_time_us)
         try:
             self.loop.run_until(cfg.fault_time_us)
             self.workload.stopped = True
+            self.consumers.stopped = True
             healed_at = self.loop.now
             # Let in-flight requests finish, then demand convergence within the bound.
             self.loop.run_until(healed_at + cfg.converge_within_us, stop=self.converged)
@@ -218,7 +232,8 @@ class Simulation:
                  "fail_stops": sum(n.fail_stops for n in self.nodes.values()),
                  "retention_cuts": sum(n.retention_cuts for n in self.nodes.values()),
                  "state_transfers": self.checkers.state_transfers,
-                 "disk_losses": self.nemesis.disk_losses}
+                 "disk_losses": self.nemesis.disk_losses,
+                 "sub_entries": self.subs.entries, **self.consumers.stats()}
         return SimResult(cfg.seed, list(self.checkers.violations), self.trace.hexdigest(),
                          stats, list(self.trace_tail), cfg.profile)
 
@@ -226,6 +241,9 @@ class Simulation:
         now = self.loop.now
         self.checkers.check_log_matching(now, self.nodes)
         self.checkers.check_above_log_starts(now, self.nodes)
+        self.subs.check_tables_agree(now)
+        if self.converged():
+            self.consumers.check_final(self.nodes[self.leaders()[0]])
         for node in self.nodes.values():
             if node.core is None:
                 continue

@@ -31,6 +31,7 @@ import test_retention
 import test_disk_loss_rules
 import test_safety_rules
 import test_state_transfer
+import test_subscriptions
 
 # The runtime's fail-stop rule is killed by a node test.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "node"))
@@ -166,6 +167,52 @@ MUTANTS = [
            "return self.may_vote() and (True or",
            (test_disk_loss_rules
             .test_a_node_that_lost_flushed_entries_does_not_lead_before_it_has_them_again,)),
+    # -- subscriptions (raft/subscriptions.py, raft/subscription_batcher.py) -----------------------
+    Mutant("a subscription commit below the position is accepted",
+           "raft.subscriptions", "SubscriptionTable._commit",
+           "if op.position < sub.position:",
+           "if False:",
+           (test_subscriptions.test_open_creates_once_then_commits_move_forward_only,)),
+    Mutant("a subscription commit past the log is accepted",
+           "raft.subscriptions", "SubscriptionTable._commit",
+           "if op.position > offset:",
+           "if False:",
+           (test_subscriptions.test_open_creates_once_then_commits_move_forward_only,)),
+    Mutant("another consumer's unexpired lease is ignored",
+           "raft.subscriptions", "SubscriptionTable._lease_conflict",
+           "if sub.leased_to_other(consumer, self.clock_ms):",
+           "if False:",
+           (test_subscriptions.test_a_lease_refuses_other_consumers_until_it_expires_by_entry_stamps,)),
+    Mutant("the table's clock follows each entry's stamp, even backwards",
+           "raft.subscriptions", "SubscriptionTable.apply",
+           "self.clock_ms = max(self.clock_ms, batch.timestamp_ms)",
+           "self.clock_ms = batch.timestamp_ms",
+           (test_subscriptions.test_a_new_leader_with_a_clock_behind_cannot_revive_an_expired_lease,)),
+    Mutant("an expiry delete removes a subscription used since",
+           "raft.subscriptions", "SubscriptionTable._delete",
+           "if op.arg >= 0 and sub.last_used_ms != op.arg:",
+           "if False:",
+           (test_subscriptions.test_expiry_spares_used_and_leased_subscriptions,)),
+    Mutant("expiry picks a leased subscription",
+           "raft.subscriptions", "SubscriptionTable.expired",
+           "\n                      and not (s.lease_holder and now < s.lease_until_ms)",
+           "",
+           (test_subscriptions.test_expiry_spares_used_and_leased_subscriptions,)),
+    Mutant("a pin moves before a commit reaches it",
+           "raft.subscriptions", "SubscriptionTable._pin",
+           "if sub.pin_end <= sub.position:",
+           "if True:",
+           (test_subscriptions.test_a_pin_holds_until_a_commit_reaches_it,)),
+    Mutant("the subscription table applies batches out of order",
+           "raft.subscriptions", "SubscriptionTable.apply",
+           "if batch.base_offset != self.applied + 1:",
+           "if False:",
+           (test_subscriptions.test_entries_apply_in_order_and_foreign_control_is_ignored,)),
+    Mutant("the accumulator folds a commit into a slot with a later position",
+           "raft.subscription_batcher", "CommitBatcher.add",
+           "if i is not None and self._slots[i].op.position <= op.position:",
+           "if i is not None:",
+           (test_subscriptions.test_batcher_coalesces_a_consumers_commits_and_bounds_everything,)),
     # Security (raft/node/auth.py, raft/node/tls.py, raft/node/gate.py, raft/node/server.py).
     Mutant("a peer's hello is accepted with another node's certificate",
            "raft.node.gate", "Gate.check_peer",

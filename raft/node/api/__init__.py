@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from raft.node.api import admin, fetch, loads, membership, produce
+from raft.node.api import admin, fetch, loads, membership, produce, subscriptions
 from raft.node.api.context import ApiContext, Request
 
 __all__ = ["REQUESTS", "ApiContext", "Request", "lookup"]
@@ -20,6 +20,7 @@ _MODULES = (
     fetch,
     admin,
     membership,
+    subscriptions,
 )
 
 # Families whose type names are decided at run time: (context, type) -> Request or None.

@@ -1,0 +1,286 @@
+"""`Consumer`: read a subscription's records, committing the position as you go (at least once).
+
+    async with Client(servers) as client:
+        async with Consumer(client, subscription="orders", auto_commit_ms=1000) as consumer:
+            async for record in consumer:
+                handle(record)          # done with it once you ask for the next one
+
+The first read opens the subscription (creating it at `start` on first use: "start", "end" or
+an offset) and reads from its committed position; the position lives in the cluster, replicated
+with the log, so a consumer that restarts, on any node, after any fail-over, resumes there.
+
+What is committed, and when:
+- a record counts as processed once the iterator is asked for the next one (or the consumer is
+  closed, or `commit()` is called: that marks everything handed out so far as processed);
+- with `auto_commit_ms`, the processed position is committed at most that often, from inside
+  the iterator (no background task); `auto_commit_ms=0` leaves every commit to `commit()`;
+- closing the consumer commits what was processed and gives up the lease.
+After a crash, the next consumer re-reads at most what was processed since the last commit
+(at least once; make processing idempotent, or dedup on the output side, for effectively once).
+
+`exclusive=True` takes the single-active-consumer lease: a second consumer of the same
+subscription gets `SubscriptionLeased` until this one closes, or its lease (`lease_ms`) runs out
+without a renewal. Commits renew it, and so does waiting for new records (every lease_ms / 3);
+processing a single record must take less than lease_ms.
+
+`BlockingConsumer` is the same for code without a trio loop (from `BlockingClient.consumer`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import trio
+
+from raft.client.errors import OffsetOutOfRangeError, RaftlogError
+from raft.client.results import FetchedRecord
+from raft.client.subscriptions import Where
+
+DEFAULT_LEASE_MS = 30_000
+# After a fail-over the new leader's high watermark can briefly trail a position committed
+# through the old one: a fetch past it is retried for this long before it is an error.
+CATCH_UP_GRACE_S = 30.0
+
+
+def default_consumer_id() -> str:
+    """host:pid:random: names this consumer in `raftlog subscriptions` (last committer, lease
+    holder)."""
+    host = "".join(c for c in socket.gethostname() if 33 <= ord(c) < 127)[:64] or "host"
+    return f"{host}:{os.getpid()}:{os.urandom(3).hex()}"
+
+
+class Consumer:
+    def __init__(self, client: Any, subscription: str, *, auto_commit_ms: int = 1000,
+                 start: Where = "start", exclusive: bool = False,
+                 lease_ms: int = DEFAULT_LEASE_MS, consumer_id: str | None = None,
+                 max_bytes: int = 1 << 20, max_wait: float = 1.0, follow: bool = True) -> None:
+        if auto_commit_ms < 0 or lease_ms < 1 or max_bytes < 1 or max_wait < 0:
+            raise ValueError("auto_commit_ms >= 0, lease_ms >= 1, max_bytes >= 1, "
+                             "max_wait >= 0")
+        self.client = client
+        self.subscription = subscription
+        self.auto_commit_ms = auto_commit_ms
+        self.start = start
+        self.lease_ms = lease_ms if exclusive else 0
+        self.consumer_id = consumer_id or default_consumer_id()
+        self.max_bytes = max_bytes
+        self.follow = follow
+        # With a lease, waiting for records must renew it in time.
+        self.max_wait = min(max_wait, lease_ms / 3000) if exclusive else max_wait
+        self._opened = False
+        self._closed = False
+        self._buffer: deque[FetchedRecord] = deque()
+        self._fetch_from = -1  # next offset to fetch
+        self._handed = -1  # position once everything handed out is processed
+        self._processed = -1  # position of what is known processed
+        self._committed = -1  # position last committed
+        self._last_commit = 0.0  # trio time of the last commit (or open)
+        self.commits = 0
+
+    # -- state ---------------------------------------------------------------------------------
+    @property
+    def position(self) -> int:
+        """The position processed so far (what the next commit would commit)."""
+        return self._processed
+
+    @property
+    def committed(self) -> int:
+        return self._committed
+
+    async def open(self) -> dict[str, Any]:
+        """Open the subscription (creating it on first use) and read from its position."""
+        sub = await self.client.subscription_open(self.subscription, consumer=self.consumer_id,
+                                                  start=self.start, lease_ms=self.lease_ms)
+        pos = int(sub["position"])
+        self._fetch_from = self._handed = self._processed = self._committed = pos
+        self._buffer.clear()
+        self._opened = True
+        self._last_commit = trio.current_time()
+        return sub
+
+    # -- iterating -----------------------------------------------------------------------------
+    def __aiter__(self) -> AsyncIterator[FetchedRecord]:
+        return self
+
+    async def __anext__(self) -> FetchedRecord:
+        if self._closed:
+            raise StopAsyncIteration
+        if not self._opened:
+            await self.open()
+        # The record handed out last time is processed now.
+        self._processed = self._handed if not self._buffer else self._buffer_position()
+        await self._maybe_auto_commit()
+        while not self._buffer:
+            if not await self._fill():
+                self._processed = self._handed
+                raise StopAsyncIteration
+            await self._maybe_auto_commit()
+        record = self._buffer.popleft()
+        self._handed = self._fetch_from if not self._buffer else record.offset + 1
+        return record
+
+    def _buffer_position(self) -> int:
+        """Everything before the next buffered record was handed out and processed."""
+        return self._buffer[0].offset
+
+    async def _fill(self) -> bool:
+        """Fetch the next records into the buffer; False at the high watermark without
+        `follow`."""
+        waited_since = trio.current_time()
+        while True:
+            try:
+                res = await self.client.fetch(self._fetch_from, max_bytes=self.max_bytes,
+                                              max_wait=self.max_wait if self.follow else 0.0)
+            except OffsetOutOfRangeError as e:
+                hw = e.high_watermark
+                if hw is not None and self._fetch_from > hw + 1 \
+                        and trio.current_time() - waited_since < CATCH_UP_GRACE_S:
+                    # A new leader not yet caught up with the position: wait for it.
+                    await trio.sleep(0.05)
+                    continue
+                raise
+            records = [r for r in res.records if r.offset >= self._fetch_from]
+            moved = res.next_offset > self._fetch_from
+            self._fetch_from = max(self._fetch_from, res.next_offset)
+            if records:
+                self._buffer.extend(records)
+                return True
+            if moved:
+                # Only control entries were passed: nothing to hand out, but the position may
+                # move past them.
+                self._handed = self._processed = self._fetch_from
+            if not self.follow:
+                if not moved:
+                    return False
+                continue
+            await self._maybe_auto_commit()
+
+    # -- committing ---------------------------------------------------------------------------
+    async def _maybe_auto_commit(self) -> None:
+        since_ms = (trio.current_time() - self._last_commit) * 1000
+        if self.lease_ms and since_ms >= self.lease_ms / 3:
+            # Renew the lease (with what is processed when auto-committing, else as it was).
+            await self._commit(self._processed if self.auto_commit_ms else self._committed,
+                               force=True)
+        elif self.auto_commit_ms and self._processed > self._committed \
+                and since_ms >= self.auto_commit_ms:
+            await self._commit(self._processed, force=False)
+
+    async def commit(self, position: int | None = None) -> dict[str, Any] | None:
+        """Mark everything handed out so far as processed and commit it (or commit `position`,
+        which must not be below the committed one). Returns the subscription as committed, or
+        None if there was nothing new."""
+        if not self._opened:
+            await self.open()
+        if position is None:
+            self._processed = self._handed
+            position = self._processed
+        else:
+            self._processed = max(self._processed, position)
+        return await self._commit(position, force=False)
+
+    async def _commit(self, position: int, *, force: bool) -> dict[str, Any] | None:
+        if position <= self._committed and not force:
+            return None
+        sub = await self.client.subscription_commit(self.subscription, position,
+                                                    consumer=self.consumer_id,
+                                                    lease_ms=self.lease_ms)
+        self._committed = max(self._committed, position)
+        self._last_commit = trio.current_time()
+        self.commits += 1
+        return sub
+
+    async def aclose(self) -> None:
+        """Commit what was processed (the record handed out last counts as processed: you
+        are closing after it) and give up the lease."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._opened:
+            return
+        self._processed = self._handed
+        try:
+            await self._commit(self._processed, force=False)
+        finally:
+            if self.lease_ms:
+                await self.client.subscription_release(self.subscription, self.consumer_id)
+
+    async def __aenter__(self) -> "Consumer":
+        return self
+
+    async def __aexit__(self, exc_type: Any, *exc: Any) -> None:
+        with trio.CancelScope(shield=exc_type is not None):
+            if exc_type is None:
+                await self.aclose()
+            else:
+                await self._close_after_error()
+
+    async def _close_after_error(self) -> None:
+        """Processing failed (or was interrupted): commit only what finished before the record
+        in hand, which the next consumer reads again; give up the lease."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._opened:
+            return
+        # Best effort: the error being raised matters more than these; a commit that fails
+        # only means a longer re-read (at least once either way).
+        with contextlib.suppress(RaftlogError):
+            await self._commit(self._processed, force=False)
+        if self.lease_ms:
+            with contextlib.suppress(RaftlogError):
+                await self.client.subscription_release(self.subscription, self.consumer_id)
+
+
+class BlockingConsumer:
+    """`Consumer` for code without a trio loop: `for record in consumer:`; `commit()`,
+    `close()`. Made by `BlockingClient.consumer(...)`; each step runs on the client's loop."""
+
+    def __init__(self, blocking_client: Any, consumer: Consumer) -> None:
+        self._bc = blocking_client
+        self.consumer = consumer
+
+    def __iter__(self) -> Iterator[FetchedRecord]:
+        return self
+
+    def __next__(self) -> FetchedRecord:
+        async def step() -> FetchedRecord | None:
+            try:
+                return await self.consumer.__anext__()
+            except StopAsyncIteration:
+                return None
+
+        record = self._bc._call(step)
+        if record is None:
+            raise StopIteration
+        return record
+
+    def open(self) -> dict[str, Any]:
+        return self._bc._call(self.consumer.open)
+
+    def commit(self, position: int | None = None) -> dict[str, Any] | None:
+        return self._bc._call(self.consumer.commit, position)
+
+    @property
+    def position(self) -> int:
+        return self.consumer.position
+
+    def close(self) -> None:
+        self._bc._call(self.consumer.aclose)
+
+    def __enter__(self) -> "BlockingConsumer":
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._bc._call(self.consumer._close_after_error)
+
+
+__all__ = ["BlockingConsumer", "Consumer", "default_consumer_id"]

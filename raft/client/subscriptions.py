@@ -1,0 +1,123 @@
+"""The subscription requests as `Client` methods (a mixin; raft/client/client.py inherits it).
+
+Positions are the next offset to deliver. Every call that changes a subscription is answered
+once the log entry carrying it commits on a majority, with what the cluster decided; errors
+are typed (raft.client.errors: UnknownSubscription, SubscriptionLeased, PositionBehind,
+PositionPastHighWatermark, InvalidSubscriptionName). `raft.client.consumer.Consumer` builds
+reading on top of these.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+Where = int | Literal["start", "end"]
+
+
+class SubscriptionCalls:
+    """Requires `call(t, timeout=..., **fields)` and `timeout` (Client has both)."""
+
+    timeout: float
+
+    async def call(self, t: str, *, timeout: float | None = None,
+                   **fields: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def _sub(self, t: str, timeout: float | None, **fields: Any) -> dict[str, Any]:
+        budget = self.timeout if timeout is None else timeout
+        # A node refuses timeout_ms above its max_timeout_ms (120 s by default).
+        return await self.call(t, timeout=budget,
+                               timeout_ms=max(1, min(120_000, int(budget * 1000))), **fields)
+
+    async def subscription_open(self, name: str, *, consumer: str = "",
+                                start: Where = "start", lease_ms: int = 0,
+                                timeout: float | None = None) -> dict[str, Any]:
+        """Create `name` at `start` ("start", "end" or an offset) if it does not exist, take or
+        renew the lease when lease_ms > 0; the subscription (its `position` is where to read)."""
+        reply = await self._sub("sub_open", timeout, name=name, consumer=consumer,
+                                lease_ms=lease_ms, **{"from": start})
+        return reply["subscription"]
+
+    async def subscription_commit(self, name: str, position: int, *, consumer: str = "",
+                                  lease_ms: int = 0,
+                                  timeout: float | None = None) -> dict[str, Any]:
+        """Commit `position` (the next offset to deliver: last processed offset + 1)."""
+        reply = await self._sub("sub_commit", timeout, name=name, position=position,
+                                consumer=consumer, lease_ms=lease_ms)
+        return reply["subscription"]
+
+    async def subscription_reset(self, name: str, to: Where, *, consumer: str = "",
+                                 timeout: float | None = None) -> dict[str, Any]:
+        """Move `name` to `to` ("start", "end" or an offset), back or forward; creates it."""
+        reply = await self._sub("sub_reset", timeout, name=name, consumer=consumer, to=to)
+        return reply["subscription"]
+
+    async def subscription_pin(self, name: str, *, start: Where = "start", consumer: str = "",
+                               timeout: float | None = None) -> dict[str, Any]:
+        """Fix the end of an incremental read (Spark): `pin_end` stays until a commit reaches
+        it, so a retried read covers the same range."""
+        reply = await self._sub("sub_pin", timeout, name=name, consumer=consumer,
+                                **{"from": start})
+        return reply["subscription"]
+
+    async def subscription_release(self, name: str, consumer: str, *,
+                                   timeout: float | None = None) -> dict[str, Any]:
+        """Give up the lease `consumer` holds on `name`."""
+        reply = await self._sub("sub_release", timeout, name=name, consumer=consumer)
+        return reply["subscription"]
+
+    async def subscription_delete(self, name: str, *, timeout: float | None = None) -> None:
+        await self._sub("sub_delete", timeout, name=name)
+
+    async def subscription(self, name: str, *, timeout: float | None = None) -> dict[str, Any]:
+        """One subscription with its lag (`lag_records`, `lag_bytes`) and lease holder."""
+        reply = await self._sub("sub_get", timeout, name=name)
+        return reply["subscription"]
+
+    async def subscriptions(self, prefix: str = "", *,
+                            timeout: float | None = None) -> list[dict[str, Any]]:
+        """Every subscription (whose name starts with `prefix`), sorted by name, with lag."""
+        out: list[dict[str, Any]] = []
+        after = ""
+        while True:
+            reply = await self._sub("sub_list", timeout, prefix=prefix, after=after)
+            out.extend(reply["subscriptions"])
+            if not reply.get("more") or not reply["subscriptions"]:
+                return out
+            after = reply["subscriptions"][-1]["name"]
+
+
+class BlockingSubscriptionCalls:
+    """The same calls for BlockingClient: each is run on its private trio loop."""
+
+    _client: Any
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def subscription_open(self, name: str, **kwargs: Any) -> dict[str, Any]:
+        return self._call(self._client.subscription_open, name, **kwargs)
+
+    def subscription_commit(self, name: str, position: int, **kwargs: Any) -> dict[str, Any]:
+        return self._call(self._client.subscription_commit, name, position, **kwargs)
+
+    def subscription_reset(self, name: str, to: Where, **kwargs: Any) -> dict[str, Any]:
+        return self._call(self._client.subscription_reset, name, to, **kwargs)
+
+    def subscription_pin(self, name: str, **kwargs: Any) -> dict[str, Any]:
+        return self._call(self._client.subscription_pin, name, **kwargs)
+
+    def subscription_release(self, name: str, consumer: str, **kwargs: Any) -> dict[str, Any]:
+        return self._call(self._client.subscription_release, name, consumer, **kwargs)
+
+    def subscription_delete(self, name: str, **kwargs: Any) -> None:
+        self._call(self._client.subscription_delete, name, **kwargs)
+
+    def subscription(self, name: str, **kwargs: Any) -> dict[str, Any]:
+        return self._call(self._client.subscription, name, **kwargs)
+
+    def subscriptions(self, prefix: str = "", **kwargs: Any) -> list[dict[str, Any]]:
+        return self._call(self._client.subscriptions, prefix, **kwargs)
+
+
+__all__ = ["BlockingSubscriptionCalls", "SubscriptionCalls", "Where"]

@@ -1,0 +1,215 @@
+"""Subscriptions: named consumer positions committed through the log (raft/subscriptions.py).
+
+`sub_open`, `sub_commit`, `sub_reset`, `sub_pin`, `sub_release` and `sub_delete` become one
+operation each in the leader's accumulator (raft/node/subscription_service.py) and are answered
+when the entry carrying them commits, with the verdict the table reached applying it. `sub_get`
+and `sub_list` read the table after a barrier through the log, so a new leader never shows a
+position older than one it acknowledged. All are served by the leader (NOT_LEADER elsewhere).
+
+Field types are checked in `parse` (a wrong type hangs up, as for every request); a name of the
+wrong shape, a position out of range or an unknown subscription are typed error replies.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from raft.node import wire
+from raft.node.api.context import ApiContext, Request
+from raft.node.api.fetch import visible_hw
+from raft.subscriptions import MAX_LEASE_MS, Op, OpRequest, Outcome, consumer_error, name_error
+from raft.types import ErrorCode
+
+LIST_DEFAULT_LIMIT = 1000
+LIST_MAX_LIMIT = 10_000
+
+
+# -- parsing -------------------------------------------------------------------------------------
+def _name(frame: dict[str, Any], where: str) -> str:
+    return wire.get_str(frame, "name", where=where)
+
+
+def _where(frame: dict[str, Any], key: str, where: str, default: Any) -> Any:
+    """A position given as "start", "end" or an offset (int)."""
+    value = frame.get(key, default)
+    if isinstance(value, str) and value in ("start", "end"):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
+        return value
+    raise wire.WireError(f'{where} field "{key}" must be "start", "end" or an offset >= 0, '
+                         f'got {value!r}')
+
+
+def _timeout(ctx: ApiContext, frame: dict[str, Any], where: str) -> int:
+    return wire.get_int(frame, "timeout_ms", default=ctx.config.default_timeout_ms, minimum=1,
+                        maximum=ctx.config.max_timeout_ms, where=where)
+
+
+def _parser(op: Op | None, *, consumer: bool = False, position: bool = False,
+            lease: bool = False, initial: str | None = None):  # noqa: ANN202
+    where = f"sub_{op.value}" if op is not None else "sub_get"
+
+    def parse(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:
+        req: dict[str, Any] = {"op": op, "name": _name(frame, where),
+                               "timeout_ms": _timeout(ctx, frame, where)}
+        req["consumer"] = wire.get_str(frame, "consumer", default="", where=where) \
+            if consumer else ""
+        if position:
+            req["position"] = wire.get_int(frame, "position", minimum=0, maximum=2**63 - 1,
+                                           where=where)
+        if initial is not None:
+            # `from` (first use) defaults to the log start; a reset's `to` is required.
+            req["initial"] = _where(frame, initial, where, "start" if initial == "from" else None)
+        req["lease_ms"] = wire.get_int(frame, "lease_ms", default=0, minimum=0,
+                                       maximum=MAX_LEASE_MS, where=where) if lease else 0
+        return req
+
+    return parse
+
+
+def parse_list(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:
+    w = "sub_list"
+    return {"prefix": wire.get_str(frame, "prefix", default="", where=w),
+            "after": wire.get_str(frame, "after", default="", where=w),
+            "limit": wire.get_int(frame, "limit", default=LIST_DEFAULT_LIMIT, minimum=1,
+                                  maximum=LIST_MAX_LIMIT, where=w),
+            "timeout_ms": _timeout(ctx, frame, w)}
+
+
+# -- executing -----------------------------------------------------------------------------------
+def _refuse(ctx: ApiContext, rid: int, req: dict[str, Any]) -> dict[str, Any] | None:
+    if ctx.closing:
+        return ctx.error(rid, ErrorCode.SHUTTING_DOWN)
+    if ctx.group.subs is None:
+        return ctx.error(rid, ErrorCode.BAD_REQUEST, "this node has no subscription service")
+    why = name_error(req["name"]) if "name" in req else None
+    if why is not None:
+        return ctx.error(rid, ErrorCode.INVALID_SUBSCRIPTION_NAME, why, name=req["name"])
+    why = consumer_error(req.get("consumer", ""))
+    if why is not None:
+        return ctx.error(rid, ErrorCode.BAD_REQUEST, why)
+    return None
+
+
+def _reply(ctx: ApiContext, rid: int, outcome: Outcome, **fields: Any) -> dict[str, Any]:
+    if outcome.ok:
+        return wire.ok_reply(rid, subscription=outcome.sub, **fields)
+    extra: dict[str, Any] = {}
+    if outcome.sub is not None:
+        extra = {"subscription": outcome.sub, "position": outcome.sub["position"],
+                 "lease_holder": outcome.sub.get("lease_holder"),
+                 "lease_until_ms": outcome.sub.get("lease_until_ms")}
+    return ctx.error(rid, outcome.code, outcome.message or None, **extra)
+
+
+def _resolve(ctx: ApiContext, rid: int, where: Any,
+             what: str) -> tuple[int | None, dict[str, Any] | None]:
+    """"start"/"end"/offset -> an offset in [log start, high watermark + 1], or an error."""
+    hw = visible_hw(ctx.group)
+    start = ctx.group.log.start_offset
+    if where == "start":
+        return start, None
+    if where == "end":
+        return hw + 1, None
+    if where > hw + 1:
+        return None, ctx.error(rid, ErrorCode.POSITION_PAST_HIGH_WATERMARK,
+                               f"{what} {where} is past high watermark + 1 ({hw + 1})",
+                               high_watermark=hw, start_offset=start)
+    if where < start:
+        return None, ctx.error(rid, ErrorCode.OFFSET_OUT_OF_RANGE,
+                               f"{what} {where} is below the log start {start} (removed by "
+                               f"retention); use {start} or 'start'",
+                               high_watermark=hw, start_offset=start)
+    return where, None
+
+
+async def execute_op(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str, Any]:
+    refused = _refuse(ctx, rid, req)
+    if refused is not None:
+        return refused
+    op: Op = req["op"]
+    if not ctx.group.is_leader():
+        return ctx.not_leader_reply(rid)
+    position, arg = -1, req["lease_ms"]
+    if op == Op.COMMIT:
+        position = req["position"]
+        hw = visible_hw(ctx.group)
+        if position > hw + 1:
+            return ctx.error(rid, ErrorCode.POSITION_PAST_HIGH_WATERMARK,
+                             f"position {position} is past high watermark + 1 ({hw + 1}): "
+                             f"commit the offset after the last record processed",
+                             high_watermark=hw)
+    elif op in (Op.OPEN, Op.RESET, Op.PIN):
+        position, error = _resolve(ctx, rid, req["initial"],
+                                   "reset position" if op == Op.RESET else "initial position")
+        if error is not None:
+            return error
+        if op == Op.PIN:
+            # The pin's end is the high watermark now; the initial position applies only if
+            # the subscription does not exist yet.
+            position, arg = visible_hw(ctx.group) + 1, position
+    elif op == Op.DELETE:
+        arg = -1  # unconditional (expiry's deletes are the service's own)
+    outcome = await ctx.group.subs.submit(OpRequest(op, req["name"], req["consumer"], position,
+                                                    arg), req["timeout_ms"] / 1000)
+    if op == Op.DELETE and outcome.ok:
+        return wire.ok_reply(rid, deleted=True)
+    return _reply(ctx, rid, outcome)
+
+
+async def execute_get(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str, Any]:
+    refused = _refuse(ctx, rid, req)
+    if refused is not None:
+        return refused
+    subs = ctx.group.subs
+    outcome = await subs.sync(req["timeout_ms"] / 1000)
+    if not outcome.ok:
+        return _reply(ctx, rid, outcome)
+    sub = subs.table.describe(req["name"])
+    if sub is None:
+        return ctx.error(rid, ErrorCode.UNKNOWN_SUBSCRIPTION,
+                         f"no subscription named {req['name']!r}; a consumer creates it on "
+                         f"first use (or `raftlog subscriptions reset NAME --to start`)",
+                         name=req["name"])
+    hw = visible_hw(ctx.group)
+    return wire.ok_reply(rid, subscription=subs.view(sub, hw, _now_ms()), high_watermark=hw)
+
+
+async def execute_list(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str, Any]:
+    if ctx.closing:
+        return ctx.error(rid, ErrorCode.SHUTTING_DOWN)
+    subs = ctx.group.subs
+    if subs is None:
+        return ctx.error(rid, ErrorCode.BAD_REQUEST, "this node has no subscription service")
+    outcome = await subs.sync(req["timeout_ms"] / 1000)
+    if not outcome.ok:
+        return _reply(ctx, rid, outcome)
+    hw = visible_hw(ctx.group)
+    now = _now_ms()
+    names = sorted(n for n in subs.table.subs
+                   if n.startswith(req["prefix"]) and n > req["after"])
+    page = names[:req["limit"]]
+    return wire.ok_reply(rid, high_watermark=hw, start_offset=ctx.group.log.start_offset,
+                         more=len(names) > len(page), total=len(subs.table.subs),
+                         service=subs.status(),
+                         subscriptions=[subs.view(subs.table.describe(n), hw, now)
+                                        for n in page])
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+REQUESTS = {
+    "sub_open": Request(_parser(Op.OPEN, consumer=True, lease=True, initial="from"),
+                        execute_op),
+    "sub_commit": Request(_parser(Op.COMMIT, consumer=True, position=True, lease=True),
+                          execute_op),
+    "sub_reset": Request(_parser(Op.RESET, consumer=True, initial="to"), execute_op),
+    "sub_pin": Request(_parser(Op.PIN, consumer=True, initial="from"), execute_op),
+    "sub_release": Request(_parser(Op.RELEASE, consumer=True), execute_op),
+    "sub_delete": Request(_parser(Op.DELETE), execute_op),
+    "sub_get": Request(_parser(None), execute_get),
+    "sub_list": Request(parse_list, execute_list),
+}

@@ -1,0 +1,276 @@
+"""The replicated subscription table (raft/subscriptions.py), the leader's accumulator
+(raft/subscription_batcher.py) and the index that keeps the table current from a log
+(raft/subscription_index.py): every rule, table-driven, on plain objects."""
+
+from __future__ import annotations
+
+import pytest
+
+from raft.subscription_batcher import CommitBatcher
+from raft.subscription_index import DataCounter, SubscriptionIndex
+from raft.subscriptions import (
+    MAX_NAME_CHARS,
+    Op,
+    OpRequest,
+    SubscriptionTable,
+    decode_entry,
+    make_entry,
+    name_error,
+)
+from raft.types import ErrorCode
+from storage.batch import Batch, BatchKind
+from storage.memory import MemoryLog
+from storage.records import encode_values
+
+SRC = (1, 7, 1)
+
+
+class Log:
+    """Applies entries to a table at consecutive offsets, with DATA batches in between."""
+
+    def __init__(self) -> None:
+        self.table = SubscriptionTable()
+        self.next = 0
+
+    def data(self, n: int = 1) -> int:
+        """n DATA records in one batch; returns the offset after them."""
+        b = Batch.create(encode_values([b"x"] * n), n).placed(self.next, 1)
+        self.table.apply(b)
+        self.next = b.last_offset + 1
+        return self.next
+
+    def ops(self, *ops: OpRequest, ts: int = 1000):  # noqa: ANN201
+        b = make_entry(SRC, list(ops), ts).placed(self.next, 1)
+        self.next += 1
+        applied = self.table.apply(b)
+        assert applied is not None and applied.src == SRC
+        return applied.outcomes
+
+    def op(self, op: OpRequest, ts: int = 1000):  # noqa: ANN201
+        (outcome,) = self.ops(op, ts=ts)
+        return outcome
+
+
+def open_(name: str = "s", consumer: str = "c1", at: int = 0, lease: int = 0) -> OpRequest:
+    return OpRequest(Op.OPEN, name, consumer, at, lease)
+
+
+def commit(pos: int, name: str = "s", consumer: str = "c1", lease: int = 0) -> OpRequest:
+    return OpRequest(Op.COMMIT, name, consumer, pos, lease)
+
+
+@pytest.mark.parametrize("name, fragment", [
+    ("", "non-empty"),
+    ("x" * (MAX_NAME_CHARS + 1), "the limit is 128"),
+    ("with space", "characters outside"),
+    ("slash/no", "characters outside"),
+    ("é", "characters outside"),
+])
+def test_bad_names_are_refused_with_the_reason(name: str, fragment: str) -> None:
+    assert fragment in (name_error(name) or "")
+    log = Log()
+    log.data(3)
+    out = log.op(open_(name))
+    assert out.code == ErrorCode.INVALID_SUBSCRIPTION_NAME and fragment in out.message
+
+
+@pytest.mark.parametrize("name", ["orders", "a", "etl.v2:daily_1-x", "x" * MAX_NAME_CHARS])
+def test_good_names(name: str) -> None:
+    assert name_error(name) is None
+
+
+def test_open_creates_once_then_commits_move_forward_only() -> None:
+    log = Log()
+    end = log.data(10)
+    first = log.op(open_(at=3))
+    assert first.ok and first.sub["position"] == 3 and first.sub["created_offset"] == end
+    assert log.op(open_(at=9)).sub["position"] == 3  # exists: the initial position is ignored
+    assert log.op(commit(7)).sub["position"] == 7
+    assert log.op(commit(7)).ok  # equal: a heartbeat
+    behind = log.op(commit(5))
+    assert behind.code == ErrorCode.POSITION_BEHIND and behind.sub["position"] == 7
+    past = log.op(commit(log.next + 5))
+    assert past.code == ErrorCode.POSITION_PAST_HIGH_WATERMARK
+    assert log.table.get("s").position == 7
+    reset = log.op(OpRequest(Op.RESET, "s", "", 2))
+    assert reset.ok and reset.sub["position"] == 2  # only a reset moves back
+    assert log.op(commit(4)).sub["commits"] == 3
+
+
+def test_unknown_subscriptions_and_delete() -> None:
+    log = Log()
+    log.data(2)
+    for op in (commit(1, name="nope"), OpRequest(Op.DELETE, "nope", "", -1, -1),
+               OpRequest(Op.RELEASE, "nope", "c1")):
+        assert log.op(op).code == ErrorCode.UNKNOWN_SUBSCRIPTION
+    assert log.op(OpRequest(Op.RESET, "new", "", 1)).sub["position"] == 1  # reset creates
+    assert log.op(OpRequest(Op.DELETE, "new", "", -1, -1)).ok
+    assert log.table.get("new") is None
+
+
+def test_a_lease_refuses_other_consumers_until_it_expires_by_entry_stamps() -> None:
+    log = Log()
+    log.data(5)
+    assert log.op(open_(consumer="a", lease=500), ts=1000).sub["lease_holder"] == "a"
+    refused = log.op(open_(consumer="b", lease=500), ts=1200)
+    assert refused.code == ErrorCode.SUBSCRIPTION_LEASED and "'a'" in refused.message
+    assert log.op(commit(3, consumer="b"), ts=1300).code == ErrorCode.SUBSCRIPTION_LEASED
+    assert log.op(OpRequest(Op.RESET, "s", "", 0), ts=1300).code == \
+        ErrorCode.SUBSCRIPTION_LEASED
+    assert log.op(commit(3, consumer="a", lease=500), ts=1400).ok  # renews: until 1900
+    assert log.op(open_(consumer="b", lease=500), ts=1800).code == \
+        ErrorCode.SUBSCRIPTION_LEASED
+    taken = log.op(open_(consumer="b", lease=500), ts=1900)
+    assert taken.ok and taken.sub["lease_holder"] == "b" and taken.sub["position"] == 3
+    # The fenced consumer's late commit is refused.
+    assert log.op(commit(5, consumer="a"), ts=1950).code == ErrorCode.SUBSCRIPTION_LEASED
+    assert log.op(OpRequest(Op.RELEASE, "s", "b"), ts=2000).ok
+    assert log.op(commit(4, consumer="a"), ts=2001).ok  # released: anyone may commit
+
+
+def test_a_new_leader_with_a_clock_behind_cannot_revive_an_expired_lease() -> None:
+    log = Log()
+    log.data(2)
+    log.op(open_(consumer="a", lease=1000), ts=1000)  # until 2000
+    log.op(open_(name="other"), ts=5000)  # the log's time passes the lease
+    # A new leader whose clock is behind stamps an earlier time: the lease stays expired.
+    assert log.op(open_(consumer="b", lease=1000), ts=1500).ok
+
+
+def test_a_pin_holds_until_a_commit_reaches_it() -> None:
+    log = Log()
+    log.data(10)
+    pinned = log.op(OpRequest(Op.PIN, "etl", "spark", 10, 0))  # created at 0, ends at 10
+    assert (pinned.sub["position"], pinned.sub["pin_end"]) == (0, 10)
+    log.data(5)
+    again = log.op(OpRequest(Op.PIN, "etl", "spark", log.next, 0))
+    assert again.sub["pin_end"] == 10  # a re-plan or retry reads the same range
+    assert log.op(commit(6, name="etl", consumer="spark")).sub["pin_end"] == 10
+    assert log.op(commit(10, name="etl", consumer="spark")).sub["pin_end"] is None
+    end = log.next
+    assert log.op(OpRequest(Op.PIN, "etl", "spark", end, 0)).sub["pin_end"] == end
+
+
+def test_expiry_spares_used_and_leased_subscriptions() -> None:
+    log = Log()
+    log.data(2)
+    log.op(open_(name="idle"), ts=1000)
+    log.op(open_(name="busy"), ts=1000)
+    log.op(open_(name="leased", consumer="x", lease=600_000), ts=1000)
+    log.op(commit(1, name="busy"), ts=50_000)
+    assert log.table.expired(now_ms=62_000, expiry_ms=60_000) == [("idle", 1000)]
+    # Guarded by the stamp it saw: a use in between keeps it.
+    log.op(commit(1, name="idle"), ts=62_500)
+    assert log.op(OpRequest(Op.DELETE, "idle", "", -1, 1000)).ok
+    assert log.table.get("idle") is not None
+    assert log.op(OpRequest(Op.DELETE, "idle", "", -1, 62_500)).ok
+    assert log.table.get("idle") is None
+    assert [n for n, _ in log.table.expired(now_ms=700_000, expiry_ms=60_000)] == \
+        ["busy", "leased"]
+
+
+def test_entries_apply_in_order_and_foreign_control_is_ignored() -> None:
+    t = SubscriptionTable()
+    with pytest.raises(ValueError, match="apply committed batches in order"):
+        t.apply(make_entry(SRC, [open_()], 0).placed(3, 1))
+    foreign = Batch.create(b"\x81\xa3ctl\xaaload_begin", 1,
+                           kind=BatchKind.CONTROL).placed(0, 1)
+    assert t.apply(foreign) is None and t.applied == 0
+    garbage = Batch.create(b"\xc1", 1, kind=BatchKind.CONTROL).placed(1, 1)
+    assert t.apply(garbage) is None
+    (bad,) = t.apply(Batch.create(
+        __import__("msgpack").packb({"ctl": "sub_ops", "src": [1], "ops": [["??"]]}), 1,
+        kind=BatchKind.CONTROL).placed(2, 1)).outcomes
+    assert bad.code == ErrorCode.BAD_REQUEST
+    assert decode_entry(make_entry(SRC, [commit(1)], 0).payload)[1] == [commit(1)]
+
+
+def test_snapshot_round_trip_and_malformed_snapshots() -> None:
+    log = Log()
+    log.data(4)
+    log.op(open_(name="a", consumer="x", lease=100), ts=10)
+    log.op(commit(3, name="a", consumer="x"), ts=20)
+    log.op(OpRequest(Op.PIN, "b", "spark", 4, 1), ts=30)
+    snap = log.table.to_snapshot()
+    back = SubscriptionTable.from_snapshot(snap)
+    assert back.to_snapshot() == snap and back.applied == log.table.applied
+    assert back.holds() == [("subscription 'b'", 1), ("subscription 'a'", 3)]
+    assert back.min_position() == (1, "b")
+    for bad in (None, {"v": 2}, {**snap, "subs": [["bad name", 1, 0, 0, 0, "", 0, "", 0, 0, 0]]},
+                {**snap, "applied": "x"}):
+        with pytest.raises(ValueError, match="malformed"):
+            SubscriptionTable.from_snapshot(bad)
+
+
+# -- the accumulator ------------------------------------------------------------------------------
+def test_batcher_coalesces_a_consumers_commits_and_bounds_everything() -> None:
+    b: CommitBatcher[str] = CommitBatcher(linger_ms=2, max_ops=3, max_pending=5, max_inflight=1)
+    assert b.due_at() is None
+    assert b.add(commit(5), "w1", now_ms=100)
+    assert b.add(commit(9), "w2", now_ms=101)  # same consumer, later position: folded
+    assert b.add(commit(4), "w3", now_ms=101)  # lower: its own slot (it will be refused)
+    assert b.add(commit(12), "w4", now_ms=101)  # not folded into the lower one
+    assert b.add(commit(3, name="t", consumer="c2"), "w5", now_ms=101)
+    assert b.add(open_(name="u"), "w6", now_ms=101)
+    assert not b.add(open_(name="v"), "w7", now_ms=101)  # max_pending: BACKPRESSURE
+    assert b.ops_coalesced == 1 and b.pending == 5
+    assert b.can_send(now_ms=100)  # max_ops reached: no need to linger
+    out = b.take()
+    assert [(s.op.position, s.waiters) for s in out.slots] == \
+        [(9, ["w1", "w2"]), (4, ["w3"]), (12, ["w4"])]
+    assert not b.can_send(now_ms=1000)  # one entry in flight at most
+    b.done()
+    assert b.can_send(now_ms=101)  # the rest is due at once
+    rest = b.take()
+    assert [s.op.name for s in rest.slots] == ["t", "u"]
+    b.done()
+    b.add_barrier("r", now_ms=200)
+    assert not b.can_send(now_ms=201) and b.can_send(now_ms=202)
+    assert b.take().barriers == ["r"]
+
+
+def test_batcher_does_not_fold_across_another_operation_on_the_name() -> None:
+    b: CommitBatcher[str] = CommitBatcher()
+    b.add(commit(5), "w1", 0)
+    b.add(OpRequest(Op.RESET, "s", "", 0), "w2", 0)
+    b.add(commit(6), "w3", 0)
+    assert [s.op.op for s in b.take().slots] == [Op.COMMIT, Op.RESET, Op.COMMIT]
+
+
+# -- the index and lag -----------------------------------------------------------------------------
+def test_index_rebuilds_from_the_log_and_reports_our_verdicts() -> None:
+    log = MemoryLog()
+    batches = [Batch.create(encode_values([b"a"] * 3), 3),
+               make_entry(SRC, [open_(at=1)], 5),
+               Batch.create(encode_values([b"bb"] * 2), 2),
+               make_entry(SRC, [commit(4)], 6)]
+    off = 0
+    for b in batches:
+        log.append([b.placed(off, 1)])
+        off += b.count
+    log.flush()
+    seen = []
+    idx = SubscriptionIndex(log)
+    assert not idx.catch_up(commit_index=off + 5, on_applied=seen.append)  # past the log end
+    assert idx.table.get("s").position == 4 and len(seen) == 2
+    assert idx.lag(4, off) == (2, idx.counter.nbytes[-1] - idx.counter.at(4)[1], True)
+    assert idx.lag(0, off)[0] == 5
+    again = SubscriptionIndex(log)
+    assert again.catch_up(off - 2) and again.table.get("s").position == 1
+
+
+def test_counter_is_exact_near_the_tail_and_interpolates_the_thinned_past() -> None:
+    c = DataCounter(0, max_points=8)
+    off = 0
+    for i in range(40):
+        kind = BatchKind.CONTROL if i % 5 == 4 else BatchKind.DATA
+        b = Batch.create(encode_values([b"v"] * 2) if kind == BatchKind.DATA else b"x", 2 if
+                         kind == BatchKind.DATA else 1, kind=kind).placed(off, 1)
+        c.add(b)
+        off = b.last_offset + 1
+    assert len(c.offsets) <= 8
+    records, _, exact = c.lag(off - 3, off)  # recent: exact
+    assert exact and records == 2
+    records, _, exact = c.lag(1, off)  # thinned: an estimate
+    assert not exact and abs(records - 63) <= 4
+    assert c.lag(off, off)[:2] == (0, 0)
