@@ -45,6 +45,7 @@ log = logging.getLogger("raftlog.node")
 HELLO_TIMEOUT_S = 10.0
 # How long a refused oversized frame's body is read and dropped so the refusal arrives.
 DISCARD_TIMEOUT_S = 5.0
+DISCARD_IDLE_S = 0.5  # ... and how long a client that stopped sending is waited for
 
 
 class Node:
@@ -422,14 +423,16 @@ async def _discard_input(stream: trio.abc.Stream, limit: int) -> None:
     """After refusing an oversized frame: stop sending and read (and drop) what the client is
     still sending, bounded in bytes and time, before closing. Closing with unread data would
     reset the connection, and a reset can destroy the TOO_LARGE answer before the client
-    reads it."""
+    reads it. A client that has stopped sending (it sent only the header, or is waiting for
+    the answer) is let go after a short pause, not held for the whole bound."""
     try:
         if isinstance(stream, trio.abc.HalfCloseableStream):
             await stream.send_eof()
         with trio.move_on_after(DISCARD_TIMEOUT_S):
             while limit > 0:
-                data = await stream.receive_some(1 << 16)
-                if not data:
+                with trio.move_on_after(DISCARD_IDLE_S) as idle:
+                    data = await stream.receive_some(1 << 16)
+                if idle.cancelled_caught or not data:
                     return
                 limit -= len(data)
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
