@@ -106,7 +106,7 @@ class LoadService:
         if not is_leader:
             self._aborting.clear()
             return []
-        self.catch_up_slice(commit_index)  # the follow task does the rest
+        self.catch_up_slice(commit_index)  # the group's load task applies the rest
         out = []
         for lid, gen in self.index.table.expired(now_ms, self.timeout_ms):
             if now_ms - self._aborting.get((lid, gen), -1e18) < 60_000:
