@@ -214,7 +214,10 @@ def test_overwritten_bytes_are_found_repaired_and_the_logs_hash_the_same(tmp_pat
         found = " ".join(status(cluster, f)["open_findings"]) + cluster.node_log(f)
         for b in stopped:
             assert f"offsets {b}.." in found and f"offsets={b}.." in found, b
-        # Now rot an old batch under the running follower: only the scrubber reads it.
+        # Now rot an old batch under the running follower: only the scrubber reads it (once the
+        # subscription table, rebuilt from the log after the restart, has read past it).
+        wait_for(lambda: status(cluster, f).get("subscriptions", {}).get("applied", -1)
+                 >= bases[-1], "the restarted follower's subscription table to catch up", 60)
         running = [bases[2]]
         rot(node_dir(cluster, f), running, rng)
         wait_for(lambda: status(cluster, f).get("scrub", {}).get("found", 0) >= 1,

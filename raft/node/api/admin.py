@@ -50,6 +50,9 @@ def status_map(ctx: ApiContext) -> dict[str, Any]:
     # Disk loss and corruption (docs/DISK-LOSS.md): what the open repaired, the scrubber.
     st["open_findings"] = list(getattr(ctx.group.log, "open_findings", []))
     st["scrub"] = ctx.group.scrubber.status()
+    if ctx.group.subs is not None:
+        # Subscriptions (docs/SUBSCRIPTIONS.md): how many, how far the table applied the log.
+        st["subscriptions"] = ctx.group.subs.status()
     return st
 
 
