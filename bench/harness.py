@@ -13,7 +13,6 @@ import os
 import shutil
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.wire import SyncConn, status_of
+# Ports below the kernel's ephemeral range: a port handed out by bind(0) was often taken by an
+# outgoing connection (another node's peer link) before the node bound it.
+from raft.cli.localcluster import free_ports
 
 log = logging.getLogger("raftlog.bench.harness")
 
@@ -42,20 +44,6 @@ def serve_command(node_id: int) -> list[str]:
             return [sys.executable, "-m", "raft.node"]
         return [sys.executable, "-m", "raft.cli", "serve"]
     return [part.replace("{node_id}", str(node_id)) for part in shlex.split(override)]
-
-
-def free_ports(n: int) -> list[int]:
-    """Ports the kernel handed out just now (bound together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclass(slots=True)
