@@ -23,6 +23,8 @@ NODE_COLUMNS = ("node", "address", "role", "term", "leader", "dirty", "flushed",
                 "high watermark", "lag")
 FOLLOWER_COLUMNS = ("node", "match", "next", "dirty", "flushed", "in flight", "recovering",
                     "bytes behind", "catch-up", "learner", "last heard (ticks)")
+STORAGE_COLUMNS = ("node", "log start", "retained", "retention held by", "deleted",
+                   "scrub passes", "scrub found", "subscriptions")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -94,6 +96,25 @@ def node_rows(statuses: dict[str, dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
+def storage_rows(statuses: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """Per node: what the log holds, what holds retention back (docs/RETENTION.md), the
+    scrubber (docs/DISK-LOSS.md) and the subscription table (docs/SUBSCRIPTIONS.md)."""
+    rows = []
+    for st in sorted((s for s in statuses.values() if "error" not in s),
+                     key=lambda s: s.get("node_id", 1 << 30)):
+        ret, scrub = st.get("retention") or {}, st.get("scrub") or {}
+        subs = st.get("subscriptions")
+        active = ret.get("active")
+        rows.append([str(st["node_id"]), str(st.get("start_offset", 0)),
+                     f"{st.get('retained_bytes', 0):,} B",
+                     (ret.get("held_by") or "-") if active else "retention off",
+                     f"{ret.get('deleted_bytes', 0):,} B" if active else "-",
+                     str(scrub.get("passes", "-")), str(scrub.get("found", "-")),
+                     "-" if subs is None else f"{subs['subscriptions']} (applied to "
+                                              f"{subs['applied']})"])
+    return rows
+
+
 def follower_rows(leader_st: dict[str, Any]) -> list[list[str]]:
     return [[str(f["node_id"]), str(f["match_index"]), str(f["next_index"]),
              str(f["dirty_offset"]), str(f["flushed_offset"]),
@@ -120,6 +141,9 @@ def render_status(statuses: dict[str, dict[str, Any]], console: Any = None) -> N
             who = f"node {ids[addr]}" if addr in ids else "node"
             console.print(f"[red]{who} at {addr} did not answer:[/] {st['error']}",
                           soft_wrap=True, markup=True, highlight=False)
+    storage = storage_rows(statuses)
+    if storage:
+        _render(console, "log storage", STORAGE_COLUMNS, storage)
     leader_st = next((st for st in statuses.values() if st.get("role") == "leader"), None)
     if leader_st and leader_st.get("followers"):
         _render(console, f"followers of leader {leader_st['node_id']}", FOLLOWER_COLUMNS,

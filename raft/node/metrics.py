@@ -251,8 +251,27 @@ def state_families(st: dict[str, Any]) -> Iterator[Metric]:
                                "re-read and checked")
     read.add_metric([], scrub.get("bytes_read", 0))
     yield read
+    yield from _retention_families(st)
     yield from _follower_families(st)
     yield from _link_families(st.get("links") or {})
+
+
+def _retention_families(st: dict[str, Any]) -> Iterator[Metric]:
+    """Retention (docs/RETENTION.md) and subscriptions (docs/SUBSCRIPTIONS.md)."""
+    ret = st.get("retention") or {}
+    yield _gauge("raftlog_retained_bytes", "Encoded bytes of the batches the log holds (what "
+                 "retention by size counts)", st.get("retained_bytes", 0))
+    yield _gauge("raftlog_retention_held", "1 while a holder (a member, a load, a "
+                 "subscription, a damaged batch) keeps retention from deleting what the policy "
+                 "wants gone; `raftlog status` names it", 1.0 if ret.get("held_by") else 0.0)
+    for key, doc in (("deleted_bytes", "Bytes retention deleted since the node started"),
+                     ("deleted_batches", "Batches retention deleted since the node started")):
+        fam = CounterMetricFamily(f"raftlog_retention_{key}", doc)
+        fam.add_metric([], ret.get(key, 0))
+        yield fam
+    subs = st.get("subscriptions") or {}
+    yield _gauge("raftlog_subscriptions", "Subscriptions in the replicated table",
+                 subs.get("subscriptions", 0))
 
 
 def _follower_families(st: dict[str, Any]) -> Iterator[Metric]:

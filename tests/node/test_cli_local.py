@@ -255,6 +255,26 @@ def test_status_is_never_cut_off_at_narrow_widths(width: int) -> None:
     assert "10.200.300.4:7101 did not answer: UNAVAILABLE" in text.replace("\n", " ")
 
 
+def test_status_shows_what_holds_retention_back_the_scrubber_and_subscriptions() -> None:
+    from rich.console import Console
+
+    statuses = {"127.0.0.1:7101": {
+        "node_id": 1, "role": "leader", "term": 3, "leader_id": 1, "dirty_offset": 900,
+        "flushed_offset": 900, "commit_index": 900, "high_watermark": 900, "peers": {},
+        "start_offset": 400, "retained_bytes": 123_456,
+        "retention": {"active": True, "held_by": "subscription 'etl'", "deleted_bytes": 9_000},
+        "scrub": {"passes": 7, "found": 1}, "subscriptions": {"subscriptions": 2, "applied": 900}},
+        "127.0.0.1:7102": {
+        "node_id": 2, "role": "follower", "term": 3, "leader_id": 1, "dirty_offset": 900,
+        "flushed_offset": 900, "commit_index": 900, "high_watermark": 900, "peers": {},
+        "retention": {"active": False}}}
+    out = io.StringIO()
+    render_status(statuses, Console(file=out, width=200, force_terminal=False))
+    text = out.getvalue()
+    assert "subscription 'etl'" in text and "123,456 B" in text and "9,000 B" in text
+    assert "retention off" in text and "2 (applied to 900)" in text
+
+
 def test_up_refuses_a_data_dir_a_running_node_owns(tmp_path: Path) -> None:
     node_dir = tmp_path / "node-2"
     node_dir.mkdir()

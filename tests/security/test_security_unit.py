@@ -343,6 +343,21 @@ def test_metric_families_from_a_status_map() -> None:
     assert samples[("raftlog_follower_replicated_bytes_total", (("follower", "2"),))] == 12345
 
 
+def test_state_gauges_for_retention_and_subscriptions() -> None:
+    st = {"role": "follower", "retained_bytes": 4096, "subscriptions": {"subscriptions": 3},
+          "retention": {"active": True, "held_by": "subscription 'etl'", "deleted_bytes": 77,
+                        "deleted_batches": 2}}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in state_families(st) for s in fam.samples}
+    assert samples[("raftlog_retained_bytes", ())] == 4096
+    assert samples[("raftlog_retention_held", ())] == 1
+    assert samples[("raftlog_retention_deleted_bytes_total", ())] == 77
+    assert samples[("raftlog_retention_deleted_batches_total", ())] == 2
+    assert samples[("raftlog_subscriptions", ())] == 3
+    samples = {s.name: s.value for fam in state_families({"role": "leader"}) for s in fam.samples}
+    assert samples["raftlog_retention_held"] == 0 and samples["raftlog_subscriptions"] == 0
+
+
 def test_election_counters() -> None:
     m = NodeMetrics()
     m.observe_state(1, Role.PRE_CANDIDATE, 0, None, None)
