@@ -141,13 +141,15 @@ class SubscriptionIndex:
 
     def catch_up(self, commit_index: int, max_bytes: int = 64 << 20,
                  on_applied: Callable[[Applied], None] | None = None,
-                 mine: Callable[[tuple[int, ...]], bool] | None = None) -> bool:
-        """Apply committed batches up to `commit_index`, reading at most about max_bytes,
-        and hand the verdicts of our entries (those `mine` picks; all without it) to
-        `on_applied`. True if fully caught up."""
+                 mine: Callable[[tuple[int, ...]], bool] | None = None,
+                 max_batches: int | None = None) -> bool:
+        """Apply committed batches up to `commit_index`, reading at most about max_bytes
+        (and, when given, max_batches batches), and hand the verdicts of our entries (those
+        `mine` picks; all without it) to `on_applied`. True if fully caught up."""
         t = self.table
         budget = max_bytes
-        while t.applied < commit_index and budget > 0:
+        left = max_batches if max_batches is not None else 1 << 62
+        while t.applied < commit_index and budget > 0 and left > 0:
             start = self.log.start_offset
             if t.applied + 1 < start:
                 # The start moved past what we applied: a state transfer (or retention) stores
@@ -162,7 +164,8 @@ class SubscriptionIndex:
             if t.applied + 1 > self.log.dirty_offset:
                 return False
             try:
-                batches = self.log.read(t.applied + 1, min(budget, 16 << 20))
+                batches = self.log.read(t.applied + 1, min(budget, 16 << 20),
+                                        min(left, 1 << 30))
             except CorruptBatch:
                 return False  # damaged here (raft/repair.py fetches it again): wait for it
             if not batches:
@@ -175,6 +178,7 @@ class SubscriptionIndex:
                 applied = t.apply(b, mine if on_applied is not None else _nobody)
                 self.counter.add(b)
                 budget -= b.size
+                left -= 1
                 if applied is not None and on_applied is not None:
                     on_applied(applied)
         return t.applied >= commit_index

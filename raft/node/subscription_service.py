@@ -37,8 +37,12 @@ from raft.types import Acks, ErrorCode
 log = logging.getLogger("raftlog.subscriptions")
 
 MAINTENANCE_INTERVAL_S = 1.0
-CATCH_UP_STEP_BYTES = 4 << 20  # applied per step; the event loop runs between steps
-MAINTENANCE_STEPS = 16  # steps per maintenance round (64 MiB), then the next round goes on
+# Applied per event-loop step (bytes and batches, like the load index): the loop runs other
+# tasks between steps. 4 MiB of 4 KiB batches held a node's loop 13-19 ms of CPU in the
+# catch-up bench, the longest step of all (docs/PERFORMANCE.md, the 20 ms bound).
+CATCH_UP_STEP_BYTES = 1 << 20
+CATCH_UP_STEP_BATCHES = 1024
+MAINTENANCE_STEPS = 64  # steps per maintenance round (64 MiB), then the next round goes on
 EXPIRY_RETRY_S = 10.0  # an expiry delete that did not apply is proposed again after this
 
 
@@ -207,7 +211,8 @@ class SubscriptionService:
     def catch_up(self, max_bytes: int = CATCH_UP_STEP_BYTES) -> bool:
         """Apply up to about max_bytes of committed batches; True if caught up."""
         return self.index.catch_up(self.group.core.commit_index, max_bytes,
-                                   on_applied=self._on_applied, mine=self._is_mine)
+                                   on_applied=self._on_applied, mine=self._is_mine,
+                                   max_batches=CATCH_UP_STEP_BATCHES)
 
     def _is_mine(self, src: tuple[int, ...]) -> bool:
         return src in self._awaiting
