@@ -304,7 +304,8 @@ class SubscriptionService:
         low = self.index.table.min_position()
         return {"subscriptions": len(self.index.table.subs), "applied": self.index.table.applied,
                 "pending_ops": b.pending, "inflight_entries": b.inflight,
-                "requests": self.requests, "ops": b.ops_added, "coalesced": b.ops_coalesced, "entries": b.entries,
+                "requests": self.requests, "ops": b.ops_added, "coalesced": b.ops_coalesced,
+                "entries": b.entries,
                 "lowest": None if low is None else {"name": low[1], "position": low[0]}}
 
 
