@@ -22,8 +22,9 @@ Permissions: `produce` (produce and staged-load writes), `consume` (fetch; subsc
 commit (one or many: sub_commit_many), pin, release, get, list), `admin` (membership,
 leadership transfer, load abort, subscription reset and delete, and any request type not listed
 below: new request types are refused until someone classifies them). `status` and
-`load_status` are open to every authenticated principal. A refused request gets FORBIDDEN naming the permission; the
-connection stays usable. No token or digest is ever logged or reported.
+`load_status` are open to every authenticated principal. A refused request gets FORBIDDEN
+naming the permission; the connection stays usable. No token or digest is ever logged or
+reported.
 """
 
 from __future__ import annotations
