@@ -6,6 +6,7 @@ acknowledged commit survives a leader crash."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
@@ -245,13 +246,13 @@ def test_a_cancelled_driver_hands_its_round_to_the_others() -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(first)
             await trio.testing.wait_all_tasks_blocked()  # "a" drives: it lingers
-            nursery.start_soon(co.commit, "b", 1, timeout=100)
+            nursery.start_soon(partial(co.commit, "b", 1, timeout=100))
             await trio.testing.wait_all_tasks_blocked()
             scope.cancel()  # "a"'s caller gives up before the round left
             await trio.testing.wait_all_tasks_blocked()
             assert fake.sent == []
-            nursery.start_soon(co.commit, "c", 1, timeout=100)
-            nursery.start_soon(co.commit, "d", 1, timeout=100)
+            nursery.start_soon(partial(co.commit, "c", 1, timeout=100))
+            nursery.start_soon(partial(co.commit, "d", 1, timeout=100))
         assert len(fake.sent) == 1 and fake.sent[0][0] == "sub_commit_many"
         assert sorted(fake.sent[0][1]) == ["b", "c", "d"]  # full at 3: no linger needed
         assert "a" not in fake.positions and co.requests == 1 and co.commits == 3
@@ -302,7 +303,7 @@ def test_an_older_node_gets_one_sub_commit_per_commit() -> None:
         co = CommitCoalescer(fake.call, linger_ms=5)
         async with trio.open_nursery() as nursery:
             for name in ("a", "b"):
-                nursery.start_soon(co.commit, name, 3, timeout=10)
+                nursery.start_soon(partial(co.commit, name, 3, timeout=10))
         assert sorted(names[0] for t, names in fake.sent if t == "sub_commit") == ["a", "b"]
         assert fake.positions == {"a": 3, "b": 3}
         await co.commit("c", 4, timeout=10)  # from now on without trying the new request
