@@ -3,10 +3,13 @@
 One cluster, one run, three phases per repeat:
 1. produce alone: quorum acks, 1 KiB records, PRODUCERS producer processes (the baseline);
 2. commits alone: CONSUMERS consumers, each with its own subscription, each committing a new
-   position every INTERVAL_MS (spread evenly over the interval), from COMMIT_PROCS processes
-   with one pipelined connection each (at most one commit in flight per consumer, as a real
-   consumer does): acknowledged commits/s, commit latency, and how many operations each log
-   entry carried (the leader's accumulator counters, read through `sub_list`);
+   position every INTERVAL_MS (spread evenly over the interval), from COMMIT_PROCS processes.
+   Each process is a consumer process as an application would write it: one `Client` shared
+   by its consumers (`raft.client.Consumer`, `commit(position)`), so their commits travel
+   together, many per `sub_commit_many` request (raft/client/commits.py); at most one commit
+   in flight per consumer. Reported: acknowledged commits/s, commit latency, how many
+   operations each log entry carried (the leader's accumulator counters, read through
+   `sub_list`), and in the details how many commits each request carried;
 3. both at once: produce throughput while the consumers commit. cost = 1 - (3) / (1).
 
 Run it by name: `raftlog bench subscriptions` (it is not in the default set). Client processes
@@ -23,14 +26,15 @@ import trio
 
 from bench.results import figure
 from bench.stats import Histogram
-from bench.wire import VERSION, AsyncConn, error_code, pack
 from bench.workers import Sync, WorkerGroup
 from bench.workloads.common import MB, Ctx
 from bench.workloads.produce import ProduceArgs, produce_worker
+from raft.client import Client, Consumer, RaftlogError
 
 RECORD_SIZE = 1024
 PRODUCERS = 2
 INTERVAL_MS = 100
+COMMIT_TIMEOUT_S = 10.0
 
 
 def consumers(quick: bool) -> tuple[int, int]:
@@ -49,99 +53,75 @@ class CommitArgs:
 
 
 async def commit_worker(a: CommitArgs, sync: Sync) -> None:
-    conn = await AsyncConn.open(a.addr, timeout=10)
-    names = [f"bench-sub-{a.first + i}" for i in range(a.count)]
-    positions = await _open_all(conn, names)
-    sync.ready()
-    k = 0
-    try:
+    # One Client per process, shared by all its consumers, as a consumer process would do:
+    # their commits travel together (sub_commit_many; raft/client/commits.py).
+    async with Client(a.addr, timeout=COMMIT_TIMEOUT_S) as client:
+        consumers = [Consumer(client, f"bench-sub-{a.first + i}",
+                              consumer_id=f"bench-sub-{a.first + i}", auto_commit_ms=0,
+                              follow=False) for i in range(a.count)]
+        for con in consumers:  # one at a time: the client's connection takes them in turn
+            await con.open()
+        sync.ready()
+        k = 0
         while True:
             k += 1
             t0 = await sync.wait_round(k)
             if t0 is None:
                 return
-            sync.report(k, await commit_round(conn, a, names, positions, t0))
-    finally:
-        await conn.aclose()
+            requests, commits = client.coalescer.requests, client.coalescer.commits
+            result = await commit_round(consumers, a, t0)
+            result["requests"] = client.coalescer.requests - requests
+            result["request_commits"] = client.coalescer.commits - commits
+            sync.report(k, result)
 
 
-async def _open_all(conn: AsyncConn, names: list[str]) -> list[int]:
-    ids = {}
-    for name in names:
-        rid = conn.new_id()
-        ids[rid] = name
-        await conn.send({"v": VERSION, "t": "sub_open", "id": rid, "name": name,
-                         "consumer": name, "from": "start", "timeout_ms": 30_000})
-    got: dict[str, int] = {}
-    with trio.fail_after(60):
-        while len(got) < len(names):
-            r = await conn.recv()
-            name = ids.pop(r.get("id"), None)
-            if name is None:
-                continue
-            if error_code(r) is not None:
-                raise RuntimeError(f"sub_open {name}: {r.get('error')}")
-            got[name] = int(r["subscription"]["position"])
-    return [got[n] for n in names]
-
-
-async def commit_round(conn: AsyncConn, a: CommitArgs, names: list[str], positions: list[int],
-                       t0: float) -> dict:
+async def commit_round(consumers: list[Consumer], a: CommitArgs, t0: float) -> dict:
+    """Every consumer commits a new position every interval, spread evenly over it, with at
+    most one commit in flight: a slot that comes while its commit is unanswered is skipped
+    (the next commit carries a later position), as a real consumer's auto-commit would."""
     m0, m1 = t0 + a.warmup, t0 + a.warmup + a.duration
     interval = a.interval_ms / 1000
-    inflight: dict[int, tuple[int, float]] = {}  # rid -> (consumer index, sent at)
-    busy = [False] * len(names)
+    n = len(consumers)
     lat = Histogram()
     out = {"ok": 0, "skipped": 0}
     errors: dict[str, int] = {}
+    inflight = [0]
 
-    async def receiver() -> None:
-        while True:
-            r = await conn.recv()
-            entry = inflight.pop(r.get("id"), None)
-            if entry is None:
-                continue
-            i, sent = entry
-            busy[i] = False
-            now = time.monotonic()
-            code = error_code(r)
-            if code is not None:
-                errors[code] = errors.get(code, 0) + 1
-            elif m0 <= now <= m1:
-                out["ok"] += 1
-                lat.record((now - sent) * 1e6)
-
-    async def sender() -> None:
-        n = len(names)
+    async def one(i: int, con: Consumer) -> None:
+        offset = i * interval / n
         k = 0
         while True:
-            for i in range(n):
-                due = t0 + k * interval + i * interval / n
-                if due >= m1:
-                    return
-                delay = due - time.monotonic()
-                if delay > 0:
-                    await trio.sleep(delay)
-                if busy[i]:
-                    out["skipped"] += 1  # the last commit is not answered yet
-                    continue
-                positions[i] += 1
-                rid = conn.new_id()
-                busy[i] = True
-                inflight[rid] = (i, time.monotonic())
-                await conn.send_raw(pack({"v": VERSION, "t": "sub_commit", "id": rid,
-                                          "name": names[i], "consumer": names[i],
-                                          "position": positions[i], "timeout_ms": 10_000}))
+            due = t0 + k * interval + offset
+            if due >= m1:
+                return
+            delay = due - time.monotonic()
+            if delay > 0:
+                await trio.sleep(delay)
+            sent = time.monotonic()
+            inflight[0] += 1
+            try:
+                await con.commit(con.committed + 1)
+            except RaftlogError as e:
+                inflight[0] -= 1
+                errors[e.code] = errors.get(e.code, 0) + 1
+            else:
+                inflight[0] -= 1
+                now = time.monotonic()
+                if m0 <= now <= m1:
+                    out["ok"] += 1
+                    lat.record((now - sent) * 1e6)
             k += 1
+            now = time.monotonic()
+            while t0 + k * interval + offset < min(now, m1):
+                out["skipped"] += 1  # its slot passed while the commit was unanswered
+                k += 1
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(receiver)
-        await sender()
-        with trio.move_on_after(15):
-            while inflight:
-                await trio.sleep(0.005)
-        nursery.cancel_scope.cancel()
-    return {**out, "errors": errors, "lost": len(inflight), "latency": lat.to_json()}
+    # Commits still unanswered this long after the window are counted lost (and cancelled).
+    with trio.move_on_after(max(0.0, m1 - time.monotonic()) + COMMIT_TIMEOUT_S + 5):
+        async with trio.open_nursery() as nursery:
+            for i, con in enumerate(consumers):
+                nursery.start_soon(one, i, con)
+    return {**out, "errors": errors, "lost": inflight[0], "latency": lat.to_json()}
 
 
 def _accumulator(addr: str) -> dict:
@@ -172,6 +152,7 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
     timeout = warmup + cfg.duration + 60
     alone, together, commits, p99, per_entry, cost = [], [], [], [], [], []
     details: dict = {"consumers": n, "processes": procs, "interval_ms": INTERVAL_MS,
+                     "clients": "one raft.client.Client per process, shared by its consumers",
                      "producers": PRODUCERS, "record_size": RECORD_SIZE, "rounds": []}
     with ctx.cluster() as cluster:
         leader = cluster.wait_for_leader()
@@ -222,6 +203,10 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
                     "commits_skipped": sum(x["skipped"] for x in cres),
                     "commits_lost": sum(x["lost"] for x in cres + cres2),
                     "ops": ops, "entries": entries,
+                    "leader_requests": after.get("requests", 0) - before.get("requests", 0),
+                    "commit_requests": sum(x["requests"] for x in cres),
+                    "commits_per_request": (sum(x["request_commits"] for x in cres)
+                                            / max(1, sum(x["requests"] for x in cres))),
                     "commits_per_s_with_produce": sum(x["ok"] for x in cres2) / cfg.duration,
                     "produce_errors": _merge([x["errors"] for x in res + res2])})
                 ctx.advance("subscriptions")

@@ -23,7 +23,9 @@ and `Client.subscriptions()` manage them (raft/client/subscriptions.py).
 
 Layout: errors.py (the typed errors), results.py (what operations return), connection.py (one
 connection to one node), client.py (`Client`), producer.py (`Producer`), blocking.py
-(`BlockingClient`), subscriptions.py (the subscription calls), consumer.py (`Consumer`).
+(`BlockingClient`), subscriptions.py (the subscription calls), commits.py (the consumers of one
+client commit together: one `sub_commit_many` request for many commits), consumer.py
+(`Consumer`).
 """
 
 from raft.client.blocking import BlockingClient

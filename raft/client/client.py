@@ -13,6 +13,7 @@ from typing import Any
 
 import trio
 
+from raft.client.commits import DEFAULT_COMMIT_LINGER_MS, MAX_COMMIT_ITEMS, CommitCoalescer
 from raft.client.connection import _Connection
 from raft.client.errors import (RETRIABLE, NotLeaderError, OffsetOutOfRangeError,
                                 RaftlogError, RequestTimeout,
@@ -38,13 +39,20 @@ def server_timeout_ms(budget_s: float) -> int:
 class Client(SubscriptionCalls):
     """A connection pool to one cluster. Use as `async with Client("h:p,h:p") as c:`.
     With `tls_ca` (and optionally `tls_cert`/`tls_key`) it speaks TLS; `token` authenticates
-    (raft.client.security)."""
+    (raft.client.security).
+
+    Subscription commits of the consumers that share a client travel together: they wait
+    `commit_linger_ms` (default 5 ms) for each other and leave as one `sub_commit_many` request
+    of at most `max_commit_items` (raft/client/commits.py). Share one client among the
+    consumers of a process: that is what makes many commits cost few requests."""
 
     def __init__(self, servers: str | Sequence[str], *, timeout: float = DEFAULT_TIMEOUT_S,
                  max_frame_bytes: int = 64 << 20, rng: random.Random | None = None,
                  tls_ca: str | None = None, tls_cert: str | None = None,
                  tls_key: str | None = None, token: str | None = None,
-                 retry_refused: bool = False) -> None:
+                 retry_refused: bool = False,
+                 commit_linger_ms: float = DEFAULT_COMMIT_LINGER_MS,
+                 max_commit_items: int = MAX_COMMIT_ITEMS) -> None:
         self.servers = parse_servers(servers)
         self.security = ClientSecurity.create(tls_ca=tls_ca, tls_cert=tls_cert,
                                               tls_key=tls_key, token=token)
@@ -58,6 +66,8 @@ class Client(SubscriptionCalls):
         self._leader_addr: str | None = None
         self._rotation: list[str] = []
         self._ids = itertools.count(1)
+        self.coalescer = CommitCoalescer(self.call, linger_ms=commit_linger_ms,
+                                         max_items=max_commit_items, rng=self._rng)
 
     async def __aenter__(self) -> "Client":
         return self

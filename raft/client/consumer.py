@@ -23,6 +23,10 @@ subscription gets `SubscriptionLeased` until this one closes, or its lease (`lea
 without a renewal. Commits renew it, and so does waiting for new records (every lease_ms / 3);
 processing a single record must take less than lease_ms.
 
+Consumers that share a client commit together: their commits leave in one request
+(raft/client/commits.py), each still acknowledged at quorum before its `commit()` returns, each
+with its own error. Give the consumers of one process one client.
+
 `BlockingConsumer` is the same for code without a trio loop (from `BlockingClient.consumer`).
 """
 

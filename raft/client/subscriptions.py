@@ -9,15 +9,19 @@ reading on top of these.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from raft.client.commits import CommitCoalescer
 
 Where = int | Literal["start", "end"]
 
 
 class SubscriptionCalls:
-    """Requires `call(t, timeout=..., **fields)` and `timeout` (Client has both)."""
+    """Requires `call(t, timeout=..., **fields)`, `timeout` and `coalescer` (Client has them)."""
 
     timeout: float
+    coalescer: "CommitCoalescer"
 
     async def call(self, t: str, *, timeout: float | None = None,
                    **fields: Any) -> dict[str, Any]:
@@ -41,10 +45,12 @@ class SubscriptionCalls:
     async def subscription_commit(self, name: str, position: int, *, consumer: str = "",
                                   lease_ms: int = 0,
                                   timeout: float | None = None) -> dict[str, Any]:
-        """Commit `position` (the next offset to deliver: last processed offset + 1)."""
-        reply = await self._sub("sub_commit", timeout, name=name, position=position,
-                                consumer=consumer, lease_ms=lease_ms)
-        return reply["subscription"]
+        """Commit `position` (the next offset to deliver: last processed offset + 1); returns
+        once the commit is acknowledged at quorum. Commits made through this client at about the
+        same time travel in one request, each with its own result (raft/client/commits.py)."""
+        return await self.coalescer.commit(name, position, consumer=consumer,
+                                           lease_ms=lease_ms,
+                                           timeout=self.timeout if timeout is None else timeout)
 
     async def subscription_reset(self, name: str, to: Where, *, consumer: str = "",
                                  timeout: float | None = None) -> dict[str, Any]:

@@ -19,11 +19,12 @@ connection's permissions are looked up on every request, so a permission change 
 token applies at once, to open connections too.
 
 Permissions: `produce` (produce and staged-load writes), `consume` (fetch; subscription open,
-commit, pin, release, get, list), `admin` (membership, leadership transfer, load abort,
-subscription reset and delete, and any request type not listed below: new
-request types are refused until someone classifies them). `status` and `load_status` are open
-to every authenticated principal. A refused request gets FORBIDDEN naming the permission; the
-connection stays usable. No token or digest is ever logged or reported.
+commit (one or many: sub_commit_many), pin, release, get, list), `admin` (membership,
+leadership transfer, load abort, subscription reset and delete, and any request type not listed
+below: new request types are refused until someone classifies them). `status` and
+`load_status` are open to every authenticated principal. A refused request gets FORBIDDEN
+naming the permission; the connection stays usable. No token or digest is ever logged or
+reported.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ REQUIRED: dict[str, Permission | None] = {
     # and reads its own; moving one back or forgetting it is an operator's act.
     "sub_open": Permission.CONSUME,
     "sub_commit": Permission.CONSUME,
+    "sub_commit_many": Permission.CONSUME,
     "sub_pin": Permission.CONSUME,
     "sub_release": Permission.CONSUME,
     "sub_get": Permission.CONSUME,

@@ -77,6 +77,7 @@ class SubscriptionService:
         self._expiring: dict[str, float] = {}
         self._retention_attached = False
         self.entries_committed = 0
+        self.requests = 0  # requests that brought operations (a sub_commit_many counts once)
 
     # -- requests ------------------------------------------------------------------------------
     @property
@@ -90,11 +91,31 @@ class SubscriptionService:
             return refused
         waiter = _Waiter()
         if not self.batcher.add(op, waiter, _mono_ms()):
-            return Outcome(ErrorCode.BACKPRESSURE,
-                           f"{self.batcher.pending} subscription operations are waiting for "
-                           f"the log; retry after a short backoff")
+            return self._backpressure()
+        self.requests += 1
         self._wake.set()
         return await self._wait(waiter, timeout_s)
+
+    async def submit_many(self, ops: list[OpRequest], timeout_s: float) -> list[Outcome]:
+        """Queue every op of one request (sub_commit_many) and wait for all their verdicts, in
+        order: one waiter each, no task each. An op the full accumulator refuses gets
+        BACKPRESSURE on its own; ops still unanswered at the timeout get TIMEOUT."""
+        refused = self._refuse()
+        if refused is not None:
+            return [refused] * len(ops)
+        now = _mono_ms()
+        waiters: list[_Waiter] = []
+        for op in ops:
+            waiter = _Waiter()
+            if not self.batcher.add(op, waiter, now):
+                waiter.resolve(self._backpressure())
+            waiters.append(waiter)
+        self.requests += 1
+        self._wake.set()
+        with trio.move_on_after(timeout_s):
+            for waiter in waiters:
+                await waiter.event.wait()
+        return [w.outcome if w.outcome is not None else _timed_out() for w in waiters]
 
     async def sync(self, timeout_s: float) -> Outcome:
         """Wait until an entry proposed after this call is committed and applied: the table then
@@ -107,6 +128,11 @@ class SubscriptionService:
         self._wake.set()
         return await self._wait(waiter, timeout_s)
 
+    def _backpressure(self) -> Outcome:
+        return Outcome(ErrorCode.BACKPRESSURE,
+                       f"{self.batcher.pending} subscription operations are waiting for the "
+                       f"log; retry after a short backoff")
+
     def _refuse(self) -> Outcome | None:
         if self.group.closing:
             return Outcome(ErrorCode.SHUTTING_DOWN)
@@ -118,11 +144,7 @@ class SubscriptionService:
     async def _wait(waiter: _Waiter, timeout_s: float) -> Outcome:
         with trio.move_on_after(timeout_s):
             await waiter.event.wait()
-        if waiter.outcome is None:
-            return Outcome(ErrorCode.TIMEOUT, "the subscription operation did not commit in "
-                                              "time; it may still apply: retry (commits of the "
-                                              "same position are harmless)")
-        return waiter.outcome
+        return waiter.outcome if waiter.outcome is not None else _timed_out()
 
     # -- the runner ----------------------------------------------------------------------------
     async def run(self) -> None:
@@ -287,8 +309,15 @@ class SubscriptionService:
         low = self.index.table.min_position()
         return {"subscriptions": len(self.index.table.subs), "applied": self.index.table.applied,
                 "pending_ops": b.pending, "inflight_entries": b.inflight,
-                "ops": b.ops_added, "coalesced": b.ops_coalesced, "entries": b.entries,
+                "requests": self.requests, "ops": b.ops_added, "coalesced": b.ops_coalesced,
+                "entries": b.entries,
                 "lowest": None if low is None else {"name": low[1], "position": low[0]}}
+
+
+def _timed_out() -> Outcome:
+    return Outcome(ErrorCode.TIMEOUT, "the subscription operation did not commit in time; it "
+                                      "may still apply: retry (commits of the same position "
+                                      "are harmless)")
 
 
 def _mono_ms() -> int:

@@ -292,6 +292,7 @@ def test_blocking_consumer() -> None:
                     with bc.consumer("b", follow=False) as con:
                         results["rest"] = [r.value for r in con]
                     results["sub"] = bc.subscription("b")
+                    results["through_coalescer"] = bc._client.coalescer.commits
 
             await trio.to_thread.run_sync(use)
             stop.set()
@@ -299,6 +300,7 @@ def test_blocking_consumer() -> None:
     trio.run(main)
     assert results["first"] == b"x" and results["rest"] == [b"y", b"z"]
     assert results["sub"]["lag_records"] == 0
+    assert results["through_coalescer"] >= 2  # commit() and the second consumer's close
 
 
 @pytest.mark.parametrize("values, fragment", [

@@ -134,6 +134,7 @@ MATRIX = [
     ("ops", "add_node", None), ("ops", "load_abort", None), ("ops", "produce", None),
     ("nobody", "status", None), ("nobody", "fetch", "consume"),
     ("ops", "some_future_request", None), ("writer", "some_future_request", "admin"),
+    ("reader", "sub_commit_many", None), ("writer", "sub_commit_many", "consume"),
 ]
 
 

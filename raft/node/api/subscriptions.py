@@ -6,8 +6,15 @@ when the entry carrying them commits, with the verdict the table reached applyin
 and `sub_list` read the table after a barrier through the log, so a new leader never shows a
 position older than one it acknowledged. All are served by the leader (NOT_LEADER elsewhere).
 
+`sub_commit_many` carries many subscriptions' commits in one frame (Kafka's OffsetCommit with
+many partitions): a client whose consumers share it sends their commits together
+(raft/client/commits.py), so the leader decodes, schedules and answers one request instead of
+one per commit. Each item is its own operation in the accumulator and gets its own verdict: one
+refused item does not fail the others. At most MAX_COMMIT_ITEMS items per request.
+
 Field types are checked in `parse` (a wrong type hangs up, as for every request); a name of the
-wrong shape, a position out of range or an unknown subscription are typed error replies.
+wrong shape, a position out of range or an unknown subscription are typed error replies (for
+`sub_commit_many`, typed error results of the item).
 """
 
 from __future__ import annotations
@@ -23,6 +30,10 @@ from raft.types import ErrorCode
 
 LIST_DEFAULT_LIMIT = 1000
 LIST_MAX_LIMIT = 10_000
+# Items per sub_commit_many: half the accumulator's operations per entry (2048), so one request
+# never needs more than one entry's room, and a reply stays far below the frame limit (a
+# subscription map is a few hundred bytes).
+MAX_COMMIT_ITEMS = 1000
 
 
 # -- parsing -------------------------------------------------------------------------------------
@@ -75,6 +86,35 @@ def parse_list(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, An
             "limit": wire.get_int(frame, "limit", default=LIST_DEFAULT_LIMIT, minimum=1,
                                   maximum=LIST_MAX_LIMIT, where=w),
             "timeout_ms": _timeout(ctx, frame, w)}
+
+
+def parse_commit_many(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:
+    """`commits`: a list of maps {name, position, consumer (""), lease_ms (0)}, each checked as
+    a sub_commit's fields. A count outside 1..MAX_COMMIT_ITEMS is answered BAD_REQUEST by
+    execute (the connection stays usable), without looking at the items."""
+    w = "sub_commit_many"
+    items = frame.get("commits")
+    if not isinstance(items, list):
+        raise wire.WireError(f'{w} field "commits" must be a list of maps {{"name", "position", '
+                             f'"consumer", "lease_ms"}}, got {type(items).__name__}')
+    req: dict[str, Any] = {"timeout_ms": _timeout(ctx, frame, w), "count": len(items),
+                           "items": None}
+    if not 1 <= len(items) <= MAX_COMMIT_ITEMS:
+        return req
+    parsed = []
+    for i, item in enumerate(items):
+        where = f"{w} commits[{i}]"
+        if not isinstance(item, dict):
+            raise wire.WireError(f"{where} must be a map, got {type(item).__name__}")
+        parsed.append({
+            "name": _name(item, where),
+            "position": wire.get_int(item, "position", minimum=0, maximum=2**63 - 1,
+                                     where=where),
+            "consumer": wire.get_str(item, "consumer", default="", where=where),
+            "lease_ms": wire.get_int(item, "lease_ms", default=0, minimum=0,
+                                     maximum=MAX_LEASE_MS, where=where)})
+    req["items"] = parsed
+    return req
 
 
 # -- executing -----------------------------------------------------------------------------------
@@ -158,6 +198,53 @@ async def execute_op(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str
     return _reply(ctx, rid, outcome)
 
 
+async def execute_commit_many(ctx: ApiContext, req: dict[str, Any],
+                              rid: int) -> dict[str, Any]:
+    """One result per item, in order: {"ok": true, "subscription": ...} or {"ok": false,
+    "error": {...}} with the same codes and fields as sub_commit's error replies. Checks that
+    concern the whole request (the item count, leadership, shutdown) answer the request."""
+    if req["items"] is None:
+        return ctx.error(rid, ErrorCode.BAD_REQUEST,
+                         f"sub_commit_many carries 1 to {MAX_COMMIT_ITEMS} commits, got "
+                         f"{req['count']}: split them into several requests",
+                         max_items=MAX_COMMIT_ITEMS, count=req["count"])
+    if ctx.closing:
+        return ctx.error(rid, ErrorCode.SHUTTING_DOWN)
+    if ctx.group.subs is None:
+        return ctx.error(rid, ErrorCode.BAD_REQUEST, "this node has no subscription service")
+    if not ctx.group.is_leader():
+        return ctx.not_leader_reply(rid)
+    hw = visible_hw(ctx.group)
+    results: list[dict[str, Any] | None] = [None] * len(req["items"])
+    ops: list[OpRequest] = []
+    slots: list[int] = []
+    for i, item in enumerate(req["items"]):
+        refused = _refuse(ctx, rid, item)
+        if refused is None and item["position"] > hw + 1:
+            refused = ctx.error(rid, ErrorCode.POSITION_PAST_HIGH_WATERMARK,
+                                f"position {item['position']} is past high watermark + 1 "
+                                f"({hw + 1}): commit the offset after the last record "
+                                f"processed", high_watermark=hw)
+        if refused is not None:
+            results[i] = _result(refused)
+            continue
+        ops.append(OpRequest(Op.COMMIT, item["name"], item["consumer"], item["position"],
+                             item["lease_ms"]))
+        slots.append(i)
+    if ops:
+        outcomes = await ctx.group.subs.submit_many(ops, req["timeout_ms"] / 1000)
+        for i, outcome in zip(slots, outcomes, strict=True):
+            results[i] = _result(_reply(ctx, rid, outcome))
+    return wire.ok_reply(rid, results=results)
+
+
+def _result(reply: dict[str, Any]) -> dict[str, Any]:
+    """One item's result from the reply a lone sub_commit would have had."""
+    if reply.get("ok"):
+        return {"ok": True, "subscription": reply["subscription"]}
+    return {"ok": False, "error": reply["error"]}
+
+
 async def execute_get(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str, Any]:
     refused = _refuse(ctx, rid, req)
     if refused is not None:
@@ -206,6 +293,7 @@ REQUESTS = {
                         execute_op),
     "sub_commit": Request(_parser(Op.COMMIT, consumer=True, position=True, lease=True),
                           execute_op),
+    "sub_commit_many": Request(parse_commit_many, execute_commit_many),
     "sub_reset": Request(_parser(Op.RESET, consumer=True, initial="to"), execute_op),
     "sub_pin": Request(_parser(Op.PIN, consumer=True, initial="from"), execute_op),
     "sub_release": Request(_parser(Op.RELEASE, consumer=True), execute_op),
