@@ -63,6 +63,9 @@ class Client(SubscriptionCalls):
         self.max_frame_bytes = max_frame_bytes
         self._rng = rng or random.Random()
         self._conns: dict[str, _Connection] = {}
+        # One opener per address: tasks making their first call at once share one connection
+        # (each used to open its own, and all but the last leaked).
+        self._opening: dict[str, trio.Lock] = {}
         self._leader_addr: str | None = None
         self._rotation: list[str] = []
         self._ids = itertools.count(1)
@@ -85,9 +88,13 @@ class Client(SubscriptionCalls):
         conn = self._conns.get(address)
         if conn is not None and not conn.broken:
             return conn
-        conn = await _Connection.open(address, self.max_frame_bytes, self.security)
-        self._conns[address] = conn
-        return conn
+        async with self._opening.setdefault(address, trio.Lock()):
+            conn = self._conns.get(address)  # another task may have opened it meanwhile
+            if conn is not None and not conn.broken:
+                return conn
+            conn = await _Connection.open(address, self.max_frame_bytes, self.security)
+            self._conns[address] = conn
+            return conn
 
     async def _drop(self, address: str) -> None:
         conn = self._conns.pop(address, None)

@@ -274,3 +274,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@trio_test
+async def test_tasks_making_their_first_call_at_once_share_one_connection(monkeypatch) -> None:
+    import raft.client.client as client_mod
+
+    opened = []
+    real_open = client_mod._Connection.open
+
+    async def counting_open(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        conn = await real_open(*args, **kwargs)
+        opened.append(conn)
+        return conn
+
+    monkeypatch.setattr(client_mod._Connection, "open", staticmethod(counting_open))
+    async with running_cluster(1) as c:
+        leader = await c.wait_leader()
+        async with Client(leader.address) as client:
+            async with trio.open_nursery() as n:
+                for _ in range(8):
+                    n.start_soon(client.produce, [b"x"])
+            assert len(opened) == 1  # not one per task, seven of them leaked
