@@ -1,6 +1,7 @@
 """`raftlog load`: bulk-load a file through a local (or remote) Spark job, exactly once.
 
     raftlog load --servers 127.0.0.1:7101,127.0.0.1:7102 --input rows.parquet --format parquet
+    raftlog load --input rows.parquet --format parquet     # $RAFTLOG_SERVERS, else `up`'s cluster
 
 The file's rows become records: a `value` column (binary or string) and optional `key` and
 `headers` are written as they are; any other shape is first packed into a JSON `value` per row
@@ -23,7 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "load", help="bulk-load a parquet/csv/json file with Spark, exactly once",
         description="Bulk-load a file into raftlog with a Spark job (local[*] by default). "
                     "Re-running with the same --load-id after success writes nothing.")
-    p.add_argument("--servers", required=True, help="HOST:PORT,... of the cluster")
+    p.add_argument("--servers", default=None,
+                   help="HOST:PORT,... of the cluster (default: $RAFTLOG_SERVERS, else the "
+                        "local cluster `raftlog up` starts), like every other command")
     p.add_argument("--input", required=True, help="file or directory to load")
     p.add_argument("--format", required=True, choices=["parquet", "csv", "json"])
     p.add_argument("--acks", default="leader", choices=["leader", "quorum", "none"],
