@@ -253,3 +253,34 @@ def test_in_flight_bound_is_documented_and_below_the_nodes() -> None:
     from raft.node.config import NodeConfig
     default = NodeConfig.__dataclass_fields__["max_inflight_per_connection"].default
     assert 0 < connection_mod.MAX_IN_FLIGHT <= default
+
+
+@pytest.mark.skipif(not REAL_CORE, reason="needs raft/raft.py")
+@trio_test
+async def test_a_consumer_waiting_for_records_does_not_hold_back_one_sharing_its_client() -> None:
+    """docs/SUBSCRIPTIONS.md, "Many consumers, one client": one consumer sits at the end of
+    the log long-polling; the other, on the same Client, reads and commits meanwhile."""
+    from raft.client import Consumer
+    async with running_cluster(3) as cluster:
+        leader = await cluster.wait_leader()
+        async with Client([leader.address]) as client:
+            res = await client.produce([b"r0", b"r1", b"r2"])
+            idle = Consumer(client, "idle", start="end", max_wait=100.0)
+            busy = Consumer(client, "busy", follow=False, auto_commit_ms=0)
+            await idle.open()
+            woke: list[Any] = []
+            with trio.fail_after(DEADLINE_S):  # a hang guard: the long poll alone takes 100 s
+                async with trio.open_nursery() as nursery:
+                    async def wait_for_one() -> None:
+                        woke.append(await idle.__anext__())
+
+                    nursery.start_soon(wait_for_one)
+                    conn = client._conns[leader.address]
+                    while conn.in_flight < 1:  # the idle consumer's fetch waits on the node
+                        await trio.sleep(0.005)
+                    got = [r.value async for r in busy]
+                    sub = await busy.commit()
+                    assert got == [b"r0", b"r1", b"r2"] and not woke
+                    assert sub is not None and sub["position"] > res.last_offset  # committed
+                    await client.produce([b"r3"])  # now the idle one has a record
+            assert woke[0].value == b"r3"
