@@ -284,3 +284,38 @@ async def test_a_consumer_waiting_for_records_does_not_hold_back_one_sharing_its
                     assert sub is not None and sub["position"] > res.last_offset  # committed
                     await client.produce([b"r3"])  # now the idle one has a record
             assert woke[0].value == b"r3"
+
+
+@trio_test
+async def test_a_caller_cancelled_while_its_frame_is_sent_still_sends_it_whole() -> None:
+    """Half a frame on the wire would corrupt the stream for every request after it: a frame
+    the kernel cannot take at once (the node is not reading) is finished after its caller is
+    cancelled, and the connection stays usable."""
+    conn, node = connection_pair()
+    node.reader = wire.FrameReader(node.stream, 64 << 20)
+    big = b"x" * (8 << 20)  # far more than the socket buffers hold
+    with trio.fail_after(DEADLINE_S):
+        async with trio.open_nursery() as nursery:
+            scope = trio.CancelScope()
+            cancelled = trio.Event()
+
+            async def abandoned() -> None:
+                with scope:
+                    await conn.request({"t": "produce", "payload": big}, 1)
+                cancelled.set()
+
+            nursery.start_soon(abandoned)
+            await trio.testing.wait_all_tasks_blocked()  # stuck in the send: nobody reads
+            scope.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            assert not cancelled.is_set()  # still sending: cancellation waits for the frame
+            first = await node.next_request()  # the node reads: the frame arrives whole
+            assert first["payload"] == big
+            await cancelled.wait()
+            assert not conn.broken and conn.in_flight == 0
+            result: list[dict[str, Any]] = []
+            nursery.start_soon(_append, result, conn.request({"t": "status"}, 2))
+            second = await node.next_request()
+            await node.answer(first, late=True)  # the abandoned request's reply: dropped
+            await node.answer(second, echo="ok")
+    assert result[0]["id"] == 2 and result[0]["echo"] == "ok"
