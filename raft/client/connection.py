@@ -43,20 +43,21 @@ class _Connection:
     matched to them by `id` (the node answers them in any order, docs/PROTOCOL.md).
 
     Sends are serialized by a lock, so frames never interleave. Replies are read by "whoever
-    waits reads": no background task, so the connection needs no nursery and a `Client` works
-    without `async with`. One waiting request at a time holds the reading role; it reads frames
+    waits reads" rather than by a reader task: a task needs a nursery to live in, and a `Client`
+    has none (it may be used without `async with`, and its callers' tasks come and go), and
+    giving it one would change how every program opens a client. One waiting request at a time holds the reading role; it reads frames
     and hands each reply to the request it answers, until its own arrives; then it gives the
     role to another waiting request. Why this is cancellation-safe: a reader is cancelled only
     inside the stream's `receive_some`, which either returns bytes or raises having taken none
-    (TCP, and TLS after the handshake), and `wire.FrameReader` keeps the bytes of a frame it has
+    (TCP, and TLS after the handshake: TLS 1.3 has no renegotiation), and `wire.FrameReader` keeps the bytes of a frame it has
     half read in its buffer, so the next reader carries on where the cancelled one stopped; the
     decoding and dispatch between two reads do not wait. A request whose caller is cancelled or
     times out is simply forgotten: its late reply, when it comes, is dropped. The send side is
     made safe by writing a frame whole even when its caller is cancelled (SEND_GRACE_S).
 
-    A connection-level failure (EOF, a broken stream, a bad frame, an error frame without an id
-    or with a request's id: the node hangs up after those) fails every request in flight and
-    marks the connection broken; the `Client` then opens another."""
+    A connection-level failure (EOF, a broken stream, a bad frame, an `error` frame: the node
+    hangs up after one) fails every request in flight and marks the connection broken; the
+    `Client` then opens another."""
 
     def __init__(self, address: str, stream: trio.abc.Stream, node_id: int,
                  max_frame_bytes: int) -> None:
