@@ -147,13 +147,20 @@ class Client(SubscriptionCalls):
             if remaining <= 0:
                 break
             sent = False
+            conn: _Connection | None = None
             try:
                 with trio.fail_after(min(remaining, per_attempt)):
                     conn = await self._conn(target)
                     sent = True
                     reply = await conn.request({"t": t, **fields}, next(self._ids))
             except trio.TooSlowError:
-                await self._forget(target)
+                # Abandon this request only (its late reply is dropped): the connection carries
+                # other callers' requests too, and closing it would fail them all. A broken
+                # one, or one that never opened, is forgotten as before.
+                if conn is None or conn.broken:
+                    await self._forget(target)
+                elif self._leader_addr == target:
+                    self._leader_addr = None  # a slow leader may be gone: look for it again
                 waited = min(remaining, per_attempt)
                 if sent and not safe_to_retry:
                     raise RequestTimeout(

@@ -7,8 +7,8 @@ leader's accumulator already puts many commits in one log entry; this puts many 
 
 How: a commit joins the client's open *round*. The first commit of a round drives it: it waits
 `linger_ms` (or until the round holds `max_items`), then for the round before it to be answered
-(one multi-commit request in flight per client: the client's leader connection carries one
-request at a time anyway, and the commits that arrive meanwhile are the next round's), and sends
+(one multi-commit request in flight per client, so rounds leave in order and the commits that
+arrive meanwhile are the next round's), and sends
 the round as one request. Each commit is answered with its own item's result: the subscription
 as committed, or its own typed error (one refused commit does not fail the others). No
 background task: rounds are driven by the callers themselves.
