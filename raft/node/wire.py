@@ -265,6 +265,8 @@ def _schema(cls: type) -> tuple[_Field, ...]:
 
 
 _SCHEMAS: dict[type, tuple[_Field, ...]] = {cls: _schema(cls) for cls in _KIND_OF}
+# The "where" of message_from_wire's errors, built once rather than for every message received.
+_WHERE: dict[type, str] = {cls: f"raft message {kind}" for cls, kind in _KIND_OF.items()}
 
 
 class BatchEncodings:
@@ -325,7 +327,7 @@ def message_from_wire(obj: Any) -> m.Message:
     if cls is None:
         raise WireError(f'unknown raft message kind "k"={kind!r}; expected one of '
                         f'{sorted(_TYPE_OF)}')
-    where = f"raft message {kind}"
+    where = _WHERE[cls]
     values: dict[str, Any] = {}
     for f in _SCHEMAS[cls]:
         if f.name not in obj:
@@ -436,11 +438,15 @@ def encode_raft_frame_pieces(msgs: list[m.Message],
 
 
 def _frame_parts(msgs: list[m.Message], encodings: BatchEncodings | None) -> list[bytes]:
+    # One Packer per frame: packb builds a Packer per call (about 85% of packing a small value),
+    # and a frame packs each field of each message. Not shared between frames: the client
+    # encodes from several threads and a Packer is not thread-safe.
+    pack = msgpack.Packer(use_bin_type=True).pack
     parts = [_map_header(3), _FRAME_HEAD, _MSGS_KEY, _array_header(len(msgs))]
     for msg in msgs:
         cls = type(msg)
         if not getattr(msg, "batches", None):
-            parts.append(msgpack.packb(message_to_wire(msg), use_bin_type=True))
+            parts.append(pack(message_to_wire(msg)))
             continue
         fields = _SCHEMAS[cls]
         names = _PACKED_NAMES[cls]
@@ -450,7 +456,7 @@ def _frame_parts(msgs: list[m.Message], encodings: BatchEncodings | None) -> lis
             value = getattr(msg, f.name)
             parts.append(names[f.name])
             if f.kind != "batches":
-                parts.append(msgpack.packb(value, use_bin_type=True))
+                parts.append(pack(value))
                 continue
             parts.append(_array_header(len(value)))
             for b in value:
