@@ -296,5 +296,14 @@ class LeaderSide:
         if to is None or self.role != Role.LEADER:
             return
         pr = self._progress.get(to)
-        if pr is not None and pr.match_index >= self.log.dirty_offset:
+        if pr is None:
+            return
+        # Caught up: everything we hold, or (raft/repair.py) everything we can still send it,
+        # up to a damaged batch of ours it lacks. The vote rules stay whole: our entries past
+        # that batch are ours alone unless a majority's votes say otherwise.
+        ready = self.log.dirty_offset
+        blocked = [d.first for d in self.log.damaged() if d.first > pr.match_index]
+        if blocked:
+            ready = min(ready, min(blocked) - 1)
+        if pr.match_index >= ready:
             self._send(m.TimeoutNow(self.node_id, to, self.term))
