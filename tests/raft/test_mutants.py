@@ -36,6 +36,7 @@ import test_subscriptions
 # The runtime's fail-stop rule is killed by a node test.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "node"))
 import test_failstop  # noqa: E402
+import test_subscriptions_inproc  # noqa: E402
 # The security rules' killers live with the security tests (tests/security).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "security"))
 import test_security_unit  # noqa: E402
@@ -168,6 +169,18 @@ MUTANTS = [
            (test_disk_loss_rules
             .test_a_node_that_lost_flushed_entries_does_not_lead_before_it_has_them_again,)),
     # -- subscriptions (raft/subscriptions.py, raft/subscription_batcher.py) -----------------------
+    Mutant("retention deletes what a subscription has not read, although told to respect it",
+           "raft.node.subscription_service", "SubscriptionService.retention_holds",
+           "holds.extend((holder, offset, True) for holder, offset in t.holds())",
+           "pass",
+           (test_subscriptions_inproc
+            .test_retention_keeps_what_the_lowest_subscription_still_needs,)),
+    Mutant("a follower drops its damaged prefix with a state made for another start",
+           "raft.repair", "Repairs._drop_damaged_prefix",
+           "if state.start_offset != prev + 1 or state.states[TERM][0] != msg.prev_term:",
+           "if False:",
+           (test_state_transfer
+            .test_damage_below_the_leaders_log_start_is_dropped_with_the_prefix_and_the_state_there,)),
     Mutant("a subscription commit below the position is accepted",
            "raft.subscriptions", "SubscriptionTable._commit",
            "if op.position < sub.position:",

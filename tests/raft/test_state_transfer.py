@@ -167,3 +167,45 @@ def test_the_leader_keeps_its_producer_table_across_retention_and_a_restart() ->
     c.crash(leader)  # rebuilt from the state at its log start plus the rest of the log
     verdict, w = c.cores[leader].producers.lookup(PRODUCER, 0)
     assert verdict == Verdict.DUPLICATE and w is not None and w.base_offset == written
+
+
+def test_damage_below_the_leaders_log_start_is_dropped_with_the_prefix_and_the_state_there(
+        ) -> None:
+    """A follower's damaged batch lies below the leader's log start: retention deleted it
+    everywhere else, so nobody can send it again. The follower drops its prefix up to the
+    leader's start, taking the leader's state there, and only a state for exactly that start
+    (raft/repair.py, _drop_damaged_prefix)."""
+    from test_disk_loss_rules import rot
+
+    c = Cluster(3)
+    leader = c.elect()
+    f = next(i for i in (1, 2, 3) if i != leader)
+    for k in range(30):
+        c.propose(leader, [f"v{k}".encode()], Acks.QUORUM)
+    c.deliver()
+    c.tick(3)
+    early = c.logs[f].start_offset + 2
+    c.down.add(f)
+    rot(c, f, early)
+    start = retain(c, leader)
+    assert start > early and c.logs[f].damaged()
+    held = hold_resets_to(c, f)
+    c.down.discard(f)
+    for _ in range(20):
+        c.tick()
+        if held:
+            break
+    assert held and held[0].prev_offset == start - 1 and held[0].snapshot is not None
+    msg = held[0]
+    before = (c.logs[f].start_offset, c.logs[f].dirty_offset)
+    bad = {**msg.snapshot, "start_offset": msg.prev_offset + 7}
+    c.cores[f].step(m.AppendEntries(msg.src, msg.dst, msg.term, msg.prev_offset, msg.prev_term,
+                                    msg.batches, msg.commit_index, msg.flush, msg.seq, True, bad))
+    assert (c.logs[f].start_offset, c.logs[f].dirty_offset) == before  # refused
+    assert c.logs[f].damaged()
+    c.cores[f].step(msg)
+    assert c.logs[f].start_offset == start and c.logs[f].dirty_offset == before[1]
+    assert not c.logs[f].damaged()
+    c.filter = lambda msg: True
+    c.tick(5)
+    assert c.logs[f].read(start, 1 << 20) == c.logs[leader].read(start, 1 << 20)
