@@ -13,18 +13,12 @@ import pytest
 import trio
 import trio.testing
 
-from inproc_cluster import RawClient, running_cluster, trio_test, values_payload
+from inproc_cluster import RawClient, running_cluster, trio_test
 from raft.client import (BadRequestError, Client, Consumer, PositionBehind, RequestTimeout,
                          UnavailableError, UnknownSubscription)
 from raft.client.commits import MAX_COMMIT_ITEMS, CommitCoalescer
 from raft.node.api.subscriptions import MAX_COMMIT_ITEMS as NODE_MAX_COMMIT_ITEMS
-
-
-async def _produce(client: RawClient, n: int) -> tuple[int, int]:
-    r = await client.request("produce", payload=values_payload(
-        [f"v{i}".encode() for i in range(n)]), count=n)
-    assert r["ok"], r
-    return r["base_offset"], r["last_offset"]
+from test_subscriptions_inproc import _produce  # one helper for both files
 
 
 def _codes(reply: dict[str, Any]) -> list[str]:
