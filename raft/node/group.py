@@ -168,7 +168,7 @@ class RaftGroup:
             from raft.node.retention import RetentionTask
             self.retention = RetentionTask(self, self.config.retention_policy())
             if self.subs is not None:
-                self.subs.attach_retention()  # before retention's first pass, not after it
+                self.subs.attach_retention(self.retention)  # before retention's first pass
 
     def membership(self) -> Any:
         """The configuration in force (None with a core that has none)."""

@@ -75,7 +75,6 @@ class SubscriptionService:
         self._awaiting: dict[tuple[int, ...], Outgoing[_Waiter]] = {}
         self._wake = trio.Event()
         self._expiring: dict[str, float] = {}
-        self._retention_attached = False
         self.entries_committed = 0
         self.requests = 0  # requests that brought operations (a sub_commit_many counts once)
 
@@ -251,7 +250,6 @@ class SubscriptionService:
     async def _maintenance(self) -> None:
         while True:
             await trio.sleep(MAINTENANCE_INTERVAL_S)
-            self.attach_retention()
             for _ in range(MAINTENANCE_STEPS):
                 if self.catch_up():
                     break
@@ -285,12 +283,9 @@ class SubscriptionService:
         holds.extend((holder, offset, True) for holder, offset in t.holds())
         return holds
 
-    def attach_retention(self) -> None:
-        """Register `retention_holds` with the group's retention task, once there is one."""
-        retention = getattr(self.group, "retention", None)
-        if self._retention_attached or retention is None or not self.respect_retention:
-            return
-        self._retention_attached = True
+    def attach_retention(self, retention: Any) -> None:
+        """Register `retention_holds` with the group's retention task (once, at start; the
+        holds are empty while the setting is off)."""
         retention.holders.register(
             "subscriptions", lambda: [Hold(h, o, v) for h, o, v in self.retention_holds()])
 
