@@ -165,7 +165,7 @@ class SubscriptionIndex:
                 return False
             try:
                 batches = self.log.read(t.applied + 1, min(budget, 16 << 20),
-                                        min(left, 1 << 30))
+                                        left if max_batches is not None else None)
             except CorruptBatch:
                 return False  # damaged here (raft/repair.py fetches it again): wait for it
             if not batches:
