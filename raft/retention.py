@@ -6,15 +6,22 @@ is (raft/snapshot.py). The runtime (raft/node/retention.py) and the simulation (
 the same plan to their own logs.
 
 What the policy wants gone, batch by batch from the front (whole batches only):
-- with `max_bytes` (--retention-bytes): batches while the log holds more than that;
+- with `max_bytes` (--retention-bytes): a batch while what stays after it still holds at least
+  `max_bytes` (Kafka's rule for segments): the log keeps at least `max_bytes`, rounded up to
+  whole batches, so a log of one batch larger than the limit keeps that batch. (Deleting while
+  the log held *more* than the limit overshot: one 51 KB batch under a 20 KiB limit went, and
+  with it every readable record.)
 - with `max_age_ms` (--retention-ms): batches older than that;
 - never a batch younger than `min_age_ms` (--retention-min-ms), whatever the size.
 A batch's age counts from the largest timestamp at or before it, so one batch with an old (or
 zero) timestamp cannot make newer data behind it look old.
 
 What holds the rest back: the retention floor is the minimum of named holders (`Hold`), each the
-first offset it still needs:
-- always: the commit index (nothing above it is ever deleted) and the flushed offset;
+first offset it still needs (a batch holding any offset a holder needs stays whole):
+- always: the commit index and the flushed offset. The commit index holds from itself, not one
+  past it: the newest committed batch always stays (Kafka never deletes its active segment),
+  so size or age retention never leaves a node with nothing readable and `--from -N` still
+  finds the newest records;
 - on the leader: every member's (voter or learner) flushed offset as the leader has verified it;
 - the first offset of every open Spark load (its staged data), and everything the loads table
   has not applied yet (an unapplied entry may open one);
@@ -128,8 +135,10 @@ class Holders:
 
 def core_holds(status: "Status") -> list[Hold]:
     """What the core holds back: its commit index and flushed offset, and on the leader every
-    member's flushed offset (min(match, verified flushed): what it durably holds of our log)."""
-    holds = [Hold("commit index", status.commit_index + 1, False),
+    member's flushed offset (min(match, verified flushed): what it durably holds of our log).
+    The commit index needs its own offset, so the batch holding it (the newest committed batch,
+    what consumers read last) is never deleted, whatever the policy says."""
+    holds = [Hold("commit index", status.commit_index, False),
              Hold("flushed offset", status.flushed_offset + 1, False)]
     if status.role.value == "leader":
         for f in status.followers:
@@ -214,7 +223,7 @@ class Planner:
         p = self.policy
         self._newest_ts = max(self._newest_ts, b.timestamp_ms)
         age = self.now_ms - self._newest_ts
-        want = ((p.max_bytes is not None and self._remaining > p.max_bytes)
+        want = ((p.max_bytes is not None and self._remaining - b.size >= p.max_bytes)
                 or (p.max_age_ms is not None and age > p.max_age_ms))
         if not want:
             return SATISFIED
@@ -252,7 +261,8 @@ def plan(log: LogStorage, policy: RetentionPolicy, holds: Iterable[Hold], *, now
     moves while it reads (the caller drops the plan)."""
     start, start_term, stored = log.start_offset, log.start_term, log.snapshot
     if policy.max_age_ms is None and log.retained_bytes <= (policy.max_bytes or 0):
-        # Within the size limit and no age limit: nothing to read.
+        # Within the size limit and no age limit: nothing to read (the size rule keeps at
+        # least max_bytes, so it deletes nothing from a log no larger than that).
         return Plan(Decision(start, start), start_term, None, stored is not None or start == 0)
     planner = Planner(policy, start=start, total_bytes=log.retained_bytes, now_ms=now_ms,
                       free_bytes=free_bytes, holds=holds)

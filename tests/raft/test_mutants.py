@@ -265,11 +265,23 @@ MUTANTS = [
     # -- retention and state transfer ---------------------------------------------------------
     Mutant("retention is not bounded by the commit index",
            "raft.retention", "core_holds",
-           'holds = [Hold("commit index", status.commit_index + 1, False),\n'
+           'holds = [Hold("commit index", status.commit_index, False),\n'
            '             Hold("flushed offset", status.flushed_offset + 1, False)]',
            'holds = [Hold("flushed offset", status.flushed_offset + 1, False)]',
            (test_retention.test_retention_never_passes_the_commit_index,
             test_retention.test_a_follower_never_deletes_past_its_commit_index)),
+    Mutant("retention deletes the newest committed batch (the commit index holds from one "
+           "past itself)",
+           "raft.retention", "core_holds",
+           'Hold("commit index", status.commit_index, False)',
+           'Hold("commit index", status.commit_index + 1, False)',
+           (test_retention.test_time_retention_keeps_the_newest_committed_batch,
+            test_retention.test_retention_never_passes_the_commit_index)),
+    Mutant("size retention deletes while the log is over the limit (and overshoots below it)",
+           "raft.retention", "Planner._keep_reason",
+           "self._remaining - b.size >= p.max_bytes",
+           "self._remaining > p.max_bytes",
+           (test_retention.test_size_retention_keeps_at_least_the_limit_in_whole_batches,)),
     Mutant("the leader deletes what a member matched but has not flushed",
            "raft.retention", "core_holds",
            "min(f.match_index, f.flushed_offset) + 1, True))",

@@ -46,8 +46,12 @@ BATCH = 100 + HEADER_SIZE  # one synthetic batch, encoded
 CASES = [
     ("nothing configured keeps everything", [9000] * 5, RetentionPolicy(), [], None, 0,
      SATISFIED),
-    ("size: keep at most two batches", [50] * 5, RetentionPolicy(max_bytes=2 * BATCH), [],
-     None, 3, SATISFIED),
+    ("size: keep exactly two batches' worth", [50] * 5, RetentionPolicy(max_bytes=2 * BATCH),
+     [], None, 3, SATISFIED),
+    ("size: keep at least the limit, rounded up to whole batches", [50] * 5,
+     RetentionPolicy(max_bytes=2 * BATCH + 1), [], None, 2, SATISFIED),
+    ("size: one batch larger than the limit stays", [50], RetentionPolicy(max_bytes=BATCH - 1),
+     [], None, 0, SATISFIED),
     ("age: older than 100 ms goes", [500, 400, 90, 50, 10], RetentionPolicy(max_age_ms=100),
      [], None, 2, SATISFIED),
     ("age counts from the newest timestamp so far", [500, 10, 400, 300], 
@@ -62,7 +66,7 @@ CASES = [
      RetentionPolicy(max_bytes=1, valve_age_ms=500), [Hold("member 3", 0, True)], None, 2,
      "member 3"),
     ("low disk releases a member", [50] * 4, RetentionPolicy(max_bytes=1, low_disk_bytes=1000),
-     [Hold("member 3", 0, True), Hold("commit index", 3, False)], 999, 3, "commit index"),
+     [Hold("member 3", 0, True), Hold("commit index", 2, False)], 999, 2, "commit index"),
     ("low disk never releases the commit index", [50] * 4,
      RetentionPolicy(max_bytes=1, low_disk_bytes=1000), [Hold("commit index", 1, False)], 10,
      1, "commit index"),
@@ -76,8 +80,11 @@ CASES = [
      [], None, 4, SLICE),
     ("a slice stops at its byte limit (one batch at least)", [500] * 6,
      RetentionPolicy(max_bytes=1, slice_bytes=10), [], None, 1, SLICE),
-    ("everything may go: the log end stops it", [500] * 3, RetentionPolicy(max_bytes=1), [],
-     None, 3, LOG_END),
+    ("size never takes the last batch (at least one byte stays)", [500] * 3,
+     RetentionPolicy(max_bytes=1), [], None, 2, SATISFIED),
+    ("age alone, without holds, may reach the log end (on a node the commit index holds the "
+     "newest committed batch)", [500] * 3, RetentionPolicy(max_age_ms=100), [], None, 3,
+     LOG_END),
 ]
 
 
@@ -142,10 +149,18 @@ def retain(c: Cluster, i: int, policy: RetentionPolicy, now_ms: int = 10**12) ->
     return log.start_offset
 
 
+def base_of(c: Cluster, i: int, offset: int) -> int:
+    """The base offset of the batch holding `offset` in node i's log."""
+    (b, *_) = c.logs[i].read(offset, 1)
+    assert b.base_offset <= offset <= b.last_offset
+    return b.base_offset
+
+
 def test_retention_never_passes_the_commit_index() -> None:
     """The leader has flushed far past the commit index (no follower answers): however much the
     policy wants gone, and with every member released by the valve, the cut stops at the
-    commit index + 1."""
+    newest committed batch, which stays (the uncommitted tail may yet be truncated away: it
+    must not be what is left of the log)."""
     c = Cluster(3)
     leader = c.elect()
     for k in range(5):
@@ -158,18 +173,21 @@ def test_retention_never_passes_the_commit_index() -> None:
     c.flush(leader)
     assert c.logs[leader].flushed_offset > committed + 10
     start = retain(c, leader, RetentionPolicy(max_bytes=1, valve_age_ms=1))
-    assert start == committed + 1
+    assert start == base_of(c, leader, committed) and start > 0
 
 
 def test_a_follower_never_deletes_past_its_commit_index() -> None:
     c = Cluster(3)
     leader = c.elect()
     c.propose(leader, [b"a", b"b"], Acks.QUORUM)
-    c.deliver()
+    c.tick(2)  # the followers learn that [a, b] committed
+    c.propose(leader, [b"c"], Acks.QUORUM)
+    c.deliver()  # they hold [c] flushed before they learn it committed
     f = next(i for i in c.ids if i != leader)
     commit = c.cores[f].commit_index
+    assert 0 < commit < c.logs[f].flushed_offset
     start = retain(c, f, RetentionPolicy(max_bytes=1, valve_age_ms=1))
-    assert start <= commit + 1 and start > 0
+    assert start == base_of(c, f, commit) and start > 0
 
 
 def test_the_leader_keeps_what_a_member_has_not_flushed() -> None:
@@ -237,3 +255,54 @@ def test_the_loads_table_survives_retention_and_a_state_transfer() -> None:
         assert again.catch_up(8) and again.table.get("open").state.value == "committed"
         shown = again.visible_batches(lg.read(5, 1 << 20), 8)
         assert [b.base_offset for b, _ in shown] == [6, 7]
+
+
+# -- issue 24: retention keeps the newest data ------------------------------------------------
+
+def test_size_retention_keeps_the_newest_batch_larger_than_the_limit() -> None:
+    """The repro of issue 24 on a real core: one committed batch of 100 records of 510 bytes
+    (~51 KB) under a 20 KiB limit. The whole log went (start one past the commit index,
+    nothing readable); the batch must stay, on the leader and on every follower."""
+    c = Cluster(3)
+    leader = c.elect()
+    rid = c.propose(leader, [bytes([65 + k % 26]) * 510 for k in range(100)], Acks.QUORUM)
+    c.tick(2)  # the followers learn the commit index
+    assert c.answers[rid].error.name == "OK"
+    for i in c.ids:
+        commit = c.cores[i].commit_index
+        assert c.logs[i].retained_bytes > 20 << 10
+        start = retain(c, i, RetentionPolicy(max_bytes=20 << 10))
+        assert start <= commit, f"node {i} deleted its newest committed batch"
+        (b, *_) = c.logs[i].read(commit, 1 << 20)
+        assert b.last_offset == commit and b.count == 100
+
+
+def test_size_retention_keeps_at_least_the_limit_in_whole_batches() -> None:
+    """Twenty committed batches of ~1 KB under a 3.5 KB limit: at least 3.5 KB stays (four
+    batches: the limit rounded up to whole batches), not the three that fit under it."""
+    c = Cluster(3)
+    leader = c.elect()
+    for k in range(20):
+        c.propose(leader, [bytes([97 + k]) * 1000], Acks.QUORUM)
+    c.tick(2)
+    log = c.logs[leader]
+    one = log.read(c.cores[leader].commit_index, 1 << 20)[0].size
+    limit = 3 * one + one // 2
+    start = retain(c, leader, RetentionPolicy(max_bytes=limit))
+    assert log.retained_bytes >= limit
+    assert log.retained_bytes - one < limit  # and not a whole batch more than it needs
+    assert start == c.cores[leader].commit_index - 3
+
+
+def test_time_retention_keeps_the_newest_committed_batch() -> None:
+    """Everything is older than --retention-ms: every batch but the newest committed one goes
+    (Kafka never deletes the active segment); a consumer still reads the newest records."""
+    c = Cluster(3)
+    leader = c.elect()
+    for k in range(5):
+        c.propose(leader, [f"old{k}".encode()], Acks.QUORUM)
+    c.tick(2)
+    for i in c.ids:
+        commit = c.cores[i].commit_index
+        start = retain(c, i, RetentionPolicy(max_age_ms=1))
+        assert start == base_of(c, i, commit) and start > 0
