@@ -15,6 +15,7 @@ import bisect
 
 from raft import messages as m
 from raft.quorum import majority
+from raft.retention import Plan, RetentionPolicy
 from storage.api import LogStorage
 from storage.batch import Batch, BatchKind, CorruptBatch
 from storage.records import decode_records
@@ -49,6 +50,7 @@ class Checkers:
     committed_values: dict[bytes, int] = field(default_factory=dict)  # record -> batch base
     starts: dict[int, int] = field(default_factory=dict)  # node -> log start it last had
     state_transfers: int = 0
+    retention_checked: int = 0  # retention cuts the keep-the-newest checks looked at
     forgot: dict[int, int] = field(default_factory=dict)  # node -> incarnation after disk loss
     # node -> (base, last, term) of the batches it held flushed when its disk was damaged: a
     # report it sent before may still be on its way, and counting it then was right.
@@ -101,6 +103,44 @@ class Checkers:
 
     def on_retention(self, node: "SimNode") -> None:
         self.starts[node.node_id] = node.log.start_offset
+
+    def on_retention_plan(self, now: int, node: "SimNode", policy: RetentionPolicy,
+                          p: Plan) -> None:
+        """Called with a retention cut planned on `node`, before its log start moves. Retention
+        keeps the newest data (docs/RETENTION.md): it never deletes the node's newest committed
+        batch, and a cut the age rule did not ask for (size alone) keeps at least
+        `max_bytes`, in whole batches. Restated here from the log itself, not from the plan's
+        own accounting."""
+        d = p.decision
+        if d.cut <= d.start:
+            return
+        self.retention_checked += 1
+        core = node.core
+        assert core is not None
+        commit = core.commit_index
+        if commit >= d.start and d.cut > commit:
+            self.fail(now, "retention keeps the newest committed batch",
+                      f"node {node.node_id} cut its log at {d.cut}, past its commit index "
+                      f"{commit}: the batch holding it is gone")
+        log = node.log
+        deleted, newest_ts, off = 0, 0, d.start
+        while off < d.cut:
+            batches = log.read(off, 1 << 22)
+            for b in batches:
+                if b.base_offset >= d.cut:
+                    break
+                deleted += b.size
+                newest_ts = max(newest_ts, b.timestamp_ms)
+            off = batches[-1].last_offset + 1
+        if policy.max_bytes is None:
+            return
+        by_age = (policy.max_age_ms is not None
+                  and now // 1000 - newest_ts > policy.max_age_ms)
+        kept = log.retained_bytes - deleted
+        if not by_age and kept < policy.max_bytes:
+            self.fail(now, "size retention keeps at least retention-bytes",
+                      f"node {node.node_id} cut its log at {d.cut} (from {d.start}) for size "
+                      f"alone, keeping {kept} bytes, under its limit of {policy.max_bytes}")
 
     def _check_config_not_older_than_start(self, now: int, node: "SimNode") -> None:
         """A node never votes (nor counts votes) with a configuration older than its log start:

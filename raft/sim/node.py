@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from raft import messages as m
 from raft.raft import RaftConfig, RaftCore
 from raft.ready import ProduceAnswer, Ready
-from raft.retention import RetentionPolicy, core_holds, plan
+from raft.retention import Plan, RetentionPolicy, core_holds, plan
 from raft.sim.loop import EventLoop
 from raft.types import Role
 from storage.api import DiskFull, Meta, StorageError
@@ -72,6 +72,7 @@ class SimNode:
         self.held: deque[Ready] = deque()
         self.ticks = 0
         self.retention_cuts = 0
+        self.planned: Plan | None = None  # the retention cut about to be applied
         self.start()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -155,6 +156,9 @@ class SimNode:
         d = p.decision
         if d.cut <= d.start:
             return
+        self.planned = p
+        self.on_event(self, "retention-plan")  # the checkers look at the log before the cut
+        self.planned = None
         self.log.advance_start(d.cut, p.snapshot)
         self.retention_cuts += 1
         self.on_event(self, "retention")

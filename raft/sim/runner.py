@@ -141,6 +141,9 @@ class Simulation:
                 self.trace_tail.append(f"{self.loop.now:>10} us  node {node.node_id} started")
         elif what == "retention":
             self.checkers.on_retention(node)
+        elif what == "retention-plan":
+            assert node.planned is not None and node.retention is not None
+            self.checkers.on_retention_plan(self.loop.now, node, node.retention, node.planned)
         elif what == "crash":
             self.subs.on_crash(node)
             self.trace_tail.append(f"{self.loop.now:>10} us  node {node.node_id} crashed "
@@ -231,6 +234,7 @@ class Simulation:
                  "restarts": sum(n.restarts for n in self.nodes.values()),
                  "fail_stops": sum(n.fail_stops for n in self.nodes.values()),
                  "retention_cuts": sum(n.retention_cuts for n in self.nodes.values()),
+                 "retention_checked": self.checkers.retention_checked,
                  "state_transfers": self.checkers.state_transfers,
                  "disk_losses": self.nemesis.disk_losses,
                  "sub_entries": self.subs.entries, **self.consumers.stats()}

@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 import raft.incarnation
 import raft.leader
 import raft.progress
+import raft.retention
 import raft.sim.node
+from raft.retention import Hold
 from raft.sim.runner import PROFILES, SimConfig, Simulation, profile_config, run_simulation
 from raft.types import Acks
 from storage.batch import Batch
@@ -90,6 +92,50 @@ def test_teeth_messages_from_an_unknown_disk_count(monkeypatch: pytest.MonkeyPat
     """A leader that takes replies (and voters that take votes) from any data directory."""
     monkeypatch.setattr(raft.incarnation.Incarnations, "_screen", lambda self, msg: True)
     assert _first_failure("diskloss", range(1, 30)) is not None
+
+
+RETENTION_PROFILES = sorted(name for name, p in PROFILES.items() if p.get("retention"))
+
+
+@pytest.mark.parametrize("profile", RETENTION_PROFILES)
+def test_retention_profiles_check_that_retention_keeps_the_newest_data(profile: str) -> None:
+    """Every profile with retention cuts logs, and every cut goes through the checkers' keep-
+    the-newest checks (the newest committed batch stays; size alone keeps retention-bytes)."""
+    assert RETENTION_PROFILES  # the profiles below still exercise retention
+    res = run_simulation(profile_config(1, 3, profile))
+    assert res.ok, res.describe()
+    assert res.stats["retention_cuts"] > 0
+    assert res.stats["retention_checked"] == res.stats["retention_cuts"]
+
+
+def test_teeth_retention_deletes_the_newest_committed_batch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commit index holding from one past itself (issue 24: the newest committed batch may
+    go) is caught by the retention checker."""
+    real = raft.sim.node.core_holds
+
+    def past_the_commit(status):  # type: ignore[no-untyped-def]
+        return [Hold(h.holder, h.offset + 1 if h.holder == "commit index" else h.offset,
+                     h.valve) for h in real(status)]
+    monkeypatch.setattr(raft.sim.node, "core_holds", past_the_commit)
+    assert _first_failure("crashy", range(1, 20)) is not None
+
+
+def test_teeth_size_retention_deletes_while_over_the_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24's size rule (delete a batch while the log holds more than the limit, which
+    overshoots below it) is caught by the retention checker: the wrapper makes today's rule
+    (remaining - size >= limit) answer as that one did (remaining > limit)."""
+    real = raft.retention.Planner._keep_reason
+
+    def over_the_limit(self, b):  # type: ignore[no-untyped-def]
+        self._remaining += b.size - 1
+        try:
+            return real(self, b)
+        finally:
+            self._remaining -= b.size - 1
+    monkeypatch.setattr(raft.retention.Planner, "_keep_reason", over_the_limit)
+    assert _first_failure("membership", range(1, 20)) is not None
 
 
 def test_disk_loss_fires_and_the_cluster_repairs_itself() -> None:
