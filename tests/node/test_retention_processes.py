@@ -1,5 +1,6 @@
-"""Retention on real `raftlog serve` processes: a GiB through a 64 MiB retention stays in bounded
-disk; a member that stays down holds retention back until --retention-max-ms, then is skipped
+"""Retention on real `raftlog serve` processes: size retention keeps the newest acknowledged data
+(issue 24: a batch larger than --retention-bytes stays, and `consume --from -3` reads its last
+records); a GiB through a 64 MiB retention stays in bounded disk; a member that stays down holds retention back until --retention-max-ms, then is skipped
 (status says so), and when it comes back behind the log start it gets the state transfer, ends
 with the leader's log above the new start, and an idempotent retry across all this gets its
 original offset."""
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_helpers import raftlog
 from raft.cli.localcluster import LocalCluster, wait_for
 from raft.client import BlockingClient, OffsetOutOfRangeError
 from raft.node.retention import data_dir_bytes
@@ -190,3 +192,43 @@ def test_a_down_member_holds_retention_until_the_valve_then_rejoins_by_state_tra
         with BlockingClient(cluster.addresses[lag], timeout=30) as c:
             retry = c.produce([b"once"], acks="quorum", producer_id=producer, sequence=0)
         assert retry.duplicate and retry.base_offset == original.base_offset
+
+
+def test_size_retention_keeps_the_batch_just_acknowledged(tmp_path: Path) -> None:
+    """Issue 24's repro: three nodes with --retention-bytes 20KiB, 100 records of 510 bytes in
+    one quorum-acknowledged batch (~51 KB, larger than the limit). Once every node has run a
+    retention round that saw the batch committed, every node still holds it (at least 20 KiB,
+    high watermark = its last offset) and `raftlog consume --from -3` prints its last three
+    records. It used to delete the whole log: start_offset 101, nothing to read."""
+    limit = 20 << 10
+    values = [f"{k:03d}".encode() + bytes([97 + k % 26]) * 507 for k in range(100)]
+    assert all(len(v) == 510 for v in values)
+    with LocalCluster(tmp_path, nodes=3, extra_args=["--retention-bytes", "20KiB"]) as cluster:
+        cluster.wait_leader()
+        with BlockingClient(cluster.servers, timeout=30) as c:
+            res = c.produce(values, acks="quorum")
+        assert res.last_offset - res.base_offset == 99
+
+        def retention_ran(i: int) -> dict | None:
+            """Node i's status once its retention has planned with the batch committed (the
+            commit index's hold, which every round reports, has reached the batch)."""
+            st = cluster.status_of(i, timeout=5)
+            if st is None or st["commit_index"] < res.last_offset:
+                return None
+            ret = st.get("retention") or {}
+            if not any(h["holder"] == "commit index" and h["offset"] >= res.last_offset
+                       for h in ret.get("holds", [])):
+                return None
+            return st
+        for i in cluster.addresses:
+            st = wait_for(lambda: retention_ran(i), f"node {i} to run retention", timeout=60,
+                          interval=0.1)
+            assert st["retention"]["policy"]["retention_bytes"] == limit
+            assert st["start_offset"] <= res.base_offset, st["retention"]
+            assert st["high_watermark"] >= res.last_offset
+            assert st["retained_bytes"] >= limit, st["retention"]
+
+        out = raftlog("consume", "--servers", cluster.servers, "--from", "-3")
+        assert out.returncode == 0, out.stderr
+        got = [line.split("\t", 1) for line in out.stdout.splitlines()]
+        assert got == [[str(res.base_offset + k), values[k].decode()] for k in (97, 98, 99)]
