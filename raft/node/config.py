@@ -393,8 +393,9 @@ class NodeConfig:
         flag = "--" + name.replace("_", "-")
         if name == "retention_bytes":
             parser.add_argument(flag, metavar="SIZE", help=(
-                "keep at most this much log per node, e.g. 64MiB or 10GiB (default: no size "
-                "limit); whole batches are removed from the front"))
+                "keep about this much log per node, e.g. 64MiB or 10GiB (default: no size "
+                "limit): whole batches are removed from the front while what stays still "
+                "holds at least this much; the newest committed batch always stays"))
         elif name == "retention_ms":
             parser.add_argument(flag, metavar="MS", help=(
                 "remove batches older than this, in ms or with a unit (7d, 12h, 30m) "
