@@ -81,14 +81,17 @@ def decode_records(payload: bytes, count: int | None = None) -> list[Record]:
                                f"{type(e).__name__}: {e}") from None
 
 
-def undecodable_message(first: int, last: int, reason: str) -> str:
+def undecodable_message(first: int, last: int, reason: str,
+                        next_step: str | None = None) -> str:
     """What every reader says about a committed batch it cannot decode: its offsets, why, and
-    what to do (the same words in the CLI, the client library and Spark)."""
+    what to do (the same words in the CLI, the client library and Spark). `next_step` replaces
+    the default "skipped, reading goes on" for a reader that stops instead."""
     where = f"offset {first}" if first == last else f"offsets {first}-{last}"
+    step = next_step or f"Its records are skipped and reading goes on at offset {last + 1}"
     return (f"the batch at {where} cannot be decoded as records ({reason}); it was written by "
-            f"a faulty client or before nodes validated payloads. Its records are skipped and "
-            f"reading goes on at offset {last + 1}; re-produce them from their source if they "
-            f"matter. Retention removes the batch in time (see {RECORDS_DOC})")
+            f"a faulty client or before nodes validated payloads. {step}; re-produce its "
+            f"records from their source if they matter. Retention removes the batch in time "
+            f"(see {RECORDS_DOC})")
 
 
 # -- the structural walk ---------------------------------------------------------------------------

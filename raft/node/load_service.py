@@ -38,6 +38,7 @@ from raft.loads import (
 from raft.types import Acks, ErrorCode
 from raft.node.wire import WireError, error_reply, get_bytes, get_int, get_str, ok_reply
 from storage.batch import Batch, BatchKind
+from storage.records import MalformedRecords, check_records
 
 log = logging.getLogger("raft.loads")
 
@@ -168,9 +169,10 @@ class LoadService:
         why = self.index.table.stage_error(tag.load_id, tag.gen)
         if why is not None:
             return error_reply(rid, ErrorCode.LOAD_CLOSED, f"{why}: nothing more to write")
-        try:
+        try:  # the records part obeys the same rule as a produce (storage/records.py)
+            check_records(payload, count)
             data = encode_staged_payload(tag, payload)
-        except ValueError as e:
+        except (MalformedRecords, ValueError) as e:
             return error_reply(rid, ErrorCode.BAD_REQUEST, str(e))
         # The leader's clock stamps staged batches (like Kafka's LogAppendTime): the load
         # timeout measures idleness by these stamps, so a client's skewed clock cannot keep a

@@ -133,7 +133,7 @@ def test_a_huge_claimed_array_is_walked_only_as_far_as_the_bytes_go() -> None:
 
 
 def test_round_trip_and_the_readers_message() -> None:
-    recs = [Record(b"v1"), Record(b"v2", b"k", (("a", b"1"), ("b", None)))]  # type: ignore[arg-type]
+    recs = [Record(b"v1"), Record(b"v2", b"k", (("a", b"1"), ("b", None)))]  # type: ignore
     assert decode_records(encode_records(recs), 2) == recs
     msg = undecodable_message(3, 5, "it starts with 0xc1")
     assert "offsets 3-5" in msg and "offset 6" in msg and "0xc1" in msg
