@@ -162,8 +162,9 @@ class Consumer:
             self._processed = self._handed
 
     def _buffer_position(self) -> int:
-        """Everything before the next buffered record was handed out and processed."""
-        return self._buffer[0].offset
+        """Everything before the next buffered record was handed out and processed (an
+        undecodable batch may start before the position read from: never count back)."""
+        return max(self._buffer[0].offset, self._handed)
 
     async def _fill(self) -> bool:
         """Fetch the next records into the buffer; False at the high watermark without

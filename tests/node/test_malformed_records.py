@@ -100,3 +100,12 @@ async def test_readers_report_an_undecodable_batch_and_read_on() -> None:
                 values = [r.value async for r in consumer]
             assert values == [b"b0", b"b1", b"a0", b"a1"]
             assert [(u.first_offset, u.last_offset) for u in told] == [bad]
+
+            # A subscription positioned inside the batch: told once, never moved back.
+            told.clear()
+            async with Consumer(client, "inside", follow=False, start=bad[0] + 1,
+                                exclusive=True, on_undecodable=told.append) as consumer:
+                values = [r.value async for r in consumer]
+            assert values == [b"a0", b"a1"]
+            assert [(u.first_offset, u.last_offset) for u in told] == [bad]
+            assert (await client.subscription("inside"))["position"] > after.last_offset
