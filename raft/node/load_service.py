@@ -155,9 +155,14 @@ class LoadService:
                         open_loads=len(self.index.table._open))
 
     async def _stage(self, host: LoadHost, rid: int, req: dict[str, Any]) -> dict[str, Any]:
-        tag = StageTag(get_str(req, "load_id", request_id=rid), get_int(req, "gen", request_id=rid),
-                       get_int(req, "partition", request_id=rid),
-                       get_int(req, "attempt", request_id=rid), get_int(req, "seq", request_id=rid))
+        # Bounded as the tag stores them (raft.loads: gen and attempt 64-bit, partition and
+        # seq 32-bit): an out-of-range number is the client's error, not the node's.
+        i32, i64 = 2**31 - 1, 2**63 - 1
+        tag = StageTag(get_str(req, "load_id", request_id=rid),
+                       get_int(req, "gen", minimum=0, maximum=i64, request_id=rid),
+                       get_int(req, "partition", minimum=0, maximum=i32, request_id=rid),
+                       get_int(req, "attempt", minimum=0, maximum=i64, request_id=rid),
+                       get_int(req, "seq", minimum=0, maximum=i32, request_id=rid))
         count = get_int(req, "count", request_id=rid)
         payload = get_bytes(req, "payload", request_id=rid)
         try:
