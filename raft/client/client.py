@@ -264,7 +264,8 @@ class Client(SubscriptionCalls):
             except MalformedRecords as e:
                 last = base + max(1, b.get("count") or 1) - 1
                 if last >= offset:
-                    bad.append(UndecodableBatch(base, last, e.reason))
+                    bad.append(UndecodableBatch(base, last, e.reason,
+                                                b.get("timestamp_ms", 0)))
                 continue
             for i, r in enumerate(records):
                 if base + i >= offset:
@@ -349,16 +350,22 @@ class Client(SubscriptionCalls):
         while lo < hi:
             mid = (lo + hi) // 2
             res = await self.fetch(mid, max_bytes=1, address=address, timeout=timeout)
-            older = list(itertools.takewhile(lambda r: r.timestamp_ms < timestamp_ms,
-                                             res.records))
+            # An undecodable batch still has its timestamp and offsets: it counts like the
+            # records it would hold.
+            seen = sorted([*((r.offset, r.offset, r.timestamp_ms) for r in res.records),
+                           *((u.first_offset, u.last_offset, u.timestamp_ms)
+                             for u in res.undecodable)])
+            older = list(itertools.takewhile(lambda r: r[2] < timestamp_ms, seen))
             if not older:
                 hi = mid
             else:  # the records of a batch share its timestamp: skip the whole batch
-                lo = min(hi, older[-1].offset + 1)
+                lo = min(hi, older[-1][1] + 1)
         if lo < hw_end:  # lo may be a control entry's offset: name the record itself
             res = await self.fetch(lo, max_bytes=1, address=address, timeout=timeout)
-            if res.records:
-                return res.records[0].offset
+            firsts = [r.offset for r in res.records[:1]]
+            firsts += [max(lo, u.first_offset) for u in res.undecodable]  # reported from there
+            if firsts:
+                return min(firsts)
         return lo
 
     async def add_node(self, node_id: int, address: str, *,

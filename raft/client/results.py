@@ -33,6 +33,7 @@ class UndecodableBatch:
     first_offset: int
     last_offset: int
     reason: str  # what is wrong with the payload
+    timestamp_ms: int = 0  # the batch's, as for its records had they been readable
 
     @property
     def offset(self) -> int:

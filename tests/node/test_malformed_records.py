@@ -52,14 +52,18 @@ async def test_readers_report_an_undecodable_batch_and_read_on() -> None:
     async with running_cluster(3) as c:
         leader = await c.wait_leader()
         async with Client([n.address for n in c.nodes], timeout=10) as client:
-            before = await client.produce([b"b0", b"b1"])
+            before = await client.produce([b"b0", b"b1"], timestamp_ms=1_000)
             # What a node without the check appended for the issue's produce.
-            ans = await leader.group.propose_and_wait(Batch.create(ISSUE_PAYLOAD, 3),
-                                                      Acks.QUORUM, 10.0)
+            ans = await leader.group.propose_and_wait(
+                Batch.create(ISSUE_PAYLOAD, 3, timestamp_ms=2_000), Acks.QUORUM, 10.0)
             assert ans.error == ErrorCode.OK, ans
             bad = (ans.base_offset, ans.last_offset)
-            after = await client.produce([b"a0", b"a1"])
+            after = await client.produce([b"a0", b"a1"], timestamp_ms=3_000)
             assert after.base_offset == bad[1] + 1
+            # Finding offsets by time counts it by its timestamp, like any batch.
+            assert await client.offset_for_time(1_500) == bad[0]
+            assert await client.offset_for_time(2_500) == after.base_offset
+            assert await client.offset_for_time(500) == before.base_offset
 
             res = await client.fetch(before.base_offset)
             assert [(r.offset, r.value) for r in res.records] == [
