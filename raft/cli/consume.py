@@ -50,7 +50,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
         raise ConfigError(f"--to {args.to} must be above --from {args.from_offset} (--to is "
                           f"exclusive: --from 5 --to 8 reads offsets 5, 6 and 7)")
 
-    bad = Undecodable()
+    bad = Undecodable(as_json=args.json)
 
     async def run() -> int:
         async with Client(args.servers, timeout=args.timeout, **client_options(args)) as client:

@@ -91,8 +91,9 @@ class Undecodable:
     once, as one line on stderr naming its offsets and what to do, after the records before it;
     reading goes on past it, and `status` (the exit status) is 1 once one was reported."""
 
-    def __init__(self) -> None:
+    def __init__(self, as_json: bool = False) -> None:
         self.seen: set[tuple[int, int]] = set()
+        self.as_json = as_json  # --json: one JSON object per line on stderr instead
 
     @property
     def status(self) -> int:
@@ -102,5 +103,10 @@ class Undecodable:
         if (batch.first_offset, batch.last_offset) not in self.seen:
             self.seen.add((batch.first_offset, batch.last_offset))
             sys.stdout.flush()  # the records before it come first on a shared terminal
-            sys.stderr.write(f"raftlog consume: {batch.message}\n")
+            if self.as_json:
+                sys.stderr.write(json.dumps({"undecodable": {
+                    "first_offset": batch.first_offset, "last_offset": batch.last_offset,
+                    "reason": batch.reason, "message": batch.message}}) + "\n")
+            else:
+                sys.stderr.write(f"raftlog consume: {batch.message}\n")
             sys.stderr.flush()

@@ -68,7 +68,7 @@ def consume_subscription(args: argparse.Namespace,
         raise ConfigError("--to, --node and --since do not combine with --subscription (a "
                           "subscription reads in order from its position; use --count)")
 
-    bad = Undecodable()  # reported on stderr, read on after; exit status 1 at the end
+    bad = Undecodable(as_json=args.json)  # on stderr, read on past it; exit status 1
 
     async def run() -> int:
         printed = 0

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 from pathlib import Path
@@ -136,6 +137,11 @@ def test_consume_reports_a_committed_undecodable_batch_and_prints_what_follows(
     assert code == 1 and len(err) == 1 and f"offsets {first}-{last}" in err[0], err
     assert [line.split("\t")[1] for line in out] == ["before-0", "before-1", "after-0",
                                                      "after-1"]
+    code, out, err = consume_lines(cluster, "--from", "0", "--json")
+    assert code == 1 and len(err) == 1, err
+    assert json.loads(err[0])["undecodable"]["first_offset"] == first
+    assert json.loads(err[0])["undecodable"]["last_offset"] == last
+    assert [json.loads(line)["value"] for line in out][-2:] == ["after-0", "after-1"]
     code, out, err = consume_lines(cluster, "--subscription", "through-bad", "--from", "0")
     assert code == 1 and len(err) == 1 and f"offsets {first}-{last}" in err[0], err
     assert [line.split("\t")[1] for line in out][-2:] == ["after-0", "after-1"]
