@@ -253,7 +253,7 @@ def rand_garbage(rng: random.Random) -> bytes:
     return b"\x00\x00"  # half a length header
 
 
-# -- the fuzzing client ------------------------------------------------------------------------------
+# -- the fuzzing client ---------------------------------------------------------------------------
 @dataclass
 class Findings:
     acked: list[tuple[int, list[bytes]]] = field(default_factory=list)  # quorum-acked produces
@@ -385,7 +385,7 @@ async def judge(frame: dict[Any, Any], reply: dict[str, Any], found: Findings,
     return True
 
 
-# -- the test ------------------------------------------------------------------------------------------
+# -- the test -------------------------------------------------------------------------------------
 async def read_everything(address: str, where: str) -> list[tuple[int, bytes]]:
     """Every committed record on one node; fails on a batch that is not valid records."""
     host, port = parse_address(address)
