@@ -4,10 +4,16 @@ Planning asks the cluster for the log start and the consumer-visible high waterm
 stable offset: committed data of no open load). With `subscription`, the range is the one the
 subscription pins for its next incremental read (sparkio/subscriptions.py). Each partition fetches its offset range and
 yields one Arrow RecordBatch per fetch reply. Schema as Spark's Kafka source.
+
+A committed batch that cannot be decoded as records (storage/records.py: written by a faulty
+client, or before nodes validated payloads) fails the read with UndecodableBatchError, which
+names its offsets and what to do; with option skipUndecodable=true it is logged (a warning on
+the executor) and skipped, and the records after it are read as usual.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,10 +25,24 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from sparkio.security import ConnSecurity
 from sparkio.staging import RaftlogError, Session, parse_servers
 from sparkio.subscriptions import first_use_position, pin
+from storage.records import MalformedRecords, check_records, undecodable_message
+
+log = logging.getLogger("sparkio.reader")
 
 READ_SCHEMA = ("key binary, value binary, offset long, timestamp timestamp, "
                "headers array<struct<key: string, value: binary>>")
 _HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+
+
+class UndecodableBatchError(RaftlogError):
+    """A committed batch in the range read is not valid records; `first_offset`/`last_offset`
+    name it. Set option skipUndecodable=true to read past it."""
+
+    def __init__(self, first: int, last: int, reason: str) -> None:
+        super().__init__("UNDECODABLE_BATCH", undecodable_message(
+            first, last, reason, f"The read stopped there: set option skipUndecodable=true "
+                                 f"to skip its records and read on at offset {last + 1}"))
+        self.first_offset, self.last_offset, self.reason = first, last, reason
 
 
 @dataclass
@@ -63,6 +83,7 @@ class RaftlogReader(DataSourceReader):
         self.servers = parse_servers(options["servers"])
         self.timeout_s = int(options.get("requesttimeoutms", 60_000)) / 1000
         self.fetch_bytes = int(options.get("fetchbytes", 4 << 20))
+        self.skip_undecodable = options.get("skipundecodable", "false").lower() == "true"
         self.security = ConnSecurity.from_options(options)
         self.arrow_tz = arrow_tz
         session = Session(self.servers, self.timeout_s, security=self.security)
@@ -129,7 +150,7 @@ class RaftlogReader(DataSourceReader):
                     session.call({"t": "load_status"})
                     continue
                 batches = r.get("batches") or []
-                rb = self._to_arrow(batches, offset, end)
+                rb = to_arrow(batches, offset, end, self.arrow_tz, self.skip_undecodable)
                 if rb is not None and rb.num_rows:
                     yield rb
                 nxt = int(r.get("next_offset", offset))
@@ -143,25 +164,40 @@ class RaftlogReader(DataSourceReader):
         finally:
             session.close()
 
-    def _to_arrow(self, batches: list[dict], lo: int, hi: int) -> pa.RecordBatch | None:
-        keys, values, offsets, stamps, headers = [], [], [], [], []
-        for b in batches:
-            base, ts = int(b["base_offset"]), int(b["timestamp_ms"]) * 1000
-            recs = msgpack.unpackb(b["payload"], raw=False)
-            for i, (k, v, h) in enumerate(recs):
-                off = base + i
-                if off < lo or off >= hi:
-                    continue
-                keys.append(k)
-                values.append(v)
-                offsets.append(off)
-                stamps.append(ts)
-                headers.append([{"key": hk, "value": hv} for hk, hv in h] if h else None)
-        if not offsets:
-            return None
-        return pa.RecordBatch.from_arrays(
-            [pa.array(keys, pa.binary()), pa.array(values, pa.binary()),
-             pa.array(offsets, pa.int64()),
-             pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz=self.arrow_tz)),
-             pa.array(headers, _HEADERS)],
-            names=["key", "value", "offset", "timestamp", "headers"])
+
+def to_arrow(batches: list[dict], lo: int, hi: int, arrow_tz: str,
+             skip_undecodable: bool = False) -> pa.RecordBatch | None:
+    """The records of fetched `batches` at offsets [lo, hi) as one Arrow batch (None if
+    none). An undecodable batch raises UndecodableBatchError, or with `skip_undecodable` is
+    logged and skipped."""
+    keys, values, offsets, stamps, headers = [], [], [], [], []
+    for b in batches:
+        base, ts = int(b["base_offset"]), int(b["timestamp_ms"]) * 1000
+        count = int(b.get("count") or 1)
+        if base + count <= lo or base >= hi:
+            continue
+        try:  # the rule every node applies before appending (a walk, no copy)
+            check_records(b["payload"], b.get("count"))
+        except MalformedRecords as e:
+            if not skip_undecodable:
+                raise UndecodableBatchError(base, base + count - 1, e.reason) from None
+            log.warning("%s", undecodable_message(base, base + count - 1, e.reason))
+            continue
+        recs = msgpack.unpackb(b["payload"], raw=False)
+        for i, (k, v, h) in enumerate(recs):
+            off = base + i
+            if off < lo or off >= hi:
+                continue
+            keys.append(k)
+            values.append(v)
+            offsets.append(off)
+            stamps.append(ts)
+            headers.append([{"key": hk, "value": hv} for hk, hv in h] if h else None)
+    if not offsets:
+        return None
+    return pa.RecordBatch.from_arrays(
+        [pa.array(keys, pa.binary()), pa.array(values, pa.binary()),
+         pa.array(offsets, pa.int64()),
+         pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz=arrow_tz)),
+         pa.array(headers, _HEADERS)],
+        names=["key", "value", "offset", "timestamp", "headers"])

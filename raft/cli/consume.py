@@ -12,6 +12,10 @@ staged-load markers. Record offsets therefore have gaps; consume reads across th
 
 Text output escapes values so each record is one unambiguous line (raft.cli.output); --json
 prints {"offset", "timestamp_ms", "value"|"value_b64", "key"|"key_b64", "headers"}.
+
+A committed batch that cannot be decoded as records (written by a faulty client, or before
+nodes validated payloads) is reported on stderr, one line naming its offsets and what to do;
+the records after it are printed as usual, and the exit status is 1 once all is printed.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from raft.cli import subscriptions
 from raft.cli.args import json_flag, non_negative_int, positive_float, positive_int, \
     servers_arg, since, start_offset
 from raft.cli.security import client_options
-from raft.cli.output import escape_value, headers_json, put_bytes
-from raft.client import Client, FetchedRecord, OffsetOutOfRangeError
+from raft.cli.output import Undecodable, escape_value, headers_json, put_bytes
+from raft.client import Client, FetchedRecord, OffsetOutOfRangeError, \
+    UndecodableBatch
 from raft.node.config import ConfigError
 
 OFFSETS_NOTE = ("Offsets: every log entry takes offsets, and some are not records (a new "
@@ -45,15 +50,17 @@ def cmd_consume(args: argparse.Namespace) -> int:
         raise ConfigError(f"--to {args.to} must be above --from {args.from_offset} (--to is "
                           f"exclusive: --from 5 --to 8 reads offsets 5, 6 and 7)")
 
+    bad = Undecodable(as_json=args.json)
+
     async def run() -> int:
         async with Client(args.servers, timeout=args.timeout, **client_options(args)) as client:
-            await _consume(client, args)
-        return 0
+            await _consume(client, args, bad)
+        return bad.status
 
     try:
         return trio.run(run)
     except KeyboardInterrupt:
-        return 0  # Ctrl-C is how --follow ends
+        return bad.status  # Ctrl-C is how --follow ends
 
 
 async def _bounds(client: Client, node: str | None) -> tuple[int, int]:
@@ -67,34 +74,41 @@ async def _bounds(client: Client, node: str | None) -> tuple[int, int]:
 
 
 async def _read_range(client: Client, args: argparse.Namespace, first: int,
-                      last: int) -> list[FetchedRecord]:
-    """Every committed record in [first, last]."""
+                      last: int) -> tuple[list[FetchedRecord], list[UndecodableBatch]]:
+    """Every committed record in [first, last], and the undecodable batches there."""
     out: list[FetchedRecord] = []
+    bad: list[UndecodableBatch] = []
     offset = first
     while offset <= last:
         res = await client.fetch(offset, max_bytes=args.max_bytes, address=args.node)
         out.extend(r for r in res.records if r.offset <= last)
+        bad.extend(b for b in res.undecodable if b.first_offset <= last)
         if res.next_offset <= offset:
             break
         offset = res.next_offset
-    return out
+    return out, bad
 
 
-async def _last_records(client: Client, args: argparse.Namespace, n: int) -> tuple[
-        list[FetchedRecord], int]:
+async def _last_records(client: Client, args: argparse.Namespace, n: int,
+                        bad: Undecodable) -> tuple[list[FetchedRecord], int]:
     """The last n committed records (fewer if the log holds fewer), and the offset after them.
-    Offsets have gaps (control entries), so the window is widened until it holds n records."""
+    Offsets have gaps (control entries), so the window is widened until it holds n records.
+    Undecodable batches among them are reported."""
     start, hw = await _bounds(client, args.node)
     back = n
     while True:
         lo = max(start, hw + 1 - back)
-        records = await _read_range(client, args, lo, hw)
+        records, undecodable = await _read_range(client, args, lo, hw)
         if len(records) >= n or lo == start:
+            first = records[-n].offset if len(records) >= n else lo
+            for b in undecodable:
+                if b.last_offset >= first:
+                    bad.report(b)
             return records[-n:], hw + 1
         back *= 2
 
 
-async def _consume(client: Client, args: argparse.Namespace) -> None:
+async def _consume(client: Client, args: argparse.Namespace, bad: Undecodable) -> None:
     printed = 0
     frm = "start" if args.from_offset is None else args.from_offset
     if args.since is not None:
@@ -104,7 +118,7 @@ async def _consume(client: Client, args: argparse.Namespace) -> None:
     elif frm == "end":
         offset = (await _bounds(client, args.node))[1] + 1
     elif frm < 0:
-        records, offset = await _last_records(client, args, -frm)
+        records, offset = await _last_records(client, args, -frm, bad)
         for r in records:
             if args.to is not None and r.offset >= args.to:
                 return
@@ -121,15 +135,19 @@ async def _consume(client: Client, args: argparse.Namespace) -> None:
         res = await client.fetch(offset, max_bytes=args.max_bytes,
                                  max_wait=args.max_wait if args.follow else 0.0,
                                  address=args.node)
-        for r in res.records:
+        for r in sorted([*res.records, *res.undecodable], key=lambda x: x.offset):
             if args.to is not None and r.offset >= args.to:
                 return
+            if isinstance(r, UndecodableBatch):
+                bad.report(r)
+                continue
             _print_record(r, args.json)
             printed += 1
             if args.count is not None and printed >= args.count:
                 return
         sys.stdout.flush()
-        if res.next_offset <= offset and not res.records and not args.follow:
+        if res.next_offset <= offset and not res.records and not res.undecodable \
+                and not args.follow:
             return  # at the high watermark: everything committed was printed
         offset = max(offset, res.next_offset)
 

@@ -14,7 +14,10 @@ from __future__ import annotations
 import base64
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raft.client import UndecodableBatch
 
 _NAMED = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -81,3 +84,29 @@ def print_error(command: str, code: str, message: str, *, as_json: bool, hint: b
     if hint_text:
         line += f"\n  hint: {hint_text}"
     print(line, file=sys.stderr, flush=True)
+
+
+class Undecodable:
+    """How `consume` reports a committed batch it cannot decode (raft.client.UndecodableBatch):
+    once, as one line on stderr naming its offsets and what to do, after the records before it;
+    reading goes on past it, and `status` (the exit status) is 1 once one was reported."""
+
+    def __init__(self, as_json: bool = False) -> None:
+        self.seen: set[tuple[int, int]] = set()
+        self.as_json = as_json  # --json: one JSON object per line on stderr instead
+
+    @property
+    def status(self) -> int:
+        return 1 if self.seen else 0
+
+    def report(self, batch: UndecodableBatch) -> None:
+        if (batch.first_offset, batch.last_offset) not in self.seen:
+            self.seen.add((batch.first_offset, batch.last_offset))
+            sys.stdout.flush()  # the records before it come first on a shared terminal
+            if self.as_json:
+                sys.stderr.write(json.dumps({"undecodable": {
+                    "first_offset": batch.first_offset, "last_offset": batch.last_offset,
+                    "reason": batch.reason, "message": batch.message}}) + "\n")
+            else:
+                sys.stderr.write(f"raftlog consume: {batch.message}\n")
+            sys.stderr.flush()

@@ -23,6 +23,7 @@ from typing import Any
 import trio
 
 from raft.cli.args import json_flag, positive_int, servers_arg
+from raft.cli.output import Undecodable
 from raft.cli.security import client_options
 from raft.client import BlockingClient, Client, Consumer, FetchedRecord
 from raft.node.config import ConfigError
@@ -67,25 +68,28 @@ def consume_subscription(args: argparse.Namespace,
         raise ConfigError("--to, --node and --since do not combine with --subscription (a "
                           "subscription reads in order from its position; use --count)")
 
+    bad = Undecodable(as_json=args.json)  # on stderr, read on past it; exit status 1
+
     async def run() -> int:
         printed = 0
         async with Client(args.servers, timeout=args.timeout, **client_options(args)) as client:
             async with Consumer(client, args.subscription, auto_commit_ms=args.commit_ms,
                                 start=start, exclusive=args.exclusive,
                                 max_bytes=args.max_bytes, follow=args.follow,
-                                max_wait=args.max_wait) as consumer:
+                                max_wait=args.max_wait,
+                                on_undecodable=bad.report) as consumer:
                 async for record in consumer:
                     print_record(record, args.json)
                     sys.stdout.flush()  # done once flushed: the next step may commit it
                     printed += 1
                     if args.count is not None and printed >= args.count:
                         break
-        return 0
+        return bad.status
 
     try:
         return trio.run(run)
     except KeyboardInterrupt:
-        return 0
+        return bad.status
 
 
 # -- raftlog subscriptions ------------------------------------------------------------------------

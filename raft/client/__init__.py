@@ -34,13 +34,13 @@ from raft.client.errors import (AuthenticationError, BackpressureError, BadReque
                                 DiskFullError, LeadershipLostError, NotLeaderError,
                                 OffsetOutOfRangeError, PermissionDeniedError, RaftlogError,
                                 RequestTimeout, ShuttingDownError, TooLargeError,
-                                UnavailableError, error_from_reply)
+                                UnavailableError, UndecodableBatchError, error_from_reply)
 from raft.client.consumer import BlockingConsumer, Consumer
 from raft.client.errors import (InvalidSubscriptionName, PositionBehind,
                                 PositionPastHighWatermark, SubscriptionError, SubscriptionLeased,
                                 UnknownSubscription)
 from raft.client.producer import Delivery, Producer
-from raft.client.results import FetchedRecord, FetchResult, ProduceResult
+from raft.client.results import FetchedRecord, FetchResult, ProduceResult, UndecodableBatch
 from raft.client.security import ClientSecurity, TLSError
 
 __all__ = [
@@ -49,7 +49,8 @@ __all__ = [
     "DiskFullError", "FetchResult",
     "FetchedRecord", "LeadershipLostError", "NotLeaderError", "OffsetOutOfRangeError",
     "ProduceResult", "Producer", "RaftlogError", "RequestTimeout", "ShuttingDownError",
-    "TooLargeError", "UnavailableError", "error_from_reply", "parse_servers",
+    "TooLargeError", "UnavailableError", "UndecodableBatch", "UndecodableBatchError",
+    "error_from_reply", "parse_servers",
     "BlockingConsumer", "Consumer", "InvalidSubscriptionName", "PositionBehind",
     "PositionPastHighWatermark", "SubscriptionError", "SubscriptionLeased",
     "UnknownSubscription",

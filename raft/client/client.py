@@ -19,12 +19,12 @@ from raft.client.errors import (RETRIABLE, NotLeaderError, OffsetOutOfRangeError
                                 RaftlogError, RequestTimeout,
                                 ShuttingDownError, TooLargeError, UnavailableError,
                                 error_from_reply)
-from raft.client.results import FetchedRecord, FetchResult, ProduceResult
+from raft.client.results import FetchedRecord, FetchResult, ProduceResult, UndecodableBatch
 from raft.client.security import ClientSecurity
 from raft.client.subscriptions import SubscriptionCalls
 from raft.node import wire
 from raft.node.config import ConfigError, parse_address
-from storage.records import Record, decode_records, encode_records
+from storage.records import MalformedRecords, Record, decode_records, encode_records
 
 DEFAULT_TIMEOUT_S = 10.0
 # The longest wait a request asks a node for (the nodes' default max_timeout_ms): a longer
@@ -246,21 +246,33 @@ class Client(SubscriptionCalls):
     async def fetch(self, offset: int, *, max_bytes: int = 1 << 20, max_wait: float = 0.0,
                     address: str | None = None, timeout: float | None = None) -> FetchResult:
         """Committed records from `offset` (long-polls up to `max_wait` s when there is nothing
-        new). Reads from the leader unless `address` names a node."""
+        new). Reads from the leader unless `address` names a node. A batch whose payload cannot
+        be decoded is not raised: it is listed in the result's `undecodable` with its offsets,
+        and the records after it are returned as usual (Consumer and `raftlog consume` report
+        it; code calling fetch directly should check the list)."""
         budget = (self.timeout if timeout is None else timeout) + max_wait
         reply = await self.call("fetch", timeout=budget, server=address,
                                 attempt_timeout=max_wait + max(2.0, budget / 3),
                                 offset=offset, max_bytes=max_bytes,
                                 max_wait_ms=int(max_wait * 1000))
         out: list[FetchedRecord] = []
+        bad: list[UndecodableBatch] = []
         for b in reply.get("batches", []):
             base = b["base_offset"]
-            for i, r in enumerate(decode_records(b["payload"])):
+            try:
+                records = decode_records(b["payload"], b.get("count"))
+            except MalformedRecords as e:
+                last = base + max(1, b.get("count") or 1) - 1
+                if last >= offset:
+                    bad.append(UndecodableBatch(base, last, e.reason,
+                                                b.get("timestamp_ms", 0)))
+                continue
+            for i, r in enumerate(records):
                 if base + i >= offset:
                     out.append(FetchedRecord(base + i, r.value, r.key, r.headers,
                                              b.get("timestamp_ms", 0)))
         return FetchResult(out, reply["high_watermark"], reply["start_offset"],
-                           reply["next_offset"])
+                           reply["next_offset"], bad)
 
     async def status(self, address: str | None = None) -> dict[str, Any]:
         """One node's status (the leader's when no address is given)."""
@@ -338,16 +350,22 @@ class Client(SubscriptionCalls):
         while lo < hi:
             mid = (lo + hi) // 2
             res = await self.fetch(mid, max_bytes=1, address=address, timeout=timeout)
-            older = list(itertools.takewhile(lambda r: r.timestamp_ms < timestamp_ms,
-                                             res.records))
+            # An undecodable batch still has its timestamp and offsets: it counts like the
+            # records it would hold.
+            seen = sorted([*((r.offset, r.offset, r.timestamp_ms) for r in res.records),
+                           *((u.first_offset, u.last_offset, u.timestamp_ms)
+                             for u in res.undecodable)])
+            older = list(itertools.takewhile(lambda r: r[2] < timestamp_ms, seen))
             if not older:
                 hi = mid
             else:  # the records of a batch share its timestamp: skip the whole batch
-                lo = min(hi, older[-1].offset + 1)
+                lo = min(hi, older[-1][1] + 1)
         if lo < hw_end:  # lo may be a control entry's offset: name the record itself
             res = await self.fetch(lo, max_bytes=1, address=address, timeout=timeout)
-            if res.records:
-                return res.records[0].offset
+            firsts = [r.offset for r in res.records[:1]]
+            firsts += [max(lo, u.first_offset) for u in res.undecodable]  # reported from there
+            if firsts:
+                return min(firsts)
         return lo
 
     async def add_node(self, node_id: int, address: str, *,

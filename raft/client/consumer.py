@@ -27,6 +27,22 @@ Consumers that share a client commit together: their commits leave in one reques
 (raft/client/commits.py), each still acknowledged at quorum before its `commit()` returns, each
 with its own error. Give the consumers of one process one client.
 
+A committed batch that cannot be decoded as records (written by a faulty client, or before
+nodes validated payloads) stops nothing but itself: by default the iterator raises
+`UndecodableBatchError` (its offsets, the reason, what to do) once the records before it were
+handed out, and iterating again reads on after it, which then counts as processed:
+
+    while True:
+        try:
+            async for record in consumer:
+                handle(record)
+            break
+        except UndecodableBatchError as e:
+            log.error("%s", e)      # names the offsets; re-produce them from their source
+
+or pass `on_undecodable=fn` to be called with each such batch (raft.client.UndecodableBatch)
+and read on without an exception.
+
 `BlockingConsumer` is the same for code without a trio loop (from `BlockingClient.consumer`).
 """
 
@@ -36,13 +52,13 @@ import contextlib
 import os
 import socket
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, Literal
 
 import trio
 
-from raft.client.errors import OffsetOutOfRangeError, RaftlogError
-from raft.client.results import FetchedRecord
+from raft.client.errors import OffsetOutOfRangeError, RaftlogError, UndecodableBatchError
+from raft.client.results import FetchedRecord, UndecodableBatch
 from raft.client.subscriptions import Where
 
 DEFAULT_LEASE_MS = 30_000
@@ -62,7 +78,9 @@ class Consumer:
     def __init__(self, client: Any, subscription: str, *, auto_commit_ms: int = 1000,
                  start: Where = "start", exclusive: bool = False,
                  lease_ms: int = DEFAULT_LEASE_MS, consumer_id: str | None = None,
-                 max_bytes: int = 1 << 20, max_wait: float = 1.0, follow: bool = True) -> None:
+                 max_bytes: int = 1 << 20, max_wait: float = 1.0, follow: bool = True,
+                 on_undecodable: Literal["raise"] | Callable[[UndecodableBatch], None]
+                 = "raise") -> None:
         if auto_commit_ms < 0 or lease_ms < 1 or max_bytes < 1 or max_wait < 0:
             raise ValueError("auto_commit_ms >= 0, lease_ms >= 1, max_bytes >= 1, "
                              "max_wait >= 0")
@@ -74,11 +92,16 @@ class Consumer:
         self.consumer_id = consumer_id or default_consumer_id()
         self.max_bytes = max_bytes
         self.follow = follow
+        if on_undecodable != "raise" and not callable(on_undecodable):
+            raise ValueError('on_undecodable is "raise" or a function taking an '
+                             'UndecodableBatch')
+        self.on_undecodable = on_undecodable
         # With a lease, waiting for records must renew it in time.
         self.max_wait = min(max_wait, lease_ms / 3000) if exclusive else max_wait
         self._opened = False
         self._closed = False
-        self._buffer: deque[FetchedRecord] = deque()
+        # Records, and undecodable batches in their place among them.
+        self._buffer: deque[FetchedRecord | UndecodableBatch] = deque()
         self._fetch_from = -1  # next offset to fetch
         self._handed = -1  # position once everything handed out is processed
         self._processed = -1  # position of what is known processed
@@ -119,18 +142,29 @@ class Consumer:
         # The record handed out last time is processed now.
         self._processed = self._handed if not self._buffer else self._buffer_position()
         await self._maybe_auto_commit()
-        while not self._buffer:
-            if not await self._fill():
-                self._processed = self._handed
-                raise StopAsyncIteration
-            await self._maybe_auto_commit()
-        record = self._buffer.popleft()
-        self._handed = self._fetch_from if not self._buffer else record.offset + 1
-        return record
+        while True:
+            while not self._buffer:
+                if not await self._fill():
+                    self._processed = self._handed
+                    raise StopAsyncIteration
+                await self._maybe_auto_commit()
+            item = self._buffer.popleft()
+            if isinstance(item, FetchedRecord):
+                self._handed = self._fetch_from if not self._buffer else item.offset + 1
+                return item
+            # An undecodable batch: once reported, it is passed like a processed record.
+            self._handed = self._fetch_from if not self._buffer else item.last_offset + 1
+            if self.on_undecodable == "raise":
+                raise UndecodableBatchError(item.message, details={
+                    "first_offset": item.first_offset, "last_offset": item.last_offset,
+                    "reason": item.reason})
+            self.on_undecodable(item)
+            self._processed = self._handed
 
     def _buffer_position(self) -> int:
-        """Everything before the next buffered record was handed out and processed."""
-        return self._buffer[0].offset
+        """Everything before the next buffered record was handed out and processed (an
+        undecodable batch may start before the position read from: never count back)."""
+        return max(self._buffer[0].offset, self._handed)
 
     async def _fill(self) -> bool:
         """Fetch the next records into the buffer; False at the high watermark without
@@ -148,7 +182,11 @@ class Consumer:
                     await trio.sleep(0.05)
                     continue
                 raise
-            records = [r for r in res.records if r.offset >= self._fetch_from]
+            records: list[FetchedRecord | UndecodableBatch] = [
+                r for r in res.records if r.offset >= self._fetch_from]
+            bad = [b for b in res.undecodable if b.last_offset >= self._fetch_from]
+            if bad:
+                records = sorted(records + bad, key=lambda r: r.offset)
             moved = res.next_offset > self._fetch_from
             self._fetch_from = max(self._fetch_from, res.next_offset)
             if records:

@@ -156,6 +156,26 @@ class PermissionDeniedError(RaftlogError):
         return self.details.get("permission")
 
 
+class UndecodableBatchError(RaftlogError):
+    """Raised by a Consumer (client side; no node sends it) at a committed batch whose payload
+    is not valid records. The records before it were handed out; iterating again reads on
+    after it (`last_offset + 1`). `details` holds first_offset, last_offset and reason."""
+
+    code = "UNDECODABLE_BATCH"
+
+    @property
+    def first_offset(self) -> int:
+        return int(self.details["first_offset"])
+
+    @property
+    def last_offset(self) -> int:
+        return int(self.details["last_offset"])
+
+    @property
+    def reason(self) -> str:
+        return str(self.details.get("reason", ""))
+
+
 class UnavailableError(RaftlogError):
     """No node could be reached (or none answered) within the timeout."""
 
@@ -181,7 +201,7 @@ __all__ = [
     "RETRIABLE", "AuthenticationError", "BackpressureError", "BadRequestError", "DiskFullError",
     "LeadershipLostError", "NotLeaderError", "PermissionDeniedError",
     "OffsetOutOfRangeError", "RaftlogError", "RequestTimeout", "ShuttingDownError",
-    "TooLargeError", "UnavailableError", "error_from_reply",
+    "TooLargeError", "UnavailableError", "UndecodableBatchError", "error_from_reply",
     "InvalidSubscriptionName", "PositionBehind", "PositionPastHighWatermark",
     "SubscriptionError", "SubscriptionLeased", "UnknownSubscription",
 ]

@@ -38,6 +38,7 @@ from raft.loads import (
 from raft.types import Acks, ErrorCode
 from raft.node.wire import WireError, error_reply, get_bytes, get_int, get_str, ok_reply
 from storage.batch import Batch, BatchKind
+from storage.records import MalformedRecords, check_records
 
 log = logging.getLogger("raft.loads")
 
@@ -154,9 +155,14 @@ class LoadService:
                         open_loads=len(self.index.table._open))
 
     async def _stage(self, host: LoadHost, rid: int, req: dict[str, Any]) -> dict[str, Any]:
-        tag = StageTag(get_str(req, "load_id", request_id=rid), get_int(req, "gen", request_id=rid),
-                       get_int(req, "partition", request_id=rid),
-                       get_int(req, "attempt", request_id=rid), get_int(req, "seq", request_id=rid))
+        # Bounded as the tag stores them (raft.loads: gen and attempt 64-bit, partition and
+        # seq 32-bit): an out-of-range number is the client's error, not the node's.
+        i32, i64 = 2**31 - 1, 2**63 - 1
+        tag = StageTag(get_str(req, "load_id", request_id=rid),
+                       get_int(req, "gen", minimum=0, maximum=i64, request_id=rid),
+                       get_int(req, "partition", minimum=0, maximum=i32, request_id=rid),
+                       get_int(req, "attempt", minimum=0, maximum=i64, request_id=rid),
+                       get_int(req, "seq", minimum=0, maximum=i32, request_id=rid))
         count = get_int(req, "count", request_id=rid)
         payload = get_bytes(req, "payload", request_id=rid)
         try:
@@ -168,9 +174,10 @@ class LoadService:
         why = self.index.table.stage_error(tag.load_id, tag.gen)
         if why is not None:
             return error_reply(rid, ErrorCode.LOAD_CLOSED, f"{why}: nothing more to write")
-        try:
+        try:  # the records part obeys the same rule as a produce (storage/records.py)
+            check_records(payload, count)
             data = encode_staged_payload(tag, payload)
-        except ValueError as e:
+        except (MalformedRecords, ValueError) as e:
             return error_reply(rid, ErrorCode.BAD_REQUEST, str(e))
         # The leader's clock stamps staged batches (like Kafka's LogAppendTime): the load
         # timeout measures idleness by these stamps, so a client's skewed clock cannot keep a

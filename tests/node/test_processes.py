@@ -148,7 +148,7 @@ def test_not_leader_redirect_and_typed_errors(cluster: LocalCluster) -> None:
         # Asking a follower directly for a write gives the typed error with the leader.
         with pytest.raises(NotLeaderError) as err:
             client._call(client._client.call, "produce", server=cluster.addresses[follower],
-                         payload=b"\x91\x93\xc0\xa1x\xc0", count=1, acks="leader", timeout=1)
+                         payload=b"\x91\x93\xc0\xc4\x01x\xc0", count=1, acks="leader", timeout=1)
         assert err.value.leader_id == leader
         assert err.value.leader_addr == cluster.addresses[leader]
 

@@ -36,6 +36,7 @@ import test_subscriptions
 # The runtime's fail-stop rule is killed by a node test.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "node"))
 import test_failstop  # noqa: E402
+import test_malformed_records  # noqa: E402
 import test_subscriptions_inproc  # noqa: E402
 # The security rules' killers live with the security tests (tests/security).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "security"))
@@ -262,6 +263,17 @@ MUTANTS = [
            "else auth.authorize(session, t))",
            "else None)",
            (test_security_unit.test_a_node_refuses_a_forbidden_request_before_dispatch,)),
+    # -- what a node appends for a client -------------------------------------------------------
+    Mutant("a payload holding other than `count` records is appended",
+           "storage.records", "check_records",
+           "if count is not None and n != count:",
+           "if False:",
+           (test_malformed_records.test_a_malformed_produce_is_refused_and_nothing_is_appended,)),
+    Mutant("a payload with bytes after its records is appended",
+           "storage.records", "check_records",
+           "    if i != size:\n",
+           "    if False:\n",
+           (test_malformed_records.test_a_malformed_produce_is_refused_and_nothing_is_appended,)),
     # -- retention and state transfer ---------------------------------------------------------
     Mutant("retention is not bounded by the commit index",
            "raft.retention", "core_holds",

@@ -112,3 +112,28 @@ def test_leader_expires_idle_loads_once():
     host.log.append([aborts[0].placed(host.log.dirty_offset + 1, 1)])
     svc.stable_offset(host.commit_index())
     assert svc.index.table.get("L").state.value == "aborted"
+
+
+def test_a_staged_batch_that_is_not_records_is_refused():
+    """load_stage applies the produce rule (storage/records.py) to its records: a payload that
+    is not `count` records is refused with BAD_REQUEST and nothing is appended."""
+    host = FakeHost()
+    svc = LoadService(host.log, timeout_ms=1000)
+
+    async def main():
+        gen = (await svc.handle(host, {"t": "load_begin", "id": 1, "load_id": "L"}))["load"]["gen"]
+        dirty = host.log.dirty_offset
+        stage = {"t": "load_stage", "id": 2, "load_id": "L", "gen": gen, "partition": 0,
+                 "attempt": 0, "seq": 0}
+        for payload, count, fragment in (
+                (b"\xc1not msgpack records", 3, "0xc1"),
+                (encode_values([b"a" * 8, b"b" * 8]), 3, "holds 2 records but count is 3"),
+                (encode_values([b"x"]), 2**40, "cannot fit")):
+            r = await svc.handle(host, {**stage, "count": count, "payload": payload})
+            assert r["error"]["code"] == "BAD_REQUEST", r
+            assert fragment in r["error"]["message"], r["error"]["message"]
+        assert host.log.dirty_offset == dirty
+        r = await svc.handle(host, {**stage, "count": 2, "payload": encode_values([b"a", b"b"])})
+        assert r["ok"], r
+
+    run(main)

@@ -10,6 +10,7 @@ from raft.node.api.context import ApiContext, Request
 from raft.node.errors import ERROR_ADVICE
 from raft.types import Acks, ErrorCode
 from storage.batch import Batch
+from storage.records import MalformedRecords, check_records
 
 
 def parse(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:
@@ -39,6 +40,10 @@ async def execute(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str, A
     if req["producer_id"] and req["sequence"] < 0:
         return ctx.error(rid, ErrorCode.BAD_REQUEST,
                          "an idempotent produce (producer_id != 0) needs sequence >= 0")
+    try:  # the one record rule (storage/records.py): nothing malformed reaches the log
+        check_records(req["payload"], req["count"])
+    except MalformedRecords as e:
+        return ctx.error(rid, ErrorCode.BAD_REQUEST, str(e))
     ctx.group.catchup.note_produce(len(req["payload"]), req["count"])
     batch = Batch.create(req["payload"], req["count"], timestamp_ms=req["timestamp_ms"],
                          producer_id=req["producer_id"],

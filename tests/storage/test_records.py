@@ -1,0 +1,147 @@
+"""The record rule (storage/records.py): `check_records` is a byte-level walk, so it is checked
+here against a reference that decodes with msgpack and inspects the objects. The two must agree
+on every payload: well-formed ones (any msgpack width, keys, headers), near misses made by
+changing one field of a good record, and arbitrary bytes and msgpack documents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from storage.records import (MalformedRecords, Record, check_records, decode_records,
+                             encode_records, undecodable_message)
+
+
+def reference_ok(payload: bytes, count: int | None) -> bool:
+    """The documented shape, checked on decoded objects (slow, copies, obviously right)."""
+    try:
+        items = msgpack.unpackb(payload, raw=False, use_list=True)
+    except Exception:
+        return False
+    if not isinstance(items, list) or (count is not None and len(items) != count):
+        return False
+    for rec in items:
+        if not (isinstance(rec, list) and len(rec) == 3):
+            return False
+        key, value, headers = rec
+        if not (key is None or isinstance(key, bytes)) or not isinstance(value, bytes):
+            return False
+        if headers is None:
+            continue
+        if not isinstance(headers, list):
+            return False
+        for h in headers:
+            if not (isinstance(h, list) and len(h) == 2 and isinstance(h[0], str)
+                    and (h[1] is None or isinstance(h[1], bytes))):
+                return False
+    return True
+
+
+def walk_ok(payload: bytes, count: int | None) -> bool:
+    try:
+        check_records(payload, count)
+    except MalformedRecords as e:
+        assert "docs/PROTOCOL.md" in str(e) and e.reason  # says what is wrong, what to do
+        return False
+    return True
+
+
+scalars = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats()
+           | st.text(max_size=6) | st.binary(max_size=6))
+anything = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
+                        | st.dictionaries(st.text(max_size=3), inner, max_size=2), max_leaves=12)
+header = st.tuples(st.text(max_size=5), st.binary(max_size=5) | st.none())
+good_record = st.builds(lambda k, v, h: [k, v, [list(x) for x in h] if h is not None else None],
+                        st.none() | st.binary(max_size=8), st.binary(max_size=8),
+                        st.none() | st.lists(header, max_size=3))
+# A good record with one part replaced by anything at all.
+near_miss = st.tuples(good_record, st.integers(0, 4), anything).map(
+    lambda t: _spoil(*t))
+
+
+def _spoil(rec: list, where: int, junk: Any) -> Any:
+    rec = list(rec)
+    if where < 3:
+        rec[where] = junk
+        return rec
+    if where == 3:
+        return rec + [junk]
+    return junk
+
+
+@settings(max_examples=400, deadline=None)
+@given(records=st.lists(good_record | near_miss, max_size=5), delta=st.integers(-1, 1),
+       tail=st.sampled_from([b"", b"", b"\x00", b"\xc0"]))
+def test_the_walk_agrees_with_the_reference(records: list, delta: int, tail: bytes) -> None:
+    payload = msgpack.packb(records, use_bin_type=True) + tail
+    count = max(1, len(records) + delta)
+    assert walk_ok(payload, count) == reference_ok(payload, count)
+    assert walk_ok(payload, None) == reference_ok(payload, None)
+    # Every prefix of a payload is refused (it ends inside something), and never crashes.
+    for cut in range(len(payload)):
+        walk_ok(payload[:cut], None)
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.binary(max_size=40) | anything.map(lambda x: msgpack.packb(x, use_bin_type=True)),
+       count=st.integers(1, 9))
+def test_arbitrary_bytes_never_crash_the_walk(data: bytes, count: int) -> None:
+    assert walk_ok(data, count) == reference_ok(data, count)
+
+
+def test_every_msgpack_width_is_accepted() -> None:
+    """bin32 keys/values (what the Spark writer emits) and array16/array32 headers."""
+    rec = b"\xdc\x00\x03" + b"\xc6\x00\x00\x00\x01k" + b"\xc5\x00\x02vv" + b"\xdd\x00\x00\x00\x01" \
+        + b"\x92\xd9\x01h" + b"\xc4\x01x"
+    payload = b"\xdd\x00\x00\x00\x02" + rec + b"\x93\xc0\xc4\x00\xc0"
+    assert check_records(payload, 2) == 2
+    assert reference_ok(payload, 2)
+    assert decode_records(payload, 2) == [Record(b"vv", b"k", (("h", b"x"),)), Record(b"")]
+
+
+@pytest.mark.parametrize("payload, count, fragment", [
+    (b"\xc1not msgpack records", 3, "starts with the never-used byte 0xc1"),
+    (encode_records([Record(b"a" * 9), Record(b"b" * 9)]), 3, "holds 2 records but count is 3"),
+    (encode_records([Record(b"a")]) + b"\x00", 1, "1 bytes follow"),
+    (msgpack.packb([[None, "text", None]]), 1, "record 0: the value must be a bin, got a str"),
+    (msgpack.packb([[1, b"v", None]], use_bin_type=True), 1, "the key must be a bin or nil"),
+    (msgpack.packb([[None, b"v", [["h"]]]], use_bin_type=True), 1, "header 0 must be an array"),
+    (msgpack.packb([[None, b"v", [[b"h", b"x"]]]], use_bin_type=True), 1,
+     "header 0's name must be a str"),
+    (b"\x91\x93\xc0\xc4\x01v\x91\x92\xa2\xff\xfe\xc0", 1, "name is not UTF-8"),
+    (b"\x91\x93\xc0\xc6\xff\xff\xff\xffv\xc0", 1, "ends inside a record"),
+    (b"\x91", 1, "count 1 cannot fit in 1 bytes"),
+    (b"", 1, "cannot fit"),
+    (b"\xdd\xff\xff\xff\xff" + b"\x93\xc0\xc4\x00\xc0" * 3, 2**32 - 1, "cannot fit"),
+])
+def test_refusals_say_what_is_wrong(payload: bytes, count: int, fragment: str) -> None:
+    with pytest.raises(MalformedRecords) as e:
+        check_records(payload, count)
+    assert fragment in str(e.value), str(e.value)
+    with pytest.raises(MalformedRecords):
+        decode_records(payload, count)
+
+
+def test_a_huge_claimed_array_is_walked_only_as_far_as_the_bytes_go() -> None:
+    payload = b"\xdd\xff\xff\xff\xff" + b"\x93\xc0\xc4\x00\xc0" * 3
+    with pytest.raises(MalformedRecords, match="ends inside a record"):
+        check_records(payload, None)
+
+
+def test_round_trip_and_the_readers_message() -> None:
+    recs = [Record(b"v1"), Record(b"v2", b"k", (("a", b"1"), ("b", None)))]  # type: ignore
+    assert decode_records(encode_records(recs), 2) == recs
+    msg = undecodable_message(3, 5, "it starts with 0xc1")
+    assert "offsets 3-5" in msg and "offset 6" in msg and "0xc1" in msg
+    assert "offset 7 " in undecodable_message(7, 7, "x") + " "
+
+
+def test_the_walk_reads_a_memoryview_as_well() -> None:
+    """Readers may hold a payload as a view into a larger buffer; the walk slices nothing but
+    header names."""
+    payload = encode_records([Record(b"x" * 70_000, b"k", (("n\u00e9", b"v"),)), Record(b"")])
+    assert check_records(memoryview(b"pre" + payload)[3:], 2) == 2
