@@ -44,9 +44,7 @@ class FollowerSide:
     _deferred_flush: DeferredFlush
 
     def _handle_append(self, msg: m.AppendEntries) -> None:
-        self.role = Role.FOLLOWER
-        self.leader_id = msg.src
-        self._election_elapsed = 0
+        self._follow(msg.src)
         log = self.log
         prev = msg.prev_offset
         batches = msg.batches
@@ -108,6 +106,13 @@ class FollowerSide:
             self._flush_wanted = True
         self._send(reply)
 
+    def _follow(self, leader: int) -> None:
+        """A message from this term's leader: a (pre-)candidate of this term steps down."""
+        if self.role != Role.FOLLOWER:
+            self._become_follower(self.term, leader)
+        self.leader_id = leader
+        self._election_elapsed = 0
+
     def _state_transfer(self, msg: m.AppendEntries) -> bool:
         """Our log does not reach or match the leader's log start: restart it there with the
         state the leader holds at that start. Storage writes the new start and that state in
@@ -147,9 +152,7 @@ class FollowerSide:
         self._send(reply)
 
     def _handle_heartbeat(self, msg: m.Heartbeat) -> None:
-        self.role = Role.FOLLOWER
-        self.leader_id = msg.src
-        self._election_elapsed = 0
+        self._follow(msg.src)
         # The leader sends min(commit, what it knows we match): safe to take up to our flush.
         self._leader_commit = max(self._leader_commit, msg.commit_index)
         self._matched_upto = max(self._matched_upto, msg.commit_index)

@@ -33,7 +33,7 @@ from collections import deque
 from raft import messages as m
 from raft.config import RaftConfig, Rng
 from raft.confchange import INTERNAL_REQUEST, ConfChanges
-from raft.election import Elections
+from raft.election import Campaign, Elections
 from raft.follower import FollowerSide
 from raft.incarnation import Incarnations
 from raft.leader import LeaderSide, Waiting
@@ -55,6 +55,9 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
     """One Raft group's consensus state machine. Drive it with tick/step/propose/flushed and
     drain ready(); see raft/ready.py for the driver contract."""
 
+    # Every core starts as a follower; only the _become_* methods below change the role.
+    role: Role = Role.FOLLOWER
+
     def __init__(self, cfg: RaftConfig, log: LogStorage, rng: Rng) -> None:
         self.cfg = cfg.validate()
         self.log = log
@@ -63,7 +66,6 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         meta = log.load_meta()
         self.term: int = meta.term
         self.voted_for: int | None = meta.voted_for
-        self.role = Role.FOLLOWER
         self.leader_id: int | None = None
         # The last checkpointed commit index, bounded by what survived in our log.
         saved_commit = int((meta.config or {}).get("commit", -1))
@@ -201,7 +203,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
             self._handle_vote_reply(msg)
         elif isinstance(msg, m.TimeoutNow):
             if self.role != Role.LEADER and self.is_voter() and self._may_campaign():
-                self._campaign(transfer=True)
+                self._campaign(Campaign.TRANSFER)
 
     def propose(self, request_id: int, batch: Batch, acks: Acks) -> None:
         """Offer a batch for the log; the answer comes through ready().answers."""
@@ -323,21 +325,26 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         if (self._election_elapsed >= timeout and self.is_voter()
                 and self._may_campaign()):
             self._election_elapsed = 0
-            self._campaign(transfer=False)
+            self._campaign(Campaign.PRE_VOTE if self.cfg.pre_vote else Campaign.ELECTION)
 
     def _reset_randomized_timeout(self) -> None:
         e = self.cfg.election_ticks
         self._randomized_timeout = e + self.rng.randrange(e)
 
+    def _enter_term(self, term: int, voted_for: int | None) -> None:
+        """A new term: a new vote (durable before anyone sees a message of it) and nothing
+        known yet of this term's leader's log."""
+        self.term = term
+        self.voted_for = voted_for
+        self._hs_dirty = True
+        self._leader_commit = -1
+        self._matched_upto = -1
+        self._held_replies = []
+
     def _become_follower(self, term: int, leader: int | None) -> None:
         was_leader = self.role == Role.LEADER
         if term != self.term:
-            self.term = term
-            self.voted_for = None
-            self._hs_dirty = True
-            self._leader_commit = -1
-            self._matched_upto = -1
-            self._held_replies = []
+            self._enter_term(term, None)
         self.role = Role.FOLLOWER
         self.leader_id = leader
         self._election_elapsed = 0
@@ -345,6 +352,23 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         self._votes = {}
         if was_leader:
             self._step_down_cleanup()
+
+    def _become_pre_candidate(self) -> None:
+        """Ask whether we would win, in our current term (raft/election.py)."""
+        self.role = Role.PRE_CANDIDATE
+        self.leader_id = None
+        self._votes = {self.node_id: True}
+        self._election_elapsed = 0
+        self._reset_randomized_timeout()
+
+    def _become_candidate(self) -> None:
+        """Campaign in the next term, voting for ourselves (raft/election.py)."""
+        self._enter_term(self.term + 1, self.node_id)
+        self.role = Role.CANDIDATE
+        self.leader_id = None
+        self._votes = {self.node_id: True}
+        self._election_elapsed = 0
+        self._reset_randomized_timeout()
 
     def _step_down_cleanup(self) -> None:
         for w in self._waiting:
