@@ -28,7 +28,6 @@ hints, deferred flush, the in-flight window) is in recovery/.
 
 from __future__ import annotations
 
-from collections import deque
 
 from raft import messages as m
 from raft.config import RaftConfig, Rng
@@ -36,7 +35,8 @@ from raft.confchange import INTERNAL_REQUEST, ConfChanges
 from raft.election import Campaign, Elections
 from raft.follower import FollowerSide
 from raft.incarnation import Incarnations
-from raft.leader import LeaderSide, Waiting
+from raft.leader import LeaderSide
+from raft.leader_state import LeaderState, Waiting
 from raft.membership import ClusterConfig, ConfigEntry
 from raft.producers import ProducerTable, Verdict
 from raft.snapshot import CONFIG, PRODUCERS, SnapshotContext, StartState, section_raw
@@ -83,11 +83,11 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         self._rebuild_from_log()
 
         self._election_elapsed = 0
-        self._heartbeat_elapsed = 0
         self._randomized_timeout = 0
         self._reset_randomized_timeout()
         self._votes: dict[int, bool] = {}
-        self._progress: dict[int, FollowerProgress] = {}
+        # Exists only while leading (raft/leader_state.py).
+        self.leader: LeaderState | None = None
         self._seq = 0
         self._stream_limits = StreamLimits(cfg.max_append_bytes, cfg.recovery_chunk_bytes,
                                            cfg.recovery_flush_per_chunk, cfg.max_append_batches)
@@ -97,11 +97,6 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
             self._recovery_throttle = TokenBucket(
                 cfg.recovery_rate_bytes_per_tick,
                 cfg.recovery_burst_bytes or cfg.recovery_chunk_bytes, lambda: self._ticks)
-        self._waiting: deque[Waiting] = deque()
-        self._noop_offset = -1  # this leader's first entry; commit past it = "committed in term"
-        self._transfer_target: int | None = None
-        self._transfer_elapsed = 0
-        self._check_quorum_elapsed = 0
         # Follower side.
         self._leader_commit = -1  # last commit index the leader told us (this term)
         self._matched_upto = -1  # our log equals this term's leader's up to here
@@ -210,8 +205,9 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         acks = Acks(acks)
         if batch.kind not in (BatchKind.DATA, BatchKind.CONTROL, BatchKind.STAGED):
             raise ValueError(f"clients may not propose {batch.kind.name} batches")
-        if self.role != Role.LEADER or self._transfer_target is not None:
-            hint = self._transfer_target if self._transfer_target is not None else self.leader_id
+        lead = self.leader
+        if lead is None or lead.transfer_target is not None:
+            hint = self.leader_id if lead is None else lead.transfer_target
             self._answer(request_id, ErrorCode.NOT_LEADER, leader_id=hint)
             return
         if batch.producer_id and batch.kind == BatchKind.DATA:
@@ -227,9 +223,9 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
                     f"the last {self.cfg.producer_window} remembered: its outcome is unknown; "
                     f"read the log to check, and use a new producer id for new writes"))
                 return
-        if acks == Acks.QUORUM and len(self._waiting) >= self.cfg.max_pending_produce:
+        if acks == Acks.QUORUM and len(lead.waiting) >= self.cfg.max_pending_produce:
             self._answer(request_id, ErrorCode.BACKPRESSURE, message=(
-                f"{len(self._waiting)} quorum writes are waiting for commit; retry shortly"))
+                f"{len(lead.waiting)} quorum writes are waiting for commit; retry shortly"))
             return
         placed = self._append_as_leader(batch)
         if placed is None:
@@ -237,7 +233,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
                 "the leader's unflushed tail is full; retry after the running flush"))
             return
         if acks == Acks.QUORUM:
-            self._waiting.append(Waiting(request_id, placed.base_offset, placed.last_offset))
+            lead.waiting.append(Waiting(request_id, placed.base_offset, placed.last_offset))
             self._answer_committed()  # a single voter may already cover it
         else:
             # LEADER: appended on the leader, nothing flushed yet. NONE: the same moment (the
@@ -266,9 +262,9 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
 
     # ------------------------------------------------------------------ outputs
     def ready(self) -> Ready:
-        if self._bcast_wanted and self.role == Role.LEADER:
+        if self._bcast_wanted and self.leader is not None:
             self._bcast_wanted = False
-            for pr in self._progress.values():
+            for pr in self.leader.progress.values():
                 self._send_append(pr)
         hs = None
         if self._hs_dirty:
@@ -282,8 +278,8 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
 
     def status(self) -> Status:
         followers = []
-        if self.role == Role.LEADER:
-            for pr in self._progress.values():
+        if self.leader is not None:
+            for pr in self.leader.progress.values():
                 followers.append(FollowerStatus(
                     pr.node_id, pr.match_index, pr.next_index, pr.dirty_offset,
                     pr.flushed_offset, len(pr.inflight), pr.inflight_bytes, pr.learner,
@@ -316,7 +312,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
 
     def progress(self, node_id: int) -> FollowerProgress | None:
         """The leader's view of one follower (None elsewhere); for the runtime and tests."""
-        return self._progress.get(node_id)
+        return None if self.leader is None else self.leader.progress.get(node_id)
 
     # ------------------------------------------------------------------ roles and time
     def _tick_follower(self) -> None:
@@ -342,7 +338,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         self._held_replies = []
 
     def _become_follower(self, term: int, leader: int | None) -> None:
-        was_leader = self.role == Role.LEADER
+        lead = self.leader
         if term != self.term:
             self._enter_term(term, None)
         self.role = Role.FOLLOWER
@@ -350,8 +346,8 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         self._election_elapsed = 0
         self._reset_randomized_timeout()
         self._votes = {}
-        if was_leader:
-            self._step_down_cleanup()
+        if lead is not None:
+            self._step_down(lead)
 
     def _become_pre_candidate(self) -> None:
         """Ask whether we would win, in our current term (raft/election.py)."""
@@ -370,25 +366,19 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         self._election_elapsed = 0
         self._reset_randomized_timeout()
 
-    def _step_down_cleanup(self) -> None:
-        for w in self._waiting:
+    def _step_down(self, lead: LeaderState) -> None:
+        """What only a leader held goes with its leadership; its waiting writes are told."""
+        self.leader = None
+        for w in lead.waiting:
             self._answer(w.request_id, ErrorCode.LEADERSHIP_LOST, leader_id=self.leader_id,
                          message=("leadership changed before the write committed; it may or may "
                                   "not commit: retry (idempotent producers make it safe)"))
-        self._waiting.clear()
-        self._progress = {}
-        self._transfer_target = None
 
     def _become_leader(self) -> None:
         self.role = Role.LEADER
         self.leader_id = self.node_id
-        self._heartbeat_elapsed = 0
-        self._check_quorum_elapsed = 0
-        self._transfer_target = None
-        self._progress = {}
-        for node_id in self.config.members:
-            if node_id != self.node_id:
-                self._progress[node_id] = self._new_progress(node_id)
+        self.leader = LeaderState({node_id: self._new_progress(node_id)
+                                   for node_id in self.config.members if node_id != self.node_id})
         # A no-op of our term: entries of earlier terms commit once it does.
         noop = self._append_as_leader(Batch.create(b"", 1, kind=BatchKind.NOOP))
         if noop is None:
@@ -398,7 +388,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
             # election timeout tries again.
             self._become_follower(self.term, None)
             return
-        self._noop_offset = noop.base_offset
+        self.leader.noop_offset = noop.base_offset
         self._maybe_commit()
 
     def _new_progress(self, node_id: int) -> FollowerProgress:

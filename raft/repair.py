@@ -76,17 +76,17 @@ class Repairs:
             self._leader_damaged(self.log.damaged()[0])
 
     def _leader_damaged(self, d: Damage) -> None:
-        holders = [self._progress[v] for v in self.config.voters
-                   if v in self._progress and self._progress[v].durable_offset() >= d.last]
+        holders = [self.leader.progress[v] for v in self.config.voters if v in
+                   self.leader.progress and self.leader.progress[v].durable_offset() >= d.last]
         if holders:
-            if self._transfer_target is None:
+            if self.leader.transfer_target is None:
                 best = max(holders, key=lambda pr: (pr.match_index, -pr.node_id))
                 self.transfer_leadership(best.node_id)
             return
         others = [v for v in self.config.voters if v != self.node_id]
         if self._damage_ticks < self.cfg.election_ticks or any(
-                v not in self._progress
-                or self._progress[v].ticks_since_heard >= self.cfg.election_ticks
+                v not in self.leader.progress
+                or self.leader.progress[v].ticks_since_heard >= self.cfg.election_ticks
                 for v in others):
             return  # a voter we have not heard from lately may hold it: wait
         if d.first > self.commit_index:

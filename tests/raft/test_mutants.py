@@ -125,7 +125,7 @@ MUTANTS = [
                op="flush"),)),
     Mutant("a learner is promoted during a leadership transfer",
            "raft.confchange", "ConfChanges._maybe_promote",
-           " or self._transfer_target is not None\n",
+           " or lead.transfer_target is not None\n",
            "\n",
            (test_safety_rules.test_no_promotion_is_appended_during_a_leadership_transfer,)),
     # Disk loss and corruption (raft/incarnation.py, raft/repair.py).
