@@ -29,6 +29,7 @@ import pytest
 import test_core
 import test_retention
 import test_disk_loss_rules
+import test_membership_safety
 import test_safety_rules
 import test_state_transfer
 import test_subscriptions
@@ -128,6 +129,12 @@ MUTANTS = [
            " or lead.transfer_target is not None\n",
            "\n",
            (test_safety_rules.test_no_promotion_is_appended_during_a_leadership_transfer,)),
+    Mutant("a leader changes membership before committing an entry of its term",
+           "raft.confchange", "ConfChanges._config_change_blocked",
+           "if self.commit_index < lead.noop_offset:",
+           "if False:",
+           (test_membership_safety
+            .test_a_leader_makes_no_membership_change_before_committing_in_its_term,)),
     # Disk loss and corruption (raft/incarnation.py, raft/repair.py).
     Mutant("a node that lost its disk votes before it is re-added",
            "raft.election", "Elections._handle_vote",
