@@ -96,6 +96,8 @@ class Elections:
         campaign: as leader it would serve (and overwrite) a log missing them. (A node with
         damaged batches may: its log is whole in terms, and as leader it hands over to a voter
         holding the range, raft/repair.py; it only waits longer, so a whole node leads first.)"""
+        if self._storage_running is not None:
+            return False  # the log is changing (raft/ready.py StorageWork): after it is done
         lost = self.log.lost_position
         return self.may_vote() and (lost is None or (lost[1], lost[0]) <= (
             self.log.last_term(), self.log.dirty_offset))

@@ -14,8 +14,9 @@ What differs from textbook Raft, after Redpanda's recovery RFC:
   on its own schedule (bytes or ticks) and reports, and the leader advances the commit index as
   those reports arrive. The last chunk, which reaches the leader's tail, asks for a flush.
 
-The core appends to and truncates its LogStorage directly (appends only touch the in-memory
-tail); flushes and metadata writes are the driver's work, announced through Ready.
+The core appends to its LogStorage directly (appends only touch the in-memory tail); flushes,
+metadata writes and durable log changes (truncations, a reset, repairs: StorageWork) are the
+driver's work, announced through Ready, so no fsync runs on the driver's event loop.
 
 One concern a file, after etcd-io/raft: this file holds the state, the inputs (tick, step,
 propose, flushed), the Ready output and role changes; elections are in raft/election.py, the
@@ -27,6 +28,8 @@ hints, deferred flush, the in-flight window) is in recovery/.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 
 from raft import messages as m
@@ -41,7 +44,7 @@ from raft.membership import ClusterConfig, ConfigEntry
 from raft.producers import ProducerTable, Verdict
 from raft.snapshot import CONFIG, PRODUCERS, SnapshotContext, StartState, section_raw
 from raft.progress import FollowerProgress
-from raft.ready import FollowerStatus, HardState, ProduceAnswer, Ready, Status
+from raft.ready import FollowerStatus, HardState, ProduceAnswer, Ready, Status, StorageWork
 from raft.repair import Repairs
 from raft.types import Acks, ErrorCode, InvariantViolation, Role
 from recovery.deferred_flush import DeferredFlush
@@ -104,6 +107,14 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         self._deferred_flush = DeferredFlush(cfg.follower_flush_bytes,
                                              cfg.follower_flush_ticks)
         self._reported_flushed = log.flushed_offset
+
+        # Durable log changes handed to the driver (StorageWork, raft/ready.py): the one not
+        # handed out yet, the one running, what to do once it is done, and the append to
+        # handle again then. One at a time; the core leaves the log alone meanwhile.
+        self._storage_out: StorageWork | None = None
+        self._storage_running: StorageWork | None = None
+        self._after_storage: tuple[Callable[[], object], ...] = ()
+        self._resume: m.AppendEntries | None = None
 
         # Ready output.
         self._messages: list[m.Message] = []
@@ -260,6 +271,18 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
             self._send(self._heartbeat_reply(self.leader_id, 0))
         self._reported_flushed = max(self._reported_flushed, flushed)
 
+    def stored(self) -> None:
+        """The driver finished the StorageWork of an earlier Ready: the change is durable."""
+        if self._storage_running is None:
+            raise ValueError("stored() without storage work running: call it once per "
+                             "Ready.storage, after running it")
+        then, resume = self._after_storage, self._resume
+        self._storage_running, self._after_storage, self._resume = None, (), None
+        for fn in then:
+            fn()
+        if resume is not None and resume.term == self.term:
+            self.step(resume)  # the append that needed the change, from where it stopped
+
     # ------------------------------------------------------------------ outputs
     def ready(self) -> Ready:
         if self._bcast_wanted and self.leader is not None:
@@ -272,8 +295,9 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
             self._hs_dirty = False
             self._saved_commit = self.commit_index
             self._checkpoint_elapsed = 0
-        rd = Ready(hs, self._messages, self._flush_wanted, self._answers)
+        rd = Ready(hs, self._messages, self._flush_wanted, self._answers, self._storage_out)
         self._messages, self._answers, self._flush_wanted = [], [], False
+        self._storage_out = None
         return rd
 
     def status(self) -> Status:
@@ -400,6 +424,23 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
     # ------------------------------------------------------------------ output helpers
     def _send(self, msg: m.Message) -> None:
         self._messages.append(msg)
+
+    def _hand_off(self, work: StorageWork, *then: Callable[[], object]) -> None:
+        """Ask the driver for a durable change of the log (it fsyncs: the driver runs it off
+        its event loop); `then` runs once it is done (stored()). Until then nothing else
+        changes the log: appends wait (_waits_for_storage) and the node does not campaign."""
+        if self._storage_running is not None:
+            raise InvariantViolation(f"node {self.node_id}: storage work {work.op.value} asked "
+                                     f"for while {self._storage_running.op.value} runs")
+        self._storage_out = self._storage_running = work
+        self._after_storage = then
+
+    def _waits_for_storage(self, msg: m.AppendEntries) -> bool:
+        """True when storage work runs: `msg` is handled again once it is done."""
+        if self._storage_running is None:
+            return False
+        self._resume = msg
+        return True
 
     def _next_seq_peek(self) -> int:
         self._seq += 1

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from raft import messages as m
 from raft.membership import ClusterConfig, ConfigEntry
 from raft.progress import FollowerProgress, ProgressState
+from raft.ready import StorageWork
 from raft.snapshot import TERM, StartState
 from raft.types import DataLost, Role
 from storage.batch import Batch, BatchKind, CorruptBatch
@@ -127,9 +128,8 @@ class Repairs:
             return False
         if state.start_offset != prev + 1 or state.states[TERM][0] != msg.prev_term:
             return False
-        self.log.truncate_prefix(prev + 1, msg.snapshot)
-        self._restore_start_state(state)
-        self._rebuild_from_log()
+        self._hand_off(StorageWork.truncate_prefix(prev + 1, msg.snapshot),
+                       lambda: self._restore_start_state(state), self._rebuild_from_log)
         return True
 
     def _repair_if_damaged(self, b: Batch) -> None:
@@ -140,7 +140,7 @@ class Repairs:
             return
         hit = [x for x in self.log.damaged() if x.first == b.base_offset]
         if hit and (hit[0].last, hit[0].term) == (b.last_offset, b.term):
-            self.log.repair([b])
+            self._hand_off(StorageWork.repair([b]))
             # Bookkeeping the start-up rebuild skipped while it was unreadable.
             if self.producers.lookup(b.producer_id, b.sequence)[1] is None:
                 self.producers.record(b)
