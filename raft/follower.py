@@ -166,6 +166,8 @@ class FollowerSide:
 
     def _handle_heartbeat(self, msg: m.Heartbeat) -> None:
         self._follow(msg.src)
+        if self._storage_running is not None:
+            return  # the reply reads the log, which the change holds: the next heartbeat's will
         # The leader sends min(commit, what it knows we match): safe to take up to our flush.
         self._leader_commit = max(self._leader_commit, msg.commit_index)
         self._matched_upto = max(self._matched_upto, msg.commit_index)
