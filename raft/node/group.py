@@ -428,6 +428,7 @@ class RaftGroup:
         except Exception as e:
             self.fail(e, f"storage {work.op.value}")
             raise
+        self.kick()  # the append that waited for it is answered in the next Ready
 
     def _notify_changes(self) -> None:
         self._outbox.sync_members(self.membership())

@@ -248,17 +248,17 @@ class SimNode:
 
     def _storage_done(self, epoch: int, work: StorageWork) -> None:
         if epoch != self.epoch or not self.up:
-            return  # crashed first: the change never happened (or happened: both are whole)
+            return  # crashed first: the change never reached the disk (it is all or nothing)
         if self.paused:
             self.loop.after(self.tick_us, lambda: self._storage_done(epoch, work))
             return
         assert self.core is not None
         try:
             work.run(self.log)
+            self.core.stored()
         except StorageError as e:
             self.fail_stop(e)
             return
-        self.core.stored()
         self.on_event(self, f"stored {work.op.value}")
         self.process()
 
