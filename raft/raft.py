@@ -19,9 +19,10 @@ metadata writes and durable log changes (truncations, a reset, repairs: StorageW
 driver's work, announced through Ready, so no fsync runs on the driver's event loop.
 
 One concern a file, after etcd-io/raft: this file holds the state, the inputs (tick, step,
-propose, flushed), the Ready output and role changes; elections are in raft/election.py, the
-follower side of replication in raft/follower.py, the leader side and the commit rule in
-raft/leader.py, membership changes in raft/confchange.py, data-directory identities (a node that
+propose, flushed, stored), the Ready output and the role changes (only the _become_* methods set
+the role; what only a leader has is `self.leader`, raft/leader_state.py, None unless leading);
+elections are in raft/election.py, the follower side of replication in raft/follower.py, the
+leader side and the commit rule in raft/leader.py, membership changes in raft/confchange.py, data-directory identities (a node that
 lost its disk neither votes nor counts until re-added) in raft/incarnation.py, damaged batches
 in raft/repair.py; the recovery machinery the leader and follower call (chunk planning, probing
 hints, deferred flush, the in-flight window) is in recovery/.
