@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from raft.leader import Waiting
+from raft.leader_state import Waiting
 from raft.membership import ClusterConfig, ConfigEntry
 from raft.progress import FollowerProgress
 from raft.snapshot_sections import stored_config
@@ -36,7 +36,7 @@ INTERNAL_REQUEST = -1
 
 class ConfChanges:
     """Membership state lives on RaftCore: `_configs` (recent ConfigEntry history, the last in
-    force), `_noop_offset`."""
+    force); the leader's no-op offset is in `self.leader` (raft/leader_state.py)."""
 
     cfg: "RaftConfig"
     log: "LogStorage"
@@ -46,7 +46,8 @@ class ConfChanges:
                        address: str | None = None, remove: int | None = None) -> None:
         """One membership change: add a learner (promoted to voter automatically once caught
         up) or remove a member. Answered through ready().answers when the entry commits."""
-        if self.role != Role.LEADER or self._transfer_target is not None:
+        lead = self.leader
+        if lead is None or lead.transfer_target is not None:
             self._answer(request_id, ErrorCode.NOT_LEADER, leader_id=self.leader_id)
             return
         if (add_learner is None) == (remove is None):
@@ -84,7 +85,7 @@ class ConfChanges:
                         "cannot remove the only voter; add another node first"))
                     return
                 self.transfer_leadership(None)
-                self._answer(request_id, ErrorCode.NOT_LEADER, leader_id=self._transfer_target,
+                self._answer(request_id, ErrorCode.NOT_LEADER, leader_id=lead.transfer_target,
                              message="leadership is moving; retry the removal at the new leader")
                 return
             if remove in cfg.voters and len(cfg.voters) == 1:
@@ -95,7 +96,14 @@ class ConfChanges:
         self._propose_config(request_id, new)
 
     def _config_change_blocked(self) -> str:
-        if self.commit_index < self._noop_offset:
+        """Why a membership change must wait now ("" when it may go ahead)."""
+        lead = self.leader
+        if lead is None:
+            return "this node is not the leader"
+        # Until this leader commits an entry of its term, a change it appends could commit
+        # alongside one an earlier leader appended and never committed, on two different
+        # majorities (Ongaro, raft-dev 2015; tests/raft/test_membership_safety.py).
+        if self.commit_index < lead.noop_offset:
             return "this leader has not committed an entry of its term yet; retry shortly"
         if self._configs[-1].offset > self.commit_index:
             return "another membership change is in progress; retry once it commits"
@@ -108,12 +116,14 @@ class ConfChanges:
             self._answer(request_id, ErrorCode.BACKPRESSURE,
                          message="the leader's unflushed tail is full; retry shortly")
             return
-        self._waiting.append(Waiting(request_id, placed.base_offset, placed.last_offset))
+        assert self.leader is not None  # (_append_as_leader placed it: we lead)
+        self.leader.waiting.append(Waiting(request_id, placed.base_offset, placed.last_offset))
 
     def _maybe_promote(self, pr: FollowerProgress) -> None:
         """A learner is promoted once it holds everything the leader has flushed."""
-        if (not pr.learner or pr.node_id not in self.config.learners
-                or self._config_change_blocked() or self._transfer_target is not None
+        lead = self.leader
+        if (lead is None or not pr.learner or pr.node_id not in self.config.learners
+                or self._config_change_blocked() or lead.transfer_target is not None
                 or pr.node_id in self._rejoiners or not self._learner_incarnation_known(pr)):
             return  # (a promotion appended during a transfer would leave the target behind)
         if pr.match_index >= self.log.flushed_offset:
@@ -139,16 +149,18 @@ class ConfChanges:
 
     def _config_changed(self) -> None:
         cfg = self.config
-        if self.role != Role.LEADER:
+        lead = self.leader
+        if lead is None:
             return
+        progress = lead.progress
         for node_id in cfg.members:
-            if node_id != self.node_id and node_id not in self._progress:
-                self._progress[node_id] = self._new_progress(node_id)
-        for node_id in list(self._progress):
+            if node_id != self.node_id and node_id not in progress:
+                progress[node_id] = self._new_progress(node_id)
+        for node_id in list(progress):
             if node_id not in cfg.members:
-                del self._progress[node_id]
+                del progress[node_id]
             else:
-                self._progress[node_id].learner = node_id in cfg.learners
+                progress[node_id].learner = node_id in cfg.learners
 
     def _bootstrap_config(self) -> ConfigEntry:
         return ConfigEntry(-1, 0, ClusterConfig(tuple(sorted(self.cfg.voters)),

@@ -23,6 +23,7 @@ A mixin of RaftCore (raft/raft.py), which owns the state it reads and writes.
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import TYPE_CHECKING
 
 from raft import messages as m
@@ -34,43 +35,54 @@ if TYPE_CHECKING:
     from storage.api import LogStorage
 
 
+class Campaign(Enum):
+    """Why a node campaigns; each kind is one rule about the lease and the term."""
+
+    PRE_VOTE = "pre-vote"  # election timeout, pre-vote on: ask first; no term changes
+    ELECTION = "election"  # election timeout, pre-vote off: a real vote, the lease applies
+    # A real vote a won pre-vote earned: the peers that granted the pre-vote were out of their
+    # lease already (a peer in its lease ignores pre-votes too), so the vote skips the lease.
+    AFTER_PRE_VOTE = "after-pre-vote"
+    TRANSFER = "transfer"  # TimeoutNow from the leader: a real vote at once, skipping the lease
+
+    @property
+    def skips_lease(self) -> bool:
+        """Sent on the wire as RequestVote.transfer: the receiver's lease does not apply."""
+        return self in (Campaign.AFTER_PRE_VOTE, Campaign.TRANSFER)
+
+
 class Elections:
     """Election state lives on RaftCore: `term`, `voted_for`, `_votes`, `_election_elapsed`."""
 
     cfg: "RaftConfig"
     log: "LogStorage"
 
-    def _campaign(self, *, transfer: bool) -> None:
-        if self.cfg.pre_vote and not transfer:
-            self.role = Role.PRE_CANDIDATE
-            self.leader_id = None
-            self._votes = {self.node_id: True}
+    def _campaign(self, kind: Campaign) -> None:
+        """Start a campaign of `kind`: a pre-vote asks without changing our term; the other
+        kinds are real elections in the next term."""
+        if kind == Campaign.PRE_VOTE:
+            self._become_pre_candidate()
             term = self.term + 1
         else:
-            self.role = Role.CANDIDATE
-            self.term += 1
-            self.voted_for = self.node_id
-            self._hs_dirty = True
-            self.leader_id = None
-            self._votes = {self.node_id: True}
+            self._become_candidate()
             term = self.term
-            self._leader_commit = -1
-            self._matched_upto = -1
-            self._held_replies = []
-        self._election_elapsed = 0
-        self._reset_randomized_timeout()
         if vote_result(self.config.voters, self._votes) == VoteResult.WON:
-            if self.role == Role.PRE_CANDIDATE:
-                self._campaign(transfer=True)
-            else:
-                self._become_leader()
+            self._won(kind)
             return
         last_offset, last_term = self.log.dirty_offset, self.log.last_term()
         for v in self.config.voters:
             if v != self.node_id:
                 self._send(m.RequestVote(self.node_id, v, term, last_offset, last_term,
-                                         pre_vote=self.role == Role.PRE_CANDIDATE,
-                                         transfer=transfer, incarnation=self.incarnation))
+                                         pre_vote=kind == Campaign.PRE_VOTE,
+                                         transfer=kind.skips_lease,
+                                         incarnation=self.incarnation))
+
+    def _won(self, kind: Campaign) -> None:
+        """A majority granted: a won pre-vote earns the real vote, a real vote leadership."""
+        if kind == Campaign.PRE_VOTE:
+            self._campaign(Campaign.AFTER_PRE_VOTE)
+        else:
+            self._become_leader()
 
     def _in_lease(self, msg: m.RequestVote) -> bool:
         """CheckQuorum's lease: while we heard from a leader within the election timeout, a
@@ -84,6 +96,8 @@ class Elections:
         campaign: as leader it would serve (and overwrite) a log missing them. (A node with
         damaged batches may: its log is whole in terms, and as leader it hands over to a voter
         holding the range, raft/repair.py; it only waits longer, so a whole node leads first.)"""
+        if self._storage_running is not None:
+            return False  # the log is changing (raft/ready.py StorageWork): after it is done
         lost = self.log.lost_position
         return self.may_vote() and (lost is None or (lost[1], lost[0]) <= (
             self.log.last_term(), self.log.dirty_offset))
@@ -133,9 +147,8 @@ class Elections:
         self._votes[msg.src] = msg.granted
         result = vote_result(self.config.voters, self._votes)
         if result == VoteResult.WON:
-            if self.role == Role.PRE_CANDIDATE:
-                self._campaign(transfer=True)  # real election, pre-vote done
-            else:
-                self._become_leader()
+            # (The kind of a real vote no longer matters once it is won.)
+            self._won(Campaign.PRE_VOTE if self.role == Role.PRE_CANDIDATE
+                      else Campaign.ELECTION)
         elif result == VoteResult.LOST:
             self._become_follower(self.term, None)

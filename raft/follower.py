@@ -7,6 +7,9 @@ Rules held here:
 - Entries already held with the same term are never rewritten; a different term from some
   offset on means an old term's tail: it is truncated first, never at or below the commit index
   (InvariantViolation: fail-stop).
+- Durable log changes (a truncation, the state transfer's reset, a repair) are handed to the
+  driver (StorageWork, raft/ready.py) and the append is handled again once they are done;
+  appends that arrive meanwhile are dropped (the leader resends on its next heartbeat's reply).
 - Follower commit index = min(leader commit, own flushed offset, last offset verified to match
   this term's leader). Dirty data is never reported as committed.
 - A `flush=True` request is answered only after the flush; `flush=False` (recovery) data is
@@ -23,6 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from raft import messages as m
+from raft.ready import StorageWork
 from raft.snapshot import TERM, StartState
 from raft.types import InvariantViolation, Role
 from recovery.deferred_flush import DeferredFlush
@@ -44,9 +48,9 @@ class FollowerSide:
     _deferred_flush: DeferredFlush
 
     def _handle_append(self, msg: m.AppendEntries) -> None:
-        self.role = Role.FOLLOWER
-        self.leader_id = msg.src
-        self._election_elapsed = 0
+        self._follow(msg.src)
+        if self._storage_running is not None:
+            return  # the log is changing: dropped, resent (the one that asked for it resumes)
         log = self.log
         prev = msg.prev_offset
         batches = msg.batches
@@ -58,26 +62,29 @@ class FollowerSide:
                 batches = []  # not aligned with our start: wait for a better request
             prev = log.start_offset - 1
         elif prev > log.dirty_offset or log.term_at(prev) != msg.prev_term:
-            if msg.log_start_reset:
-                if not self._state_transfer(msg):
-                    self._reject(msg)
-                    return
-            else:
+            if not (msg.log_start_reset and self._state_transfer(msg)):
                 self._reject(msg)
-                return
+            self._waits_for_storage(msg)  # (the reset: handled again from the new start)
+            return
         elif msg.log_start_reset and not self._drop_damaged_prefix(msg):
             self._reject(msg)
             return
+        if self._waits_for_storage(msg):
+            return  # dropping a damaged prefix
         last = prev
         fresh: list[Batch] = []
         for b in batches:
             if not fresh and b.base_offset <= log.dirty_offset:
                 if b.last_offset <= log.dirty_offset and log.term_at(b.last_offset) == b.term:
                     self._repair_if_damaged(b)
+                    if self._waits_for_storage(msg):
+                        return
                     last = b.last_offset
                     continue  # already held: not rewritten (unless damaged)
                 # Our entries from here differ from the leader's (an old term's tail).
                 self._truncate_suffix(b.base_offset - 1)
+                self._waits_for_storage(msg)
+                return
             fresh.append(b)
         if fresh:
             if fresh[0].base_offset != log.dirty_offset + 1:
@@ -108,13 +115,20 @@ class FollowerSide:
             self._flush_wanted = True
         self._send(reply)
 
+    def _follow(self, leader: int) -> None:
+        """A message from this term's leader: a (pre-)candidate of this term steps down."""
+        if self.role != Role.FOLLOWER:
+            self._become_follower(self.term, leader)
+        self.leader_id = leader
+        self._election_elapsed = 0
+
     def _state_transfer(self, msg: m.AppendEntries) -> bool:
         """Our log does not reach or match the leader's log start: restart it there with the
         state the leader holds at that start. Storage writes the new start and that state in
-        one durable operation before anything after it is appended, so a crash either keeps
-        the old log or has the new start with its tables; never batches without their state.
-        False (the request is rejected) when the state does not decode or does not describe
-        this start."""
+        one durable operation (handed to the driver) before anything after it is appended, so
+        a crash either keeps the old log or has the new start with its tables; never batches
+        without their state. False (the request is rejected) when the state does not decode
+        or does not describe this start."""
         prev = msg.prev_offset
         if self.commit_index > prev:
             raise InvariantViolation(
@@ -128,7 +142,12 @@ class FollowerSide:
                 return False
             if state.start_offset != prev + 1 or state.states[TERM][0] != msg.prev_term:
                 return False
-        self.log.reset(prev + 1, msg.prev_term, msg.snapshot)
+        self._hand_off(StorageWork.reset(prev + 1, msg.prev_term, msg.snapshot),
+                       lambda: self._after_reset(prev, state))
+        return True
+
+    def _after_reset(self, prev: int, state: StartState | None) -> None:
+        """The log now starts at prev + 1: the tables are those of the state there."""
         if state is not None:
             self._restore_start_state(state)
         else:  # a leader that has no state at its start (a log reset before it was kept)
@@ -137,7 +156,6 @@ class FollowerSide:
             if not self._configs:
                 self._configs = [self._bootstrap_config()]
             self._hs_dirty = True
-        return True
 
     def _reject(self, msg: m.AppendEntries) -> None:
         log = self.log
@@ -147,9 +165,9 @@ class FollowerSide:
         self._send(reply)
 
     def _handle_heartbeat(self, msg: m.Heartbeat) -> None:
-        self.role = Role.FOLLOWER
-        self.leader_id = msg.src
-        self._election_elapsed = 0
+        self._follow(msg.src)
+        if self._storage_running is not None:
+            return  # the reply reads the log, which the change holds: the next heartbeat's will
         # The leader sends min(commit, what it knows we match): safe to take up to our flush.
         self._leader_commit = max(self._leader_commit, msg.commit_index)
         self._matched_upto = max(self._matched_upto, msg.commit_index)
@@ -168,7 +186,10 @@ class FollowerSide:
             raise InvariantViolation(
                 f"node {self.node_id}: truncating after offset {after} would drop committed "
                 f"offsets up to {self.commit_index}")
-        self.log.truncate_suffix(after)
+        self._hand_off(StorageWork.truncate_suffix(after), lambda: self._truncated(after))
+
+    def _truncated(self, after: int) -> None:
+        """The log ends at `after` now: forget what the dropped entries had built."""
         self.producers.truncate_after(after)
         if self._configs[-1].offset > after:
             self._configs = [c for c in self._configs if c.offset <= after]

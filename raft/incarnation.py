@@ -205,19 +205,19 @@ class Incarnations:
         self._rejoiners[node_id] = incarnation
         self._incarnation_heard.pop(node_id, None)
         self._forget_progress(node_id)
-        if self._transfer_target == node_id:
-            self._transfer_target = None
+        if self.leader is not None and self.leader.transfer_target == node_id:
+            self.leader.transfer_target = None
         self._maybe_readd()
 
     def _forget_progress(self, node_id: int) -> None:
-        if node_id in self._progress:
-            self._progress[node_id] = self._new_progress(node_id)
+        if self.leader is not None and node_id in self.leader.progress:
+            self.leader.progress[node_id] = self._new_progress(node_id)
 
     # -- the leader re-adds members that lost their disk ------------------------------------------
     def _maybe_readd(self) -> None:
-        if self.role != Role.LEADER or not self._rejoiners:
+        if self.leader is None or not self._rejoiners:
             return
-        if self._config_change_blocked() or self._transfer_target is not None:
+        if self._config_change_blocked() or self.leader.transfer_target is not None:
             return  # one change at a time: a later tick or reply tries again
         cfg = self.config
         for node_id, inc in sorted(self._rejoiners.items()):

@@ -24,13 +24,13 @@ A mixin of RaftCore (raft/raft.py), which owns the state it reads and writes.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from raft import messages as m
+from raft.leader_state import Waiting
 from raft.progress import FollowerProgress, ProgressState
 from raft.quorum import committed_index, majority
-from raft.types import Acks, ErrorCode, Role
+from raft.types import Acks, ErrorCode
 from recovery.probe import backoff_next
 from recovery.stream import StreamLimits, next_chunk
 from storage.api import TailFull
@@ -42,19 +42,9 @@ if TYPE_CHECKING:
     from storage.api import LogStorage
 
 
-@dataclass(slots=True)
-class Waiting:
-    """A quorum produce waiting for the commit index."""
-
-    request_id: int
-    base_offset: int
-    last_offset: int
-    duplicate: bool = False
-
-
 class LeaderSide:
-    """Leader-side state lives on RaftCore: `_progress` (one FollowerProgress per member),
-    `_waiting` (quorum produces awaiting commit), `_transfer_target`, `_stream_limits`."""
+    """Leader-only state is `self.leader` (raft/leader_state.py: progress, waiting produces,
+    the transfer, the leader's clocks), None unless leading; RaftCore holds `_stream_limits`."""
 
     cfg: "RaftConfig"
     log: "LogStorage"
@@ -63,54 +53,57 @@ class LeaderSide:
 
     def transfer_leadership(self, to: int | None = None) -> None:
         """Hand leadership to `to` (or the most caught-up voter): catch it up, then TimeoutNow."""
-        if self.role != Role.LEADER:
+        lead = self.leader
+        if lead is None:
             raise ValueError(f"node {self.node_id} is not the leader; ask node "
                              f"{self.leader_id} instead")
         candidates = [v for v in self.config.voters if v != self.node_id]
         if to is None:
             if not candidates:
                 raise ValueError("no other voter to transfer leadership to; add a node first")
-            to = max(candidates, key=lambda v: (self._progress[v].match_index, -v))
+            to = max(candidates, key=lambda v: (lead.progress[v].match_index, -v))
         elif to == self.node_id:
             return
         elif to not in candidates:
             raise ValueError(f"node {to} is not a voter of this cluster (voters: "
                              f"{list(self.config.voters)}); pick one of them")
-        self._transfer_target = to
-        self._transfer_elapsed = 0
+        lead.transfer_target = to
+        lead.transfer_elapsed = 0
         self._maybe_send_timeout_now()
-        self._send_append(self._progress[to])
+        self._send_append(lead.progress[to])
 
     def _tick_leader(self) -> None:
-        self._heartbeat_elapsed += 1
-        self._check_quorum_elapsed += 1
-        for pr in self._progress.values():
+        lead = self.leader
+        assert lead is not None
+        lead.heartbeat_elapsed += 1
+        lead.check_quorum_elapsed += 1
+        for pr in lead.progress.values():
             pr.ticks_since_heard += 1
             if pr.inflight or pr.probe_sent:
                 pr.ticks_since_ack += 1
                 if pr.ticks_since_ack >= self.cfg.election_ticks:
                     # Requests or their replies were lost: start over from what is known.
                     pr.become_probe(pr.match_index + 1, self._next_seq_peek())
-        if self._heartbeat_elapsed >= self.cfg.heartbeat_ticks:
-            self._heartbeat_elapsed = 0
-            for pr in self._progress.values():
+        if lead.heartbeat_elapsed >= self.cfg.heartbeat_ticks:
+            lead.heartbeat_elapsed = 0
+            for pr in lead.progress.values():
                 self._seq += 1
                 self._send(m.Heartbeat(self.node_id, pr.node_id, self.term,
                                        min(self.commit_index, pr.match_index), self._seq))
-        if self._transfer_target is not None:
-            self._transfer_elapsed += 1
-            if self._transfer_elapsed >= self.cfg.election_ticks:
-                self._transfer_target = None  # gave up: keep leading
+        if lead.transfer_target is not None:
+            lead.transfer_elapsed += 1
+            if lead.transfer_elapsed >= self.cfg.election_ticks:
+                lead.transfer_target = None  # gave up: keep leading
         # Two election timeouts, not one: a leader whose event loop lags under a burst of
         # client load (replies queued, not lost) must not depose itself; an isolated leader
         # still steps down well before clients give up.
-        if self._check_quorum_elapsed >= 2 * self.cfg.election_ticks:
-            self._check_quorum_elapsed = 0
+        if lead.check_quorum_elapsed >= 2 * self.cfg.election_ticks:
+            lead.check_quorum_elapsed = 0
             if self.cfg.check_quorum:
                 active = sum(1 for v in self.config.voters
-                             if v == self.node_id or (v in self._progress
-                                                      and self._progress[v].recent_active))
-                for pr in self._progress.values():
+                             if v == self.node_id or (v in lead.progress
+                                                      and lead.progress[v].recent_active))
+                for pr in lead.progress.values():
                     pr.recent_active = False
                 if active < majority(len(self.config.voters)):
                     self._become_follower(self.term, None)
@@ -133,7 +126,10 @@ class LeaderSide:
 
     def _send_append(self, pr: FollowerProgress) -> None:
         """Send what `pr` lacks, as far as its flow-control window allows (the chunks are
-        planned by recovery.stream)."""
+        planned by recovery.stream). Only a leader sends appends: a handler that made us step
+        down (a removed leader's configuration committed) sends nothing more."""
+        if self.leader is None:
+            return
         log = self.log
         throttle = self._recovery_throttle
         while pr.can_send(self.cfg.max_inflight, self.cfg.max_inflight_bytes):
@@ -163,9 +159,7 @@ class LeaderSide:
                 return
 
     def _handle_append_reply(self, msg: m.AppendEntriesReply) -> None:
-        if self.role != Role.LEADER:
-            return
-        pr = self._progress.get(msg.src)
+        pr = self._progress_of(msg.src)
         if pr is None:
             return
         self._heard(pr)
@@ -202,9 +196,7 @@ class LeaderSide:
         pr.become_probe(nxt, self._seq)
 
     def _handle_heartbeat_reply(self, msg: m.HeartbeatReply) -> None:
-        if self.role != Role.LEADER:
-            return
-        pr = self._progress.get(msg.src)
+        pr = self._progress_of(msg.src)
         if pr is None:
             return
         self._heard(pr)
@@ -255,17 +247,22 @@ class LeaderSide:
             return False
         return log.term_at(offset) == term
 
+    def _progress_of(self, node_id: int) -> FollowerProgress | None:
+        """The leader's progress of `node_id`; None when we do not lead or it is no member."""
+        return None if self.leader is None else self.leader.progress.get(node_id)
+
     def _heard(self, pr: FollowerProgress) -> None:
         pr.ticks_since_heard = 0
         pr.recent_active = True
 
     def _maybe_commit(self) -> None:
-        if self.role != Role.LEADER:
+        lead = self.leader
+        if lead is None:
             return
         durable = {self.node_id: self._reportable_flushed()}
         for v in self.config.voters:
             if v != self.node_id:
-                pr = self._progress.get(v)
+                pr = lead.progress.get(v)
                 durable[v] = pr.durable_offset() if pr is not None else -1
         if self.node_id not in self.config.voters:
             del durable[self.node_id]  # removed leader: manages but does not count
@@ -277,25 +274,31 @@ class LeaderSide:
             self._on_commit()
 
     def _answer_committed(self) -> None:
-        while self._waiting and self._waiting[0].last_offset <= self.commit_index:
-            w = self._waiting.popleft()
+        lead = self.leader
+        if lead is None:
+            return
+        while lead.waiting and lead.waiting[0].last_offset <= self.commit_index:
+            w = lead.waiting.popleft()
             self._answer(w.request_id, ErrorCode.OK, base_offset=w.base_offset,
                          last_offset=w.last_offset, duplicate=w.duplicate)
 
     def _answer_duplicate(self, request_id: int, base: int, last: int, acks: Acks) -> None:
+        lead = self.leader
+        assert lead is not None  # (propose answers NOT_LEADER first)
         if acks == Acks.QUORUM and last > self.commit_index:
             # The original is not committed yet: answer with it.
-            self._waiting.append(Waiting(request_id, base, last, duplicate=True))
-            self._waiting = deque(sorted(self._waiting, key=lambda w: w.last_offset))
+            lead.waiting.append(Waiting(request_id, base, last, duplicate=True))
+            lead.waiting = deque(sorted(lead.waiting, key=lambda w: w.last_offset))
             return
         self._answer(request_id, ErrorCode.OK, base_offset=base, last_offset=last,
                      duplicate=True)
 
     def _maybe_send_timeout_now(self) -> None:
-        to = self._transfer_target
-        if to is None or self.role != Role.LEADER:
+        lead = self.leader
+        to = None if lead is None else lead.transfer_target
+        if to is None:
             return
-        pr = self._progress.get(to)
+        pr = self._progress_of(to)
         if pr is None:
             return
         # Caught up: everything we hold, or (raft/repair.py) everything we can still send it,

@@ -108,7 +108,8 @@ class RequestVote:
     last_offset: int
     last_term: int
     pre_vote: bool = False
-    # Set when campaigning because of TimeoutNow: voters ignore their leader lease.
+    # Voters ignore their leader lease: set for a leadership transfer (TimeoutNow) and for the
+    # real vote a won pre-vote earned (raft/election.py, Campaign.skips_lease).
     transfer: bool = False
     incarnation: int = 0
 

@@ -14,13 +14,15 @@ What differs from textbook Raft, after Redpanda's recovery RFC:
   on its own schedule (bytes or ticks) and reports, and the leader advances the commit index as
   those reports arrive. The last chunk, which reaches the leader's tail, asks for a flush.
 
-The core appends to and truncates its LogStorage directly (appends only touch the in-memory
-tail); flushes and metadata writes are the driver's work, announced through Ready.
+The core appends to its LogStorage directly (appends only touch the in-memory tail); flushes,
+metadata writes and durable log changes (truncations, a reset, repairs: StorageWork) are the
+driver's work, announced through Ready, so no fsync runs on the driver's event loop.
 
 One concern a file, after etcd-io/raft: this file holds the state, the inputs (tick, step,
-propose, flushed), the Ready output and role changes; elections are in raft/election.py, the
-follower side of replication in raft/follower.py, the leader side and the commit rule in
-raft/leader.py, membership changes in raft/confchange.py, data-directory identities (a node that
+propose, flushed, stored), the Ready output and the role changes (only the _become_* methods set
+the role; what only a leader has is `self.leader`, raft/leader_state.py, None unless leading);
+elections are in raft/election.py, the follower side of replication in raft/follower.py, the
+leader side and the commit rule in raft/leader.py, membership changes in raft/confchange.py, data-directory identities (a node that
 lost its disk neither votes nor counts until re-added) in raft/incarnation.py, damaged batches
 in raft/repair.py; the recovery machinery the leader and follower call (chunk planning, probing
 hints, deferred flush, the in-flight window) is in recovery/.
@@ -28,20 +30,22 @@ hints, deferred flush, the in-flight window) is in recovery/.
 
 from __future__ import annotations
 
-from collections import deque
+from collections.abc import Callable
+
 
 from raft import messages as m
 from raft.config import RaftConfig, Rng
 from raft.confchange import INTERNAL_REQUEST, ConfChanges
-from raft.election import Elections
+from raft.election import Campaign, Elections
 from raft.follower import FollowerSide
 from raft.incarnation import Incarnations
-from raft.leader import LeaderSide, Waiting
+from raft.leader import LeaderSide
+from raft.leader_state import LeaderState, Waiting
 from raft.membership import ClusterConfig, ConfigEntry
 from raft.producers import ProducerTable, Verdict
 from raft.snapshot import CONFIG, PRODUCERS, SnapshotContext, StartState, section_raw
 from raft.progress import FollowerProgress
-from raft.ready import FollowerStatus, HardState, ProduceAnswer, Ready, Status
+from raft.ready import FollowerStatus, HardState, ProduceAnswer, Ready, Status, StorageWork
 from raft.repair import Repairs
 from raft.types import Acks, ErrorCode, InvariantViolation, Role
 from recovery.deferred_flush import DeferredFlush
@@ -55,6 +59,9 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
     """One Raft group's consensus state machine. Drive it with tick/step/propose/flushed and
     drain ready(); see raft/ready.py for the driver contract."""
 
+    # Every core starts as a follower; only the _become_* methods below change the role.
+    role: Role = Role.FOLLOWER
+
     def __init__(self, cfg: RaftConfig, log: LogStorage, rng: Rng) -> None:
         self.cfg = cfg.validate()
         self.log = log
@@ -63,7 +70,6 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         meta = log.load_meta()
         self.term: int = meta.term
         self.voted_for: int | None = meta.voted_for
-        self.role = Role.FOLLOWER
         self.leader_id: int | None = None
         # The last checkpointed commit index, bounded by what survived in our log.
         saved_commit = int((meta.config or {}).get("commit", -1))
@@ -81,11 +87,11 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         self._rebuild_from_log()
 
         self._election_elapsed = 0
-        self._heartbeat_elapsed = 0
         self._randomized_timeout = 0
         self._reset_randomized_timeout()
         self._votes: dict[int, bool] = {}
-        self._progress: dict[int, FollowerProgress] = {}
+        # Exists only while leading (raft/leader_state.py).
+        self.leader: LeaderState | None = None
         self._seq = 0
         self._stream_limits = StreamLimits(cfg.max_append_bytes, cfg.recovery_chunk_bytes,
                                            cfg.recovery_flush_per_chunk, cfg.max_append_batches)
@@ -95,11 +101,6 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
             self._recovery_throttle = TokenBucket(
                 cfg.recovery_rate_bytes_per_tick,
                 cfg.recovery_burst_bytes or cfg.recovery_chunk_bytes, lambda: self._ticks)
-        self._waiting: deque[Waiting] = deque()
-        self._noop_offset = -1  # this leader's first entry; commit past it = "committed in term"
-        self._transfer_target: int | None = None
-        self._transfer_elapsed = 0
-        self._check_quorum_elapsed = 0
         # Follower side.
         self._leader_commit = -1  # last commit index the leader told us (this term)
         self._matched_upto = -1  # our log equals this term's leader's up to here
@@ -107,6 +108,14 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         self._deferred_flush = DeferredFlush(cfg.follower_flush_bytes,
                                              cfg.follower_flush_ticks)
         self._reported_flushed = log.flushed_offset
+
+        # Durable log changes handed to the driver (StorageWork, raft/ready.py): the one not
+        # handed out yet, the one running, what to do once it is done, and the append to
+        # handle again then. One at a time; the core leaves the log alone meanwhile.
+        self._storage_out: StorageWork | None = None
+        self._storage_running: StorageWork | None = None
+        self._after_storage: tuple[Callable[[], object], ...] = ()
+        self._resume: m.AppendEntries | None = None
 
         # Ready output.
         self._messages: list[m.Message] = []
@@ -201,15 +210,16 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
             self._handle_vote_reply(msg)
         elif isinstance(msg, m.TimeoutNow):
             if self.role != Role.LEADER and self.is_voter() and self._may_campaign():
-                self._campaign(transfer=True)
+                self._campaign(Campaign.TRANSFER)
 
     def propose(self, request_id: int, batch: Batch, acks: Acks) -> None:
         """Offer a batch for the log; the answer comes through ready().answers."""
         acks = Acks(acks)
         if batch.kind not in (BatchKind.DATA, BatchKind.CONTROL, BatchKind.STAGED):
             raise ValueError(f"clients may not propose {batch.kind.name} batches")
-        if self.role != Role.LEADER or self._transfer_target is not None:
-            hint = self._transfer_target if self._transfer_target is not None else self.leader_id
+        lead = self.leader
+        if lead is None or lead.transfer_target is not None:
+            hint = self.leader_id if lead is None else lead.transfer_target
             self._answer(request_id, ErrorCode.NOT_LEADER, leader_id=hint)
             return
         if batch.producer_id and batch.kind == BatchKind.DATA:
@@ -225,9 +235,9 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
                     f"the last {self.cfg.producer_window} remembered: its outcome is unknown; "
                     f"read the log to check, and use a new producer id for new writes"))
                 return
-        if acks == Acks.QUORUM and len(self._waiting) >= self.cfg.max_pending_produce:
+        if acks == Acks.QUORUM and len(lead.waiting) >= self.cfg.max_pending_produce:
             self._answer(request_id, ErrorCode.BACKPRESSURE, message=(
-                f"{len(self._waiting)} quorum writes are waiting for commit; retry shortly"))
+                f"{len(lead.waiting)} quorum writes are waiting for commit; retry shortly"))
             return
         placed = self._append_as_leader(batch)
         if placed is None:
@@ -235,7 +245,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
                 "the leader's unflushed tail is full; retry after the running flush"))
             return
         if acks == Acks.QUORUM:
-            self._waiting.append(Waiting(request_id, placed.base_offset, placed.last_offset))
+            lead.waiting.append(Waiting(request_id, placed.base_offset, placed.last_offset))
             self._answer_committed()  # a single voter may already cover it
         else:
             # LEADER: appended on the leader, nothing flushed yet. NONE: the same moment (the
@@ -262,11 +272,23 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
             self._send(self._heartbeat_reply(self.leader_id, 0))
         self._reported_flushed = max(self._reported_flushed, flushed)
 
+    def stored(self) -> None:
+        """The driver finished the StorageWork of an earlier Ready: the change is durable."""
+        if self._storage_running is None:
+            raise ValueError("stored() without storage work running: call it once per "
+                             "Ready.storage, after running it")
+        then, resume = self._after_storage, self._resume
+        self._storage_running, self._after_storage, self._resume = None, (), None
+        for fn in then:
+            fn()
+        if resume is not None and resume.term == self.term:
+            self.step(resume)  # the append that needed the change, from where it stopped
+
     # ------------------------------------------------------------------ outputs
     def ready(self) -> Ready:
-        if self._bcast_wanted and self.role == Role.LEADER:
+        if self._bcast_wanted and self.leader is not None:
             self._bcast_wanted = False
-            for pr in self._progress.values():
+            for pr in self.leader.progress.values():
                 self._send_append(pr)
         hs = None
         if self._hs_dirty:
@@ -274,14 +296,15 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
             self._hs_dirty = False
             self._saved_commit = self.commit_index
             self._checkpoint_elapsed = 0
-        rd = Ready(hs, self._messages, self._flush_wanted, self._answers)
+        rd = Ready(hs, self._messages, self._flush_wanted, self._answers, self._storage_out)
         self._messages, self._answers, self._flush_wanted = [], [], False
+        self._storage_out = None
         return rd
 
     def status(self) -> Status:
         followers = []
-        if self.role == Role.LEADER:
-            for pr in self._progress.values():
+        if self.leader is not None:
+            for pr in self.leader.progress.values():
                 followers.append(FollowerStatus(
                     pr.node_id, pr.match_index, pr.next_index, pr.dirty_offset,
                     pr.flushed_offset, len(pr.inflight), pr.inflight_bytes, pr.learner,
@@ -314,7 +337,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
 
     def progress(self, node_id: int) -> FollowerProgress | None:
         """The leader's view of one follower (None elsewhere); for the runtime and tests."""
-        return self._progress.get(node_id)
+        return None if self.leader is None else self.leader.progress.get(node_id)
 
     # ------------------------------------------------------------------ roles and time
     def _tick_follower(self) -> None:
@@ -323,48 +346,64 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         if (self._election_elapsed >= timeout and self.is_voter()
                 and self._may_campaign()):
             self._election_elapsed = 0
-            self._campaign(transfer=False)
+            self._campaign(Campaign.PRE_VOTE if self.cfg.pre_vote else Campaign.ELECTION)
 
     def _reset_randomized_timeout(self) -> None:
         e = self.cfg.election_ticks
         self._randomized_timeout = e + self.rng.randrange(e)
 
+    def _enter_term(self, term: int, voted_for: int | None) -> None:
+        """A new term: a new vote (durable before anyone sees a message of it) and nothing
+        known yet of this term's leader's log."""
+        self.term = term
+        self.voted_for = voted_for
+        self._hs_dirty = True
+        self._leader_commit = -1
+        self._matched_upto = -1
+        self._held_replies = []
+
     def _become_follower(self, term: int, leader: int | None) -> None:
-        was_leader = self.role == Role.LEADER
+        lead = self.leader
         if term != self.term:
-            self.term = term
-            self.voted_for = None
-            self._hs_dirty = True
-            self._leader_commit = -1
-            self._matched_upto = -1
-            self._held_replies = []
+            self._enter_term(term, None)
         self.role = Role.FOLLOWER
         self.leader_id = leader
         self._election_elapsed = 0
         self._reset_randomized_timeout()
         self._votes = {}
-        if was_leader:
-            self._step_down_cleanup()
+        if lead is not None:
+            self._step_down(lead)
 
-    def _step_down_cleanup(self) -> None:
-        for w in self._waiting:
+    def _become_pre_candidate(self) -> None:
+        """Ask whether we would win, in our current term (raft/election.py)."""
+        self.role = Role.PRE_CANDIDATE
+        self.leader_id = None
+        self._votes = {self.node_id: True}
+        self._election_elapsed = 0
+        self._reset_randomized_timeout()
+
+    def _become_candidate(self) -> None:
+        """Campaign in the next term, voting for ourselves (raft/election.py)."""
+        self._enter_term(self.term + 1, self.node_id)
+        self.role = Role.CANDIDATE
+        self.leader_id = None
+        self._votes = {self.node_id: True}
+        self._election_elapsed = 0
+        self._reset_randomized_timeout()
+
+    def _step_down(self, lead: LeaderState) -> None:
+        """What only a leader held goes with its leadership; its waiting writes are told."""
+        self.leader = None
+        for w in lead.waiting:
             self._answer(w.request_id, ErrorCode.LEADERSHIP_LOST, leader_id=self.leader_id,
                          message=("leadership changed before the write committed; it may or may "
                                   "not commit: retry (idempotent producers make it safe)"))
-        self._waiting.clear()
-        self._progress = {}
-        self._transfer_target = None
 
     def _become_leader(self) -> None:
         self.role = Role.LEADER
         self.leader_id = self.node_id
-        self._heartbeat_elapsed = 0
-        self._check_quorum_elapsed = 0
-        self._transfer_target = None
-        self._progress = {}
-        for node_id in self.config.members:
-            if node_id != self.node_id:
-                self._progress[node_id] = self._new_progress(node_id)
+        self.leader = LeaderState({node_id: self._new_progress(node_id)
+                                   for node_id in self.config.members if node_id != self.node_id})
         # A no-op of our term: entries of earlier terms commit once it does.
         noop = self._append_as_leader(Batch.create(b"", 1, kind=BatchKind.NOOP))
         if noop is None:
@@ -374,7 +413,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
             # election timeout tries again.
             self._become_follower(self.term, None)
             return
-        self._noop_offset = noop.base_offset
+        self.leader.noop_offset = noop.base_offset
         self._maybe_commit()
 
     def _new_progress(self, node_id: int) -> FollowerProgress:
@@ -386,6 +425,23 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
     # ------------------------------------------------------------------ output helpers
     def _send(self, msg: m.Message) -> None:
         self._messages.append(msg)
+
+    def _hand_off(self, work: StorageWork, *then: Callable[[], object]) -> None:
+        """Ask the driver for a durable change of the log (it fsyncs: the driver runs it off
+        its event loop); `then` runs once it is done (stored()). Until then nothing else
+        changes the log: appends wait (_waits_for_storage) and the node does not campaign."""
+        if self._storage_running is not None:
+            raise InvariantViolation(f"node {self.node_id}: storage work {work.op.value} asked "
+                                     f"for while {self._storage_running.op.value} runs")
+        self._storage_out = self._storage_running = work
+        self._after_storage = then
+
+    def _waits_for_storage(self, msg: m.AppendEntries) -> bool:
+        """True when storage work runs: `msg` is handled again once it is done."""
+        if self._storage_running is None:
+            return False
+        self._resume = msg
+        return True
 
     def _next_seq_peek(self) -> int:
         self._seq += 1

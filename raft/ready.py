@@ -8,17 +8,29 @@ The driver (trio runtime or simulation) loops:
     4. send rd.messages (any order; the network may drop/reorder them anyway);
     5. if rd.flush and no flush is running: run storage.flush() (worker thread / simulated disk
        delay) and when it completes call core.flushed(new_flushed_offset);
-    6. deliver rd.answers to waiting clients.
-The core appends to and truncates the storage object it was given directly (appends only touch
-the in-memory tail, so they are not I/O); flushes and metadata writes are the driver's work.
+    6. if rd.storage: run rd.storage.run(storage) (worker thread / simulated disk delay: it is
+       fsynced) and when it completes call core.stored(); an exception from it is fatal
+       (fail-stop), as from any step of the core;
+    7. deliver rd.answers to waiting clients.
+The core appends to the storage object it was given directly (appends only touch the in-memory
+tail, so they are not I/O); flushes, metadata writes and the durable changes of StorageWork
+(truncations, a reset, repairs) are the driver's work. While a StorageWork runs the core
+changes nothing in the log and hands out no other one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING
 
 from raft.messages import Message
 from raft.types import Acks, ErrorCode, Role
+
+if TYPE_CHECKING:
+    from storage.api import LogStorage
+    from storage.batch import Batch
 
 
 @dataclass(slots=True)
@@ -39,16 +51,64 @@ class ProduceAnswer:
     message: str = ""  # for errors the caller shows as-is (what went wrong, what to do next)
 
 
+class StorageOp(Enum):
+    TRUNCATE_SUFFIX = "truncate_suffix"  # a follower drops an old term's tail
+    RESET = "reset"  # a follower restarts its log at the leader's start (state transfer)
+    TRUNCATE_PREFIX = "truncate_prefix"  # a follower drops a damaged prefix the cluster deleted
+    REPAIR = "repair"  # a follower writes good copies of damaged batches back
+
+
+@dataclass(slots=True)
+class StorageWork:
+    """A durable change of the log the core needs before it goes on (each is one fsynced
+    transaction, storage/api.py). The driver runs it off its event loop and then calls
+    core.stored(); until then the core leaves the log as it is."""
+
+    op: StorageOp
+    offset: int = -1  # TRUNCATE_SUFFIX: the last offset kept; RESET, TRUNCATE_PREFIX: new start
+    term: int = 0  # RESET: the term of the entry just before the new start
+    snapshot: dict | None = None  # RESET, TRUNCATE_PREFIX: the state at the new start
+    batches: Sequence["Batch"] = ()  # REPAIR
+
+    @classmethod
+    def truncate_suffix(cls, after: int) -> "StorageWork":
+        return cls(StorageOp.TRUNCATE_SUFFIX, after)
+
+    @classmethod
+    def reset(cls, start: int, term: int, snapshot: dict | None = None) -> "StorageWork":
+        return cls(StorageOp.RESET, start, term, snapshot)
+
+    @classmethod
+    def truncate_prefix(cls, start: int, snapshot: dict | None) -> "StorageWork":
+        return cls(StorageOp.TRUNCATE_PREFIX, start, snapshot=snapshot)
+
+    @classmethod
+    def repair(cls, batches: Sequence["Batch"]) -> "StorageWork":
+        return cls(StorageOp.REPAIR, batches=tuple(batches))
+
+    def run(self, log: "LogStorage") -> None:
+        """Carry it out (blocking: call it where the driver does its disk work)."""
+        if self.op == StorageOp.TRUNCATE_SUFFIX:
+            log.truncate_suffix(self.offset)
+        elif self.op == StorageOp.RESET:
+            log.reset(self.offset, self.term, self.snapshot)
+        elif self.op == StorageOp.TRUNCATE_PREFIX:
+            log.truncate_prefix(self.offset, self.snapshot)
+        else:
+            log.repair(self.batches)
+
+
 @dataclass(slots=True)
 class Ready:
     hard_state: HardState | None = None
     messages: list[Message] = field(default_factory=list)
     flush: bool = False
     answers: list[ProduceAnswer] = field(default_factory=list)
+    storage: StorageWork | None = None  # run it, then call core.stored()
 
     def empty(self) -> bool:
         return (self.hard_state is None and not self.messages and not self.flush
-                and not self.answers)
+                and not self.answers and self.storage is None)
 
 
 @dataclass(slots=True)

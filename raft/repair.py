@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from raft import messages as m
 from raft.membership import ClusterConfig, ConfigEntry
 from raft.progress import FollowerProgress, ProgressState
+from raft.ready import StorageWork
 from raft.snapshot import TERM, StartState
 from raft.types import DataLost, Role
 from storage.batch import Batch, BatchKind, CorruptBatch
@@ -76,17 +77,17 @@ class Repairs:
             self._leader_damaged(self.log.damaged()[0])
 
     def _leader_damaged(self, d: Damage) -> None:
-        holders = [self._progress[v] for v in self.config.voters
-                   if v in self._progress and self._progress[v].durable_offset() >= d.last]
+        holders = [self.leader.progress[v] for v in self.config.voters if v in
+                   self.leader.progress and self.leader.progress[v].durable_offset() >= d.last]
         if holders:
-            if self._transfer_target is None:
+            if self.leader.transfer_target is None:
                 best = max(holders, key=lambda pr: (pr.match_index, -pr.node_id))
                 self.transfer_leadership(best.node_id)
             return
         others = [v for v in self.config.voters if v != self.node_id]
         if self._damage_ticks < self.cfg.election_ticks or any(
-                v not in self._progress
-                or self._progress[v].ticks_since_heard >= self.cfg.election_ticks
+                v not in self.leader.progress
+                or self.leader.progress[v].ticks_since_heard >= self.cfg.election_ticks
                 for v in others):
             return  # a voter we have not heard from lately may hold it: wait
         if d.first > self.commit_index:
@@ -127,9 +128,8 @@ class Repairs:
             return False
         if state.start_offset != prev + 1 or state.states[TERM][0] != msg.prev_term:
             return False
-        self.log.truncate_prefix(prev + 1, msg.snapshot)
-        self._restore_start_state(state)
-        self._rebuild_from_log()
+        self._hand_off(StorageWork.truncate_prefix(prev + 1, msg.snapshot),
+                       lambda: self._restore_start_state(state), self._rebuild_from_log)
         return True
 
     def _repair_if_damaged(self, b: Batch) -> None:
@@ -140,7 +140,7 @@ class Repairs:
             return
         hit = [x for x in self.log.damaged() if x.first == b.base_offset]
         if hit and (hit[0].last, hit[0].term) == (b.last_offset, b.term):
-            self.log.repair([b])
+            self._hand_off(StorageWork.repair([b]))
             # Bookkeeping the start-up rebuild skipped while it was unreadable.
             if self.producers.lookup(b.producer_id, b.sequence)[1] is None:
                 self.producers.record(b)

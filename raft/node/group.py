@@ -44,7 +44,7 @@ from raft.node.config import ConfigError, NodeConfig
 from raft.node.errors import NodeFailed
 from raft.node.looplag import LoopLag
 from raft.node.scrubber import Scrubber
-from raft.ready import ProduceAnswer
+from raft.ready import ProduceAnswer, StorageWork
 from raft.types import Acks, ErrorCode, Role
 from storage.api import DataDirLocked, DiskFull, LogStorage, Meta, StorageError
 from storage.batch import Batch
@@ -414,7 +414,21 @@ class RaftGroup:
             if pending is not None:
                 pending.answer = answer
                 pending.event.set()
+        if rd.storage is not None:
+            await self._run_storage(rd.storage)
         self._notify_changes()
+
+    async def _run_storage(self, work: StorageWork) -> None:
+        """A durable log change the core asked for (a truncation, a reset, a repair): fsynced
+        in a worker thread like a flush, then the core goes on. Any failure is fatal: the core
+        cannot go on without it, and the log is as before it (storage changes disk first)."""
+        try:
+            await self._run_io(work.run, self.log)
+            self.core.stored()
+        except Exception as e:
+            self.fail(e, f"storage {work.op.value}")
+            raise
+        self.kick()  # the append that waited for it is answered in the next Ready
 
     def _notify_changes(self) -> None:
         self._outbox.sync_members(self.membership())

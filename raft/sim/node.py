@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from raft import messages as m
 from raft.raft import RaftConfig, RaftCore
-from raft.ready import ProduceAnswer, Ready
+from raft.ready import ProduceAnswer, Ready, StorageWork
 from raft.retention import Plan, RetentionPolicy, core_holds, plan
 from raft.sim.loop import EventLoop
 from raft.types import Role
@@ -184,7 +184,7 @@ class SimNode:
             return
         assert self.core is not None
         try:
-            self.core.step(msg)  # may truncate or reset the log
+            self.core.step(msg)
         except StorageError as e:
             self.fail_stop(e)
             return
@@ -243,6 +243,28 @@ class SimNode:
                 self.flush_again = True
             else:
                 self._start_flush()
+        if rd.storage is not None:
+            # A durable log change (truncation, reset, repair): simulated disk time, like a
+            # flush; the core goes on once it is done.
+            epoch, work = self.epoch, rd.storage
+            delay = self.rng.randint(self.disk.min_flush_us, self.disk.max_flush_us)
+            self.loop.after(delay, lambda: self._storage_done(epoch, work))
+
+    def _storage_done(self, epoch: int, work: StorageWork) -> None:
+        if epoch != self.epoch or not self.up:
+            return  # crashed first: the change never reached the disk (it is all or nothing)
+        if self.paused:
+            self.loop.after(self.tick_us, lambda: self._storage_done(epoch, work))
+            return
+        assert self.core is not None
+        try:
+            work.run(self.log)
+            self.core.stored()
+        except StorageError as e:
+            self.fail_stop(e)
+            return
+        self.on_event(self, f"stored {work.op.value}")
+        self.process()
 
     def _start_flush(self) -> None:
         self.flushing = True

@@ -7,10 +7,12 @@ from __future__ import annotations
 import pytest
 import trio
 
-from inproc_cluster import RawClient, trio_test, values_payload
+from inproc_cluster import RawClient, running_cluster, trio_test, values_payload
+from raft import messages as m
 from raft.node.config import NodeConfig
 from raft.node.errors import NodeFailed
 from raft.node.server import Node
+from raft.ready import StorageWork
 from raft.types import Role
 from storage.api import DiskFull, StorageIOError
 from storage.memory import MemoryLog
@@ -95,3 +97,48 @@ async def test_a_full_disk_does_not_stop_the_node() -> None:
                 await trio.sleep(0.05)
         assert not node._stopped.is_set()
         node.request_shutdown()
+
+
+FAULT_DEADLINE_S = 8.0
+
+
+@pytest.mark.parametrize("fault", ["step", "storage work"])
+@trio_test
+async def test_a_fault_while_the_runtime_steps_the_core_stops_the_node(fault: str) -> None:
+    """The runtime steps the core with every peer message, and runs the durable log changes
+    the core asks for (a follower's truncation, its reset, a repair: StorageWork) outside the
+    flush path. An exception on either (a storage error, a broken invariant) means the node can
+    no longer trust its state: it stops at once, loudly, and serves nothing more. The faults are
+    injected into one follower: its core's step raises, or the truncation it is made to ask
+    for finds the disk failing."""
+    stopped_follower: list[Node] = []
+    with pytest.raises(BaseExceptionGroup) as raised:
+        async with running_cluster(3) as cluster:
+            leader = await cluster.wait_leader()
+            client = await RawClient.connect(leader.address)
+            ok = await client.request("produce", payload=values_payload([b"a"]), count=1)
+            assert ok["ok"], ok
+            follower = next(n for n in cluster.nodes if n is not leader)
+            core, log = follower.core, cluster.logs[follower.node_id]
+            assert isinstance(log, MemoryLog)
+            real_step = core.step
+
+            def faulty_step(msg: m.Message) -> None:
+                if isinstance(msg, (m.AppendEntries, m.Heartbeat)):
+                    if fault == "step":
+                        raise StorageIOError("injected: the disk failed during a truncation")
+                    if core._storage_running is None:  # the core asks to drop its tail
+                        log.fail_next("truncate_suffix", StorageIOError)
+                        core._hand_off(StorageWork.truncate_suffix(log.start_offset - 1))
+                real_step(msg)
+
+            core.step = faulty_step  # type: ignore[method-assign]
+            with trio.fail_after(FAULT_DEADLINE_S):
+                await follower._stopped.wait()
+            stopped_follower.append(follower)
+            # Loudly: the failure is recorded, and the node serves nothing more.
+            assert follower.group.failure is not None
+            with pytest.raises(OSError):
+                await RawClient.connect(follower.address)
+    assert stopped_follower, "the follower kept running after the fault"
+    assert raised.group_contains(NodeFailed, match="StorageIOError")

@@ -60,6 +60,9 @@ class Cluster:
                     self.net.append(msg)
             for a in rd.answers:
                 self.answers[a.request_id] = a
+            if rd.storage is not None:
+                rd.storage.run(log)
+                core.stored()
             if rd.flush and self.auto_flush[i]:
                 core.flushed(log.flush())
         raise AssertionError(f"node {i} never went quiet")

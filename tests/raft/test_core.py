@@ -12,6 +12,7 @@ from harness import Cluster
 from raft import messages as m
 from raft.raft import InvariantViolation, RaftConfig, RaftCore
 from raft.progress import ProgressState
+from raft.ready import StorageOp
 from raft.types import Acks, ErrorCode, Role
 from storage.batch import Batch
 from storage.memory import MemoryLog
@@ -245,6 +246,38 @@ def test_truncating_below_commit_is_an_invariant_violation() -> None:
     rogue = Batch.create(encode_values([b"c"]), 1).placed(1, 2)
     with pytest.raises(InvariantViolation):
         core.step(m.AppendEntries(3, 2, 2, 0, 1, [rogue], 0, True, 1))
+
+
+def test_a_truncation_is_the_drivers_work_and_the_log_waits_for_it() -> None:
+    """A follower's truncation fsyncs, so the core hands it to the driver (Ready.storage) and
+    changes nothing in the log until the driver says it is done: an append arriving meanwhile
+    is neither applied nor acknowledged, the node does not campaign, and the append that asked
+    for the truncation is handled once it is done."""
+    log = MemoryLog()
+    core = RaftCore(RaftConfig(node_id=2, voters=[1, 2, 3]), log, random.Random(1))
+    old = [Batch.create(encode_values([v]), 1).placed(i, 1) for i, v in enumerate([b"a", b"b"])]
+    core.step(m.AppendEntries(1, 2, 1, -1, 0, old, 0, True, 1))
+    core.flushed(log.flush())
+    core.ready()
+    new = Batch.create(encode_values([b"B"]), 1).placed(1, 2)
+    core.step(m.AppendEntries(3, 2, 2, 0, 1, [new], 0, True, 1))
+    rd = core.ready()
+    assert rd.storage is not None and rd.storage.op == StorageOp.TRUNCATE_SUFFIX
+    assert rd.storage.offset == 0
+    assert not any(isinstance(x, m.AppendEntriesReply) for x in rd.messages)
+    assert (log.dirty_offset, log.term_at(1)) == (1, 1)  # untouched until the driver runs it
+    # Meanwhile: a later append of the new leader is neither applied nor acknowledged, and a
+    # vote for this node is not sought.
+    later = Batch.create(encode_values([b"C"]), 1).placed(2, 2)
+    core.step(m.AppendEntries(3, 2, 2, 1, 1, [later], 0, False, 2))
+    assert not core.ready().messages and log.dirty_offset == 1
+    assert not core._may_campaign()
+    rd.storage.run(log)
+    core.stored()
+    core.flushed(log.flush())
+    replies = [x for x in core.ready().messages if isinstance(x, m.AppendEntriesReply)]
+    assert [(r.success, r.last_appended) for r in replies] == [(True, 1)]
+    assert (log.dirty_offset, log.term_at(1)) == (1, 2)
 
 
 def test_transfer_leadership_moves_to_target() -> None:

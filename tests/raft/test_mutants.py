@@ -29,6 +29,7 @@ import pytest
 import test_core
 import test_retention
 import test_disk_loss_rules
+import test_membership_safety
 import test_safety_rules
 import test_state_transfer
 import test_subscriptions
@@ -112,6 +113,11 @@ MUTANTS = [
            "if after < self.commit_index:",
            "if False:",
            (test_core.test_truncating_below_commit_is_an_invariant_violation,)),
+    Mutant("a follower takes appends while its log is being truncated",
+           "raft.follower", "FollowerSide._handle_append",
+           "        if self._storage_running is not None:\n            return  # the log is changing",
+           "        if False:\n            return  # the log is changing",
+           (test_core.test_a_truncation_is_the_drivers_work_and_the_log_waits_for_it,)),
     Mutant("a stale success reply raises match_index",
            "raft.leader", "LeaderSide._handle_append_reply",
            "            if fresh:\n",
@@ -124,11 +130,31 @@ MUTANTS = [
            (functools.partial(
                test_failstop.test_a_storage_fault_stops_the_node_and_a_restart_recovers,
                op="flush"),)),
+    Mutant("a node runs on after a fault while the runtime steps its core",
+           "raft.node.group", "RaftGroup.deliver",
+           "                self.fail(e, \"step\")\n                return\n",
+           "                continue\n",
+           (functools.partial(
+               test_failstop.test_a_fault_while_the_runtime_steps_the_core_stops_the_node,
+               fault="step"),)),
+    Mutant("a node runs on after the storage work its core asked for failed",
+           "raft.node.group", "RaftGroup._run_storage",
+           "            self.fail(e, f\"storage {work.op.value}\")\n            raise\n",
+           "            pass\n",
+           (functools.partial(
+               test_failstop.test_a_fault_while_the_runtime_steps_the_core_stops_the_node,
+               fault="storage work"),)),
     Mutant("a learner is promoted during a leadership transfer",
            "raft.confchange", "ConfChanges._maybe_promote",
-           " or self._transfer_target is not None\n",
+           " or lead.transfer_target is not None\n",
            "\n",
            (test_safety_rules.test_no_promotion_is_appended_during_a_leadership_transfer,)),
+    Mutant("a leader changes membership before committing an entry of its term",
+           "raft.confchange", "ConfChanges._config_change_blocked",
+           "if self.commit_index < lead.noop_offset:",
+           "if False:",
+           (test_membership_safety
+            .test_a_leader_makes_no_membership_change_before_committing_in_its_term,)),
     # Disk loss and corruption (raft/incarnation.py, raft/repair.py).
     Mutant("a node that lost its disk votes before it is re-added",
            "raft.election", "Elections._handle_vote",
@@ -311,11 +337,11 @@ MUTANTS = [
            (test_retention.test_an_open_load_holds_its_staged_data,)),
     Mutant("a follower resets to the leader's start without storing the state with it",
            "raft.follower", "FollowerSide._state_transfer",
-           "self.log.reset(prev + 1, msg.prev_term, msg.snapshot)",
-           "self.log.reset(prev + 1, msg.prev_term)",
+           "StorageWork.reset(prev + 1, msg.prev_term, msg.snapshot)",
+           "StorageWork.reset(prev + 1, msg.prev_term)",
            (test_state_transfer.test_the_state_survives_a_crash_right_after_the_reset,)),
     Mutant("a follower accepts batches after a reset without taking the state there",
-           "raft.follower", "FollowerSide._state_transfer",
+           "raft.follower", "FollowerSide._after_reset",
            "        if state is not None:\n            self._restore_start_state(state)",
            "        if False:\n            self._restore_start_state(state)",
            (test_state_transfer.test_a_follower_behind_the_log_start_gets_the_state_there,)),
