@@ -219,6 +219,11 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
                 self._answer_duplicate(request_id, written.base_offset, written.last_offset,
                                        acks)
                 return
+            if verdict == Verdict.UNKNOWN:
+                self._answer(request_id, ErrorCode.BACKPRESSURE, message=(
+                    "this leader holds a damaged batch it cannot read until it is repaired, so "
+                    "it cannot tell whether this write is a retry of it; retry shortly"))
+                return
             if verdict == Verdict.TOO_OLD:
                 self._answer(request_id, ErrorCode.BAD_REQUEST, message=(
                     f"sequence {batch.sequence} of producer {batch.producer_id} is older than "

@@ -141,9 +141,9 @@ class Repairs:
         hit = [x for x in self.log.damaged() if x.first == b.base_offset]
         if hit and (hit[0].last, hit[0].term) == (b.last_offset, b.term):
             self.log.repair([b])
-            # Bookkeeping the start-up rebuild skipped while it was unreadable.
-            if self.producers.lookup(b.producer_id, b.sequence)[1] is None:
-                self.producers.record(b)
+            # Bookkeeping the start-up rebuild skipped while it was unreadable: the producer
+            # table takes it in its place in log order, and can tell retries again.
+            self.producers.record(b)
             if (b.kind == BatchKind.CONFIG and b.base_offset > self._configs[0].offset
                     and all(c.offset != b.base_offset for c in self._configs)):
                 self._configs.append(ConfigEntry(b.base_offset, b.term,

@@ -278,3 +278,60 @@ def test_add_node_for_a_member_re_adds_it_only_when_it_lost_its_disk() -> None:
     c.down = set()
     c.tick(5)
     assert n in c.cores[leader].config.voters and c.cores[n].standing() == Standing.MEMBER
+
+
+def test_a_leader_whose_producer_table_missed_a_damaged_batch_does_not_take_its_retry_as_new(
+        ) -> None:
+    """Simulation seed 7131584 (issue 24): a producer's write E commits; S3's copy of E rots
+    and S3 restarts, so its producer table, rebuilt from its log, could not read E. S3 leads
+    (S1 is away) and the producer retries E there: taken as new, it would commit a second
+    time. The leader must refuse it for now (it cannot tell), and once the copy is repaired or
+    a whole node leads, the retry gets E's original offsets."""
+    c = WatchedDisks(3, pre_vote=False, check_quorum=False)
+    campaign_until_leader(c, 1)
+    c.tick(2)
+    first = c.propose(1, [b"c1-s45"], Acks.QUORUM, producer_id=1001, sequence=45)
+    c.tick(3)
+    e = c.answers[first].base_offset
+    assert c.answers[first].error.name == "OK" and c.logs[3].flushed_offset >= e
+    c.logs[3].flip_bits(e)
+    c.crash(3)
+    assert [d.first for d in c.logs[3].damaged()] == [e]
+    c.down = {1}
+    campaign_until_leader(c, 3)
+    retry = c.propose(3, [b"c1-s45"], Acks.QUORUM, producer_id=1001, sequence=45)
+    copies = [b.base_offset for b in c.logs[3].read(e + 1, 1 << 20)
+              if (b.producer_id, b.sequence) == (1001, 45)]
+    assert not copies, f"the retry of the write at {e} was appended again at {copies}"
+    a = c.answers.get(retry)
+    assert a is None or a.error.name != "OK" or a.base_offset == e
+    c.tick(30)  # S3 hands over to S2, which holds E, and repairs S3's copy
+    leader = c.leader()
+    assert leader is not None and leader != 3 and c.logs[3].damaged() == []
+    again = c.propose(leader, [b"c1-s45"], Acks.QUORUM, producer_id=1001, sequence=45)
+    c.tick(3)
+    assert c.answers[again].error.name == "OK" and c.answers[again].base_offset == e
+    assert c.answers[again].duplicate
+
+
+def test_a_repaired_batch_goes_back_into_the_producer_table_in_log_order() -> None:
+    """The table's per-producer window is in log order (truncation pops the newest, the window
+    drops the oldest): a damaged batch repaired after later writes must not land last."""
+    from raft.producers import ProducerTable, Verdict
+    from storage.batch import Batch
+
+    def batch(seq: int, off: int) -> Batch:
+        return Batch.create(b"\x91\xa1x", 1, producer_id=7, sequence=seq).placed(off, 1)
+
+    t = ProducerTable(window=4)
+    t.record(batch(0, 10))
+    t.mark_unread(11, 11)  # seq 1 at 11: damaged, not read
+    for seq, off in ((2, 12), (3, 13)):
+        t.record(batch(seq, off))
+    assert t.lookup(7, 1)[0] == Verdict.UNKNOWN and t.lookup(8, 0)[0] == Verdict.UNKNOWN
+    t.record(batch(1, 11))  # repaired
+    assert t.unread == [] and t.lookup(7, 1) == (Verdict.DUPLICATE, t.lookup(7, 1)[1])
+    assert [w.base_offset for w in t._by_pid[7]] == [10, 11, 12, 13]
+    t.truncate_after(11)  # the log drops 12 and 13: so does the table
+    assert [w.base_offset for w in t._by_pid[7]] == [10, 11]
+    assert t.lookup(7, 2)[0] == Verdict.NEW
