@@ -335,3 +335,31 @@ def test_a_repaired_batch_goes_back_into_the_producer_table_in_log_order() -> No
     t.truncate_after(11)  # the log drops 12 and 13: so does the table
     assert [w.base_offset for w in t._by_pid[7]] == [10, 11]
     assert t.lookup(7, 2)[0] == Verdict.NEW
+
+
+def test_committed_data_is_not_declared_lost_while_a_voter_that_may_hold_it_is_down() -> None:
+    """Simulation seed 29782835 (issue 24): E commits on S2 and S3 while S1 is away; S3's copy
+    of E rots; S2 goes down; S1 comes back far behind and S3 leads. S1 answers without E, but S2
+    has not answered at all: it may hold the only good copy (it does). S3 must wait, say in its
+    status that it waits for S2, and repair once S2 is back, instead of stopping with
+    DataLost."""
+    c = WatchedDisks(3, pre_vote=False, check_quorum=False)
+    campaign_until_leader(c, 2)
+    c.tick(2)
+    c.down = {1}
+    e = write_committed(c, 2, b"E")
+    c.tick(25)  # S3 checkpoints a commit index past E: it knows E is committed
+    c.logs[3].flip_bits(e)
+    c.crash(3)
+    assert c.cores[3].commit_index >= e and [d.first for d in c.logs[3].damaged()] == [e]
+    c.down = {2}
+    campaign_until_leader(c, 3)
+    c.tick(3 * c.cores[3].cfg.election_ticks)  # S1 answers without E; S2 says nothing
+    assert c.cores[3].role == Role.LEADER
+    assert c.logs[1].dirty_offset < e
+    assert c.cores[3].status().damage_waiting_for == [2]
+    c.down = set()  # S2 is back with E: S3 hands over to it and gets E repaired
+    c.tick(30)
+    assert c.logs[3].damaged() == []
+    assert c.logs[3].read(e, 1)[0] == c.logs[2].read(e, 1)[0]
+    assert c.cores[3].status().damage_waiting_for == []
