@@ -207,6 +207,7 @@ class ConfChanges:
         while offset <= log.dirty_offset:
             batches, skip_to = self._read_or_skip(offset, 8 << 20)
             if not batches:  # damaged: repaired later from the leader (raft/repair.py)
+                self.producers.mark_unread(offset, skip_to - 1)  # (it cannot tell retries)
                 offset = skip_to
                 continue
             for b in batches:

@@ -181,18 +181,27 @@ class Incarnations:
                 self._new_disk(src, inc)  # it lost its disk again
             else:
                 self._maybe_readd()
+            self._note_rejoiner_answer(msg)
             return False  # not re-added yet, or an older incarnation
         if recorded is not None and inc != recorded:
             if msg.rejoining and inc not in self._retired.get(src, ()):
                 self._new_disk(src, inc)
+            self._note_rejoiner_answer(msg)
             return False  # not the member the configuration knows
         if recorded is None and msg.rejoining and src in cfg.voters:
             self._new_disk(src, inc)  # a voter that forgot: it must not count
+            self._note_rejoiner_answer(msg)
             return False
         if self._incarnation_heard.get(src, inc) != inc:
             self._forget_progress(src)  # another disk than the one we heard: start it over
         self._incarnation_heard[src] = inc
         return True
+
+    def _note_rejoiner_answer(self, msg: m.AppendEntriesReply | m.HeartbeatReply) -> None:
+        """A voter answering from the new disk it is being re-added with does not count, but
+        what its log lacks is still evidence for a damaged batch of ours (raft/repair.py)."""
+        if self._rejoiners.get(msg.src) == msg.incarnation:
+            self._note_copy_answer(msg)
 
     def _new_disk(self, node_id: int, incarnation: int) -> None:
         """`node_id` answers from a data directory the configuration does not know: whatever

@@ -179,6 +179,7 @@ class LeaderSide:
         elif fresh:
             self._back_off(pr, msg)
         self._note_damage(pr, msg.repair_from, fresh)
+        self._note_copy_answer(msg)
         self._maybe_commit()
         self._maybe_promote(pr)
         self._maybe_send_timeout_now()
@@ -219,6 +220,7 @@ class LeaderSide:
         if pr.state == ProgressState.PROBE:
             pr.probe_sent = False  # a probe may have been lost: try again
         self._note_damage(pr, msg.repair_from, fresh)
+        self._note_copy_answer(msg)
         self._maybe_commit()
         self._maybe_promote(pr)
         self._maybe_send_timeout_now()

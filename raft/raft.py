@@ -46,7 +46,7 @@ from raft.producers import ProducerTable, Verdict
 from raft.snapshot import CONFIG, PRODUCERS, SnapshotContext, StartState, section_raw
 from raft.progress import FollowerProgress
 from raft.ready import FollowerStatus, HardState, ProduceAnswer, Ready, Status, StorageWork
-from raft.repair import Repairs
+from raft.repair import CopyCensus, Repairs
 from raft.types import Acks, ErrorCode, InvariantViolation, Role
 from recovery.deferred_flush import DeferredFlush
 from recovery.ratelimit import TokenBucket
@@ -126,6 +126,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
 
         self._damage_seen = -1  # damage found at open is reported at the first tick
         self._damage_ticks = 0
+        self._copy_census = CopyCensus()  # who answered without a good copy (raft/repair.py)
         self._init_incarnation(meta)
 
         if len(self.config.voters) == 1 and self.config.voters[0] == self.node_id and \
@@ -229,6 +230,11 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
                 self._answer_duplicate(request_id, written.base_offset, written.last_offset,
                                        acks)
                 return
+            if verdict == Verdict.UNKNOWN:
+                self._answer(request_id, ErrorCode.BACKPRESSURE, message=(
+                    "this leader holds a damaged batch it cannot read until it is repaired, so "
+                    "it cannot tell whether this write is a retry of it; retry shortly"))
+                return
             if verdict == Verdict.TOO_OLD:
                 self._answer(request_id, ErrorCode.BAD_REQUEST, message=(
                     f"sequence {batch.sequence} of producer {batch.producer_id} is older than "
@@ -318,7 +324,8 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
                       self.log.start_offset, list(cfg.voters), list(cfg.learners), followers,
                       self.log.retained_bytes, self.log.start_term,
                       self.incarnation, self.standing().value,
-                      [[d.first, d.last] for d in self.log.damaged()], self.votes_refused)
+                      [[d.first, d.last] for d in self.log.damaged()], self.votes_refused,
+                      self._damage_waiting_for())
 
     def snapshot_context(self) -> SnapshotContext:
         """What the sections of the state at the log start need on this node (raft/snapshot.py):

@@ -151,3 +151,6 @@ class Status:
     standing: str = "member"
     damaged: list[list[int]] = field(default_factory=list)  # [first, last] not served yet
     votes_refused: int = 0  # vote requests refused because it is not a member in good standing
+    # A leader whose copy of a batch is damaged and that knows no voter holding it: the voters
+    # it still waits to hear from before it may declare the batch lost (raft/repair.py).
+    damage_waiting_for: list[int] = field(default_factory=list)

@@ -18,6 +18,14 @@ the scrubber or a read: storage/damage.py) and never returns it. The rules here:
   voter has answered, nobody has a good copy: when the range is not committed the leader steps
   down (a leader without it overwrites it); when it is committed, the node stops with DataLost
   naming the range (loud, never a silent loss).
+- "Every voter has answered" is kept as evidence, not inferred from silence (`CopyCensus`): a
+  voter counts as answered without a good copy only once a reply of this term, to a request
+  sent after the leader knew of the damage, shows its log ends before the range or holds it
+  damaged. A voter that is down, or whose reply could not tell (a log that diverges from ours
+  before the range), is waited for: a voter that was simply not heard from yet may be the one
+  holding the only good copy (simulation seed 29782835, issue 24). Status names the voters a
+  leader waits for (`damage_waiting_for`); it repairs as soon as one of them turns up with a
+  good copy.
 
 A node that lost flushed batches whose position is unknown (a damaged header, a missing batch)
 has its log cut at open instead (storage/lmdb_format.py), and keeps the position it held
@@ -28,6 +36,7 @@ A mixin of RaftCore (raft/raft.py), which owns the state it reads and writes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from raft import messages as m
@@ -44,12 +53,38 @@ if TYPE_CHECKING:
     from storage.api import LogStorage
 
 
+@dataclass(slots=True)
+class CopyCensus:
+    """A leader's evidence about its first damaged batch: which voters answered without a good
+    copy of it. Kept per (term, first damaged offset); only replies to requests sent after it
+    began count (`since_seq`), the latest reply of each voter winning, so a reply describing a
+    log from before the damage was known never counts."""
+
+    term: int = -1
+    first: int = -1
+    since_seq: int = 0
+    answers: dict[int, tuple[int, bool]] = field(default_factory=dict)  # voter -> (seq, lacks)
+
+    def follow(self, term: int, first: int, seq: int) -> None:
+        if (self.term, self.first) != (term, first):
+            self.term, self.first, self.since_seq = term, first, seq
+            self.answers.clear()
+
+    def note(self, voter: int, seq: int, lacks: bool) -> None:
+        if seq > self.since_seq and seq >= self.answers.get(voter, (0, False))[0]:
+            self.answers[voter] = (seq, lacks)
+
+    def lacking(self, voter: int) -> bool:
+        return self.answers.get(voter, (0, False))[1]
+
+
 class Repairs:
-    """State lives on RaftCore: `_damage_seen` (the storage damage version acted on) and
-    `_damage_ticks` (ticks a leader has held damage without a holder)."""
+    """State lives on RaftCore: `_damage_seen` (the storage damage version acted on),
+    `_damage_ticks` (ticks a leader has held damage without a holder) and `_copy_census`."""
 
     cfg: "RaftConfig"
     log: "LogStorage"
+    _copy_census: CopyCensus
 
     def _reportable_flushed(self) -> int:
         """The flushed offset this node may report and count: never past damage."""
@@ -77,26 +112,62 @@ class Repairs:
             self._leader_damaged(self.log.damaged()[0])
 
     def _leader_damaged(self, d: Damage) -> None:
-        holders = [self.leader.progress[v] for v in self.config.voters if v in
-                   self.leader.progress and self.leader.progress[v].durable_offset() >= d.last]
+        self._copy_census.follow(self.term, d.first, self._seq)
+        holders = self._holders(d)
         if holders:
             if self.leader.transfer_target is None:
                 best = max(holders, key=lambda pr: (pr.match_index, -pr.node_id))
                 self.transfer_leadership(best.node_id)
             return
         others = [v for v in self.config.voters if v != self.node_id]
-        if self._damage_ticks < self.cfg.election_ticks or any(
-                v not in self.leader.progress
-                or self.leader.progress[v].ticks_since_heard >= self.cfg.election_ticks
-                for v in others):
-            return  # a voter we have not heard from lately may hold it: wait
         if d.first > self.commit_index:
+            if self._damage_ticks < self.cfg.election_ticks or any(
+                    v not in self.leader.progress
+                    or self.leader.progress[v].ticks_since_heard >= self.cfg.election_ticks
+                    for v in others):
+                return  # a voter we have not heard from lately may hold it: wait
             self._become_follower(self.term, None)  # only ours and not committed: overwritten
             return
+        # Committed: lost only when every voter has answered without a good copy.
+        waiting = self._damage_waiting_for()
+        if self._damage_ticks < self.cfg.election_ticks or waiting:
+            return  # a voter that has not answered may hold a good copy: wait for it
         raise DataLost(
             f"node {self.node_id}: committed {d.describe()} is damaged here and no other voter "
-            f"has a good copy ({len(others)} answered), so it is lost; stopping rather than "
-            f"serving a log with a hole. See docs/DISK-LOSS.md, 'No member has a good copy'")
+            f"has a good copy (voters {others} all answered without one), so it is lost; "
+            f"stopping rather than serving a log with a hole. See docs/DISK-LOSS.md, 'No "
+            f"member has a good copy'")
+
+    def _holders(self, d: Damage) -> list[FollowerProgress]:
+        progress = self.leader.progress
+        return [progress[v] for v in self.config.voters
+                if v in progress and progress[v].durable_offset() >= d.last]
+
+    def _damage_waiting_for(self) -> list[int]:
+        """Leader holding a damaged batch that no voter is known to hold: the voters it still
+        waits to hear from (a good copy may be theirs) before it may declare the batch lost;
+        [] otherwise. Shown by status."""
+        if self.role != Role.LEADER or not self._damaged():
+            return []
+        d = self.log.damaged()[0]
+        if self._holders(d):
+            return []  # handing over to one of them
+        census = self._copy_census
+        known = (census.term, census.first) == (self.term, d.first)
+        return [v for v in self.config.voters
+                if v != self.node_id and not (known and census.lacking(v))]
+
+    def _note_copy_answer(self, msg: m.AppendEntriesReply | m.HeartbeatReply) -> None:
+        """Leader: a voter's reply, as evidence about our first damaged batch. It lacks a good
+        copy when its log ends before the batch does, or its own copy is damaged; anything
+        else (it may hold it, unflushed or in a log that diverges from ours) is not evidence."""
+        first = self.log.first_damaged()
+        if self.role != Role.LEADER or first is None or msg.src not in self.config.voters:
+            return
+        d = self.log.damaged()[0]
+        self._copy_census.follow(self.term, d.first, self._seq)
+        lacks = msg.dirty_offset < d.last or d.first <= msg.repair_from <= d.last
+        self._copy_census.note(msg.src, msg.seq, lacks)
 
     def _schedule_repair(self, pr: FollowerProgress, first: int) -> None:
         """A follower reports damage from `first`: stop counting it, send the range again."""
@@ -141,9 +212,9 @@ class Repairs:
         hit = [x for x in self.log.damaged() if x.first == b.base_offset]
         if hit and (hit[0].last, hit[0].term) == (b.last_offset, b.term):
             self._hand_off(StorageWork.repair([b]))
-            # Bookkeeping the start-up rebuild skipped while it was unreadable.
-            if self.producers.lookup(b.producer_id, b.sequence)[1] is None:
-                self.producers.record(b)
+            # Bookkeeping the start-up rebuild skipped while it was unreadable: the producer
+            # table takes it in its place in log order, and can tell retries again.
+            self.producers.record(b)
             if (b.kind == BatchKind.CONFIG and b.base_offset > self._configs[0].offset
                     and all(c.offset != b.base_offset for c in self._configs)):
                 self._configs.append(ConfigEntry(b.base_offset, b.term,

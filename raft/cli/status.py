@@ -89,6 +89,9 @@ def node_rows(statuses: dict[str, dict[str, Any]]) -> list[list[str]]:
             role += f" ({st['standing']})"
         if st.get("damaged"):  # docs/DISK-LOSS.md: not served, being fetched again
             role += " (damaged: " + ", ".join(f"{a}..{b}" for a, b in st["damaged"]) + ")"
+        if st.get("damage_waiting_for"):  # no known good copy yet: who may still hold one
+            role += " (waiting for voters " + ", ".join(
+                str(v) for v in st["damage_waiting_for"]) + ")"
         rows.append([str(st["node_id"]), addr, role, str(st["term"]),
                      str(st.get("leader_id")), str(st["dirty_offset"]),
                      str(st["flushed_offset"]), str(st["commit_index"]),

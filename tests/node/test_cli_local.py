@@ -323,3 +323,18 @@ def test_load_finds_the_cluster_like_every_other_command(monkeypatch) -> None:
     resolve_servers(args)
     assert args.servers == "127.0.0.1:7201,127.0.0.1:7202"
     assert args.servers_source == "env RAFTLOG_SERVERS"
+
+
+def test_status_names_the_voters_a_damaged_leader_waits_for() -> None:
+    """docs/DISK-LOSS.md: a leader whose copy of a committed batch is damaged, and that knows no
+    voter holding it, waits for the voters that have not answered; status names them."""
+    from rich.console import Console
+
+    statuses = {"127.0.0.1:7103": {
+        "node_id": 3, "role": "leader", "term": 4, "leader_id": 3, "dirty_offset": 77,
+        "flushed_offset": 77, "commit_index": 62, "high_watermark": 62, "peers": {},
+        "damaged": [[46, 46]], "damage_waiting_for": [2]}}
+    out = io.StringIO()
+    render_status(statuses, Console(file=out, width=200, force_terminal=False))
+    text = out.getvalue()
+    assert "damaged: 46..46" in text and "waiting for voters 2" in text

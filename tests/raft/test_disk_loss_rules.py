@@ -278,3 +278,88 @@ def test_add_node_for_a_member_re_adds_it_only_when_it_lost_its_disk() -> None:
     c.down = set()
     c.tick(5)
     assert n in c.cores[leader].config.voters and c.cores[n].standing() == Standing.MEMBER
+
+
+def test_a_leader_whose_producer_table_missed_a_damaged_batch_does_not_take_its_retry_as_new(
+        ) -> None:
+    """Simulation seed 7131584 (issue 24): a producer's write E commits; S3's copy of E rots
+    and S3 restarts, so its producer table, rebuilt from its log, could not read E. S3 leads
+    (S1 is away) and the producer retries E there: taken as new, it would commit a second
+    time. The leader must refuse it for now (it cannot tell), and once the copy is repaired or
+    a whole node leads, the retry gets E's original offsets."""
+    c = WatchedDisks(3, pre_vote=False, check_quorum=False)
+    campaign_until_leader(c, 1)
+    c.tick(2)
+    first = c.propose(1, [b"c1-s45"], Acks.QUORUM, producer_id=1001, sequence=45)
+    c.tick(3)
+    e = c.answers[first].base_offset
+    assert c.answers[first].error.name == "OK" and c.logs[3].flushed_offset >= e
+    c.logs[3].flip_bits(e)
+    c.crash(3)
+    assert [d.first for d in c.logs[3].damaged()] == [e]
+    c.down = {1}
+    campaign_until_leader(c, 3)
+    retry = c.propose(3, [b"c1-s45"], Acks.QUORUM, producer_id=1001, sequence=45)
+    copies = [b.base_offset for b in c.logs[3].read(e + 1, 1 << 20)
+              if (b.producer_id, b.sequence) == (1001, 45)]
+    assert not copies, f"the retry of the write at {e} was appended again at {copies}"
+    a = c.answers.get(retry)
+    assert a is None or a.error.name != "OK" or a.base_offset == e
+    c.tick(30)  # S3 hands over to S2, which holds E, and repairs S3's copy
+    leader = c.leader()
+    assert leader is not None and leader != 3 and c.logs[3].damaged() == []
+    again = c.propose(leader, [b"c1-s45"], Acks.QUORUM, producer_id=1001, sequence=45)
+    c.tick(3)
+    assert c.answers[again].error.name == "OK" and c.answers[again].base_offset == e
+    assert c.answers[again].duplicate
+
+
+def test_a_repaired_batch_goes_back_into_the_producer_table_in_log_order() -> None:
+    """The table's per-producer window is in log order (truncation pops the newest, the window
+    drops the oldest): a damaged batch repaired after later writes must not land last."""
+    from raft.producers import ProducerTable, Verdict
+    from storage.batch import Batch
+
+    def batch(seq: int, off: int) -> Batch:
+        return Batch.create(b"\x91\xa1x", 1, producer_id=7, sequence=seq).placed(off, 1)
+
+    t = ProducerTable(window=4)
+    t.record(batch(0, 10))
+    t.mark_unread(11, 11)  # seq 1 at 11: damaged, not read
+    for seq, off in ((2, 12), (3, 13)):
+        t.record(batch(seq, off))
+    assert t.lookup(7, 1)[0] == Verdict.UNKNOWN and t.lookup(8, 0)[0] == Verdict.UNKNOWN
+    t.record(batch(1, 11))  # repaired
+    assert t.unread == [] and t.lookup(7, 1) == (Verdict.DUPLICATE, t.lookup(7, 1)[1])
+    assert [w.base_offset for w in t._by_pid[7]] == [10, 11, 12, 13]
+    t.truncate_after(11)  # the log drops 12 and 13: so does the table
+    assert [w.base_offset for w in t._by_pid[7]] == [10, 11]
+    assert t.lookup(7, 2)[0] == Verdict.NEW
+
+
+def test_committed_data_is_not_declared_lost_while_a_voter_that_may_hold_it_is_down() -> None:
+    """Simulation seed 29782835 (issue 24): E commits on S2 and S3 while S1 is away; S3's copy
+    of E rots; S2 goes down; S1 comes back far behind and S3 leads. S1 answers without E, but S2
+    has not answered at all: it may hold the only good copy (it does). S3 must wait, say in its
+    status that it waits for S2, and repair once S2 is back, instead of stopping with
+    DataLost."""
+    c = WatchedDisks(3, pre_vote=False, check_quorum=False)
+    campaign_until_leader(c, 2)
+    c.tick(2)
+    c.down = {1}
+    e = write_committed(c, 2, b"E")
+    c.tick(25)  # S3 checkpoints a commit index past E: it knows E is committed
+    c.logs[3].flip_bits(e)
+    c.crash(3)
+    assert c.cores[3].commit_index >= e and [d.first for d in c.logs[3].damaged()] == [e]
+    c.down = {2}
+    campaign_until_leader(c, 3)
+    c.tick(3 * c.cores[3].cfg.election_ticks)  # S1 answers without E; S2 says nothing
+    assert c.cores[3].role == Role.LEADER
+    assert c.logs[1].dirty_offset < e
+    assert c.cores[3].status().damage_waiting_for == [2]
+    c.down = set()  # S2 is back with E: S3 hands over to it and gets E repaired
+    c.tick(30)
+    assert c.logs[3].damaged() == []
+    assert c.logs[3].read(e, 1)[0] == c.logs[2].read(e, 1)[0]
+    assert c.cores[3].status().damage_waiting_for == []

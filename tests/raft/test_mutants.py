@@ -195,6 +195,18 @@ MUTANTS = [
            "return self.may_vote() and (True or",
            (test_disk_loss_rules
             .test_a_node_that_lost_flushed_entries_does_not_lead_before_it_has_them_again,)),
+    Mutant("a producer table that could not read a damaged batch takes a retry of it as new",
+           "raft.producers", "ProducerTable.lookup",
+           "if self._unread:",
+           "if False:",
+           (test_disk_loss_rules
+            .test_a_leader_whose_producer_table_missed_a_damaged_batch_does_not_take_its_retry_as_new,)),
+    Mutant("committed data is declared lost before every voter answered without a good copy",
+           "raft.repair", "Repairs._leader_damaged",
+           "waiting = self._damage_waiting_for()",
+           "waiting = []",
+           (test_disk_loss_rules
+            .test_committed_data_is_not_declared_lost_while_a_voter_that_may_hold_it_is_down,)),
     # -- subscriptions (raft/subscriptions.py, raft/subscription_batcher.py) -----------------------
     Mutant("retention deletes what a subscription has not read, although told to respect it",
            "raft.node.subscription_service", "SubscriptionService.retention_holds",

@@ -234,12 +234,19 @@ def test_recovery_chunks_are_deferred_flush_and_commit_follows_flushes() -> None
     assert not sim.checkers.violations, sim.checkers.violations
 
 
-@pytest.mark.parametrize("seed,nodes", [(5299, 3), (90275, 3)])
+@pytest.mark.parametrize("seed,nodes", [(5299, 3), (90275, 3), (7131584, 3), (29782835, 3)])
 def test_disk_loss_schedules_that_once_failed(seed: int, nodes: int) -> None:
     """5299: damage in a range retention had deleted everywhere else was never repaired until
     the follower dropped it with its prefix (raft/repair.py, _drop_damaged_prefix). 90275: a
     leader damaged at an entry only it held could never hand over (TimeoutNow waited for the
     target to match its whole log) and the commit index stood still; it now hands over once
-    the target has everything it can still send (raft/leader.py)."""
+    the target has everything it can still send (raft/leader.py). 7131584 (issue 24): a node
+    whose copy of an idempotent write rotted led, and its producer table, rebuilt from a log
+    it could not fully read, took the producer's retry as new: committed twice. A table that
+    missed a damaged batch now answers UNKNOWN until it is repaired (raft/producers.py).
+    29782835 (issue 24): a new leader whose copy of a committed entry rotted declared it lost
+    after hearing from one voter far behind, while the voter holding it was down (it counted a
+    voter it had never heard from as answered); it now waits for evidence from every voter
+    (raft/repair.py, CopyCensus)."""
     res = run_simulation(profile_config(seed, nodes, "diskloss"))
     assert res.ok, res.describe()
