@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from raft.node import wire
+from raft.protocol.replies import error_reply
 from raft.types import ErrorCode
 
 ERROR_ADVICE: dict[ErrorCode, str] = {
@@ -55,4 +55,4 @@ class NodeFailed(Exception):
 def advised_error(rid: int, code: ErrorCode, message: str | None = None,
                   **extra: Any) -> dict[str, Any]:
     """An error reply; without a message, the code's advice (or its name) stands in."""
-    return wire.error_reply(rid, code, message or ERROR_ADVICE.get(code, code.name), **extra)
+    return error_reply(rid, code, message or ERROR_ADVICE.get(code, code.name), **extra)

@@ -27,7 +27,12 @@ from typing import Any
 
 import trio
 
-from raft.node import api, wire
+from raft.node import api
+from raft.protocol.fields import get_int, get_str
+from raft.protocol.framing import ConnectionClosed, encode_frame, FrameTooLarge, WireError
+from raft.protocol.raft_frames import messages_from_frame
+from raft.protocol.replies import error_frame, error_reply
+from raft.protocol.streams import FrameReader
 from raft.node.config import ConfigError, NodeConfig, format_address
 from raft.node.api.admin import status_map
 from raft.node.auth import Session
@@ -241,7 +246,7 @@ class Node:
                         if opened is None:
                             return
                         stream = opened
-                        reader = wire.FrameReader(stream, self.config.max_frame_bytes)
+                        reader = FrameReader(stream, self.config.max_frame_bytes)
                         hello = await reader.receive()
                     if hello is None:
                         return
@@ -252,7 +257,7 @@ class Node:
                                              "max_frame_bytes": self.config.max_frame_bytes}
                     if session is not None and session.principal is not None:
                         reply["principal"] = session.principal
-                    await stream.send_all(wire.encode_frame(reply))
+                    await stream.send_all(encode_frame(reply))
                     self.metrics.connections.labels(kind).dec()
                     kind = role
                     self.metrics.connections.labels(kind).inc()
@@ -264,14 +269,14 @@ class Node:
                 except trio.TooSlowError:
                     if stream is raw and self.gate.tls is not None:
                         return  # still in the TLS handshake: a frame would be garbage to it
-                    await _send_error(stream, wire.WireError(
+                    await _send_error(stream, WireError(
                         f"no hello within {HELLO_TIMEOUT_S:.0f} s; open with "
                         f'{{"v":1,"t":"hello","role":"client"}}'))
-                except wire.WireError as e:
+                except WireError as e:
                     log.info("bad_frame node=%d code=%s error=%s", self.node_id, e.code.name, e)
                     self.metrics.count_error(e.code.name)
                     await _send_error(stream, e)
-                    if isinstance(e, wire.FrameTooLarge):
+                    if isinstance(e, FrameTooLarge):
                         await _discard_input(stream, e.size)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
@@ -281,50 +286,50 @@ class Node:
     def _check_hello(self, hello: dict[str, Any], identity: Any,
                      remote: str) -> tuple[str, Session | None]:
         if hello.get("t") != "hello":
-            raise wire.WireError(f'the first frame must be {{"v":1,"t":"hello","role":"client"}}, '
+            raise WireError(f'the first frame must be {{"v":1,"t":"hello","role":"client"}}, '
                                  f'got type {hello.get("t")!r}')
-        role = wire.get_str(hello, "role", choices=["client", "peer"], where="hello")
+        role = get_str(hello, "role", choices=["client", "peer"], where="hello")
         session = None
         if role == "peer":
-            peer_id = wire.get_int(hello, "node_id", where="hello")
+            peer_id = get_int(hello, "node_id", where="hello")
             self.gate.check_peer(peer_id, identity, remote)
             if peer_id == self.node_id or peer_id not in self.peer_addresses:
                 if self.gate.tls is not None:
                     log.warning("peer_refused node=%d remote=%s claimed=%d: not a member",
                                 self.node_id, remote, peer_id)
-                raise wire.WireError(f"node {peer_id} is not a peer of node {self.node_id} "
+                raise WireError(f"node {peer_id} is not a peer of node {self.node_id} "
                                      f"(peers: {sorted(self.peer_addresses)}); check --peers")
         else:
             session = self.gate.authenticate(hello, identity, remote)
         if self._closing:
-            raise wire.WireError("node is shutting down; connect to another node",
+            raise WireError("node is shutting down; connect to another node",
                                  code=ErrorCode.SHUTTING_DOWN)
         return role, session
 
-    async def _serve_peer(self, reader: wire.FrameReader, peer_id: int) -> None:
+    async def _serve_peer(self, reader: FrameReader, peer_id: int) -> None:
         while True:
             frame = await reader.receive()
             if frame is None:
                 return
             if frame["t"] != "raft":
-                raise wire.WireError(f'peer connections carry only "raft" frames, got '
+                raise WireError(f'peer connections carry only "raft" frames, got '
                                      f'{frame["t"]!r}')
-            msgs = wire.messages_from_frame(frame)
+            msgs = messages_from_frame(frame)
             if self.core is not None and not self._closing:
                 await self.group.deliver_frame(msgs, from_peer=peer_id)
 
-    async def _serve_client(self, stream: trio.abc.Stream, reader: wire.FrameReader,
+    async def _serve_client(self, stream: trio.abc.Stream, reader: FrameReader,
                             session: Session) -> None:
         send_lock = trio.Lock()
         limiter = trio.Semaphore(self.config.max_inflight_per_connection)
         auth = self.gate.auth
 
         async def send(frame: dict[str, Any]) -> None:
-            data = wire.encode_frame(frame)
+            data = encode_frame(frame)
             async with send_lock:
                 await stream.send_all(data)
 
-        failure: wire.WireError | None = None
+        failure: WireError | None = None
         async with trio.open_nursery() as nursery:
             while True:
                 # Backpressure: with the connection's in-flight budget spent we stop reading,
@@ -337,28 +342,28 @@ class Node:
                         break  # client half-closed: finish in-flight replies, then hang up
                     started = time.perf_counter()
                     t = frame["t"]
-                    rid = wire.get_int(frame, "id", where=f'request "{t}"')
+                    rid = get_int(frame, "id", where=f'request "{t}"')
                     handler = api.lookup(self.api, t)
                     refusal = (None if handler is None or not auth.enabled
                                else auth.authorize(session, t))
                     if handler is None or refusal is not None:
                         limiter.release()
                         if refusal is None:
-                            error = wire.error_reply(
+                            error = error_reply(
                                 rid, ErrorCode.BAD_REQUEST, f'unknown request type {t!r}; '
                                 f'known: {", ".join(sorted(api.REQUESTS))}')
                         else:
-                            error = wire.error_reply(rid, refusal.code, refusal.message,
+                            error = error_reply(rid, refusal.code, refusal.message,
                                                      permission=refusal.permission)
                         self.metrics.count_error(error["error"]["code"])
                         await send(error)
                         continue
                     try:
                         request = handler.parse(self.api, frame, rid)
-                    except wire.WireError as e:
+                    except WireError as e:
                         e.request_id = rid
                         raise
-                except wire.WireError as e:
+                except WireError as e:
                     # Raised outside the nursery: trio would wrap it in an ExceptionGroup.
                     failure = e
                     nursery.cancel_scope.cancel()
@@ -382,7 +387,7 @@ class Node:
                 reply = await execute(self.api, request, rid)
             except Exception as e:
                 log.exception("request_failed node=%d id=%d", self.node_id, rid)
-                reply = wire.error_reply(rid, ErrorCode.INTERNAL,
+                reply = error_reply(rid, ErrorCode.INTERNAL,
                                          f"internal error: {type(e).__name__}: {e}")
             acks = request.get("acks") if t == "produce" and isinstance(request, dict) else None
             self.metrics.request_done(t, reply, started, getattr(acks, "value", acks))
@@ -397,8 +402,8 @@ class Node:
                 self._requests_idle.set()
 
 
-_NETWORK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, wire.WireError,
-                   wire.ConnectionClosed)
+_NETWORK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, WireError,
+                   ConnectionClosed)
 
 
 def _split_connection_errors(exc: BaseException, node_id: int) -> BaseException | None:
@@ -439,11 +444,11 @@ async def _discard_input(stream: trio.abc.Stream, limit: int) -> None:
         pass
 
 
-async def _send_error(stream: trio.abc.SendStream, err: wire.WireError) -> None:
+async def _send_error(stream: trio.abc.SendStream, err: WireError) -> None:
     """Best effort: the error frame before hanging up (the peer may already be gone)."""
     try:
         with trio.move_on_after(2.0):
-            await stream.send_all(wire.encode_frame(
-                wire.error_frame(err.code, str(err), err.request_id)))
+            await stream.send_all(encode_frame(
+                error_frame(err.code, str(err), err.request_id)))
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         pass

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inproc_cluster import (Producer, RawClient, check_acked, read_all, running_cluster)
-from raft.node import wire
+from raft.protocol.framing import encode_frame
 
 MAX_FRAME = 256 * 1024
 SOCKET_TIMEOUT_S = 20.0
@@ -120,7 +120,7 @@ class Sock:
         self.sock.sendall(data)
 
     def send(self, frame: dict[str, Any]) -> None:
-        self.sock.sendall(wire.encode_frame(frame))
+        self.sock.sendall(encode_frame(frame))
 
     def _read(self, n: int) -> bool:
         while len(self.buf) < n:

@@ -7,7 +7,7 @@ import trio
 from raft.node.load_service import LoadService
 from raft.ready import ProduceAnswer
 from raft.types import ErrorCode
-from raft.node.wire import error_reply
+from raft.protocol.replies import error_reply
 from storage.memory import MemoryLog
 from storage.records import encode_values
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import trio
 
-from raft.node import wire
+from raft.protocol.fields import get_int, get_opt_int
+from raft.protocol.replies import ok_reply
 from raft.node.api.context import ApiContext, Request
 from raft.types import ErrorCode, Role
 
@@ -26,7 +27,7 @@ def parse_status(ctx: ApiContext, frame: dict[str, Any], rid: int) -> None:
 
 
 async def status(ctx: ApiContext, _req: None, rid: int) -> dict[str, Any]:
-    return wire.ok_reply(rid, status=status_map(ctx))
+    return ok_reply(rid, status=status_map(ctx))
 
 
 def status_map(ctx: ApiContext) -> dict[str, Any]:
@@ -57,8 +58,8 @@ def status_map(ctx: ApiContext) -> dict[str, Any]:
 
 
 def parse_transfer(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:
-    return {"to": wire.get_opt_int(frame, "to", where="transfer_leader"),
-            "timeout_ms": wire.get_int(frame, "timeout_ms",
+    return {"to": get_opt_int(frame, "to", where="transfer_leader"),
+            "timeout_ms": get_int(frame, "timeout_ms",
                                        default=ctx.config.default_timeout_ms, minimum=1,
                                        maximum=ctx.config.max_timeout_ms,
                                        where="transfer_leader")}
@@ -89,7 +90,7 @@ async def transfer_leader(ctx: ApiContext, req: dict[str, Any], rid: int) -> dic
         return ctx.error(rid, ErrorCode.TIMEOUT,
                          f"leadership did not move within {req['timeout_ms']} ms; the "
                          f"target may be lagging: retry later")
-    return wire.ok_reply(rid, leader_id=group.core.leader_id,
+    return ok_reply(rid, leader_id=group.core.leader_id,
                          leader_addr=ctx.peers.address_of(group.core.leader_id))
 
 

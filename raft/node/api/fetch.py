@@ -10,7 +10,8 @@ from typing import Any
 
 import trio
 
-from raft.node import wire
+from raft.protocol.fields import get_int
+from raft.protocol.replies import ok_reply
 from raft.node.api.context import ApiContext, Request
 from raft.node.group import RaftGroup
 from raft.types import ErrorCode
@@ -35,13 +36,13 @@ def parse(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:
     # Leave room for the reply envelope so the reply itself fits the frame limit.
     limit = config.max_frame_bytes - min(FRAME_OVERHEAD, config.max_frame_bytes // 8)
     return {
-        "offset": wire.get_int(frame, "offset", minimum=-(2**63), maximum=2**63 - 1,
+        "offset": get_int(frame, "offset", minimum=-(2**63), maximum=2**63 - 1,
                                where=w),
-        "max_bytes": min(limit, wire.get_int(frame, "max_bytes",
+        "max_bytes": min(limit, get_int(frame, "max_bytes",
                                              default=DEFAULT_FETCH_MAX_BYTES, minimum=1,
                                              maximum=2**63 - 1, where=w)),
         "max_wait_ms": min(config.max_fetch_wait_ms,
-                           wire.get_int(frame, "max_wait_ms", default=0, minimum=0,
+                           get_int(frame, "max_wait_ms", default=0, minimum=0,
                                         maximum=2**63 - 1, where=w)),
     }
 
@@ -73,11 +74,11 @@ async def execute(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str, A
                     f"start_offset {start}", start_offset=start, high_watermark=hw)
             except CorruptBatch as e:
                 return ctx.error(rid, ErrorCode.INTERNAL, str(e))
-            return wire.ok_reply(rid, batches=batches, high_watermark=hw,
+            return ok_reply(rid, batches=batches, high_watermark=hw,
                                  start_offset=start, next_offset=next_offset)
         remaining = deadline - trio.current_time()
         if remaining <= 0 or ctx.closing:
-            return wire.ok_reply(rid, batches=[], high_watermark=hw, start_offset=start,
+            return ok_reply(rid, batches=[], high_watermark=hw, start_offset=start,
                                  next_offset=offset)
         with trio.move_on_after(remaining):
             await group.wait_hw_change()

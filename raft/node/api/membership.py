@@ -4,21 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from raft.node import wire
+from raft.protocol.fields import get_int, get_str
+from raft.protocol.replies import ok_reply
 from raft.node.api.context import ApiContext, Request
 from raft.node.config import ConfigError, format_address, parse_address
 from raft.types import ErrorCode, Role
 
 
 def parse_add_node(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:
-    address = wire.get_str(frame, "address", where="add_node")
-    return {"op": "add", "node_id": wire.get_int(frame, "node_id", minimum=1,
+    address = get_str(frame, "address", where="add_node")
+    return {"op": "add", "node_id": get_int(frame, "node_id", minimum=1,
                                                  where="add_node"),
             "address": address}
 
 
 def parse_remove_node(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:
-    return {"op": "remove", "node_id": wire.get_int(frame, "node_id", minimum=1,
+    return {"op": "remove", "node_id": get_int(frame, "node_id", minimum=1,
                                                     where="remove_node")}
 
 
@@ -56,7 +57,7 @@ async def change_membership(ctx: ApiContext, req: dict[str, Any], rid: int) -> d
         return ctx.error(rid, answer.error, answer.message or None,
                          leader_id=answer.leader_id)
     cfg = ctx.group.core.config
-    return wire.ok_reply(rid, offset=answer.base_offset, voters=list(cfg.voters),
+    return ok_reply(rid, offset=answer.base_offset, voters=list(cfg.voters),
                          learners=list(cfg.learners))
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from raft.node import wire
+from raft.protocol.fields import get_bytes, get_int, get_str
+from raft.protocol.replies import ok_reply
 from raft.node.api.context import ApiContext, Request
 from raft.node.errors import ERROR_ADVICE
 from raft.types import Acks, ErrorCode
@@ -16,17 +17,17 @@ def parse(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:
     w = "produce"
     config = ctx.config
     return {
-        "acks": Acks(wire.get_str(frame, "acks", default="quorum",
+        "acks": Acks(get_str(frame, "acks", default="quorum",
                                   choices=[a.value for a in Acks], where=w)),
-        "timeout_ms": wire.get_int(frame, "timeout_ms", default=config.default_timeout_ms,
+        "timeout_ms": get_int(frame, "timeout_ms", default=config.default_timeout_ms,
                                    minimum=1, maximum=config.max_timeout_ms, where=w),
-        "payload": wire.get_bytes(frame, "payload", where=w),
-        "count": wire.get_int(frame, "count", minimum=1, maximum=2**31 - 1, where=w),
-        "producer_id": wire.get_int(frame, "producer_id", default=0, minimum=0,
+        "payload": get_bytes(frame, "payload", where=w),
+        "count": get_int(frame, "count", minimum=1, maximum=2**31 - 1, where=w),
+        "producer_id": get_int(frame, "producer_id", default=0, minimum=0,
                                     maximum=2**63 - 1, where=w),
-        "sequence": wire.get_int(frame, "sequence", default=-1, minimum=-1,
+        "sequence": get_int(frame, "sequence", default=-1, minimum=-1,
                                  maximum=2**63 - 1, where=w),
-        "timestamp_ms": wire.get_int(frame, "timestamp_ms", default=int(time.time() * 1000),
+        "timestamp_ms": get_int(frame, "timestamp_ms", default=int(time.time() * 1000),
                                      minimum=-(2**63), maximum=2**63 - 1, where=w),
     }
 
@@ -57,7 +58,7 @@ async def execute(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str, A
                          f"no answer within {req['timeout_ms']} ms; "
                          + ERROR_ADVICE[ErrorCode.TIMEOUT])
     if answer.error == ErrorCode.OK:
-        return wire.ok_reply(rid, base_offset=answer.base_offset,
+        return ok_reply(rid, base_offset=answer.base_offset,
                              last_offset=answer.last_offset, duplicate=answer.duplicate)
     message = getattr(answer, "message", "") or None
     if answer.error == ErrorCode.NOT_LEADER:

@@ -22,7 +22,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from raft.node import wire
+from raft.protocol.fields import get_int, get_str
+from raft.protocol.framing import WireError
+from raft.protocol.replies import ok_reply
 from raft.node.api.context import ApiContext, Request
 from raft.node.api.fetch import visible_hw
 from raft.subscriptions import MAX_LEASE_MS, Op, OpRequest, Outcome, consumer_error, name_error
@@ -38,7 +40,7 @@ MAX_COMMIT_ITEMS = 1000
 
 # -- parsing -------------------------------------------------------------------------------------
 def _name(frame: dict[str, Any], where: str) -> str:
-    return wire.get_str(frame, "name", where=where)
+    return get_str(frame, "name", where=where)
 
 
 def _where(frame: dict[str, Any], key: str, where: str, default: Any) -> Any:
@@ -48,12 +50,12 @@ def _where(frame: dict[str, Any], key: str, where: str, default: Any) -> Any:
         return value
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
         return value
-    raise wire.WireError(f'{where} field "{key}" must be "start", "end" or an offset >= 0, '
+    raise WireError(f'{where} field "{key}" must be "start", "end" or an offset >= 0, '
                          f'got {value!r}')
 
 
 def _timeout(ctx: ApiContext, frame: dict[str, Any], where: str) -> int:
-    return wire.get_int(frame, "timeout_ms", default=ctx.config.default_timeout_ms, minimum=1,
+    return get_int(frame, "timeout_ms", default=ctx.config.default_timeout_ms, minimum=1,
                         maximum=ctx.config.max_timeout_ms, where=where)
 
 
@@ -64,15 +66,15 @@ def _parser(op: Op | None, *, consumer: bool = False, position: bool = False,
     def parse(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:
         req: dict[str, Any] = {"op": op, "name": _name(frame, where),
                                "timeout_ms": _timeout(ctx, frame, where)}
-        req["consumer"] = wire.get_str(frame, "consumer", default="", where=where) \
+        req["consumer"] = get_str(frame, "consumer", default="", where=where) \
             if consumer else ""
         if position:
-            req["position"] = wire.get_int(frame, "position", minimum=0, maximum=2**63 - 1,
+            req["position"] = get_int(frame, "position", minimum=0, maximum=2**63 - 1,
                                            where=where)
         if initial is not None:
             # `from` (first use) defaults to the log start; a reset's `to` is required.
             req["initial"] = _where(frame, initial, where, "start" if initial == "from" else None)
-        req["lease_ms"] = wire.get_int(frame, "lease_ms", default=0, minimum=0,
+        req["lease_ms"] = get_int(frame, "lease_ms", default=0, minimum=0,
                                        maximum=MAX_LEASE_MS, where=where) if lease else 0
         return req
 
@@ -81,9 +83,9 @@ def _parser(op: Op | None, *, consumer: bool = False, position: bool = False,
 
 def parse_list(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:
     w = "sub_list"
-    return {"prefix": wire.get_str(frame, "prefix", default="", where=w),
-            "after": wire.get_str(frame, "after", default="", where=w),
-            "limit": wire.get_int(frame, "limit", default=LIST_DEFAULT_LIMIT, minimum=1,
+    return {"prefix": get_str(frame, "prefix", default="", where=w),
+            "after": get_str(frame, "after", default="", where=w),
+            "limit": get_int(frame, "limit", default=LIST_DEFAULT_LIMIT, minimum=1,
                                   maximum=LIST_MAX_LIMIT, where=w),
             "timeout_ms": _timeout(ctx, frame, w)}
 
@@ -95,7 +97,7 @@ def parse_commit_many(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[
     w = "sub_commit_many"
     items = frame.get("commits")
     if not isinstance(items, list):
-        raise wire.WireError(f'{w} field "commits" must be a list of maps {{"name", "position", '
+        raise WireError(f'{w} field "commits" must be a list of maps {{"name", "position", '
                              f'"consumer", "lease_ms"}}, got {type(items).__name__}')
     req: dict[str, Any] = {"timeout_ms": _timeout(ctx, frame, w), "count": len(items),
                            "items": None}
@@ -105,13 +107,13 @@ def parse_commit_many(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[
     for i, item in enumerate(items):
         where = f"{w} commits[{i}]"
         if not isinstance(item, dict):
-            raise wire.WireError(f"{where} must be a map, got {type(item).__name__}")
+            raise WireError(f"{where} must be a map, got {type(item).__name__}")
         parsed.append({
             "name": _name(item, where),
-            "position": wire.get_int(item, "position", minimum=0, maximum=2**63 - 1,
+            "position": get_int(item, "position", minimum=0, maximum=2**63 - 1,
                                      where=where),
-            "consumer": wire.get_str(item, "consumer", default="", where=where),
-            "lease_ms": wire.get_int(item, "lease_ms", default=0, minimum=0,
+            "consumer": get_str(item, "consumer", default="", where=where),
+            "lease_ms": get_int(item, "lease_ms", default=0, minimum=0,
                                      maximum=MAX_LEASE_MS, where=where)})
     req["items"] = parsed
     return req
@@ -134,7 +136,7 @@ def _refuse(ctx: ApiContext, rid: int, req: dict[str, Any]) -> dict[str, Any] | 
 
 def _reply(ctx: ApiContext, rid: int, outcome: Outcome, **fields: Any) -> dict[str, Any]:
     if outcome.ok:
-        return wire.ok_reply(rid, subscription=outcome.sub, **fields)
+        return ok_reply(rid, subscription=outcome.sub, **fields)
     extra: dict[str, Any] = {}
     if outcome.sub is not None:
         extra = {"subscription": outcome.sub, "position": outcome.sub["position"],
@@ -194,7 +196,7 @@ async def execute_op(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str
     outcome = await ctx.group.subs.submit(OpRequest(op, req["name"], req["consumer"], position,
                                                     arg), req["timeout_ms"] / 1000)
     if op == Op.DELETE and outcome.ok:
-        return wire.ok_reply(rid, deleted=True)
+        return ok_reply(rid, deleted=True)
     return _reply(ctx, rid, outcome)
 
 
@@ -235,7 +237,7 @@ async def execute_commit_many(ctx: ApiContext, req: dict[str, Any],
         outcomes = await ctx.group.subs.submit_many(ops, req["timeout_ms"] / 1000)
         for i, outcome in zip(slots, outcomes, strict=True):
             results[i] = _result(_reply(ctx, rid, outcome))
-    return wire.ok_reply(rid, results=results)
+    return ok_reply(rid, results=results)
 
 
 def _result(reply: dict[str, Any]) -> dict[str, Any]:
@@ -260,7 +262,7 @@ async def execute_get(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[st
                          f"first use (or `raftlog subscriptions reset NAME --to start`)",
                          name=req["name"])
     hw = visible_hw(ctx.group)
-    return wire.ok_reply(rid, subscription=subs.view(sub, hw, _now_ms()), high_watermark=hw)
+    return ok_reply(rid, subscription=subs.view(sub, hw, _now_ms()), high_watermark=hw)
 
 
 async def execute_list(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str, Any]:
@@ -277,7 +279,7 @@ async def execute_list(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[s
     names = sorted(n for n in subs.table.subs
                    if n.startswith(req["prefix"]) and n > req["after"])
     page = names[:req["limit"]]
-    return wire.ok_reply(rid, high_watermark=hw, start_offset=ctx.group.log.start_offset,
+    return ok_reply(rid, high_watermark=hw, start_offset=ctx.group.log.start_offset,
                          more=len(names) > len(page), total=len(subs.table.subs),
                          service=subs.status(),
                          subscriptions=[subs.view(subs.table.describe(n), hw, now)
