@@ -228,6 +228,27 @@ def test_unknown_request_type_keeps_the_connection(live: LiveCluster) -> None:
     s.close()
 
 
+def test_a_group_the_node_does_not_run_is_refused_and_the_connection_kept(
+        live: LiveCluster) -> None:
+    """Requests carry their Raft group (raft.protocol.requests.SINGLE_GROUP when they name
+    none); another group is refused with a reply, not a hang-up, and a wrong type is a bad
+    frame like any other field."""
+    s = Sock(live.addresses[0])
+    s.send({"v": 1, "t": "status", "id": 1, "group": 0})
+    assert s.recv()["ok"] is True
+    s.send({"v": 1, "t": "fetch", "id": 2, "offset": 0, "group": 7})
+    reply = s.recv()
+    assert reply["id"] == 2 and reply["ok"] is False
+    assert reply["error"]["code"] == "BAD_REQUEST" and "group 7" in reply["error"]["message"]
+    s.send({"v": 1, "t": "status", "id": 3})
+    assert s.recv()["id"] == 3
+    s.send({"v": 1, "t": "status", "id": 4, "group": "seven"})
+    err = s.recv()
+    assert err["t"] == "error" and '"group" must be an integer' in err["message"]
+    assert s.recv() is None
+    s.close()
+
+
 @pytest.mark.parametrize("hello, fragment", [
     ({"v": 1, "t": "status", "id": 1}, "first frame must be"),
     ({"v": 1, "t": "hello", "role": "admin"}, "must be one of"),
