@@ -22,9 +22,9 @@ from raft.client.errors import (NotLeaderError, OffsetOutOfRangeError,
 from raft.client.results import FetchedRecord, FetchResult, ProduceResult
 from raft.client.security import ClientSecurity
 from raft.client.subscriptions import SubscriptionCalls
+from raft.node.config import ConfigError, parse_address
 from raft.protocol.errors import may_retry
 from raft.protocol.framing import WireError
-from raft.node.config import ConfigError, parse_address
 from storage.records import Record, decode_records, encode_records
 
 DEFAULT_TIMEOUT_S = 10.0

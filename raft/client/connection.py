@@ -11,9 +11,9 @@ import trio
 
 from raft.client.errors import TooLargeError, error_from_reply
 from raft.client.security import ClientSecurity, tls_error
+from raft.node.config import parse_address
 from raft.protocol.framing import encode_frame, WireError
 from raft.protocol.streams import FrameReader
-from raft.node.config import parse_address
 
 
 # Requests one connection carries at once; beyond it callers wait for a slot (backpressure,

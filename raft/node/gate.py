@@ -15,13 +15,13 @@ from typing import Any
 import trio
 
 from raft.node import tls as tlsmod
-from raft.protocol.framing import encode_frame, WireError
-from raft.protocol.replies import error_frame
-from raft.protocol.streams import FrameReader
 from raft.node.auth import AuthError, AuthFileError, Authenticator, Session
 from raft.node.config import ConfigError, NodeConfig
 from raft.node.metrics import NodeMetrics
 from raft.node.tls import Identity, NodeTLS, PrefixedStream, TLSConfigError
+from raft.protocol.framing import encode_frame, WireError
+from raft.protocol.replies import error_frame
+from raft.protocol.streams import FrameReader
 from raft.types import ErrorCode
 
 log = logging.getLogger("raftlog.node")
@@ -103,10 +103,10 @@ class Gate:
         except (WireError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         err = error_frame(ErrorCode.UNAUTHENTICATED,
-                               f"node {self.node_id} requires TLS: plaintext connections are "
-                               f"refused; connect with TLS, trusting the cluster CA (--tls-ca "
-                               f"FILE or RAFTLOG_TLS_CA; `raftlog up --tls` writes it to "
-                               f"<data-dir>/tls/ca.pem)")
+                          f"node {self.node_id} requires TLS: plaintext connections are "
+                          f"refused; connect with TLS, trusting the cluster CA (--tls-ca "
+                          f"FILE or RAFTLOG_TLS_CA; `raftlog up --tls` writes it to "
+                          f"<data-dir>/tls/ca.pem)")
         self._metrics.count_error(ErrorCode.UNAUTHENTICATED.name)
         await _best_effort(raw.send_all(encode_frame(err)))
 
@@ -120,9 +120,9 @@ class Gate:
             log.warning("peer_refused node=%d remote=%s claimed=%d certificate=%s",
                         self.node_id, remote, claimed, named)
             raise WireError(f"the hello claims node {claimed} but the certificate names "
-                                 f"{named}; a node needs a certificate for its own id from "
-                                 f"the cluster CA (raftlog certs issue --node-id {claimed})",
-                                 code=ErrorCode.UNAUTHENTICATED)
+                            f"{named}; a node needs a certificate for its own id from "
+                            f"the cluster CA (raftlog certs issue --node-id {claimed})",
+                            code=ErrorCode.UNAUTHENTICATED)
 
     def authenticate(self, hello: dict[str, Any], identity: Identity | None,
                      remote: str) -> Session:

@@ -35,10 +35,10 @@ from raft.loads import (
     encode_commit,
     encode_staged_payload,
 )
-from raft.types import Acks, ErrorCode
 from raft.protocol.fields import get_bytes, get_int, get_str
 from raft.protocol.framing import WireError
 from raft.protocol.replies import error_reply, ok_reply
+from raft.types import Acks, ErrorCode
 from storage.batch import Batch, BatchKind
 
 log = logging.getLogger("raft.loads")

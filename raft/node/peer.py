@@ -36,12 +36,12 @@ from collections.abc import Callable
 
 import trio
 
+from raft.messages import AppendEntries, Heartbeat, Message
+from raft.node.config import parse_address
+from raft.node.tls import NodeTLS, PeerIdentityError, dial_tls, handshake_failure
 from raft.protocol.framing import ConnectionClosed, encode_frame, LEN_SIZE, WireError
 from raft.protocol.raft_frames import BatchEncodings, encode_raft_frame_pieces, message_wire_size
 from raft.protocol.streams import FrameReader
-from raft.node.config import parse_address
-from raft.node.tls import NodeTLS, PeerIdentityError, dial_tls, handshake_failure
-from raft.messages import AppendEntries, Heartbeat, Message
 
 log = logging.getLogger("raftlog.peer")
 

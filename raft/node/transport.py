@@ -20,10 +20,10 @@ from typing import Any
 import trio
 
 from raft.messages import Message
-from raft.protocol.raft_frames import BatchEncodings
 from raft.node.config import NodeConfig
 from raft.node.peer import PeerLink
 from raft.node.tls import NodeTLS
+from raft.protocol.raft_frames import BatchEncodings
 
 log = logging.getLogger("raftlog.node")
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import trio
 
-from raft.protocol.framing import encode_frame, WireError
-from raft.protocol.streams import FrameReader
 from raft.node.config import NodeConfig, parse_address
 from raft.node.server import Node
+from raft.protocol.framing import encode_frame, WireError
+from raft.protocol.streams import FrameReader
 from raft.types import Role
 from storage.api import LogStorage
 from storage.memory import MemoryLog

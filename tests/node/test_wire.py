@@ -173,7 +173,7 @@ def test_field_getters() -> None:
 
 def test_replies_and_error_frames() -> None:
     assert ok_reply(4, base_offset=1) == {"v": 1, "t": "reply", "id": 4, "ok": True,
-                                               "base_offset": 1}
+                                          "base_offset": 1}
     r = error_reply(5, ErrorCode.NOT_LEADER, "go away", leader_id=2, leader_addr=None)
     assert r["ok"] is False and r["error"] == {"code": "NOT_LEADER", "message": "go away",
                                                "leader_id": 2}

@@ -18,8 +18,8 @@ from typing import Any
 import msgpack
 
 from raft.cli import pki
-from raft.protocol.framing import encode_frame
 from raft.node.auth import AuthTable, Principal, Permission, new_token, token_digest
+from raft.protocol.framing import encode_frame
 
 SOCKET_TIMEOUT_S = 20.0
 
