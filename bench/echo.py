@@ -10,11 +10,11 @@ import time
 import trio
 
 from bench.stats import Histogram
-from bench.wire import AsyncConn, FrameBuffer, pack
+from bench.wire import AsyncConn, decoded_frames, frame_decoder, pack
 
 
 async def _handle(stream: trio.SocketStream) -> None:
-    buf = FrameBuffer()
+    buf = frame_decoder()
     try:
         while True:
             data = await stream.receive_some(1 << 20)
@@ -22,7 +22,7 @@ async def _handle(stream: trio.SocketStream) -> None:
                 return
             buf.feed(data)
             out = []
-            for m in buf.frames():
+            for m in decoded_frames(buf):
                 if m.get("t") == "hello":
                     out.append(pack({"v": 1, "t": "hello", "node_id": 0}))
                 else:

@@ -1,32 +1,34 @@
-"""A lean speaker of the raftlog wire protocol for load generation.
+"""The bench's connections to a cluster: lean, pipelined, on raftlog's own protocol.
 
 Why not the client library: a load generator must cost the measured system as little as
 possible, and it must keep a fixed window of pipelined requests in flight, which a convenience
-API hides. This module speaks exactly the documented frames (4-byte big-endian length, then a
-msgpack map with `"v": 1`) and nothing else, so the numbers measure the server, not our client.
-
-Two flavours: `SyncConn` (blocking socket) for the orchestrating parent (status polls, admin
-calls), and `AsyncConn` (trio) for the pipelined generators in worker processes. Both speak TLS
-when given the cluster CA (`tls_ca`), for the TLS-versus-plaintext workload (bench/workloads/
-tls.py): a path, not a context, so worker arguments stay picklable.
+API hides. The frames, their version and limits and the request encodings are the protocol's
+(raft.protocol); this module only keeps connections: `SyncConn` (blocking socket,
+raft.protocol.blocking) for the orchestrating parent (status polls, admin calls), and
+`AsyncConn` (trio) for the pipelined generators in worker processes. Both speak TLS when given
+the cluster CA (`tls_ca`), for the TLS-versus-plaintext workload (bench/workloads/tls.py): a
+path, not a context, so worker arguments stay picklable.
 """
 
 from __future__ import annotations
 
 import functools
-import socket
 import ssl
-import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
 import trio
 
-FRAME = struct.Struct(">I")
+from raft.protocol.blocking import FrameSocket, connect
+from raft.protocol.framing import FrameDecoder
+from raft.protocol.framing import WireError as ProtocolError
+from raft.protocol.framing import encode_frame as pack
+from raft.protocol.requests import Produce
+from raft.types import Acks
+
+# Replies carry whole fetches: the bench accepts up to this much in one frame.
 MAX_FRAME = 64 << 20
-VERSION = 1
 
 
 class WireError(Exception):
@@ -46,47 +48,19 @@ def tls_context(ca: str) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=ca)
 
 
-def pack(msg: dict[str, Any]) -> bytes:
-    body = msgpack.packb(msg, use_bin_type=True)
-    return FRAME.pack(len(body)) + body
+def frame_decoder() -> FrameDecoder:
+    return FrameDecoder(MAX_FRAME)
 
 
-def unpack(body: bytes | memoryview) -> dict[str, Any]:
-    msg = msgpack.unpackb(body, raw=False, strict_map_key=False)
-    if not isinstance(msg, dict):
-        raise WireError(f"expected a msgpack map, got {type(msg).__name__}")
-    return msg
-
-
-class FrameBuffer:
-    """Accumulates received bytes and yields whole frames; compacts lazily so a large fetch
-    reply does not cost a copy per chunk."""
-
-    __slots__ = ("_buf", "_pos")
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-        self._pos = 0
-
-    def feed(self, data: bytes) -> None:
-        if self._pos and self._pos > len(self._buf) // 2:
-            del self._buf[: self._pos]
-            self._pos = 0
-        self._buf += data
-
-    def frames(self) -> list[dict[str, Any]]:
-        out = []
-        buf, pos = self._buf, self._pos
-        while len(buf) - pos >= 4:
-            (n,) = FRAME.unpack_from(buf, pos)
-            if n > MAX_FRAME:
-                raise WireError(f"frame of {n} bytes exceeds {MAX_FRAME}")
-            if len(buf) - pos - 4 < n:
-                break
-            out.append(unpack(memoryview(buf)[pos + 4 : pos + 4 + n]))
-            pos += 4 + n
-        self._pos = pos
-        return out
+def decoded_frames(decoder: FrameDecoder) -> list[dict[str, Any]]:
+    """Every whole frame buffered in `decoder`; WireError when one is unusable."""
+    out = []
+    try:
+        while (frame := decoder.next_frame()) is not None:
+            out.append(frame)
+    except ProtocolError as e:
+        raise WireError(str(e)) from None
+    return out
 
 
 def error_code(reply: dict[str, Any]) -> str | None:
@@ -98,39 +72,37 @@ def error_code(reply: dict[str, Any]) -> str | None:
     return str(code) if code is not None else "UNKNOWN"
 
 
+_HELLO = {"t": "hello", "role": "client"}
+
+
 # -- blocking ------------------------------------------------------------------------------------
 class SyncConn:
     """One blocking client connection: hello, then request/reply by id."""
 
     def __init__(self, addr: str, timeout: float = 2.0, tls_ca: str | None = None) -> None:
         self.addr = addr
-        host, port = split_addr(addr)
-        self._sock = socket.create_connection((host, port), timeout=timeout)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        host, _ = split_addr(addr)
+        sock = connect(addr, timeout)
         if tls_ca:
-            self._sock = tls_context(tls_ca).wrap_socket(self._sock, server_hostname=host)
-        self._buf = FrameBuffer()
-        self._pending: list[dict[str, Any]] = []
+            sock = tls_context(tls_ca).wrap_socket(sock, server_hostname=host)
+        self._frames = FrameSocket(sock, addr, MAX_FRAME)
         self._next_id = 0
-        self._sock.sendall(pack({"v": VERSION, "t": "hello", "role": "client"}))
+        self._frames.send(_HELLO)
         hello = self._read()
         if hello.get("t") != "hello":
             raise WireError(f"{addr} answered hello with {hello!r}")
         self.node_id = hello.get("node_id")
 
     def _read(self) -> dict[str, Any]:
-        while not self._pending:
-            data = self._sock.recv(1 << 20)
-            if not data:
-                raise ConnectionError(f"{self.addr} closed the connection")
-            self._buf.feed(data)
-            self._pending.extend(self._buf.frames())
-        return self._pending.pop(0)
+        try:
+            return self._frames.receive()
+        except ProtocolError as e:
+            raise WireError(f"{self.addr}: {e}") from None
 
     def request(self, msg: dict[str, Any]) -> dict[str, Any]:
         self._next_id += 1
         rid = self._next_id
-        self._sock.sendall(pack({"v": VERSION, **msg, "id": rid}))
+        self._frames.send({**msg, "id": rid})
         while True:
             reply = self._read()
             if reply.get("t") == "error":
@@ -139,7 +111,7 @@ class SyncConn:
                 return reply
 
     def close(self) -> None:
-        self._sock.close()
+        self._frames.close()
 
     def __enter__(self) -> "SyncConn":
         return self
@@ -154,7 +126,7 @@ def status_of(addr: str, timeout: float = 1.0,
     try:
         with SyncConn(addr, timeout=timeout, tls_ca=tls_ca) as conn:
             reply = conn.request({"t": "status"})
-    except (OSError, WireError, ValueError, msgpack.ExtraData, msgpack.FormatError):
+    except (OSError, WireError, ValueError):
         return None
     if not reply.get("ok"):
         return None
@@ -172,7 +144,7 @@ class AsyncConn:
     stream: trio.abc.Stream
     node_id: int | None = None
     next_id: int = 0
-    _buf: FrameBuffer = field(default_factory=FrameBuffer)
+    _decoder: FrameDecoder = field(default_factory=frame_decoder)
     _ready: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
@@ -185,7 +157,7 @@ class AsyncConn:
                 stream = trio.SSLStream(stream, tls_context(tls_ca), server_hostname=host)
                 await stream.do_handshake()
             conn = cls(addr, stream)
-            await stream.send_all(pack({"v": VERSION, "t": "hello", "role": "client"}))
+            await stream.send_all(pack(_HELLO))
             hello = await conn.recv()
         if hello.get("t") != "hello":
             await stream.aclose()
@@ -208,8 +180,8 @@ class AsyncConn:
             data = await self.stream.receive_some(1 << 20)
             if not data:
                 raise ConnectionError(f"{self.addr} closed the connection")
-            self._buf.feed(data)
-            self._ready.extend(self._buf.frames())
+            self._decoder.feed(data)
+            self._ready.extend(decoded_frames(self._decoder))
         msg = self._ready.pop(0)
         if msg.get("t") == "error":
             raise WireError(f"{self.addr} rejected a frame: {msg!r}")
@@ -218,7 +190,7 @@ class AsyncConn:
     async def request(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Send and wait for this request's reply (only when nothing else is pipelined)."""
         rid = self.new_id()
-        await self.send({"v": VERSION, **msg, "id": rid})
+        await self.send({**msg, "id": rid})
         while True:
             reply = await self.recv()
             if reply.get("id") == rid:
@@ -232,6 +204,5 @@ class AsyncConn:
 def produce_frame(rid: int, acks: str, payload: bytes, count: int,
                   timeout_ms: int = 5000) -> bytes:
     """One encoded produce request; generators pre-build everything but the id."""
-    return pack({"v": VERSION, "t": "produce", "id": rid, "acks": acks, "timeout_ms": timeout_ms,
-                 "payload": payload, "count": count, "producer_id": 0, "sequence": -1,
-                 "timestamp_ms": int(time.time() * 1000)})
+    return pack(Produce(payload, count, Acks(acks), timeout_ms, producer_id=0, sequence=-1,
+                        timestamp_ms=int(time.time() * 1000)).to_frame(rid))

@@ -91,7 +91,7 @@ class FollowerSide:
                 self._reject(msg)
                 return
             # No CRC check here: the transport verified every batch as it decoded it
-            # (raft/node/wire.py), and hashing again would cost a second pass per byte.
+            # (raft/protocol/raft_frames.py), and hashing again would cost a second pass per byte.
             try:
                 log.append(fresh)
             except TailFull:

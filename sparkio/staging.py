@@ -1,9 +1,14 @@
 """Blocking wire client for Spark drivers and executors: staged-load requests and fetches.
 
-Spark calls our writer and reader from plain threads (no trio loop), so this speaks the wire
-protocol (raft/node/wire.py: 4-byte length + msgpack map) over a blocking socket. It follows the
-leader (NOT_LEADER carries its address), reconnects after a dropped connection and retries
-retriable errors with backoff until the caller's deadline. Staged writes are pipelined (a few
+Spark calls our writer and reader from plain threads (no trio loop), and pipelines staged writes
+in a way the public client does not offer, so this keeps its own blocking connection; the frames,
+their limits and the retry rules are the protocol's (raft.protocol: framing over a blocking socket
+in raft.protocol.blocking, raft.protocol.errors.may_retry). It follows the leader (NOT_LEADER
+carries its address), reconnects after a dropped connection and retries retryable errors with
+backoff until the caller's deadline. Every request here is idempotent, which is why all
+retryable codes are retried (not only those certainly not written): staged writes carry their
+(partition, attempt, seq) tag, the load's begin/commit/abort are answered from the load's state
+when they already happened, and the rest are reads. Staged writes are pipelined (a few
 requests in flight) and every one carries its (partition, attempt, seq) tag, so resending after
 a failure can never publish a batch twice: the server keeps the first copy of each seq.
 
@@ -21,21 +26,17 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-import socket
 import ssl
-import struct
 import time
 from collections import deque
 from dataclasses import dataclass
-import msgpack
 
+from raft.protocol.blocking import FrameSocket, connect
+from raft.protocol.errors import may_retry
+from raft.protocol.framing import PROTOCOL_VERSION, WireError
 from sparkio.security import ConnSecurity
 
 log = logging.getLogger("sparkio.staging")
-
-_LEN = struct.Struct(">I")
-RETRIABLE = {"NOT_LEADER", "TIMEOUT", "LEADERSHIP_LOST", "TRUNCATED", "BACKPRESSURE",
-             "SHUTTING_DOWN"}
 
 
 class RaftlogError(Exception):
@@ -65,15 +66,13 @@ def parse_servers(servers: str | list[str]) -> list[str]:
 class _Conn:
     def __init__(self, addr: str, timeout: float, security: ConnSecurity | None = None) -> None:
         security = security or ConnSecurity()
-        host, _, port = addr.rpartition(":")
+        host = addr.rpartition(":")[0]
         self.addr = addr
-        sock = socket.create_connection((host, int(port)), timeout=timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(timeout)
+        sock = connect(addr, timeout)
         try:
-            self.sock = security.wrap(sock, host.strip("[]"))
-            self.send(security.hello())
-            hello = self._read_frame()
+            self.frames = FrameSocket(security.wrap(sock, host.strip("[]")), addr)
+            self.frames.send(security.hello())
+            hello = self.frames.receive()
         except ssl.SSLCertVerificationError as e:
             sock.close()
             # Not retried: every node would fail the same way.
@@ -84,6 +83,9 @@ class _Conn:
             raise RaftlogError("TLS_ERROR", f"{addr}: TLS failed ({e.reason or e}); check "
                                             f"options tlsCa/tlsCert/tlsKey and that the "
                                             f"cluster runs with TLS") from None
+        except WireError as e:
+            sock.close()
+            raise ConnectionError(f"{addr} answered the hello with a bad frame: {e}") from None
         except BaseException:
             sock.close()
             raise
@@ -95,33 +97,19 @@ class _Conn:
             raise ConnectionError(f"{addr} answered the hello with {hello!r}")
 
     def send(self, obj: dict) -> None:
-        body = msgpack.packb(obj, use_bin_type=True)
-        self.sock.sendall(_LEN.pack(len(body)) + body)
-
-    def _read(self, n: int) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            part = self.sock.recv(min(n - len(buf), 1 << 20))
-            if not part:
-                raise ConnectionError(f"{self.addr} closed the connection")
-            buf += part
-        return bytes(buf)
-
-    def _read_frame(self) -> dict:
-        (n,) = _LEN.unpack(self._read(4))
-        return msgpack.unpackb(self._read(n), raw=False)
+        self.frames.send(obj)
 
     def recv(self) -> dict:
-        obj = self._read_frame()
+        try:
+            obj = self.frames.receive()
+        except WireError as e:  # a frame we cannot read: this connection is done
+            raise ConnectionError(f"{self.addr} sent a bad frame: {e}") from None
         if obj.get("t") == "error":
             raise ConnectionError(f"{self.addr} rejected our frame: {obj.get('message')}")
         return obj
 
     def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        self.frames.close()
 
 
 @dataclass(slots=True)
@@ -185,7 +173,7 @@ class Session:
             try:
                 conn = self._connect(deadline)
                 rid = next(self._ids)
-                conn.send({**msg, "v": 1, "id": rid})
+                conn.send({**msg, "v": PROTOCOL_VERSION, "id": rid})
                 while True:
                     reply = conn.recv()
                     if reply.get("id") == rid:
@@ -196,7 +184,7 @@ class Session:
                 code = str(err.get("code"))
                 if code == "LOAD_CLOSED":
                     raise LoadClosed(code, str(err.get("message")), reply)
-                if code not in RETRIABLE:
+                if not may_retry(code, idempotent=True):
                     raise RaftlogError(code, str(err.get("message")), reply)
                 self._drop(err.get("leader_addr") if code == "NOT_LEADER" else None)
                 last = RaftlogError(code, str(err.get("message")), reply)
@@ -248,7 +236,7 @@ class Stager:
 
     def send(self, payload: bytes, count: int) -> None:
         msg = {**self.base, "seq": self.seq, "count": count, "payload": payload,
-               "timestamp_ms": int(time.time() * 1000), "v": 1}
+               "timestamp_ms": int(time.time() * 1000), "v": PROTOCOL_VERSION}
         self.seq += 1
         while len(self._inflight) >= self.max_inflight:
             self._await_one()
@@ -307,7 +295,7 @@ class Stager:
             code = str(err.get("code"))
             if code == "LOAD_CLOSED":
                 raise LoadClosed(code, str(err.get("message")), reply)
-            if code not in RETRIABLE:
+            if not may_retry(code, idempotent=True):
                 raise RaftlogError(code, str(err.get("message")), reply)
             time.sleep(backoff)
             backoff = min(backoff * 2, 0.5)

@@ -36,7 +36,7 @@ from raft.cli.args import resolve_servers
 from raft.cli.output import print_error
 from raft.client import RaftlogError
 from raft.node.config import ConfigError
-from raft.node.wire import PROTOCOL_VERSION
+from raft.protocol.framing import PROTOCOL_VERSION
 
 # Optional packages whose commands join `raftlog` when they (and their extras) are installed.
 PLUGINS = ("bench.cli", "sparkio.cli")

@@ -15,15 +15,16 @@ import trio
 
 from raft.client.commits import DEFAULT_COMMIT_LINGER_MS, MAX_COMMIT_ITEMS, CommitCoalescer
 from raft.client.connection import _Connection
-from raft.client.errors import (RETRIABLE, NotLeaderError, OffsetOutOfRangeError,
+from raft.client.errors import (NotLeaderError, OffsetOutOfRangeError,
                                 RaftlogError, RequestTimeout,
                                 ShuttingDownError, TooLargeError, UnavailableError,
                                 error_from_reply)
 from raft.client.results import FetchedRecord, FetchResult, ProduceResult, UndecodableBatch
 from raft.client.security import ClientSecurity
 from raft.client.subscriptions import SubscriptionCalls
-from raft.node import wire
 from raft.node.config import ConfigError, parse_address
+from raft.protocol.errors import may_retry
+from raft.protocol.framing import WireError
 from storage.records import MalformedRecords, Record, decode_records, encode_records
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -171,7 +172,7 @@ class Client(SubscriptionCalls):
                     break  # out of time: report the more telling earlier error
                 last = RequestTimeout(f"no answer from {target} to {t} within {waited:.1f} s")
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
-                    wire.WireError) as e:
+                    WireError) as e:
                 await self._forget(target)
                 if sent and not safe_to_retry:
                     raise RequestTimeout(
@@ -204,10 +205,8 @@ class Client(SubscriptionCalls):
                     last = err
                     if self._leader_addr:
                         continue  # follow the redirect at once
-                elif err.code not in RETRIABLE:
-                    raise err
-                elif not safe_to_retry and err.code not in ("NOT_LEADER", "BACKPRESSURE"):
-                    raise err  # it may have been written: the caller decides
+                elif not may_retry(err.code, idempotent=safe_to_retry):
+                    raise err  # not transient, or it may have been written: the caller decides
                 else:
                     last = err
                     if isinstance(err, ShuttingDownError) and self._leader_addr == target:

@@ -31,15 +31,15 @@ from typing import Any
 
 import trio
 
-from raft.client.errors import (RETRIABLE, BadRequestError, RaftlogError, RequestTimeout,
+from raft.client.errors import (BadRequestError, RaftlogError, RequestTimeout,
                                 error_from_reply)
+from raft.protocol.errors import may_retry
+from raft.protocol.subscription_requests import MAX_COMMIT_ITEMS
 
 # Long enough for the consumers of one process, woken by the same tick or the same fetch
 # answers, to meet in one round; short next to the quorum write every commit waits for anyway.
 DEFAULT_COMMIT_LINGER_MS = 5.0
-# The node's limit per sub_commit_many (raft/node/api/subscriptions.py MAX_COMMIT_ITEMS; the
-# client does not import server modules).
-MAX_COMMIT_ITEMS = 1000
+# The node's limit per sub_commit_many is the protocol's MAX_COMMIT_ITEMS (imported above).
 
 
 @dataclass(slots=True)
@@ -102,7 +102,7 @@ class CommitCoalescer:
                 if item.error is None:
                     assert item.subscription is not None
                     return item.subscription
-                if item.error.code not in RETRIABLE or not item.own:
+                if not may_retry(item.error.code, idempotent=True) or not item.own:
                     raise item.error  # Client.call already retried the request's own errors
                 last = item.error
                 # Retry backoff with jitter, as Client.call does for a lone request.

@@ -11,8 +11,9 @@ import trio
 
 from raft.client.errors import TooLargeError, error_from_reply
 from raft.client.security import ClientSecurity, tls_error
-from raft.node import wire
 from raft.node.config import parse_address
+from raft.protocol.framing import encode_frame, WireError
+from raft.protocol.streams import FrameReader
 
 
 # Requests one connection carries at once; beyond it callers wait for a slot (backpressure,
@@ -49,7 +50,7 @@ class _Connection:
     and hands each reply to the request it answers, until its own arrives; then it gives the
     role to another waiting request. Why this is cancellation-safe: a reader is cancelled only
     inside the stream's `receive_some`, which either returns bytes or raises having taken none
-    (TCP, and TLS after the handshake: TLS 1.3 has no renegotiation), and `wire.FrameReader` keeps the bytes of a frame it has
+    (TCP, and TLS after the handshake: TLS 1.3 has no renegotiation), and `FrameReader` keeps the bytes of a frame it has
     half read in its buffer, so the next reader carries on where the cancelled one stopped; the
     decoding and dispatch between two reads do not wait. A request whose caller is cancelled or
     times out is simply forgotten: its late reply, when it comes, is dropped. The send side is
@@ -64,7 +65,7 @@ class _Connection:
         self.address = address
         self.stream = stream
         self.node_id = node_id
-        self.reader = wire.FrameReader(stream, max_frame_bytes)
+        self.reader = FrameReader(stream, max_frame_bytes)
         self._send_lock = trio.Lock()
         self._slots = trio.Semaphore(MAX_IN_FLIGHT)
         self._pending: dict[int, _Pending] = {}
@@ -90,8 +91,8 @@ class _Connection:
         try:
             stream = await security.wrap(raw, host, address)
             try:
-                await stream.send_all(wire.encode_frame(security.hello()))
-                reader = wire.FrameReader(stream, max_frame_bytes)
+                await stream.send_all(encode_frame(security.hello()))
+                reader = FrameReader(stream, max_frame_bytes)
                 hello = await reader.receive()
             except trio.BrokenResourceError as e:
                 if security.tls:  # TLS 1.3: a refused client certificate shows up here
@@ -117,7 +118,7 @@ class _Connection:
         return conn
 
     async def request(self, frame: dict[str, Any], rid: int) -> dict[str, Any]:
-        data = wire.encode_frame({**frame, "id": rid})
+        data = encode_frame({**frame, "id": rid})
         if self.max_request_bytes is not None and len(data) - 4 > self.max_request_bytes:
             raise TooLargeError(
                 f"the {frame.get('t')} request is {len(data) - 4:,} bytes; {self.address} accepts "
@@ -245,7 +246,7 @@ def _copy_failure(e: BaseException, address: str) -> BaseException:
     exception object raised in several tasks would get their tracebacks tangled), of a type
     Client.call treats as a lost connection."""
     if isinstance(e, (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
-                      wire.WireError)):
+                      WireError)):
         try:
             copy = type(e)(*e.args)
         except Exception:  # an exception type whose constructor wants other arguments

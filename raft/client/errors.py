@@ -6,10 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-# The codes Client.call retries (following the redirect, or after a backoff) within the
-# caller's timeout; a produce without a producer id only on NOT_LEADER and BACKPRESSURE.
-RETRIABLE = {"NOT_LEADER", "TIMEOUT", "LEADERSHIP_LOST", "BACKPRESSURE", "SHUTTING_DOWN",
-             "TRUNCATED", "UNAVAILABLE"}
+# Which of these codes Client.call retries is the protocol's to say (raft.protocol.errors:
+# RETRYABLE, NOT_WRITTEN, may_retry), so the client, sparkio and the bench agree.
 
 
 class RaftlogError(Exception):
@@ -198,7 +196,7 @@ def error_from_reply(err: dict[str, Any]) -> RaftlogError:
 
 
 __all__ = [
-    "RETRIABLE", "AuthenticationError", "BackpressureError", "BadRequestError", "DiskFullError",
+    "AuthenticationError", "BackpressureError", "BadRequestError", "DiskFullError",
     "LeadershipLostError", "NotLeaderError", "PermissionDeniedError",
     "OffsetOutOfRangeError", "RaftlogError", "RequestTimeout", "ShuttingDownError",
     "TooLargeError", "UnavailableError", "UndecodableBatchError", "error_from_reply",

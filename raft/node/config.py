@@ -33,7 +33,7 @@ from raft.node.config_values import (  # re-exported: the CLI and tests import t
     parse_peers,
     parse_size,
 )
-from raft.node.wire import DEFAULT_MAX_FRAME_BYTES
+from raft.protocol.framing import DEFAULT_MAX_FRAME_BYTES
 
 DEFAULT_HOST = "127.0.0.1"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from raft.node import wire
+from raft.protocol.replies import ErrorReply
 from raft.types import ErrorCode
 
 ERROR_ADVICE: dict[ErrorCode, str] = {
@@ -52,7 +52,6 @@ class NodeFailed(Exception):
     log, which the storage layer changes on disk first and in memory only after."""
 
 
-def advised_error(rid: int, code: ErrorCode, message: str | None = None,
-                  **extra: Any) -> dict[str, Any]:
+def advised_error(code: ErrorCode, message: str | None = None, **extra: Any) -> ErrorReply:
     """An error reply; without a message, the code's advice (or its name) stands in."""
-    return wire.error_reply(rid, code, message or ERROR_ADVICE.get(code, code.name), **extra)
+    return ErrorReply(code, message or ERROR_ADVICE.get(code, code.name), extra)

@@ -15,11 +15,13 @@ from typing import Any
 import trio
 
 from raft.node import tls as tlsmod
-from raft.node import wire
 from raft.node.auth import AuthError, AuthFileError, Authenticator, Session
 from raft.node.config import ConfigError, NodeConfig
 from raft.node.metrics import NodeMetrics
 from raft.node.tls import Identity, NodeTLS, PrefixedStream, TLSConfigError
+from raft.protocol.framing import encode_frame, WireError
+from raft.protocol.replies import error_frame
+from raft.protocol.streams import FrameReader
 from raft.types import ErrorCode
 
 log = logging.getLogger("raftlog.node")
@@ -95,18 +97,18 @@ class Gate:
         self._metrics.plaintext_refused.inc()
         log.warning("plaintext_refused node=%d remote=%s: this node requires TLS",
                     self.node_id, remote_of(raw))
-        reader = wire.FrameReader(PrefixedStream(raw, first), self._max_frame)
+        reader = FrameReader(PrefixedStream(raw, first), self._max_frame)
         try:
             await reader.receive_raw()
-        except (wire.WireError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        except (WireError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
-        err = wire.error_frame(ErrorCode.UNAUTHENTICATED,
-                               f"node {self.node_id} requires TLS: plaintext connections are "
-                               f"refused; connect with TLS, trusting the cluster CA (--tls-ca "
-                               f"FILE or RAFTLOG_TLS_CA; `raftlog up --tls` writes it to "
-                               f"<data-dir>/tls/ca.pem)")
+        err = error_frame(ErrorCode.UNAUTHENTICATED,
+                          f"node {self.node_id} requires TLS: plaintext connections are "
+                          f"refused; connect with TLS, trusting the cluster CA (--tls-ca "
+                          f"FILE or RAFTLOG_TLS_CA; `raftlog up --tls` writes it to "
+                          f"<data-dir>/tls/ca.pem)")
         self._metrics.count_error(ErrorCode.UNAUTHENTICATED.name)
-        await _best_effort(raw.send_all(wire.encode_frame(err)))
+        await _best_effort(raw.send_all(encode_frame(err)))
 
     # -- the hello ---------------------------------------------------------------------------------
     def check_peer(self, claimed: int, identity: Identity | None, remote: str) -> None:
@@ -117,10 +119,10 @@ class Gate:
             named = "nothing" if identity is None else f"{identity.kind} {identity.name}"
             log.warning("peer_refused node=%d remote=%s claimed=%d certificate=%s",
                         self.node_id, remote, claimed, named)
-            raise wire.WireError(f"the hello claims node {claimed} but the certificate names "
-                                 f"{named}; a node needs a certificate for its own id from "
-                                 f"the cluster CA (raftlog certs issue --node-id {claimed})",
-                                 code=ErrorCode.UNAUTHENTICATED)
+            raise WireError(f"the hello claims node {claimed} but the certificate names "
+                            f"{named}; a node needs a certificate for its own id from "
+                            f"the cluster CA (raftlog certs issue --node-id {claimed})",
+                            code=ErrorCode.UNAUTHENTICATED)
 
     def authenticate(self, hello: dict[str, Any], identity: Identity | None,
                      remote: str) -> Session:
@@ -131,7 +133,7 @@ class Gate:
             log.warning("auth_failed node=%d remote=%s method=%s reason=%s", self.node_id,
                         remote, "token" if hello.get("token") is not None else
                         "certificate" if identity is not None else "none", e)
-            raise wire.WireError(str(e), code=ErrorCode.UNAUTHENTICATED) from None
+            raise WireError(str(e), code=ErrorCode.UNAUTHENTICATED) from None
 
 
 def remote_of(stream: Any) -> str:

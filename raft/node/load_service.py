@@ -35,8 +35,10 @@ from raft.loads import (
     encode_commit,
     encode_staged_payload,
 )
+from raft.protocol.fields import get_bytes, get_int, get_str
+from raft.protocol.framing import WireError
+from raft.protocol.replies import error_reply, ok_reply
 from raft.types import Acks, ErrorCode
-from raft.node.wire import WireError, error_reply, get_bytes, get_int, get_str, ok_reply
 from storage.batch import Batch, BatchKind
 from storage.records import MalformedRecords, check_records
 

@@ -36,16 +36,18 @@ from collections.abc import Callable
 
 import trio
 
-from raft.node import wire
+from raft.messages import AppendEntries, Heartbeat, Message
 from raft.node.config import parse_address
 from raft.node.tls import NodeTLS, PeerIdentityError, dial_tls, handshake_failure
-from raft.messages import AppendEntries, Heartbeat, Message
+from raft.protocol.framing import ConnectionClosed, encode_frame, LEN_SIZE, WireError
+from raft.protocol.raft_frames import BatchEncodings, encode_raft_frame_pieces, message_wire_size
+from raft.protocol.streams import FrameReader
 
 log = logging.getLogger("raftlog.peer")
 
 CONNECT_TIMEOUT_S = 5.0
 HELLO_TIMEOUT_S = 5.0
-# Frames at least this large go out as several writes (wire.encode_raft_frame_pieces) instead
+# Frames at least this large go out as several writes (encode_raft_frame_pieces) instead
 # of being joined by a copy; smaller ones are joined so a heartbeat stays one segment.
 SPLIT_WRITE_BYTES = 64 * 1024
 # One bulk frame: at most this many bytes and batches (at least one message). The receiver
@@ -58,14 +60,14 @@ class PeerLink:
     def __init__(self, self_id: int, peer_id: int, address: str, *, max_frame_bytes: int,
                  queue_messages: int, queue_bytes: int, backoff_min_s: float,
                  backoff_max_s: float, rng: random.Random,
-                 encodings: wire.BatchEncodings | None = None,
+                 encodings: BatchEncodings | None = None,
                  tls: Callable[[], NodeTLS | None] = lambda: None) -> None:
         self.self_id = self_id
         # The node's current TLS material (None: plaintext), read at each dial: SIGHUP may
         # have replaced the certificates.
         self._tls = tls
         # Shared by all of a node's links: a batch sent to every follower is encoded once.
-        self._encodings = encodings if encodings is not None else wire.BatchEncodings()
+        self._encodings = encodings if encodings is not None else BatchEncodings()
         self.peer_id = peer_id
         self.address = address
         self._max_frame = max_frame_bytes
@@ -92,7 +94,7 @@ class PeerLink:
     def enqueue(self, msg: Message) -> bool:
         """Queue a message on its lane; False (and counted) when that lane is full. A full
         bulk lane never costs a heartbeat or a reply its place."""
-        size = wire.message_wire_size(msg)
+        size = message_wire_size(msg)
         if type(msg) is AppendEntries:
             self._drop_superseded(msg)
             lane = self._bulk
@@ -174,7 +176,7 @@ class PeerLink:
                     failures = 0
                     continue
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
-                    trio.TooSlowError, wire.WireError, wire.ConnectionClosed,
+                    trio.TooSlowError, WireError, ConnectionClosed,
                     PeerIdentityError) as e:
                 log.info("peer_disconnected node=%d peer=%d address=%s error=%r", self.self_id,
                          self.peer_id, address, e)
@@ -222,20 +224,20 @@ class PeerLink:
         return secured
 
     async def _session(self, stream: trio.abc.Stream) -> None:
-        reader = wire.FrameReader(stream, self._max_frame)
-        await stream.send_all(wire.encode_frame(
+        reader = FrameReader(stream, self._max_frame)
+        await stream.send_all(encode_frame(
             {"t": "hello", "role": "peer", "node_id": self.self_id}))
         with trio.fail_after(HELLO_TIMEOUT_S):
             hello = await reader.receive()
         if hello is None:
-            raise wire.ConnectionClosed(f"peer {self.peer_id} closed before answering hello")
+            raise ConnectionClosed(f"peer {self.peer_id} closed before answering hello")
         if hello.get("t") == "error":
-            raise wire.WireError(f"peer {self.peer_id} refused us: {hello.get('message')}")
+            raise WireError(f"peer {self.peer_id} refused us: {hello.get('message')}")
         if hello.get("t") != "hello" or hello.get("node_id") != self.peer_id:
             # Misconfiguration (wrong address for this id): keep retrying, loudly.
             log.error("peer_identity_mismatch peer=%d address=%s answered=%r; check --peers",
                       self.peer_id, self.address, hello.get("node_id"))
-            raise wire.WireError(f"{self.address} is not node {self.peer_id}")
+            raise WireError(f"{self.address} is not node {self.peer_id}")
         self.connected = True
         self.connects += 1
         log.info("peer_connected node=%d peer=%d address=%s", self.self_id, self.peer_id,
@@ -247,13 +249,13 @@ class PeerLink:
         except BaseExceptionGroup as group:
             raise _first_leaf(group) from None
 
-    async def _watch(self, reader: wire.FrameReader) -> None:
+    async def _watch(self, reader: FrameReader) -> None:
         """Peers never answer on this connection except with an error before closing; notice
         the close promptly so we reconnect instead of writing into a dead socket."""
         while True:
             frame = await reader.receive()
             if frame is None:
-                raise wire.ConnectionClosed(f"peer {self.peer_id} closed the connection")
+                raise ConnectionClosed(f"peer {self.peer_id} closed the connection")
             if frame.get("t") == "error":
                 log.warning("peer_error_frame peer=%d code=%s message=%r", self.peer_id,
                             frame.get("code"), frame.get("message"))
@@ -296,8 +298,8 @@ class PeerLink:
                 self._has_data = trio.Event()
                 await self._has_data.wait()
             msgs = self._next_frame()
-            pieces = wire.encode_raft_frame_pieces(msgs, self._encodings)
-            size = sum(len(p) for p in pieces) - wire.LEN_SIZE
+            pieces = encode_raft_frame_pieces(msgs, self._encodings)
+            size = sum(len(p) for p in pieces) - LEN_SIZE
             if size > self._max_frame:
                 log.error("peer_message_too_large peer=%d bytes=%d limit=%d; raise "
                           "--max-frame-bytes above the raft max_append_bytes", self.peer_id,

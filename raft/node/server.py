@@ -22,12 +22,12 @@ import logging
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
-from raft.node import api, wire
+from raft.node import api
 from raft.node.config import ConfigError, NodeConfig, format_address
 from raft.node.api.admin import status_map
 from raft.node.auth import Session
@@ -37,6 +37,12 @@ from raft.node.group import RaftGroup
 from raft.node.metrics import NodeMetrics
 from raft.node.peer import PeerLink
 from raft.node.transport import PeerTransport
+from raft.protocol.fields import get_int, get_str
+from raft.protocol.framing import ConnectionClosed, FrameTooLarge, WireError, encode_frame
+from raft.protocol.raft_frames import messages_from_frame
+from raft.protocol.replies import ErrorReply, Reply, error_frame
+from raft.protocol.requests import SINGLE_GROUP, Produce
+from raft.protocol.streams import FrameReader
 from raft.types import ErrorCode
 from storage.api import LogStorage
 
@@ -229,165 +235,165 @@ class Node:
                 raise fatal from None
 
     async def _connection(self, raw: trio.SocketStream) -> None:
-        remote = remote_of(raw)
-        kind = "handshake"
-        self.metrics.connections.labels(kind).inc()
-        stream: trio.abc.Stream = raw
+        """Handshake, then serve the peer or the client; a frame that breaks the protocol
+        gets an error frame and ends the connection."""
+        conn = _Conn(raw)
+        self.metrics.connections.labels(conn.role).inc()
         try:
             async with raw:
                 try:
-                    with trio.fail_after(HELLO_TIMEOUT_S):
-                        opened, identity = await self.gate.open(raw)
-                        if opened is None:
-                            return
-                        stream = opened
-                        reader = wire.FrameReader(stream, self.config.max_frame_bytes)
-                        hello = await reader.receive()
-                    if hello is None:
-                        return
-                    role, session = self._check_hello(hello, identity, remote)
-                    # The frame limit lets a client refuse an oversized request itself
-                    # instead of having it cut off mid-send.
-                    reply: dict[str, Any] = {"t": "hello", "node_id": self.node_id,
-                                             "max_frame_bytes": self.config.max_frame_bytes}
-                    if session is not None and session.principal is not None:
-                        reply["principal"] = session.principal
-                    await stream.send_all(wire.encode_frame(reply))
-                    self.metrics.connections.labels(kind).dec()
-                    kind = role
-                    self.metrics.connections.labels(kind).inc()
-                    if role == "peer":
-                        await self._serve_peer(reader, hello["node_id"])
-                    else:
-                        assert session is not None
-                        await self._serve_client(stream, reader, session)
+                    if await self._handshake(conn, remote_of(raw)):
+                        await (self._serve_peer(conn) if conn.role == "peer"
+                               else self._serve_client(conn))
                 except trio.TooSlowError:
-                    if stream is raw and self.gate.tls is not None:
+                    if conn.stream is raw and self.gate.tls is not None:
                         return  # still in the TLS handshake: a frame would be garbage to it
-                    await _send_error(stream, wire.WireError(
+                    await _send_error(conn.stream, WireError(
                         f"no hello within {HELLO_TIMEOUT_S:.0f} s; open with "
                         f'{{"v":1,"t":"hello","role":"client"}}'))
-                except wire.WireError as e:
+                except WireError as e:
                     log.info("bad_frame node=%d code=%s error=%s", self.node_id, e.code.name, e)
                     self.metrics.count_error(e.code.name)
-                    await _send_error(stream, e)
-                    if isinstance(e, wire.FrameTooLarge):
-                        await _discard_input(stream, e.size)
+                    await _send_error(conn.stream, e)
+                    if isinstance(e, FrameTooLarge):
+                        await _discard_input(conn.stream, e.size)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
-            self.metrics.connections.labels(kind).dec()
+            self.metrics.connections.labels(conn.role).dec()
+
+    async def _handshake(self, conn: _Conn, remote: str) -> bool:
+        """The gate (TLS, certificates), the hello and its answer, within HELLO_TIMEOUT_S;
+        False when the connection ended before a hello."""
+        with trio.fail_after(HELLO_TIMEOUT_S):
+            opened, identity = await self.gate.open(conn.stream)
+            if opened is None:
+                return False
+            conn.stream = opened
+            conn.reader = FrameReader(opened, self.config.max_frame_bytes)
+            hello = await conn.reader.receive()
+        if hello is None:
+            return False
+        role, session = self._check_hello(hello, identity, remote)
+        # The frame limit lets a client refuse an oversized request itself instead of having
+        # it cut off mid-send.
+        reply: dict[str, Any] = {"t": "hello", "node_id": self.node_id,
+                                 "max_frame_bytes": self.config.max_frame_bytes}
+        if session is not None and session.principal is not None:
+            reply["principal"] = session.principal
+        await conn.stream.send_all(encode_frame(reply))
+        self.metrics.connections.labels(conn.role).dec()
+        conn.role, conn.session = role, session
+        conn.peer_id = hello["node_id"] if role == "peer" else 0
+        self.metrics.connections.labels(conn.role).inc()
+        return True
 
     def _check_hello(self, hello: dict[str, Any], identity: Any,
                      remote: str) -> tuple[str, Session | None]:
         if hello.get("t") != "hello":
-            raise wire.WireError(f'the first frame must be {{"v":1,"t":"hello","role":"client"}}, '
-                                 f'got type {hello.get("t")!r}')
-        role = wire.get_str(hello, "role", choices=["client", "peer"], where="hello")
+            raise WireError(f'the first frame must be {{"v":1,"t":"hello","role":"client"}}, '
+                            f'got type {hello.get("t")!r}')
+        role = get_str(hello, "role", choices=["client", "peer"], where="hello")
         session = None
         if role == "peer":
-            peer_id = wire.get_int(hello, "node_id", where="hello")
+            peer_id = get_int(hello, "node_id", where="hello")
             self.gate.check_peer(peer_id, identity, remote)
             if peer_id == self.node_id or peer_id not in self.peer_addresses:
                 if self.gate.tls is not None:
                     log.warning("peer_refused node=%d remote=%s claimed=%d: not a member",
                                 self.node_id, remote, peer_id)
-                raise wire.WireError(f"node {peer_id} is not a peer of node {self.node_id} "
-                                     f"(peers: {sorted(self.peer_addresses)}); check --peers")
+                raise WireError(f"node {peer_id} is not a peer of node {self.node_id} "
+                                f"(peers: {sorted(self.peer_addresses)}); check --peers")
         else:
             session = self.gate.authenticate(hello, identity, remote)
         if self._closing:
-            raise wire.WireError("node is shutting down; connect to another node",
-                                 code=ErrorCode.SHUTTING_DOWN)
+            raise WireError("node is shutting down; connect to another node",
+                            code=ErrorCode.SHUTTING_DOWN)
         return role, session
 
-    async def _serve_peer(self, reader: wire.FrameReader, peer_id: int) -> None:
-        while True:
-            frame = await reader.receive()
-            if frame is None:
-                return
+    async def _serve_peer(self, conn: _Conn) -> None:
+        assert conn.reader is not None
+        while (frame := await conn.reader.receive()) is not None:
             if frame["t"] != "raft":
-                raise wire.WireError(f'peer connections carry only "raft" frames, got '
-                                     f'{frame["t"]!r}')
-            msgs = wire.messages_from_frame(frame)
+                raise WireError(f'peer connections carry only "raft" frames, got '
+                                f'{frame["t"]!r}')
+            msgs = messages_from_frame(frame)
             if self.core is not None and not self._closing:
-                await self.group.deliver_frame(msgs, from_peer=peer_id)
+                await self.group.deliver_frame(msgs, from_peer=conn.peer_id)
 
-    async def _serve_client(self, stream: trio.abc.Stream, reader: wire.FrameReader,
-                            session: Session) -> None:
-        send_lock = trio.Lock()
+    async def _serve_client(self, conn: _Conn) -> None:
+        """Read requests and answer each in its own task: read, route, run, reply.
+        Backpressure: with the connection's in-flight budget spent we stop reading, so the
+        client's TCP window fills instead of our memory."""
         limiter = trio.Semaphore(self.config.max_inflight_per_connection)
-        auth = self.gate.auth
-
-        async def send(frame: dict[str, Any]) -> None:
-            data = wire.encode_frame(frame)
-            async with send_lock:
-                await stream.send_all(data)
-
-        failure: wire.WireError | None = None
+        conn.auth = self.gate.auth
+        failure: WireError | None = None
         async with trio.open_nursery() as nursery:
-            while True:
-                # Backpressure: with the connection's in-flight budget spent we stop reading,
-                # so the client's TCP window fills instead of our memory.
-                await limiter.acquire()
-                try:
-                    frame = await reader.receive()
-                    if frame is None:
-                        limiter.release()
+            try:
+                while True:
+                    await limiter.acquire()
+                    incoming = await self._read_request(conn)
+                    if incoming is None:
                         break  # client half-closed: finish in-flight replies, then hang up
-                    started = time.perf_counter()
-                    t = frame["t"]
-                    rid = wire.get_int(frame, "id", where=f'request "{t}"')
-                    handler = api.lookup(self.api, t)
-                    refusal = (None if handler is None or not auth.enabled
-                               else auth.authorize(session, t))
-                    if handler is None or refusal is not None:
-                        limiter.release()
-                        if refusal is None:
-                            error = wire.error_reply(
-                                rid, ErrorCode.BAD_REQUEST, f'unknown request type {t!r}; '
-                                f'known: {", ".join(sorted(api.REQUESTS))}')
-                        else:
-                            error = wire.error_reply(rid, refusal.code, refusal.message,
-                                                     permission=refusal.permission)
-                        self.metrics.count_error(error["error"]["code"])
-                        await send(error)
-                        continue
-                    try:
-                        request = handler.parse(self.api, frame, rid)
-                    except wire.WireError as e:
-                        e.request_id = rid
-                        raise
-                except wire.WireError as e:
-                    # Raised outside the nursery: trio would wrap it in an ExceptionGroup.
-                    failure = e
-                    nursery.cancel_scope.cancel()
-                    break
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    nursery.cancel_scope.cancel()  # the client is gone: nobody to answer
-                    break
-                nursery.start_soon(self._run_request, t, started, handler.execute, request, rid,
-                                   send, limiter, nursery.cancel_scope)
+                    nursery.start_soon(self._answer, conn, incoming, limiter,
+                                       nursery.cancel_scope)
+            except WireError as e:
+                failure = e  # raised outside the nursery: trio would wrap it in an ExceptionGroup
+                nursery.cancel_scope.cancel()
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                nursery.cancel_scope.cancel()  # the client is gone: nobody to answer
         if failure is not None:
             raise failure
 
-    async def _run_request(self, t: str, started: float,
-                           execute: Callable[[api.ApiContext, Any, int], Awaitable[dict]],
-                           request: Any, rid: int, send: Callable[[dict], Awaitable[None]],
-                           limiter: trio.Semaphore, scope: trio.CancelScope) -> None:
+    async def _read_request(self, conn: _Conn) -> _Incoming | None:
+        """The next request, parsed into its type and routed (None at EOF). A type the node
+        does not know, a permission the client lacks or a group the node does not run is
+        answered with an error reply; a malformed frame raises WireError (hang up)."""
+        assert conn.reader is not None
+        frame = await conn.reader.receive()
+        if frame is None:
+            return None
+        started = time.perf_counter()
+        t = frame["t"]
+        rid = get_int(frame, "id", where=f'request "{t}"')
+        execute = api.lookup(self.api, t)
+        if execute is None:
+            return _Incoming(t, rid, started, refusal=ErrorReply(
+                ErrorCode.BAD_REQUEST,
+                f'unknown request type {t!r}; known: {", ".join(sorted(api.REQUESTS))}'))
+        refusal = conn.auth.authorize(conn.session, t) if conn.auth.enabled else None
+        if refusal is not None:
+            return _Incoming(t, rid, started, refusal=ErrorReply(
+                refusal.code, refusal.message, {"permission": refusal.permission}))
+        try:
+            request = api.parse(self.api, t, frame)
+        except WireError as e:
+            e.request_id = rid
+            raise
+        if request.group != SINGLE_GROUP:  # the topics work routes to the group here
+            return _Incoming(t, rid, started, refusal=ErrorReply(
+                ErrorCode.BAD_REQUEST,
+                f"group {request.group} does not exist: this node runs the single group "
+                f"{SINGLE_GROUP}; leave out the group field"))
+        return _Incoming(t, rid, started, execute, request)
+
+    async def _answer(self, conn: _Conn, incoming: _Incoming, limiter: trio.Semaphore,
+                      scope: trio.CancelScope) -> None:
         self._active_requests += 1
         self._requests_idle = trio.Event() if self._active_requests == 1 else self._requests_idle
         try:
+            if incoming.refusal is not None:
+                frame = incoming.refusal.to_frame(incoming.rid)
+                self.metrics.count_error(incoming.refusal.code.name)
+            else:
+                frame = (await self._execute(incoming)).to_frame(incoming.rid)
+                acks = incoming.request.acks if isinstance(incoming.request, Produce) else None
+                self.metrics.request_done(incoming.t, frame, incoming.started,
+                                          None if acks is None else acks.value)
+            data = encode_frame(frame)
             try:
-                reply = await execute(self.api, request, rid)
-            except Exception as e:
-                log.exception("request_failed node=%d id=%d", self.node_id, rid)
-                reply = wire.error_reply(rid, ErrorCode.INTERNAL,
-                                         f"internal error: {type(e).__name__}: {e}")
-            acks = request.get("acks") if t == "produce" and isinstance(request, dict) else None
-            self.metrics.request_done(t, reply, started, getattr(acks, "value", acks))
-            try:
-                await send(reply)
+                async with conn.send_lock:
+                    await conn.stream.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 scope.cancel()  # the client went away; drop its other requests too
         finally:
@@ -396,9 +402,42 @@ class Node:
             if self._active_requests == 0:
                 self._requests_idle.set()
 
+    async def _execute(self, incoming: _Incoming) -> Reply:
+        assert incoming.execute is not None
+        try:
+            return await incoming.execute(self.api, incoming.request)
+        except Exception as e:
+            log.exception("request_failed node=%d id=%d", self.node_id, incoming.rid)
+            return ErrorReply(ErrorCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
 
-_NETWORK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, wire.WireError,
-                   wire.ConnectionClosed)
+
+@dataclass(slots=True, eq=False)
+class _Conn:
+    """One connection, as far as its handshake got."""
+
+    stream: trio.abc.Stream
+    reader: FrameReader | None = None
+    role: str = "handshake"  # then "peer" or "client"
+    peer_id: int = 0
+    session: Session | None = None
+    auth: Any = None  # the gate's authenticator while serving a client
+    send_lock: trio.Lock = field(default_factory=trio.Lock)  # replies are written whole
+
+
+@dataclass(slots=True)
+class _Incoming:
+    """One client request, read and routed: run `execute` on `request`, or answer `refusal`."""
+
+    t: str
+    rid: int
+    started: float
+    execute: api.Handler | None = None
+    request: Any = None
+    refusal: ErrorReply | None = None
+
+
+_NETWORK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, WireError,
+                   ConnectionClosed)
 
 
 def _split_connection_errors(exc: BaseException, node_id: int) -> BaseException | None:
@@ -439,11 +478,11 @@ async def _discard_input(stream: trio.abc.Stream, limit: int) -> None:
         pass
 
 
-async def _send_error(stream: trio.abc.SendStream, err: wire.WireError) -> None:
+async def _send_error(stream: trio.abc.SendStream, err: WireError) -> None:
     """Best effort: the error frame before hanging up (the peer may already be gone)."""
     try:
         with trio.move_on_after(2.0):
-            await stream.send_all(wire.encode_frame(
-                wire.error_frame(err.code, str(err), err.request_id)))
+            await stream.send_all(encode_frame(
+                error_frame(err.code, str(err), err.request_id)))
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         pass

@@ -20,10 +20,10 @@ from typing import Any
 import trio
 
 from raft.messages import Message
-from raft.node import wire
 from raft.node.config import NodeConfig
 from raft.node.peer import PeerLink
 from raft.node.tls import NodeTLS
+from raft.protocol.raft_frames import BatchEncodings
 
 log = logging.getLogger("raftlog.node")
 
@@ -40,7 +40,7 @@ class PeerTransport:
         self.peer_addresses: dict[int, str] = {k: v for k, v in config.peers.items()
                                                if k != self.node_id}
         self.links: dict[int, PeerLink] = {}
-        self._encodings = wire.BatchEncodings()  # one encoding per batch for all followers
+        self._encodings = BatchEncodings()  # one encoding per batch for all followers
         self._link_nursery: trio.Nursery | None = None
         self._link_scopes: dict[int, trio.CancelScope] = {}
         self._known_config: Any = None

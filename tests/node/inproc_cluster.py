@@ -16,9 +16,10 @@ from typing import Any
 
 import trio
 
-from raft.node import wire
 from raft.node.config import NodeConfig, parse_address
 from raft.node.server import Node
+from raft.protocol.framing import encode_frame, WireError
+from raft.protocol.streams import FrameReader
 from raft.types import Role
 from storage.api import LogStorage
 from storage.memory import MemoryLog
@@ -47,7 +48,7 @@ def trio_test(fn: Callable) -> Callable:
 class RawClient:
     def __init__(self, stream: trio.SocketStream, max_frame: int = 64 << 20) -> None:
         self.stream = stream
-        self.reader = wire.FrameReader(stream, max_frame)
+        self.reader = FrameReader(stream, max_frame)
         self._ids = itertools.count(1)
 
     @classmethod
@@ -62,7 +63,7 @@ class RawClient:
         return client
 
     async def send(self, frame: dict[str, Any]) -> None:
-        await self.stream.send_all(wire.encode_frame(frame))
+        await self.stream.send_all(encode_frame(frame))
 
     async def send_raw(self, data: bytes) -> None:
         await self.stream.send_all(data)
@@ -87,7 +88,7 @@ class RawClient:
             while True:
                 try:
                     frame = await self.reader.receive()
-                except (wire.WireError, trio.BrokenResourceError, OSError):
+                except (WireError, trio.BrokenResourceError, OSError):
                     return err
                 if frame is None:
                     return err
@@ -294,7 +295,7 @@ class Producer:
                         "produce", acks=self.acks, timeout_ms=timeout_ms, payload=payload,
                         count=len(values), producer_id=self.producer_id, sequence=seq)
                 except (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
-                        wire.WireError, AssertionError):
+                        WireError, AssertionError):
                     await self._drop()
                     self._target += 1
                     await trio.sleep(0.02)  # retry backoff, not synchronisation

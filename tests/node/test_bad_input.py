@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inproc_cluster import (Producer, RawClient, check_acked, read_all, running_cluster)
-from raft.node import wire
+from raft.protocol.framing import encode_frame
 
 MAX_FRAME = 256 * 1024
 SOCKET_TIMEOUT_S = 20.0
@@ -120,7 +120,7 @@ class Sock:
         self.sock.sendall(data)
 
     def send(self, frame: dict[str, Any]) -> None:
-        self.sock.sendall(wire.encode_frame(frame))
+        self.sock.sendall(encode_frame(frame))
 
     def _read(self, n: int) -> bool:
         while len(self.buf) < n:
@@ -225,6 +225,27 @@ def test_unknown_request_type_keeps_the_connection(live: LiveCluster) -> None:
     assert "frobnicate" in reply["error"]["message"] and "produce" in reply["error"]["message"]
     s.send({"v": 1, "t": "status", "id": 8})
     assert s.recv()["id"] == 8
+    s.close()
+
+
+def test_a_group_the_node_does_not_run_is_refused_and_the_connection_kept(
+        live: LiveCluster) -> None:
+    """Requests carry their Raft group (raft.protocol.requests.SINGLE_GROUP when they name
+    none); another group is refused with a reply, not a hang-up, and a wrong type is a bad
+    frame like any other field."""
+    s = Sock(live.addresses[0])
+    s.send({"v": 1, "t": "status", "id": 1, "group": 0})
+    assert s.recv()["ok"] is True
+    s.send({"v": 1, "t": "fetch", "id": 2, "offset": 0, "group": 7})
+    reply = s.recv()
+    assert reply["id"] == 2 and reply["ok"] is False
+    assert reply["error"]["code"] == "BAD_REQUEST" and "group 7" in reply["error"]["message"]
+    s.send({"v": 1, "t": "status", "id": 3})
+    assert s.recv()["id"] == 3
+    s.send({"v": 1, "t": "status", "id": 4, "group": "seven"})
+    err = s.recv()
+    assert err["t"] == "error" and '"group" must be an integer' in err["message"]
+    assert s.recv() is None
     s.close()
 
 

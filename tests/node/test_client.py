@@ -14,7 +14,9 @@ import trio.testing
 from inproc_cluster import DEADLINE_S, REAL_CORE, RawClient, running_cluster, trio_test
 from raft.client import (BlockingClient, Client, OffsetOutOfRangeError, Producer,
                          RequestTimeout, TooLargeError, UnavailableError)
-from raft.node import wire
+from raft.protocol.framing import encode_frame
+from raft.protocol.replies import error_reply
+from raft.protocol.streams import FrameReader
 from raft.types import ErrorCode
 from storage.records import Record
 
@@ -129,17 +131,17 @@ async def fake_node(behaviour: Callable[[dict], dict | None], *,
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
 
     async def handle(stream: trio.SocketStream) -> None:
-        reader = wire.FrameReader(stream, 64 << 20)
+        reader = FrameReader(stream, 64 << 20)
         async with stream:
             if await reader.receive() is None:
                 return
-            await stream.send_all(wire.encode_frame({"t": "hello", "node_id": 9}))
+            await stream.send_all(encode_frame({"t": "hello", "node_id": 9}))
             while (frame := await reader.receive()) is not None:
                 reply = behaviour(frame)
                 if reply == "close":
                     return
                 if reply is not None:
-                    await stream.send_all(wire.encode_frame(reply))
+                    await stream.send_all(encode_frame(reply))
 
     task_status.started(f"127.0.0.1:{listeners[0].socket.getsockname()[1]}")
     await trio.serve_listeners(handle, listeners)
@@ -160,7 +162,7 @@ async def test_a_sent_produce_is_never_reported_as_an_earlier_not_leader(
             return None if leader_does == "never answers" else "close"
 
         leader_addr = await nursery.start(fake_node, leader)
-        follower_addr = await nursery.start(fake_node, lambda f: wire.error_reply(
+        follower_addr = await nursery.start(fake_node, lambda f: error_reply(
             f["id"], ErrorCode.NOT_LEADER, "not the leader", leader_id=2,
             leader_addr=leader_addr))
         async with Client([follower_addr], timeout=2.0) as client:

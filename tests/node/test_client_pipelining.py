@@ -18,7 +18,9 @@ from inproc_cluster import DEADLINE_S, REAL_CORE, running_cluster, trio_test
 from raft.client import Client, RequestTimeout
 from raft.client import connection as connection_mod
 from raft.client.connection import MAX_IN_FLIGHT, _Connection
-from raft.node import wire
+from raft.protocol.framing import encode_frame
+from raft.protocol.replies import ok_reply
+from raft.protocol.streams import FrameReader
 
 
 class FakeNode:
@@ -26,7 +28,7 @@ class FakeNode:
 
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
-        self.reader = wire.FrameReader(stream, 1 << 20)
+        self.reader = FrameReader(stream, 1 << 20)
 
     async def next_request(self) -> dict[str, Any]:
         frame = await self.reader.receive()
@@ -34,7 +36,7 @@ class FakeNode:
         return frame
 
     async def answer(self, request: dict[str, Any], **fields: Any) -> None:
-        await self.stream.send_all(wire.encode_frame(wire.ok_reply(request["id"], **fields)))
+        await self.stream.send_all(encode_frame(ok_reply(request["id"], **fields)))
 
 
 def connection_pair() -> tuple[_Connection, FakeNode]:
@@ -81,7 +83,7 @@ async def test_cancelled_mid_reply_leaves_the_connection_usable() -> None:
 
             nursery.start_soon(abandoned)
             first = await node.next_request()
-            late = wire.encode_frame(wire.ok_reply(first["id"], echo="a"))
+            late = encode_frame(ok_reply(first["id"], echo="a"))
             await node.stream.send_all(late[:7])  # half the reply: header and a few bytes
             await trio.testing.wait_all_tasks_blocked()  # the client has read them, waits
             scope.cancel()
@@ -174,7 +176,7 @@ class FakeListener:
         self.accepted += 1
         node = FakeNode(stream)
         await node.next_request()  # the hello
-        await stream.send_all(wire.encode_frame({"t": "hello", "node_id": 1}))
+        await stream.send_all(encode_frame({"t": "hello", "node_id": 1}))
         while (frame := await node.reader.receive()) is not None:
             await self.send.send((node, frame))
 
@@ -292,7 +294,7 @@ async def test_a_caller_cancelled_while_its_frame_is_sent_still_sends_it_whole()
     the kernel cannot take at once (the node is not reading) is finished after its caller is
     cancelled, and the connection stays usable."""
     conn, node = connection_pair()
-    node.reader = wire.FrameReader(node.stream, 64 << 20)
+    node.reader = FrameReader(node.stream, 64 << 20)
     big = b"x" * (8 << 20)  # far more than the socket buffers hold
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:

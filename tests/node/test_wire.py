@@ -14,7 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raft import messages as m
-from raft.node import wire
+from raft.protocol.fields import get_bytes, get_int, get_opt_int, get_str
+from raft.protocol.framing import decode_body, encode_frame, FrameTooLarge, WireError
+from raft.protocol.raft_frames import (_KIND_OF, BatchEncodings, encode_raft_frame,
+                                       encode_raft_frame_pieces, message_from_wire,
+                                       message_to_wire, messages_from_frame, raft_frame,
+                                       ZERO_COPY_BYTES)
+from raft.protocol.replies import error_frame, error_reply, ok_reply
+from raft.protocol.streams import FrameReader
 from raft.types import ErrorCode
 from storage.batch import Batch, BatchKind
 
@@ -64,12 +71,12 @@ any_message = st.one_of([_strategy_for(cls) for cls in m.MESSAGE_TYPES])
 @settings(max_examples=150, deadline=None)
 @given(st.lists(any_message, max_size=6))
 def test_raft_frame_round_trip(msgs: list) -> None:
-    frame = wire.encode_frame(wire.raft_frame(msgs))
+    frame = encode_frame(raft_frame(msgs))
     (n,) = struct.unpack(">I", frame[:4])
     assert n == len(frame) - 4
-    decoded = wire.decode_body(frame[4:])
+    decoded = decode_body(frame[4:])
     assert decoded["t"] == "raft" and decoded["v"] == 1
-    assert wire.messages_from_frame(decoded) == msgs
+    assert messages_from_frame(decoded) == msgs
 
 
 @settings(max_examples=150, deadline=None)
@@ -78,18 +85,18 @@ def test_fast_raft_frame_encoder_writes_the_same_document(msgs: list, extra: int
     """The peer links' encoder (bin32 batches joined once) decodes to exactly what the plain
     msgpack encoding decodes to, arrays past 15 batches included."""
     many = [Batch.create(bytes([i]) * i, 1).placed(i, 1) for i in range(extra)]
-    many.append(Batch.create(b"z" * wire.ZERO_COPY_BYTES, 1).placed(extra, 1))  # left unjoined
+    many.append(Batch.create(b"z" * ZERO_COPY_BYTES, 1).placed(extra, 1))  # left unjoined
     msgs = [*msgs, m.AppendEntries(1, 2, 3, -1, 0, many, 0, False, 7)]
-    prefix, body = wire.encode_raft_frame(msgs, wire.BatchEncodings())
+    prefix, body = encode_raft_frame(msgs, BatchEncodings())
     assert struct.unpack(">I", prefix)[0] == len(body)
-    assert b"".join(wire.encode_raft_frame_pieces(msgs)) == prefix + body
-    assert wire.decode_body(body) == wire.decode_body(wire.encode_frame(wire.raft_frame(msgs))[4:])
-    assert wire.messages_from_frame(wire.decode_body(body)) == msgs
+    assert b"".join(encode_raft_frame_pieces(msgs)) == prefix + body
+    assert decode_body(body) == decode_body(encode_frame(raft_frame(msgs))[4:])
+    assert messages_from_frame(decode_body(body)) == msgs
 
 
 def test_every_message_type_has_a_tag() -> None:
     for cls in m.MESSAGE_TYPES:
-        assert cls in wire._KIND_OF
+        assert cls in _KIND_OF
 
 
 @pytest.mark.parametrize("mutate, fragment", [
@@ -106,10 +113,10 @@ def test_bad_raft_message_fields_are_named(mutate, fragment: str) -> None:
     b = Batch.create(b"abc", 1).placed(5, 2)
     msg = m.AppendEntries(src=1, dst=2, term=2, prev_offset=4, prev_term=1, batches=[b],
                           commit_index=3, flush=True, seq=9)
-    d = wire.message_to_wire(msg)
+    d = message_to_wire(msg)
     mutate(d)
-    with pytest.raises(wire.WireError, match=fragment.replace("(", r"\(")):
-        wire.message_from_wire(d)
+    with pytest.raises(WireError, match=fragment.replace("(", r"\(")):
+        message_from_wire(d)
 
 
 def test_corrupted_batch_crc_is_refused() -> None:
@@ -118,8 +125,8 @@ def test_corrupted_batch_crc_is_refused() -> None:
     raw[-1] ^= 0xFF
     d = {"k": "ae", "src": 1, "dst": 2, "term": 1, "prev_offset": -1, "prev_term": 0,
          "batches": [bytes(raw)], "commit_index": -1, "flush": True, "seq": 1}
-    with pytest.raises(wire.WireError, match="crc mismatch"):
-        wire.message_from_wire(d)
+    with pytest.raises(WireError, match="crc mismatch"):
+        message_from_wire(d)
 
 
 @pytest.mark.parametrize("body, fragment", [
@@ -132,45 +139,45 @@ def test_corrupted_batch_crc_is_refused() -> None:
     (b"\x81\xa1v", "not valid msgpack"),  # truncated map
 ])
 def test_bad_bodies(body: bytes, fragment: str) -> None:
-    with pytest.raises(wire.WireError, match=fragment):
-        wire.decode_body(body)
+    with pytest.raises(WireError, match=fragment):
+        decode_body(body)
 
 
 def test_int_map_keys_are_accepted() -> None:
     body = msgpack.packb({"v": 1, "t": "x", 1: "a"})
-    assert wire.decode_body(body)[1] == "a"
+    assert decode_body(body)[1] == "a"
 
 
 def test_field_getters() -> None:
     req = {"a": 1, "b": True, "c": b"x", "d": "quorum", "e": None}
-    assert wire.get_int(req, "a") == 1
-    assert wire.get_int(req, "missing", default=7) == 7
-    with pytest.raises(wire.WireError, match='"b" must be an integer, got bool'):
-        wire.get_int(req, "b")
-    with pytest.raises(wire.WireError, match='missing integer field "zz"'):
-        wire.get_int(req, "zz", request_id=3)
-    with pytest.raises(wire.WireError, match="must be >= 2"):
-        wire.get_int(req, "a", minimum=2)
-    assert wire.get_bytes(req, "c") == b"x"
-    with pytest.raises(wire.WireError, match="must be msgpack bin"):
-        wire.get_bytes(req, "d")
-    assert wire.get_str(req, "d", choices=["quorum", "none"]) == "quorum"
-    with pytest.raises(wire.WireError, match="must be one of"):
-        wire.get_str(req, "d", choices=["none"])
-    assert wire.get_opt_int(req, "e") is None
+    assert get_int(req, "a") == 1
+    assert get_int(req, "missing", default=7) == 7
+    with pytest.raises(WireError, match='"b" must be an integer, got bool'):
+        get_int(req, "b")
+    with pytest.raises(WireError, match='missing integer field "zz"'):
+        get_int(req, "zz", request_id=3)
+    with pytest.raises(WireError, match="must be >= 2"):
+        get_int(req, "a", minimum=2)
+    assert get_bytes(req, "c") == b"x"
+    with pytest.raises(WireError, match="must be msgpack bin"):
+        get_bytes(req, "d")
+    assert get_str(req, "d", choices=["quorum", "none"]) == "quorum"
+    with pytest.raises(WireError, match="must be one of"):
+        get_str(req, "d", choices=["none"])
+    assert get_opt_int(req, "e") is None
     try:
-        wire.get_int(req, "zz", request_id=3)
-    except wire.WireError as e:
+        get_int(req, "zz", request_id=3)
+    except WireError as e:
         assert e.request_id == 3 and e.code is ErrorCode.BAD_REQUEST
 
 
 def test_replies_and_error_frames() -> None:
-    assert wire.ok_reply(4, base_offset=1) == {"v": 1, "t": "reply", "id": 4, "ok": True,
-                                               "base_offset": 1}
-    r = wire.error_reply(5, ErrorCode.NOT_LEADER, "go away", leader_id=2, leader_addr=None)
+    assert ok_reply(4, base_offset=1) == {"v": 1, "t": "reply", "id": 4, "ok": True,
+                                          "base_offset": 1}
+    r = error_reply(5, ErrorCode.NOT_LEADER, "go away", leader_id=2, leader_addr=None)
     assert r["ok"] is False and r["error"] == {"code": "NOT_LEADER", "message": "go away",
                                                "leader_id": 2}
-    e = wire.error_frame(ErrorCode.TOO_LARGE, "big", request_id=None)
+    e = error_frame(ErrorCode.TOO_LARGE, "big", request_id=None)
     assert e == {"v": 1, "t": "error", "code": "TOO_LARGE", "message": "big"}
 
 
@@ -179,9 +186,9 @@ def test_replies_and_error_frames() -> None:
 @trio_test
 async def test_reader_reassembles_frames_split_anywhere() -> None:
     frames = [{"v": 1, "t": "x", "n": i, "pad": b"p" * (i * 1000)} for i in range(20)]
-    data = b"".join(wire.encode_frame(f) for f in frames)
+    data = b"".join(encode_frame(f) for f in frames)
     send, recv = trio.testing.memory_stream_pair()
-    reader = wire.FrameReader(recv, max_frame_bytes=1 << 20)
+    reader = FrameReader(recv, max_frame_bytes=1 << 20)
 
     async def writer() -> None:
         pos, step = 0, 7
@@ -202,27 +209,27 @@ async def test_reader_reassembles_frames_split_anywhere() -> None:
 @trio_test
 async def test_reader_refuses_oversize_from_header_alone() -> None:
     send, recv = trio.testing.memory_stream_pair()
-    reader = wire.FrameReader(recv, max_frame_bytes=1024)
+    reader = FrameReader(recv, max_frame_bytes=1024)
     # Claim a 1 GiB body but send only a handful of bytes: the reader must not wait for (or
     # buffer) the body, it decides from the header.
     await send.send_all(struct.pack(">I", 1 << 30) + b"abc")
-    with pytest.raises(wire.FrameTooLarge) as info:
+    with pytest.raises(FrameTooLarge) as info:
         with trio.fail_after(5):
             await reader.receive()
     assert info.value.code is ErrorCode.TOO_LARGE
     assert "--max-frame-bytes" in str(info.value)
-    assert len(reader._buf) < 64 * 1024
+    assert reader.held < 64 * 1024
 
 
 @trio_test
 async def test_reader_accepts_frame_exactly_at_limit() -> None:
-    frame = wire.encode_frame({"t": "x", "pad": b""})
+    frame = encode_frame({"t": "x", "pad": b""})
     limit = len(frame) - 4
     send, recv = trio.testing.memory_stream_pair()
-    reader = wire.FrameReader(recv, max_frame_bytes=limit)
-    await send.send_all(frame + wire.encode_frame({"t": "x", "pad": b"1"}))
+    reader = FrameReader(recv, max_frame_bytes=limit)
+    await send.send_all(frame + encode_frame({"t": "x", "pad": b"1"}))
     assert (await reader.receive())["t"] == "x"
-    with pytest.raises(wire.FrameTooLarge):
+    with pytest.raises(FrameTooLarge):
         await reader.receive()
 
 
@@ -233,17 +240,17 @@ async def test_reader_accepts_frame_exactly_at_limit() -> None:
 @trio_test
 async def test_reader_reports_truncation(data: bytes, fragment: str) -> None:
     send, recv = trio.testing.memory_stream_pair()
-    reader = wire.FrameReader(recv, max_frame_bytes=1024)
+    reader = FrameReader(recv, max_frame_bytes=1024)
     await send.send_all(data)
     await send.aclose()
-    with pytest.raises(wire.WireError, match=fragment):
+    with pytest.raises(WireError, match=fragment):
         await reader.receive()
 
 
 @trio_test
 async def test_reader_clean_eof() -> None:
     send, recv = trio.testing.memory_stream_pair()
-    reader = wire.FrameReader(recv, max_frame_bytes=1024)
+    reader = FrameReader(recv, max_frame_bytes=1024)
     await send.aclose()
     assert await reader.receive() is None
 
@@ -289,11 +296,11 @@ async def test_peer_link_delivers_in_batches_and_reconnects() -> None:
         nonlocal connections
         connections += 1
         first = connections == 1
-        reader = wire.FrameReader(stream, 1 << 20)
+        reader = FrameReader(stream, 1 << 20)
         hellos.append(await reader.receive())
-        await stream.send_all(wire.encode_frame({"t": "hello", "node_id": 2}))
+        await stream.send_all(encode_frame({"t": "hello", "node_id": 2}))
         while (frame := await reader.receive()) is not None:
-            received.extend(wire.messages_from_frame(frame))
+            received.extend(messages_from_frame(frame))
             got_some.set()
             if first:  # the peer "restarts" after its first frame
                 await stream.aclose()
@@ -328,9 +335,9 @@ async def test_peer_link_refuses_the_wrong_node() -> None:
     async def handler(stream: trio.SocketStream) -> None:
         nonlocal attempts
         attempts += 1
-        reader = wire.FrameReader(stream, 1 << 20)
+        reader = FrameReader(stream, 1 << 20)
         await reader.receive()
-        await stream.send_all(wire.encode_frame({"t": "hello", "node_id": 3}))
+        await stream.send_all(encode_frame({"t": "hello", "node_id": 3}))
         if attempts >= 3:
             enough.set()
         await reader.receive()
@@ -347,7 +354,7 @@ async def test_peer_link_refuses_the_wrong_node() -> None:
 
 
 def test_batch_encodings_encode_each_batch_once_and_stay_bounded() -> None:
-    enc = wire.BatchEncodings(max_entries=3, max_bytes=1 << 20)
+    enc = BatchEncodings(max_entries=3, max_bytes=1 << 20)
     batches = [Batch.create(bytes([i]) * 100, 1, base_offset=i, term=1) for i in range(5)]
     first = [enc.encode(b) for b in batches]
     assert [enc.encode(b) for b in batches[2:]] == first[2:]
@@ -361,7 +368,7 @@ def test_batch_encodings_encode_each_batch_once_and_stay_bounded() -> None:
 
 
 def test_batch_encodings_byte_bound() -> None:
-    enc = wire.BatchEncodings(max_entries=100, max_bytes=1000)
+    enc = BatchEncodings(max_entries=100, max_bytes=1000)
     for i in range(10):
         enc.encode(Batch.create(b"x" * 300, 1, base_offset=i, term=1))
     assert enc._bytes <= 1000

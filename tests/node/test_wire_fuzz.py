@@ -26,7 +26,8 @@ import msgpack
 import trio
 
 from inproc_cluster import DEADLINE_S, Producer, check_acked, running_cluster, trio_test
-from raft.node import wire
+from raft.protocol.framing import WireError
+from raft.protocol.streams import FrameReader
 from raft.node.api import REQUESTS
 from raft.node.config import ConfigError, parse_address
 from raft.node.load_service import OPS
@@ -266,7 +267,7 @@ class Findings:
 class Conn:
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
-        self.reader = wire.FrameReader(stream, 64 << 20)
+        self.reader = FrameReader(stream, 64 << 20)
 
     async def send(self, data: bytes) -> bool:
         try:
@@ -339,7 +340,7 @@ async def expect_only_errors_then_close(conn: Conn, where: str) -> None:
     while True:
         try:
             frame = await conn.recv()
-        except wire.WireError:
+        except WireError:
             return
         if frame is None:
             return

@@ -39,6 +39,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "node"))
 import test_failstop  # noqa: E402
 import test_malformed_records  # noqa: E402
 import test_subscriptions_inproc  # noqa: E402
+import test_protocol_types  # noqa: E402
 # The security rules' killers live with the security tests (tests/security).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "security"))
 import test_security_unit  # noqa: E402
@@ -297,9 +298,9 @@ MUTANTS = [
            "            if False:\n",
            (test_security_unit.test_an_unknown_token_is_refused,)),
     Mutant("requests are dispatched without the permission check",
-           "raft.node.server", "Node._serve_client",
-           "else auth.authorize(session, t))",
-           "else None)",
+           "raft.node.server", "Node._read_request",
+           "refusal = conn.auth.authorize(conn.session, t) if conn.auth.enabled else None",
+           "refusal = None",
            (test_security_unit.test_a_node_refuses_a_forbidden_request_before_dispatch,)),
     # -- what a node appends for a client -------------------------------------------------------
     Mutant("a payload holding other than `count` records is appended",
@@ -372,6 +373,11 @@ MUTANTS = [
            "        if raw is not None:\n            self.producers.load(raw)",
            "        if False:\n            self.producers.load(raw)",
            (test_state_transfer.test_the_leader_keeps_its_producer_table_across_retention_and_a_restart,)),
+    Mutant("a produce without a producer id is resent after an answer that may follow its append",
+           "raft.protocol.errors", "may_retry",
+           "return code in RETRYABLE and (idempotent or code in NOT_WRITTEN)",
+           "return code in RETRYABLE",
+           (test_protocol_types.test_one_retry_rule_for_every_client,)),
 ]
 
 

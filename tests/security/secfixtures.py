@@ -18,8 +18,8 @@ from typing import Any
 import msgpack
 
 from raft.cli import pki
-from raft.node import wire
 from raft.node.auth import AuthTable, Principal, Permission, new_token, token_digest
+from raft.protocol.framing import encode_frame
 
 SOCKET_TIMEOUT_S = 20.0
 
@@ -112,7 +112,7 @@ class Wire:
         self.buf = b""
 
     def send(self, frame: dict[str, Any]) -> None:
-        self.sock.sendall(wire.encode_frame(frame))
+        self.sock.sendall(encode_frame(frame))
 
     def send_raw(self, data: bytes) -> None:
         self.sock.sendall(data)

@@ -29,7 +29,7 @@ from raft.node.load_service import OPS as LOAD_OPS
 from raft.node.logfmt import JsonFormatter
 from raft.node.metrics import NodeMetrics, state_families
 from raft.node.tls import Identity, NodeTLS, PeerIdentityError, TLSConfigError, identity_of
-from raft.node.wire import WireError
+from raft.protocol.framing import WireError
 from raft.types import ErrorCode, Role
 
 from secfixtures import make_pki

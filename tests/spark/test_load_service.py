@@ -5,9 +5,9 @@ from __future__ import annotations
 import trio
 
 from raft.node.load_service import LoadService
+from raft.protocol.replies import error_reply
 from raft.ready import ProduceAnswer
 from raft.types import ErrorCode
-from raft.node.wire import error_reply
 from storage.memory import MemoryLog
 from storage.records import encode_values
 

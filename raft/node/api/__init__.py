@@ -1,18 +1,21 @@
 """The client API: one module per request family, and the registry the node routes through.
 
-Adding a request type: a new module here with `REQUESTS = {"name": Request(parse, execute)}`
-(raft.node.api.context.Request), and its line in `_MODULES` below. A handler sees the node only
-through raft.node.api.context.ApiContext.
+Adding a request type: its typed request in raft.protocol (a dataclass with `parse` and
+`to_frame`, listed in raft.protocol.PARSERS), then a module here with
+`HANDLERS = {Type.T: execute}` (an `async execute(ctx, request) -> Reply`), and its line in
+`_MODULES` below. A handler sees the node only through raft.node.api.context.ApiContext.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
 from raft.node.api import admin, fetch, loads, membership, produce, subscriptions
-from raft.node.api.context import ApiContext, Request
+from raft.node.api.context import ApiContext, Handler
+from raft.protocol import PARSERS
+from raft.protocol.requests import LoadRequest
 
-__all__ = ["REQUESTS", "ApiContext", "Request", "lookup"]
+__all__ = ["REQUESTS", "ApiContext", "Handler", "lookup", "parse"]
 
 # Request families with fixed type names (listed to clients that send an unknown type).
 _MODULES = (
@@ -23,33 +26,36 @@ _MODULES = (
     subscriptions,
 )
 
-# Families whose type names are decided at run time: (context, type) -> Request or None.
-_RESOLVERS: tuple[Callable[[ApiContext, str], Request | None], ...] = (
-    loads.resolve,
-)
 
-
-def _collect() -> dict[str, Request]:
-    out: dict[str, Request] = {}
+def _collect() -> dict[str, Handler]:
+    out: dict[str, Handler] = {}
     for module in _MODULES:
-        for t, request in module.REQUESTS.items():
+        for t, execute in module.HANDLERS.items():
             if t in out:
                 raise RuntimeError(f"request type {t!r} is registered twice "
                                    f"(again by {module.__name__})")
-            out[t] = request
+            if t not in PARSERS:
+                raise RuntimeError(f"request type {t!r} ({module.__name__}) has no typed "
+                                   f"request in raft.protocol.PARSERS")
+            out[t] = execute
     return out
 
 
-REQUESTS: dict[str, Request] = _collect()
+REQUESTS: dict[str, Handler] = _collect()
 
 
-def lookup(ctx: ApiContext, t: str) -> Request | None:
-    """The handler for request type `t`, or None for an unknown type."""
-    request = REQUESTS.get(t)
-    if request is not None:
-        return request
-    for resolve in _RESOLVERS:
-        request = resolve(ctx, t)
-        if request is not None:
-            return request
-    return None
+def lookup(ctx: ApiContext, t: str) -> Handler | None:
+    """The handler for request type `t`, or None for an unknown type. The staged-load family
+    is the load service's to name (absent without one)."""
+    execute = REQUESTS.get(t)
+    if execute is not None:
+        return execute
+    return loads.execute if loads.handles(ctx, t) else None
+
+
+def parse(ctx: ApiContext, t: str, frame: dict[str, Any]) -> Any:
+    """The typed request of a frame whose type `lookup` knows (WireError: a bad field)."""
+    parser = PARSERS.get(t)
+    if parser is None:
+        return LoadRequest.parse_as(t, frame)
+    return parser(frame, ctx.limits)

@@ -8,8 +8,9 @@ from typing import Any
 
 import trio
 
-from raft.node import wire
-from raft.node.api.context import ApiContext, Request
+from raft.node.api.context import ApiContext
+from raft.protocol.replies import OkReply, Reply
+from raft.protocol.requests import Status, TransferLeader
 from raft.types import ErrorCode, Role
 
 
@@ -21,12 +22,8 @@ def status_to_wire(status: Any) -> dict[str, Any]:
     return out
 
 
-def parse_status(ctx: ApiContext, frame: dict[str, Any], rid: int) -> None:
-    return None
-
-
-async def status(ctx: ApiContext, _req: None, rid: int) -> dict[str, Any]:
-    return wire.ok_reply(rid, status=status_map(ctx))
+async def status(ctx: ApiContext, _req: Status) -> Reply:
+    return OkReply({"status": status_map(ctx)})
 
 
 def status_map(ctx: ApiContext) -> dict[str, Any]:
@@ -56,44 +53,36 @@ def status_map(ctx: ApiContext) -> dict[str, Any]:
     return st
 
 
-def parse_transfer(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:
-    return {"to": wire.get_opt_int(frame, "to", where="transfer_leader"),
-            "timeout_ms": wire.get_int(frame, "timeout_ms",
-                                       default=ctx.config.default_timeout_ms, minimum=1,
-                                       maximum=ctx.config.max_timeout_ms,
-                                       where="transfer_leader")}
-
-
-async def transfer_leader(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str, Any]:
+async def transfer_leader(ctx: ApiContext, req: TransferLeader) -> Reply:
     group, peer_addresses = ctx.group, ctx.peers.peer_addresses
     if ctx.closing:
-        return ctx.error(rid, ErrorCode.SHUTTING_DOWN)
+        return ctx.error(ErrorCode.SHUTTING_DOWN)
     if group.core.role != Role.LEADER:
-        return ctx.error(rid, ErrorCode.NOT_LEADER)
-    to = req["to"]
+        return ctx.error(ErrorCode.NOT_LEADER)
+    to = req.to
     if to is not None and to not in peer_addresses:
-        return ctx.error(rid, ErrorCode.BAD_REQUEST,
+        return ctx.error(ErrorCode.BAD_REQUEST,
                          f"node {to} is not a peer; pick one of "
                          f"{sorted(peer_addresses)}")
     try:
         group.core.transfer_leadership(to)
     except ValueError as e:
-        return ctx.error(rid, ErrorCode.BAD_REQUEST, str(e))
+        return ctx.error(ErrorCode.BAD_REQUEST, str(e))
     group.kick()
-    with trio.move_on_after(req["timeout_ms"] / 1000):
+    with trio.move_on_after(req.timeout_ms / 1000):
         while group.core.role == Role.LEADER and not ctx.closing:
             await group.wait_state_change()
     if ctx.closing:
-        return ctx.error(rid, ErrorCode.SHUTTING_DOWN)
+        return ctx.error(ErrorCode.SHUTTING_DOWN)
     if group.core.role == Role.LEADER:
-        return ctx.error(rid, ErrorCode.TIMEOUT,
-                         f"leadership did not move within {req['timeout_ms']} ms; the "
+        return ctx.error(ErrorCode.TIMEOUT,
+                         f"leadership did not move within {req.timeout_ms} ms; the "
                          f"target may be lagging: retry later")
-    return wire.ok_reply(rid, leader_id=group.core.leader_id,
-                         leader_addr=ctx.peers.address_of(group.core.leader_id))
+    return OkReply({"leader_id": group.core.leader_id,
+                    "leader_addr": ctx.peers.address_of(group.core.leader_id)})
 
 
-REQUESTS = {
-    "status": Request(parse_status, status),
-    "transfer_leader": Request(parse_transfer, transfer_leader),
+HANDLERS = {
+    Status.T: status,
+    TransferLeader.T: transfer_leader,
 }

@@ -1,6 +1,8 @@
 """What a client request handler sees of the node, and the shape of a handler.
 
-Handlers get an `ApiContext`, not the node: the Raft group the request is for, the node's
+A handler takes the typed request (raft.protocol parsed it) and returns a typed reply
+(raft.protocol.replies); the request id is the connection's business. Handlers get an
+`ApiContext`, not the node: the Raft group the request is for, the node's
 settings, the address book (where this node and its peers listen, link status) and the error
 helper that fills in the leader's address. The context is also the `LoadHost` that
 raft.node.load_service expects.
@@ -9,12 +11,14 @@ raft.node.load_service expects.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from raft.node.config import NodeConfig
 from raft.node.errors import advised_error
 from raft.node.group import RaftGroup
+from raft.protocol.replies import ErrorReply, Reply
+from raft.protocol.requests import Limits
 from raft.ready import ProduceAnswer
 from raft.types import Acks, ErrorCode
 from storage.batch import Batch
@@ -37,20 +41,26 @@ class ApiContext:
     config: NodeConfig
     group: RaftGroup
     peers: AddressBook
+    # What bounds a request's fields on this node (raft.protocol parses with it).
+    limits: Limits = field(init=False)
+
+    def __post_init__(self) -> None:
+        config = self.config
+        self.limits = Limits(config.default_timeout_ms, config.max_timeout_ms,
+                             config.max_frame_bytes, config.max_fetch_wait_ms)
 
     @property
     def closing(self) -> bool:
         return self.group.closing
 
-    def error(self, rid: int, code: ErrorCode, message: str | None = None,
-              **extra: Any) -> dict[str, Any]:
+    def error(self, code: ErrorCode, message: str | None = None, **extra: Any) -> ErrorReply:
         """An error reply; NOT_LEADER ones name the leader (id and address) when known."""
         core = self.group.core
         if code == ErrorCode.NOT_LEADER and "leader_id" not in extra and core is not None:
             extra["leader_id"] = core.leader_id
         if code == ErrorCode.NOT_LEADER:
             extra.setdefault("leader_addr", self.peers.address_of(extra.get("leader_id")))
-        return advised_error(rid, code, message, **extra)
+        return advised_error(code, message, **extra)
 
     # -- LoadHost (raft.node.load_service) ---------------------------------------------------------
     def is_leader(self) -> bool:
@@ -59,19 +69,16 @@ class ApiContext:
     def commit_index(self) -> int:
         return self.group.core.commit_index
 
+    def refuse_not_leader(self) -> ErrorReply:
+        """SHUTTING_DOWN while stopping, else NOT_LEADER naming the leader."""
+        return self.error(ErrorCode.SHUTTING_DOWN if self.closing else ErrorCode.NOT_LEADER)
+
     def not_leader_reply(self, request_id: int) -> dict[str, Any]:
-        if self.closing:
-            return self.error(request_id, ErrorCode.SHUTTING_DOWN)
-        return self.error(request_id, ErrorCode.NOT_LEADER)
+        return self.refuse_not_leader().to_frame(request_id)
 
     async def propose_and_wait(self, batch: Batch, acks: Acks, timeout_s: float) -> ProduceAnswer:
         return await self.group.propose_and_wait(batch, acks, timeout_s)
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
-    """One request type: `parse` checks the frame's fields (raising wire.WireError hangs up on
-    the client, after an error frame); `execute` answers the parsed request with a reply frame."""
-
-    parse: Callable[[ApiContext, dict[str, Any], int], Any]
-    execute: Callable[[ApiContext, Any, int], Awaitable[dict[str, Any]]]
+# A request type's handler: the typed request in, the typed reply out.
+Handler = Callable[[ApiContext, Any], Awaitable[Reply]]

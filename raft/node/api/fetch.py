@@ -10,16 +10,14 @@ from typing import Any
 
 import trio
 
-from raft.node import wire
-from raft.node.api.context import ApiContext, Request
+from raft.node.api.context import ApiContext
 from raft.node.group import RaftGroup
+from raft.protocol.replies import FetchOk, Reply
+from raft.protocol.requests import Fetch
 from raft.types import ErrorCode
 from storage.api import OffsetOutOfRange
 from storage.batch import BatchKind, CorruptBatch
 
-DEFAULT_FETCH_MAX_BYTES = 1 << 20
-# Room for the reply envelope around fetched payloads.
-FRAME_OVERHEAD = 64 * 1024
 # The log is read in slices of at most this many bytes and batches, with a checkpoint between
 # them, and one reply carries at most FETCH_MAX_BATCHES batches (its encoding is one step):
 # with small batches a byte budget alone meant hundreds of thousands of batches to read and
@@ -29,27 +27,10 @@ READ_SLICE_BATCHES = 1024
 FETCH_MAX_BATCHES = 8192
 
 
-def parse(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:
-    w = "fetch"
-    config = ctx.config
-    # Leave room for the reply envelope so the reply itself fits the frame limit.
-    limit = config.max_frame_bytes - min(FRAME_OVERHEAD, config.max_frame_bytes // 8)
-    return {
-        "offset": wire.get_int(frame, "offset", minimum=-(2**63), maximum=2**63 - 1,
-                               where=w),
-        "max_bytes": min(limit, wire.get_int(frame, "max_bytes",
-                                             default=DEFAULT_FETCH_MAX_BYTES, minimum=1,
-                                             maximum=2**63 - 1, where=w)),
-        "max_wait_ms": min(config.max_fetch_wait_ms,
-                           wire.get_int(frame, "max_wait_ms", default=0, minimum=0,
-                                        maximum=2**63 - 1, where=w)),
-    }
-
-
-async def execute(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str, Any]:
+async def execute(ctx: ApiContext, req: Fetch) -> Reply:
     group = ctx.group
-    offset = req["offset"]
-    deadline = trio.current_time() + req["max_wait_ms"] / 1000
+    offset = req.offset
+    deadline = trio.current_time() + req.max_wait_ms / 1000
     while True:
         if group.loads is not None:
             await group.loads.catch_up(group.core.high_watermark)
@@ -57,28 +38,25 @@ async def execute(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str, A
         start = group.log.start_offset
         if offset < start or offset > hw + 1:
             return ctx.error(
-                rid, ErrorCode.OFFSET_OUT_OF_RANGE,
+                ErrorCode.OFFSET_OUT_OF_RANGE,
                 f"offset {offset} is outside the readable range [{start}, {hw + 1}]; fetch "
                 f"from start_offset or at most high_watermark + 1",
                 start_offset=start, high_watermark=hw)
         if offset <= hw:
             try:
-                batches, next_offset = await read_committed(group, offset, hw,
-                                                            req["max_bytes"])
+                batches, next_offset = await read_committed(group, offset, hw, req.max_bytes)
             except OffsetOutOfRange:  # retention moved the log start under us
                 start = group.log.start_offset
                 return ctx.error(
-                    rid, ErrorCode.OFFSET_OUT_OF_RANGE,
+                    ErrorCode.OFFSET_OUT_OF_RANGE,
                     f"offset {offset} was removed by retention while reading; fetch from "
                     f"start_offset {start}", start_offset=start, high_watermark=hw)
             except CorruptBatch as e:
-                return ctx.error(rid, ErrorCode.INTERNAL, str(e))
-            return wire.ok_reply(rid, batches=batches, high_watermark=hw,
-                                 start_offset=start, next_offset=next_offset)
+                return ctx.error(ErrorCode.INTERNAL, str(e))
+            return FetchOk(batches, hw, start, next_offset)
         remaining = deadline - trio.current_time()
         if remaining <= 0 or ctx.closing:
-            return wire.ok_reply(rid, batches=[], high_watermark=hw, start_offset=start,
-                                 next_offset=offset)
+            return FetchOk([], hw, start, offset)
         with trio.move_on_after(remaining):
             await group.wait_hw_change()
 
@@ -130,4 +108,4 @@ async def read_committed(group: RaftGroup, offset: int, hw: int,
     return out, pos
 
 
-REQUESTS = {"fetch": Request(parse, execute)}
+HANDLERS = {Fetch.T: execute}

@@ -12,9 +12,10 @@ many partitions): a client whose consumers share it sends their commits together
 one per commit. Each item is its own operation in the accumulator and gets its own verdict: one
 refused item does not fail the others. At most MAX_COMMIT_ITEMS items per request.
 
-Field types are checked in `parse` (a wrong type hangs up, as for every request); a name of the
-wrong shape, a position out of range or an unknown subscription are typed error replies (for
-`sub_commit_many`, typed error results of the item).
+Field types are checked by the protocol (raft/protocol/subscription_requests.py: a wrong type
+hangs up, as for every request); a name of the wrong shape, a position out of range or an
+unknown subscription are typed error replies here (for `sub_commit_many`, typed error results
+of the item).
 """
 
 from __future__ import annotations
@@ -22,129 +23,48 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from raft.node import wire
-from raft.node.api.context import ApiContext, Request
+from raft.node.api.context import ApiContext
 from raft.node.api.fetch import visible_hw
-from raft.subscriptions import MAX_LEASE_MS, Op, OpRequest, Outcome, consumer_error, name_error
+from raft.protocol.replies import ErrorReply, OkReply, Reply
+from raft.protocol.subscription_requests import (MAX_COMMIT_ITEMS, SUB_TYPES, SubCommitMany,
+                                                 SubList, SubRequest)
+from raft.subscriptions import Op, OpRequest, Outcome, consumer_error, name_error
 from raft.types import ErrorCode
 
-LIST_DEFAULT_LIMIT = 1000
-LIST_MAX_LIMIT = 10_000
-# Items per sub_commit_many: half the accumulator's operations per entry (2048), so one request
-# never needs more than one entry's room, and a reply stays far below the frame limit (a
-# subscription map is a few hundred bytes).
-MAX_COMMIT_ITEMS = 1000
-
-
-# -- parsing -------------------------------------------------------------------------------------
-def _name(frame: dict[str, Any], where: str) -> str:
-    return wire.get_str(frame, "name", where=where)
-
-
-def _where(frame: dict[str, Any], key: str, where: str, default: Any) -> Any:
-    """A position given as "start", "end" or an offset (int)."""
-    value = frame.get(key, default)
-    if isinstance(value, str) and value in ("start", "end"):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
-        return value
-    raise wire.WireError(f'{where} field "{key}" must be "start", "end" or an offset >= 0, '
-                         f'got {value!r}')
-
-
-def _timeout(ctx: ApiContext, frame: dict[str, Any], where: str) -> int:
-    return wire.get_int(frame, "timeout_ms", default=ctx.config.default_timeout_ms, minimum=1,
-                        maximum=ctx.config.max_timeout_ms, where=where)
-
-
-def _parser(op: Op | None, *, consumer: bool = False, position: bool = False,
-            lease: bool = False, initial: str | None = None):  # noqa: ANN202
-    where = f"sub_{op.value}" if op is not None else "sub_get"
-
-    def parse(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:
-        req: dict[str, Any] = {"op": op, "name": _name(frame, where),
-                               "timeout_ms": _timeout(ctx, frame, where)}
-        req["consumer"] = wire.get_str(frame, "consumer", default="", where=where) \
-            if consumer else ""
-        if position:
-            req["position"] = wire.get_int(frame, "position", minimum=0, maximum=2**63 - 1,
-                                           where=where)
-        if initial is not None:
-            # `from` (first use) defaults to the log start; a reset's `to` is required.
-            req["initial"] = _where(frame, initial, where, "start" if initial == "from" else None)
-        req["lease_ms"] = wire.get_int(frame, "lease_ms", default=0, minimum=0,
-                                       maximum=MAX_LEASE_MS, where=where) if lease else 0
-        return req
-
-    return parse
-
-
-def parse_list(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:
-    w = "sub_list"
-    return {"prefix": wire.get_str(frame, "prefix", default="", where=w),
-            "after": wire.get_str(frame, "after", default="", where=w),
-            "limit": wire.get_int(frame, "limit", default=LIST_DEFAULT_LIMIT, minimum=1,
-                                  maximum=LIST_MAX_LIMIT, where=w),
-            "timeout_ms": _timeout(ctx, frame, w)}
-
-
-def parse_commit_many(ctx: ApiContext, frame: dict[str, Any], rid: int) -> dict[str, Any]:
-    """`commits`: a list of maps {name, position, consumer (""), lease_ms (0)}, each checked as
-    a sub_commit's fields. A count outside 1..MAX_COMMIT_ITEMS is answered BAD_REQUEST by
-    execute (the connection stays usable), without looking at the items."""
-    w = "sub_commit_many"
-    items = frame.get("commits")
-    if not isinstance(items, list):
-        raise wire.WireError(f'{w} field "commits" must be a list of maps {{"name", "position", '
-                             f'"consumer", "lease_ms"}}, got {type(items).__name__}')
-    req: dict[str, Any] = {"timeout_ms": _timeout(ctx, frame, w), "count": len(items),
-                           "items": None}
-    if not 1 <= len(items) <= MAX_COMMIT_ITEMS:
-        return req
-    parsed = []
-    for i, item in enumerate(items):
-        where = f"{w} commits[{i}]"
-        if not isinstance(item, dict):
-            raise wire.WireError(f"{where} must be a map, got {type(item).__name__}")
-        parsed.append({
-            "name": _name(item, where),
-            "position": wire.get_int(item, "position", minimum=0, maximum=2**63 - 1,
-                                     where=where),
-            "consumer": wire.get_str(item, "consumer", default="", where=where),
-            "lease_ms": wire.get_int(item, "lease_ms", default=0, minimum=0,
-                                     maximum=MAX_LEASE_MS, where=where)})
-    req["items"] = parsed
-    return req
+# The operation each single-subscription request type asks of the table (sub_get: none).
+_OPS: dict[str, Op | None] = {"sub_open": Op.OPEN, "sub_commit": Op.COMMIT,
+                              "sub_reset": Op.RESET, "sub_pin": Op.PIN,
+                              "sub_release": Op.RELEASE, "sub_delete": Op.DELETE,
+                              "sub_get": None}
 
 
 # -- executing -----------------------------------------------------------------------------------
-def _refuse(ctx: ApiContext, rid: int, req: dict[str, Any]) -> dict[str, Any] | None:
+def _refuse(ctx: ApiContext, name: str, consumer: str) -> ErrorReply | None:
     if ctx.closing:
-        return ctx.error(rid, ErrorCode.SHUTTING_DOWN)
+        return ctx.error(ErrorCode.SHUTTING_DOWN)
     if ctx.group.subs is None:
-        return ctx.error(rid, ErrorCode.BAD_REQUEST, "this node has no subscription service")
-    why = name_error(req["name"]) if "name" in req else None
+        return ctx.error(ErrorCode.BAD_REQUEST, "this node has no subscription service")
+    why = name_error(name)
     if why is not None:
-        return ctx.error(rid, ErrorCode.INVALID_SUBSCRIPTION_NAME, why, name=req["name"])
-    why = consumer_error(req.get("consumer", ""))
+        return ctx.error(ErrorCode.INVALID_SUBSCRIPTION_NAME, why, name=name)
+    why = consumer_error(consumer)
     if why is not None:
-        return ctx.error(rid, ErrorCode.BAD_REQUEST, why)
+        return ctx.error(ErrorCode.BAD_REQUEST, why)
     return None
 
 
-def _reply(ctx: ApiContext, rid: int, outcome: Outcome, **fields: Any) -> dict[str, Any]:
+def _reply(ctx: ApiContext, outcome: Outcome) -> Reply:
     if outcome.ok:
-        return wire.ok_reply(rid, subscription=outcome.sub, **fields)
+        return OkReply({"subscription": outcome.sub})
     extra: dict[str, Any] = {}
     if outcome.sub is not None:
         extra = {"subscription": outcome.sub, "position": outcome.sub["position"],
                  "lease_holder": outcome.sub.get("lease_holder"),
                  "lease_until_ms": outcome.sub.get("lease_until_ms")}
-    return ctx.error(rid, outcome.code, outcome.message or None, **extra)
+    return ctx.error(outcome.code, outcome.message or None, **extra)
 
 
-def _resolve(ctx: ApiContext, rid: int, where: Any,
-             what: str) -> tuple[int | None, dict[str, Any] | None]:
+def _resolve(ctx: ApiContext, where: Any, what: str) -> tuple[int | None, ErrorReply | None]:
     """"start"/"end"/offset -> an offset in [log start, high watermark + 1], or an error."""
     hw = visible_hw(ctx.group)
     start = ctx.group.log.start_offset
@@ -153,35 +73,37 @@ def _resolve(ctx: ApiContext, rid: int, where: Any,
     if where == "end":
         return hw + 1, None
     if where > hw + 1:
-        return None, ctx.error(rid, ErrorCode.POSITION_PAST_HIGH_WATERMARK,
+        return None, ctx.error(ErrorCode.POSITION_PAST_HIGH_WATERMARK,
                                f"{what} {where} is past high watermark + 1 ({hw + 1})",
                                high_watermark=hw, start_offset=start)
     if where < start:
-        return None, ctx.error(rid, ErrorCode.OFFSET_OUT_OF_RANGE,
+        return None, ctx.error(ErrorCode.OFFSET_OUT_OF_RANGE,
                                f"{what} {where} is below the log start {start} (removed by "
                                f"retention); use {start} or 'start'",
                                high_watermark=hw, start_offset=start)
     return where, None
 
 
-async def execute_op(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str, Any]:
-    refused = _refuse(ctx, rid, req)
+async def execute_op(ctx: ApiContext, req: SubRequest) -> Reply:
+    refused = _refuse(ctx, req.name, req.consumer)
     if refused is not None:
         return refused
-    op: Op = req["op"]
+    op = _OPS[req.t]
+    assert op is not None
     if not ctx.group.is_leader():
-        return ctx.not_leader_reply(rid)
-    position, arg = -1, req["lease_ms"]
+        return ctx.refuse_not_leader()
+    position, arg = -1, req.lease_ms
     if op == Op.COMMIT:
-        position = req["position"]
+        assert req.position is not None
+        position = req.position
         hw = visible_hw(ctx.group)
         if position > hw + 1:
-            return ctx.error(rid, ErrorCode.POSITION_PAST_HIGH_WATERMARK,
+            return ctx.error(ErrorCode.POSITION_PAST_HIGH_WATERMARK,
                              f"position {position} is past high watermark + 1 ({hw + 1}): "
                              f"commit the offset after the last record processed",
                              high_watermark=hw)
     elif op in (Op.OPEN, Op.RESET, Op.PIN):
-        position, error = _resolve(ctx, rid, req["initial"],
+        position, error = _resolve(ctx, req.initial,
                                    "reset position" if op == Op.RESET else "initial position")
         if error is not None:
             return error
@@ -191,113 +113,106 @@ async def execute_op(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str
             position, arg = visible_hw(ctx.group) + 1, position
     elif op == Op.DELETE:
         arg = -1  # unconditional (expiry's deletes are the service's own)
-    outcome = await ctx.group.subs.submit(OpRequest(op, req["name"], req["consumer"], position,
-                                                    arg), req["timeout_ms"] / 1000)
+    outcome = await ctx.group.subs.submit(OpRequest(op, req.name, req.consumer, position, arg),
+                                          req.timeout_ms / 1000)
     if op == Op.DELETE and outcome.ok:
-        return wire.ok_reply(rid, deleted=True)
-    return _reply(ctx, rid, outcome)
+        return OkReply({"deleted": True})
+    return _reply(ctx, outcome)
 
 
-async def execute_commit_many(ctx: ApiContext, req: dict[str, Any],
-                              rid: int) -> dict[str, Any]:
+async def execute_commit_many(ctx: ApiContext, req: SubCommitMany) -> Reply:
     """One result per item, in order: {"ok": true, "subscription": ...} or {"ok": false,
     "error": {...}} with the same codes and fields as sub_commit's error replies. Checks that
     concern the whole request (the item count, leadership, shutdown) answer the request."""
-    if req["items"] is None:
-        return ctx.error(rid, ErrorCode.BAD_REQUEST,
+    if req.items is None:
+        return ctx.error(ErrorCode.BAD_REQUEST,
                          f"sub_commit_many carries 1 to {MAX_COMMIT_ITEMS} commits, got "
-                         f"{req['count']}: split them into several requests",
-                         max_items=MAX_COMMIT_ITEMS, count=req["count"])
+                         f"{req.count}: split them into several requests",
+                         max_items=MAX_COMMIT_ITEMS, count=req.count)
     if ctx.closing:
-        return ctx.error(rid, ErrorCode.SHUTTING_DOWN)
+        return ctx.error(ErrorCode.SHUTTING_DOWN)
     if ctx.group.subs is None:
-        return ctx.error(rid, ErrorCode.BAD_REQUEST, "this node has no subscription service")
+        return ctx.error(ErrorCode.BAD_REQUEST, "this node has no subscription service")
     if not ctx.group.is_leader():
-        return ctx.not_leader_reply(rid)
+        return ctx.refuse_not_leader()
     hw = visible_hw(ctx.group)
-    results: list[dict[str, Any] | None] = [None] * len(req["items"])
+    results: list[dict[str, Any] | None] = [None] * len(req.items)
     ops: list[OpRequest] = []
     slots: list[int] = []
-    for i, item in enumerate(req["items"]):
-        refused = _refuse(ctx, rid, item)
-        if refused is None and item["position"] > hw + 1:
-            refused = ctx.error(rid, ErrorCode.POSITION_PAST_HIGH_WATERMARK,
-                                f"position {item['position']} is past high watermark + 1 "
+    for i, item in enumerate(req.items):
+        refused = _refuse(ctx, item.name, item.consumer)
+        if refused is None and item.position > hw + 1:
+            refused = ctx.error(ErrorCode.POSITION_PAST_HIGH_WATERMARK,
+                                f"position {item.position} is past high watermark + 1 "
                                 f"({hw + 1}): commit the offset after the last record "
                                 f"processed", high_watermark=hw)
         if refused is not None:
             results[i] = _result(refused)
             continue
-        ops.append(OpRequest(Op.COMMIT, item["name"], item["consumer"], item["position"],
-                             item["lease_ms"]))
+        ops.append(OpRequest(Op.COMMIT, item.name, item.consumer, item.position,
+                             item.lease_ms))
         slots.append(i)
     if ops:
-        outcomes = await ctx.group.subs.submit_many(ops, req["timeout_ms"] / 1000)
+        outcomes = await ctx.group.subs.submit_many(ops, req.timeout_ms / 1000)
         for i, outcome in zip(slots, outcomes, strict=True):
-            results[i] = _result(_reply(ctx, rid, outcome))
-    return wire.ok_reply(rid, results=results)
+            results[i] = _result(_reply(ctx, outcome))
+    return OkReply({"results": results})
 
 
-def _result(reply: dict[str, Any]) -> dict[str, Any]:
+def _result(reply: Reply) -> dict[str, Any]:
     """One item's result from the reply a lone sub_commit would have had."""
-    if reply.get("ok"):
-        return {"ok": True, "subscription": reply["subscription"]}
-    return {"ok": False, "error": reply["error"]}
+    if isinstance(reply, ErrorReply):
+        return {"ok": False, "error": reply.error()}
+    assert isinstance(reply, OkReply)
+    return {"ok": True, "subscription": reply.fields["subscription"]}
 
 
-async def execute_get(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str, Any]:
-    refused = _refuse(ctx, rid, req)
+async def execute_get(ctx: ApiContext, req: SubRequest) -> Reply:
+    refused = _refuse(ctx, req.name, req.consumer)
     if refused is not None:
         return refused
     subs = ctx.group.subs
-    outcome = await subs.sync(req["timeout_ms"] / 1000)
+    outcome = await subs.sync(req.timeout_ms / 1000)
     if not outcome.ok:
-        return _reply(ctx, rid, outcome)
-    sub = subs.table.describe(req["name"])
+        return _reply(ctx, outcome)
+    sub = subs.table.describe(req.name)
     if sub is None:
-        return ctx.error(rid, ErrorCode.UNKNOWN_SUBSCRIPTION,
-                         f"no subscription named {req['name']!r}; a consumer creates it on "
+        return ctx.error(ErrorCode.UNKNOWN_SUBSCRIPTION,
+                         f"no subscription named {req.name!r}; a consumer creates it on "
                          f"first use (or `raftlog subscriptions reset NAME --to start`)",
-                         name=req["name"])
+                         name=req.name)
     hw = visible_hw(ctx.group)
-    return wire.ok_reply(rid, subscription=subs.view(sub, hw, _now_ms()), high_watermark=hw)
+    return OkReply({"subscription": subs.view(sub, hw, _now_ms()), "high_watermark": hw})
 
 
-async def execute_list(ctx: ApiContext, req: dict[str, Any], rid: int) -> dict[str, Any]:
+async def execute_list(ctx: ApiContext, req: SubList) -> Reply:
     if ctx.closing:
-        return ctx.error(rid, ErrorCode.SHUTTING_DOWN)
+        return ctx.error(ErrorCode.SHUTTING_DOWN)
     subs = ctx.group.subs
     if subs is None:
-        return ctx.error(rid, ErrorCode.BAD_REQUEST, "this node has no subscription service")
-    outcome = await subs.sync(req["timeout_ms"] / 1000)
+        return ctx.error(ErrorCode.BAD_REQUEST, "this node has no subscription service")
+    outcome = await subs.sync(req.timeout_ms / 1000)
     if not outcome.ok:
-        return _reply(ctx, rid, outcome)
+        return _reply(ctx, outcome)
     hw = visible_hw(ctx.group)
     now = _now_ms()
     names = sorted(n for n in subs.table.subs
-                   if n.startswith(req["prefix"]) and n > req["after"])
-    page = names[:req["limit"]]
-    return wire.ok_reply(rid, high_watermark=hw, start_offset=ctx.group.log.start_offset,
-                         more=len(names) > len(page), total=len(subs.table.subs),
-                         service=subs.status(),
-                         subscriptions=[subs.view(subs.table.describe(n), hw, now)
-                                        for n in page])
+                   if n.startswith(req.prefix) and n > req.after)
+    page = names[:req.limit]
+    return OkReply({"high_watermark": hw, "start_offset": ctx.group.log.start_offset,
+                    "more": len(names) > len(page), "total": len(subs.table.subs),
+                    "service": subs.status(),
+                    "subscriptions": [subs.view(subs.table.describe(n), hw, now)
+                                      for n in page]})
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-REQUESTS = {
-    "sub_open": Request(_parser(Op.OPEN, consumer=True, lease=True, initial="from"),
-                        execute_op),
-    "sub_commit": Request(_parser(Op.COMMIT, consumer=True, position=True, lease=True),
-                          execute_op),
-    "sub_commit_many": Request(parse_commit_many, execute_commit_many),
-    "sub_reset": Request(_parser(Op.RESET, consumer=True, initial="to"), execute_op),
-    "sub_pin": Request(_parser(Op.PIN, consumer=True, initial="from"), execute_op),
-    "sub_release": Request(_parser(Op.RELEASE, consumer=True), execute_op),
-    "sub_delete": Request(_parser(Op.DELETE), execute_op),
-    "sub_get": Request(_parser(None), execute_get),
-    "sub_list": Request(parse_list, execute_list),
+HANDLERS = {
+    **{t: execute_op for t in SUB_TYPES if _OPS[t] is not None},
+    "sub_get": execute_get,
+    SubCommitMany.T: execute_commit_many,
+    SubList.T: execute_list,
 }

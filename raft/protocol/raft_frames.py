@@ -1,18 +1,11 @@
-"""The raftlog wire protocol: length-prefixed msgpack frames, shared by peers and clients.
+"""Raft peer frames: the core's messages (raft.messages) on the wire.
 
-Frame = 4-byte big-endian unsigned length N, then N bytes of msgpack encoding a map (bin type on,
-raw off). Every map carries `"v": 1` and a type tag `"t"`. One listening port serves both peers and
-clients; the first frame of a connection (`hello`) says which one is talking.
-
-Why frames are checked strictly here rather than in the node: every byte that arrives comes from
-an untrusted socket. The reader refuses an oversized frame from its 4-byte header alone (the body
-is never buffered, so a hostile length cannot make us allocate it), and each decoding step raises
-`WireError` with a message that says what the sender did wrong. The node turns that into an
-`{"t": "error"}` frame and closes the connection; everyone else keeps being served.
-
-Peer traffic: `{"v":1,"t":"raft","msgs":[m, ...]}` where each `m` is a map `{"k": <kind>, ...}` with
-the fields of a `raft.messages` dataclass; batches travel as `Batch.encode()` bytes and are CRC
-checked on receipt.
+`{"v":1,"t":"raft","msgs":[m, ...]}` where each `m` is a map `{"k": <kind>, ...}` with the fields
+of a `raft.messages` dataclass; batches travel as `Batch.encode()` bytes and are CRC checked on
+receipt. Peer frames use the framing of every other frame (raft.protocol.framing); they live in
+the protocol package, not the runtime, because a peer message is as much a wire format as a
+client request, and a later peer link carrying frames for many groups needs them without the
+node around them.
 """
 
 from __future__ import annotations
@@ -23,204 +16,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import msgpack
-import trio
 
 from raft import messages as m
-from raft.types import ErrorCode
+from raft.protocol.fields import type_name
+from raft.protocol.framing import PROTOCOL_VERSION, WireError, pack_length
 from storage.batch import Batch, CorruptBatch
-
-PROTOCOL_VERSION = 1
-DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
-_LEN = struct.Struct(">I")
-LEN_SIZE = _LEN.size
-_READ_CHUNK = 64 * 1024
-
-
-class WireError(Exception):
-    """A frame or request the peer sent is unusable. `code` is an ErrorCode name for the error
-    frame; `request_id` is set when the offending frame carried a usable `id`."""
-
-    def __init__(self, message: str, code: ErrorCode = ErrorCode.BAD_REQUEST,
-                 request_id: int | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.request_id = request_id
-
-
-class FrameTooLarge(WireError):
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(
-            f"frame of {size} bytes exceeds the {limit}-byte limit; send smaller requests (split "
-            f"the batch or lower max_bytes) or raise the server's --max-frame-bytes",
-            ErrorCode.TOO_LARGE)
-        self.size, self.limit = size, limit
-
-
-class ConnectionClosed(Exception):
-    """The remote end closed the connection (cleanly between frames or mid-frame)."""
-
-
-# -- frames ---------------------------------------------------------------------------------------
-
-def encode_frame(obj: dict[str, Any]) -> bytes:
-    """One frame: length prefix + msgpack map. Adds `"v": 1` if the caller left it out."""
-    prefix, body = encode_frame_parts(obj)
-    return prefix + body
-
-
-def encode_frame_parts(obj: dict[str, Any]) -> tuple[bytes, bytes]:
-    """A frame as (length prefix, body): large frames are sent as two writes rather than
-    copied once more to join them."""
-    if "v" not in obj:
-        obj = {"v": PROTOCOL_VERSION, **obj}
-    body = msgpack.packb(obj, use_bin_type=True)
-    return _LEN.pack(len(body)), body
-
-
-def decode_body(body: bytes | bytearray | memoryview) -> dict[str, Any]:
-    """Parse one frame body into a map with a supported version and a string type tag."""
-    try:
-        obj = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=False)
-    except Exception as e:  # msgpack raises several unrelated exception types
-        raise WireError(f"frame body is not valid msgpack ({type(e).__name__}: {e}); frames are "
-                        f"a 4-byte big-endian length followed by one msgpack map") from None
-    if not isinstance(obj, dict):
-        raise WireError(f"frame body must be a msgpack map, got {type(obj).__name__}")
-    v = obj.get("v")
-    if v != PROTOCOL_VERSION:
-        raise WireError(f'unsupported protocol version "v"={v!r}; this server speaks v='
-                        f'{PROTOCOL_VERSION} (add "v": 1 to every frame)')
-    t = obj.get("t")
-    if not isinstance(t, str):
-        raise WireError(f'frame needs a string type tag "t", got {t!r}')
-    return obj
-
-
-def error_frame(code: ErrorCode, message: str, request_id: int | None = None) -> dict[str, Any]:
-    """The frame sent just before closing a connection that misbehaved."""
-    out: dict[str, Any] = {"v": PROTOCOL_VERSION, "t": "error", "code": code.name,
-                           "message": message}
-    if request_id is not None:
-        out["id"] = request_id
-    return out
-
-
-def ok_reply(request_id: int, **fields: Any) -> dict[str, Any]:
-    return {"v": PROTOCOL_VERSION, "t": "reply", "id": request_id, "ok": True, **fields}
-
-
-def error_reply(request_id: int, code: ErrorCode, message: str, **extra: Any) -> dict[str, Any]:
-    err: dict[str, Any] = {"code": code.name, "message": message}
-    err.update({k: v for k, v in extra.items() if v is not None})
-    return {"v": PROTOCOL_VERSION, "t": "reply", "id": request_id, "ok": False, "error": err}
-
-
-class FrameReader:
-    """Reads frames off a trio stream with a size limit.
-
-    Buffers at most one frame plus one read chunk. The length header is checked before any body
-    byte is kept, so an oversized frame costs 4 bytes of memory, not N.
-    """
-
-    def __init__(self, stream: trio.abc.ReceiveStream, max_frame_bytes: int) -> None:
-        self._stream = stream
-        self._max = max_frame_bytes
-        self._buf = bytearray()
-
-    async def _fill(self, n: int) -> bool:
-        """Buffer at least n bytes; False on EOF before that."""
-        while len(self._buf) < n:
-            data = await self._stream.receive_some(max(_READ_CHUNK, n - len(self._buf)))
-            if not data:
-                return False
-            self._buf += data
-        return True
-
-    async def receive_raw(self) -> bytes | None:
-        """The next frame's body, or None on a clean EOF between frames."""
-        if not await self._fill(LEN_SIZE):
-            if self._buf:
-                raise WireError(f"connection closed inside a frame header ({len(self._buf)} of "
-                                f"{LEN_SIZE} bytes)")
-            return None
-        (n,) = _LEN.unpack_from(self._buf, 0)
-        if n > self._max:
-            raise FrameTooLarge(n, self._max)
-        if not await self._fill(LEN_SIZE + n):
-            raise WireError(f"connection closed inside a frame: got {len(self._buf) - LEN_SIZE} "
-                            f"of {n} body bytes")
-        with memoryview(self._buf) as view:  # one copy, not two (a bytearray slice copies)
-            body = bytes(view[LEN_SIZE:LEN_SIZE + n])
-        del self._buf[:LEN_SIZE + n]
-        return body
-
-    async def receive(self) -> dict[str, Any] | None:
-        """The next decoded frame, or None on a clean EOF between frames."""
-        body = await self.receive_raw()
-        return None if body is None else decode_body(body)
-
-
-# -- field checks -----------------------------------------------------------------------------------
-
-def _type_name(value: Any) -> str:
-    return "nil" if value is None else type(value).__name__
-
-
-def get_int(obj: dict[str, Any], key: str, *, default: int | None = None,
-            minimum: int | None = None, maximum: int | None = None,
-            request_id: int | None = None, where: str = "request") -> int:
-    """A required (or defaulted) integer field, bools refused (msgpack keeps them distinct)."""
-    value = obj.get(key)
-    if value is None:
-        if default is not None:
-            return default
-        raise WireError(f'{where} is missing integer field "{key}"', request_id=request_id)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise WireError(f'{where} field "{key}" must be an integer, got {_type_name(value)}',
-                        request_id=request_id)
-    if minimum is not None and value < minimum:
-        raise WireError(f'{where} field "{key}"={value} must be >= {minimum}',
-                        request_id=request_id)
-    if maximum is not None and value > maximum:
-        raise WireError(f'{where} field "{key}"={value} must be <= {maximum}',
-                        request_id=request_id)
-    return value
-
-
-def get_opt_int(obj: dict[str, Any], key: str, *, request_id: int | None = None,
-                where: str = "request") -> int | None:
-    if obj.get(key) is None:
-        return None
-    return get_int(obj, key, request_id=request_id, where=where)
-
-
-def get_bytes(obj: dict[str, Any], key: str, *, request_id: int | None = None,
-              where: str = "request") -> bytes:
-    value = obj.get(key)
-    if not isinstance(value, (bytes, bytearray)):
-        raise WireError(f'{where} field "{key}" must be msgpack bin (bytes), got '
-                        f'{_type_name(value)}', request_id=request_id)
-    return bytes(value)
-
-
-def get_str(obj: dict[str, Any], key: str, *, default: str | None = None,
-            choices: Iterable[str] | None = None, request_id: int | None = None,
-            where: str = "request") -> str:
-    value = obj.get(key)
-    if value is None and default is not None:
-        return default
-    if not isinstance(value, str):
-        raise WireError(f'{where} field "{key}" must be a string, got {_type_name(value)}',
-                        request_id=request_id)
-    if choices is not None:
-        allowed = list(choices)
-        if value not in allowed:
-            raise WireError(f'{where} field "{key}"={value!r} must be one of {allowed}',
-                            request_id=request_id)
-    return value
-
-
-# -- raft messages ----------------------------------------------------------------------------------
 
 # Short, stable tags: the dataclass names may be refactored, the wire may not.
 _KIND_OF: dict[type, str] = {
@@ -321,7 +121,7 @@ def message_to_wire(msg: m.Message,
 def message_from_wire(obj: Any) -> m.Message:
     """Parse and type-check one message map; WireError says which field is wrong."""
     if not isinstance(obj, dict):
-        raise WireError(f"raft message must be a map, got {_type_name(obj)}")
+        raise WireError(f"raft message must be a map, got {type_name(obj)}")
     kind = obj.get("k")
     cls = _TYPE_OF.get(kind) if isinstance(kind, str) else None
     if cls is None:
@@ -338,31 +138,31 @@ def message_from_wire(obj: Any) -> m.Message:
         if f.kind == "int":
             if isinstance(value, bool) or not isinstance(value, int):
                 raise WireError(f'{where} field "{f.name}" must be an integer, got '
-                                f'{_type_name(value)}')
+                                f'{type_name(value)}')
         elif f.kind == "opt_int":
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise WireError(f'{where} field "{f.name}" must be an integer or nil, got '
-                                f'{_type_name(value)}')
+                                f'{type_name(value)}')
         elif f.kind == "bool":
             if not isinstance(value, bool):
                 raise WireError(f'{where} field "{f.name}" must be a boolean, got '
-                                f'{_type_name(value)}')
+                                f'{type_name(value)}')
         elif f.kind == "opt_map":
             # Only the shape here; the core decodes the contents (raft/snapshot.py) and
             # rejects the request if they are malformed.
             if value is not None and not isinstance(value, dict):
                 raise WireError(f'{where} field "{f.name}" must be a map or nil, got '
-                                f'{_type_name(value)}')
+                                f'{type_name(value)}')
         elif f.kind == "any":
             pass
         else:  # batches
             if not isinstance(value, list):
                 raise WireError(f'{where} field "{f.name}" must be an array of encoded batches, '
-                                f'got {_type_name(value)}')
+                                f'got {type_name(value)}')
             batches = []
             for raw in value:
                 if not isinstance(raw, (bytes, bytearray)):
-                    raise WireError(f'{where} field "{f.name}" holds a {_type_name(raw)}, '
+                    raise WireError(f'{where} field "{f.name}" holds a {type_name(raw)}, '
                                     f'expected encoded batch bytes')
                 try:
                     batches.append(Batch.decode(raw, verify=True))
@@ -434,7 +234,7 @@ def encode_raft_frame_pieces(msgs: list[m.Message],
             small.append(part)
     if small:
         out.append(b"".join(small))
-    return [_LEN.pack(sum(len(x) for x in out)), *out]
+    return [pack_length(sum(len(x) for x in out)), *out]
 
 
 def _frame_parts(msgs: list[m.Message], encodings: BatchEncodings | None) -> list[bytes]:
@@ -469,7 +269,7 @@ def _frame_parts(msgs: list[m.Message], encodings: BatchEncodings | None) -> lis
 def messages_from_frame(frame: dict[str, Any]) -> list[m.Message]:
     msgs = frame.get("msgs")
     if not isinstance(msgs, list):
-        raise WireError(f'raft frame field "msgs" must be an array, got {_type_name(msgs)}')
+        raise WireError(f'raft frame field "msgs" must be an array, got {type_name(msgs)}')
     return [message_from_wire(x) for x in msgs]
 
 

@@ -1,0 +1,174 @@
+"""Frames: the one implementation of raftlog's framing, for every speaker of the protocol.
+
+Frame = 4-byte big-endian unsigned length N, then N bytes of msgpack encoding a map (bin type on,
+raw off). Every map carries `"v": 1` and a type tag `"t"`. One listening port serves both peers and
+clients; the first frame of a connection (`hello`) says which one is talking.
+
+Why frames are checked strictly here rather than in the node: every byte that arrives comes from
+an untrusted socket. The decoder refuses an oversized frame from its 4-byte header alone (the body
+is never buffered, so a hostile length cannot make us allocate it), and each decoding step raises
+`WireError` with a message that says what the sender did wrong. The node turns that into an
+`{"t": "error"}` frame and closes the connection; everyone else keeps being served.
+
+`FrameDecoder` is sans-IO (bytes in, frames out) so that the trio reader (raft.protocol.streams),
+the blocking socket reader (raft.protocol.blocking, for Spark threads and the bench's parent) and
+the bench's pipelined generators share one parser and one set of limits.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+
+from raft.types import ErrorCode
+
+PROTOCOL_VERSION = 1
+DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
+_LEN = struct.Struct(">I")
+LEN_SIZE = _LEN.size
+pack_length = _LEN.pack
+
+
+class WireError(Exception):
+    """A frame or request the peer sent is unusable. `code` is an ErrorCode name for the error
+    frame; `request_id` is set when the offending frame carried a usable `id`."""
+
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.BAD_REQUEST,
+                 request_id: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.request_id = request_id
+
+
+class FrameTooLarge(WireError):
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"frame of {size} bytes exceeds the {limit}-byte limit; send smaller requests (split "
+            f"the batch or lower max_bytes) or raise the server's --max-frame-bytes",
+            ErrorCode.TOO_LARGE)
+        self.size, self.limit = size, limit
+
+
+class ConnectionClosed(Exception):
+    """The remote end closed the connection (cleanly between frames or mid-frame)."""
+
+
+# -- encoding ---------------------------------------------------------------------------------------
+
+def encode_frame(obj: dict[str, Any]) -> bytes:
+    """One frame: length prefix + msgpack map. Adds `"v": 1` if the caller left it out."""
+    prefix, body = encode_frame_parts(obj)
+    return prefix + body
+
+
+def encode_frame_parts(obj: dict[str, Any]) -> tuple[bytes, bytes]:
+    """A frame as (length prefix, body): large frames are sent as two writes rather than
+    copied once more to join them."""
+    if "v" not in obj:
+        obj = {"v": PROTOCOL_VERSION, **obj}
+    body = msgpack.packb(obj, use_bin_type=True)
+    return _LEN.pack(len(body)), body
+
+
+# -- decoding ---------------------------------------------------------------------------------------
+
+def decode_body(body: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """Parse one frame body into a map with a supported version and a string type tag."""
+    try:
+        obj = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=False)
+    except Exception as e:  # msgpack raises several unrelated exception types
+        raise WireError(f"frame body is not valid msgpack ({type(e).__name__}: {e}); frames are "
+                        f"a 4-byte big-endian length followed by one msgpack map") from None
+    if not isinstance(obj, dict):
+        raise WireError(f"frame body must be a msgpack map, got {type(obj).__name__}")
+    v = obj.get("v")
+    if v != PROTOCOL_VERSION:
+        raise WireError(f'unsupported protocol version "v"={v!r}; this server speaks v='
+                        f'{PROTOCOL_VERSION} (add "v": 1 to every frame)')
+    t = obj.get("t")
+    if not isinstance(t, str):
+        raise WireError(f'frame needs a string type tag "t", got {t!r}')
+    return obj
+
+
+class FrameDecoder:
+    """Bytes in, frames out, with a size limit; no I/O.
+
+    Holds at most one frame plus what arrived after it. The length header is checked before any
+    body byte is kept, so an oversized frame costs 4 bytes of memory, not N. Consumed bytes are
+    dropped lazily (once they are half the buffer), so many small frames in one read, or a large
+    frame arriving in many reads, cost no copy per frame or per read."""
+
+    __slots__ = ("_buf", "_pos", "max_frame_bytes")
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+        self.max_frame_bytes = max_frame_bytes
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._pos and self._pos * 2 >= len(self._buf):
+            del self._buf[:self._pos]
+            self._pos = 0
+        self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet taken as a frame."""
+        return len(self._buf) - self._pos
+
+    @property
+    def held(self) -> int:
+        """Bytes of memory the buffer holds (consumed ones not yet dropped included)."""
+        return len(self._buf)
+
+    def wanted(self) -> int:
+        """How many more bytes the frame in progress needs (at least 1): a reader sizes its
+        next read by it, so a large frame is read in few calls."""
+        have = len(self._buf) - self._pos
+        if have < LEN_SIZE:
+            return LEN_SIZE - have
+        (n,) = _LEN.unpack_from(self._buf, self._pos)
+        return max(1, LEN_SIZE + n - have)
+
+    def _next_span(self) -> tuple[int, int] | None:
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < LEN_SIZE:
+            return None
+        (n,) = _LEN.unpack_from(buf, pos)
+        if n > self.max_frame_bytes:
+            raise FrameTooLarge(n, self.max_frame_bytes)
+        start = pos + LEN_SIZE
+        if len(buf) - start < n:
+            return None
+        self._pos = start + n
+        return start, start + n
+
+    def next_body(self) -> bytes | None:
+        """The next whole frame's body (one copy out of the buffer), or None for now."""
+        span = self._next_span()
+        if span is None:
+            return None
+        with memoryview(self._buf) as view:  # one copy, not two (a bytearray slice copies)
+            return bytes(view[span[0]:span[1]])
+
+    def next_frame(self) -> dict[str, Any] | None:
+        """The next whole frame decoded straight from the buffer (no copy of the body), or
+        None for now."""
+        span = self._next_span()
+        if span is None:
+            return None
+        with memoryview(self._buf) as view:
+            return decode_body(view[span[0]:span[1]])
+
+    def truncated(self) -> WireError:
+        """What to raise when the connection ends with part of a frame buffered."""
+        have = len(self._buf) - self._pos
+        if have < LEN_SIZE:
+            return WireError(f"connection closed inside a frame header ({have} of "
+                             f"{LEN_SIZE} bytes)")
+        (n,) = _LEN.unpack_from(self._buf, self._pos)
+        return WireError(f"connection closed inside a frame: got {have - LEN_SIZE} of {n} body "
+                         f"bytes")

@@ -1,0 +1,247 @@
+"""Client requests as typed values: parsed once from a frame (every field's type and range
+checked, WireError/BAD_REQUEST naming the field otherwise) and encoded back by clients.
+
+Each request class has `T` (its type tag), `parse(frame, limits)` for the node and `to_frame(rid)`
+for clients; fields have the wire's names. `Limits` carries the node settings a parse depends on
+(default and largest timeouts, the frame limit), so the protocol needs nothing of the node.
+
+Group: every request that touches a log carries `group`, the Raft group it is for. Today a node
+runs one group (`SINGLE_GROUP`); the field is read from the frame when present and written only
+when it is not the single group, so the wire is unchanged until the topics work fills it in.
+The node routes by it (raft/node/server.py refuses a group it does not serve).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from raft.protocol.fields import get_bytes, get_int, get_opt_int, get_str
+from raft.protocol.framing import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION
+from raft.types import Acks
+
+SINGLE_GROUP = 0
+I64_MIN, I64_MAX = -(2**63), 2**63 - 1
+DEFAULT_FETCH_MAX_BYTES = 1 << 20
+# Room for the reply envelope around fetched payloads.
+FETCH_FRAME_OVERHEAD = 64 * 1024
+_ACKS = {a.value: a for a in Acks}
+_ACK_NAMES = [a.value for a in Acks]
+
+
+@dataclass(slots=True, frozen=True)
+class Limits:
+    """The node's settings that bound a request's fields (raft.node.config.NodeConfig)."""
+
+    default_timeout_ms: int = 5000
+    max_timeout_ms: int = 120_000
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    max_fetch_wait_ms: int = 60_000
+
+    @property
+    def fetch_max_bytes(self) -> int:
+        """The largest fetch reply payload: the frame limit less room for the envelope."""
+        return self.max_frame_bytes - min(FETCH_FRAME_OVERHEAD, self.max_frame_bytes // 8)
+
+    def timeout_ms(self, frame: dict[str, Any], where: str) -> int:
+        return get_int(frame, "timeout_ms", default=self.default_timeout_ms, minimum=1,
+                       maximum=self.max_timeout_ms, where=where)
+
+
+def group_of(frame: dict[str, Any], where: str) -> int:
+    """The request's Raft group (SINGLE_GROUP when the frame names none)."""
+    g = frame.get("group")
+    if g is None:
+        return SINGLE_GROUP
+    return get_int(frame, "group", minimum=0, maximum=I64_MAX, where=where)
+
+
+def request_frame(t: str, rid: int, fields: dict[str, Any], group: int = SINGLE_GROUP
+           ) -> dict[str, Any]:
+    out = {"v": PROTOCOL_VERSION, "t": t, "id": rid, **fields}
+    if group != SINGLE_GROUP:
+        out["group"] = group
+    return out
+
+
+@dataclass(slots=True)
+class Produce:
+    """Append one batch through the leader; answered once `acks` is satisfied."""
+
+    T: ClassVar[str] = "produce"
+    payload: bytes
+    count: int
+    acks: Acks = Acks.QUORUM
+    timeout_ms: int | None = None  # the node's default when None
+    producer_id: int = 0
+    sequence: int = -1
+    timestamp_ms: int | None = None  # the leader's clock when None
+    group: int = SINGLE_GROUP
+
+    @classmethod
+    def parse(cls, frame: dict[str, Any], limits: Limits) -> Produce:
+        # The hot path: the common, valid fields are taken with one type test each; anything
+        # else goes through the checkers, which say what is wrong.
+        w = "produce"
+        get = frame.get
+        acks = get("acks")
+        acks = _ACKS.get(acks) if type(acks) is str else None
+        if acks is None:
+            acks = Acks(get_str(frame, "acks", default="quorum", choices=_ACK_NAMES, where=w))
+        timeout_ms = get("timeout_ms")
+        if not (type(timeout_ms) is int and 1 <= timeout_ms <= limits.max_timeout_ms):
+            timeout_ms = limits.timeout_ms(frame, w)
+        payload = get("payload")
+        if type(payload) is not bytes:
+            payload = get_bytes(frame, "payload", where=w)
+        count = get("count")
+        if not (type(count) is int and 1 <= count <= 2**31 - 1):
+            count = get_int(frame, "count", minimum=1, maximum=2**31 - 1, where=w)
+        producer_id = get("producer_id", 0)
+        if not (type(producer_id) is int and 0 <= producer_id <= I64_MAX):
+            producer_id = get_int(frame, "producer_id", default=0, minimum=0, maximum=I64_MAX,
+                                  where=w)
+        sequence = get("sequence", -1)
+        if not (type(sequence) is int and -1 <= sequence <= I64_MAX):
+            sequence = get_int(frame, "sequence", default=-1, minimum=-1, maximum=I64_MAX,
+                               where=w)
+        timestamp_ms = get("timestamp_ms")
+        if not (type(timestamp_ms) is int and I64_MIN <= timestamp_ms <= I64_MAX):
+            timestamp_ms = get_int(frame, "timestamp_ms", default=int(time.time() * 1000),
+                                   minimum=I64_MIN, maximum=I64_MAX, where=w)
+        group = SINGLE_GROUP if get("group") is None else group_of(frame, w)
+        return cls(payload, count, acks, timeout_ms, producer_id, sequence, timestamp_ms, group)
+
+    def to_frame(self, rid: int) -> dict[str, Any]:
+        fields: dict[str, Any] = {"acks": self.acks.value, "payload": self.payload,
+                                  "count": self.count}
+        if self.timeout_ms is not None:
+            fields["timeout_ms"] = self.timeout_ms
+        if self.producer_id:
+            fields["producer_id"] = self.producer_id
+            fields["sequence"] = self.sequence
+        if self.timestamp_ms is not None:
+            fields["timestamp_ms"] = self.timestamp_ms
+        return request_frame(self.T, rid, fields, self.group)
+
+
+@dataclass(slots=True)
+class Fetch:
+    """Committed DATA batches from `offset`, long-polling up to `max_wait_ms`."""
+
+    T: ClassVar[str] = "fetch"
+    offset: int
+    max_bytes: int = DEFAULT_FETCH_MAX_BYTES
+    max_wait_ms: int = 0
+    group: int = SINGLE_GROUP
+
+    @classmethod
+    def parse(cls, frame: dict[str, Any], limits: Limits) -> Fetch:
+        w = "fetch"
+        offset = get_int(frame, "offset", minimum=I64_MIN, maximum=I64_MAX, where=w)
+        # Capped, not refused: the reply itself must fit the frame limit, and a long poll
+        # is bounded by the node's setting.
+        max_bytes = min(limits.fetch_max_bytes,
+                        get_int(frame, "max_bytes", default=DEFAULT_FETCH_MAX_BYTES, minimum=1,
+                                maximum=I64_MAX, where=w))
+        max_wait_ms = min(limits.max_fetch_wait_ms,
+                          get_int(frame, "max_wait_ms", default=0, minimum=0, maximum=I64_MAX,
+                                  where=w))
+        return cls(offset, max_bytes, max_wait_ms, group_of(frame, w))
+
+    def to_frame(self, rid: int) -> dict[str, Any]:
+        return request_frame(self.T, rid, {"offset": self.offset, "max_bytes": self.max_bytes,
+                                    "max_wait_ms": self.max_wait_ms}, self.group)
+
+
+@dataclass(slots=True)
+class Status:
+    """The node's view of the group, its peers and links."""
+
+    T: ClassVar[str] = "status"
+    group: int = SINGLE_GROUP
+
+    @classmethod
+    def parse(cls, frame: dict[str, Any], limits: Limits) -> Status:
+        return cls(group_of(frame, "status"))
+
+    def to_frame(self, rid: int) -> dict[str, Any]:
+        return request_frame(self.T, rid, {}, self.group)
+
+
+@dataclass(slots=True)
+class TransferLeader:
+    """Hand leadership to `to` (None: the most caught-up voter) and wait until it moved."""
+
+    T: ClassVar[str] = "transfer_leader"
+    to: int | None = None
+    timeout_ms: int | None = None
+    group: int = SINGLE_GROUP
+
+    @classmethod
+    def parse(cls, frame: dict[str, Any], limits: Limits) -> TransferLeader:
+        w = "transfer_leader"
+        return cls(get_opt_int(frame, "to", where=w), limits.timeout_ms(frame, w),
+                   group_of(frame, w))
+
+    def to_frame(self, rid: int) -> dict[str, Any]:
+        fields: dict[str, Any] = {}
+        if self.to is not None:
+            fields["to"] = self.to
+        if self.timeout_ms is not None:
+            fields["timeout_ms"] = self.timeout_ms
+        return request_frame(self.T, rid, fields, self.group)
+
+
+@dataclass(slots=True)
+class AddNode:
+    """Add a node as a learner (promoted to voter once caught up)."""
+
+    T: ClassVar[str] = "add_node"
+    node_id: int
+    address: str
+    group: int = SINGLE_GROUP
+
+    @classmethod
+    def parse(cls, frame: dict[str, Any], limits: Limits) -> AddNode:
+        w = "add_node"
+        address = get_str(frame, "address", where=w)
+        return cls(get_int(frame, "node_id", minimum=1, where=w), address, group_of(frame, w))
+
+    def to_frame(self, rid: int) -> dict[str, Any]:
+        return request_frame(self.T, rid, {"node_id": self.node_id, "address": self.address},
+                      self.group)
+
+
+@dataclass(slots=True)
+class RemoveNode:
+    """Remove a node from the configuration."""
+
+    T: ClassVar[str] = "remove_node"
+    node_id: int
+    group: int = SINGLE_GROUP
+
+    @classmethod
+    def parse(cls, frame: dict[str, Any], limits: Limits) -> RemoveNode:
+        w = "remove_node"
+        return cls(get_int(frame, "node_id", minimum=1, where=w), group_of(frame, w))
+
+    def to_frame(self, rid: int) -> dict[str, Any]:
+        return request_frame(self.T, rid, {"node_id": self.node_id}, self.group)
+
+
+@dataclass(slots=True)
+class LoadRequest:
+    """A staged-load request (`load_*`). Its fields are checked by the load service itself
+    (raft/node/load_service.py), which answers a bad field with a BAD_REQUEST reply rather than
+    hanging up, as it always has; here only the type and the group."""
+
+    t: str
+    fields: dict[str, Any]
+    group: int = SINGLE_GROUP
+
+    @classmethod
+    def parse_as(cls, t: str, frame: dict[str, Any]) -> LoadRequest:
+        return cls(t, frame, group_of(frame, t))
+

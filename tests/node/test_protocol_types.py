@@ -1,0 +1,114 @@
+"""raft.protocol's typed requests, decoder and retry rules, without a node."""
+
+from __future__ import annotations
+
+import pytest
+
+from raft.protocol import PARSERS, Limits, parse_request
+from raft.protocol import errors as protocol_errors
+from raft.protocol.errors import NOT_WRITTEN, RETRYABLE
+from raft.protocol.framing import (FrameDecoder, FrameTooLarge, WireError, decode_body,
+                                   encode_frame)
+from raft.protocol.requests import SINGLE_GROUP, Fetch, Produce, TransferLeader
+from raft.protocol.subscription_requests import CommitItem, SubCommitMany, SubList, SubRequest
+from raft.types import Acks, ErrorCode
+
+LIMITS = Limits(default_timeout_ms=5000, max_timeout_ms=120_000, max_frame_bytes=1 << 20,
+                max_fetch_wait_ms=60_000)
+
+
+def _through_the_wire(frame: dict) -> object:
+    data = encode_frame(frame)
+    decoded = decode_body(data[4:])
+    return parse_request(decoded["t"], decoded, LIMITS)
+
+
+@pytest.mark.parametrize("request_", [
+    Produce(b"abc", 3, Acks.LEADER, 2000, producer_id=9, sequence=4, timestamp_ms=17),
+    Fetch(12, 4096, 250),
+    TransferLeader(2, 1000),
+    SubRequest("sub_commit", "orders", 3000, "c1", position=5, lease_ms=100),
+    SubRequest("sub_open", "orders", 3000, "c1", initial="end", lease_ms=0),
+    SubRequest("sub_reset", "orders", 3000, "", initial=7),
+    SubList("ord", "", 10, 3000),
+    SubCommitMany([CommitItem("a", 1), CommitItem("b", 2, "c", 5)], 2, 3000),
+])
+def test_a_request_parses_back_to_what_its_frame_was_made_from(request_: object) -> None:
+    assert _through_the_wire(request_.to_frame(5)) == request_
+
+
+def test_parse_fills_the_node_defaults() -> None:
+    req = _through_the_wire({"t": "produce", "id": 1, "payload": b"x", "count": 1})
+    assert isinstance(req, Produce)
+    assert (req.acks, req.timeout_ms, req.producer_id, req.sequence, req.group) == (
+        Acks.QUORUM, LIMITS.default_timeout_ms, 0, -1, SINGLE_GROUP)
+    assert isinstance(req.timestamp_ms, int)
+    fetch = _through_the_wire({"t": "fetch", "id": 1, "offset": 0, "max_bytes": 1 << 40,
+                               "max_wait_ms": 10**9})
+    assert fetch.max_bytes == LIMITS.fetch_max_bytes and fetch.max_wait_ms == 60_000
+
+
+@pytest.mark.parametrize("fields, fragment", [
+    ({"count": True}, '"count" must be an integer, got bool'),
+    ({"count": 0}, '"count"=0 must be >= 1'),
+    ({"payload": "text"}, '"payload" must be msgpack bin'),
+    ({"acks": "all"}, "must be one of"),
+    ({"acks": ["quorum"]}, '"acks" must be a string'),
+    ({"timeout_ms": 10**9}, '"timeout_ms"=1000000000 must be <= 120000'),
+    ({"sequence": -2}, '"sequence"=-2 must be >= -1'),
+    ({"producer_id": 1.5}, '"producer_id" must be an integer, got float'),
+    ({"group": -1}, '"group"=-1 must be >= 0'),
+])
+def test_a_bad_produce_field_is_named(fields: dict, fragment: str) -> None:
+    frame = {"v": 1, "t": "produce", "id": 1, "payload": b"x", "count": 1, **fields}
+    with pytest.raises(WireError, match=fragment) as info:
+        Produce.parse(frame, LIMITS)
+    assert info.value.code is ErrorCode.BAD_REQUEST
+
+
+def test_the_single_group_is_not_written_and_another_is() -> None:
+    assert "group" not in Fetch(0).to_frame(1)
+    assert Fetch(0, group=3).to_frame(1)["group"] == 3
+    assert _through_the_wire(Fetch(0, group=3).to_frame(1)).group == 3
+
+
+def test_every_parser_is_named_by_its_type() -> None:
+    assert {"produce", "fetch", "status", "sub_commit_many", "sub_get"} <= set(PARSERS)
+
+
+def test_decoder_takes_frames_however_the_bytes_arrive() -> None:
+    frames = [{"v": 1, "t": "x", "n": i, "pad": b"p" * (i * 37)} for i in range(20)]
+    data = b"".join(encode_frame(f) for f in frames)
+    for step in (1, 3, 64, len(data)):
+        decoder = FrameDecoder(1 << 20)
+        got = []
+        for i in range(0, len(data), step):
+            decoder.feed(data[i:i + step])
+            while (frame := decoder.next_frame()) is not None:
+                got.append(frame)
+        assert got == frames and decoder.buffered == 0
+
+
+def test_decoder_refuses_an_oversized_frame_from_its_header() -> None:
+    decoder = FrameDecoder(100)
+    decoder.feed((1 << 30).to_bytes(4, "big") + b"abc")
+    with pytest.raises(FrameTooLarge):
+        decoder.next_body()
+    assert decoder.held < 16
+
+
+def test_one_retry_rule_for_every_client() -> None:
+    """Killer of the mutation test that drops the certainly-not-written rule (calls through
+    the module so the mutant's patch is seen)."""
+    may_retry = protocol_errors.may_retry
+    # A plain produce may be resent only when it certainly was not written.
+    plain = {c for c in RETRYABLE if may_retry(c, idempotent=False)}
+    assert plain == {"NOT_LEADER", "BACKPRESSURE"}
+    assert {c for c in RETRYABLE if may_retry(c, idempotent=True)} == RETRYABLE
+    # Answers that may come after the append are never "not written".
+    assert not NOT_WRITTEN & {"TIMEOUT", "LEADERSHIP_LOST", "SHUTTING_DOWN", "TRUNCATED"}
+    # Codes that another attempt would only meet again are not retried.
+    for code in ("BAD_REQUEST", "TOO_LARGE", "DISK_FULL", "FORBIDDEN", "UNAUTHENTICATED",
+                 "LOAD_CLOSED", "INTERNAL", "POSITION_BEHIND"):
+        assert not may_retry(code, idempotent=True)
+    assert RETRYABLE - {"UNAVAILABLE"} <= {c.name for c in ErrorCode}
