@@ -107,7 +107,7 @@ def test_every_workload_declares_its_disk_and_the_keep_all_ones_their_full_size(
     assert workload_module("tls").disk_need(cfg).clusters == 2
 
 
-# -- the runner: refusal, failure, cleanup, exit status ----------------------------------------------
+# -- the runner: refusal, failure, cleanup, exit status ---------------------------------------
 def _workload(run=None, need: disk.DiskNeed | None = None) -> SimpleNamespace:
     return SimpleNamespace(steps=lambda cfg: 1, disk_need=lambda cfg: need or disk.DiskNeed(),
                            run=run or (lambda ctx: ([], {})))
