@@ -40,7 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="produce requests in flight per producer (default 8)")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra argument passed to every `raftlog serve` (repeatable)")
-    p.add_argument("--keep", action="store_true", help="keep the clusters' data dirs and logs")
+    p.add_argument("--keep-data", "--keep", dest="keep", action="store_true",
+                   help="keep the clusters' data dirs and logs (default: each workload's are "
+                        "removed when it ends; the next one starts with the space back)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -61,7 +63,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 def command(args: argparse.Namespace) -> int:
-    """Run the bench described by parsed arguments; the exit code is 0 when it completed."""
+    """Run the bench described by parsed arguments. Exit code 0 when every workload completed;
+    1 when one failed or was refused (the summary says which and why), or nothing fit."""
     logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else
                         logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     console = Console()
@@ -78,7 +81,8 @@ def command(args: argparse.Namespace) -> int:
             return 2
     # bench.runner pulls in matplotlib (plots): imported only when a bench runs, so `raftlog
     # serve` and every other command start without it.
-    from bench.runner import finish, run
+    from bench.disk import DiskTooSmall
+    from bench.runner import failed_workloads, finish, run
 
     cfg = config_from_args(args)
     try:
@@ -86,8 +90,13 @@ def command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]bench: interrupted; clusters stopped[/]")
         return 130
+    except DiskTooSmall as e:
+        console.print(f"[red]bench: refused: {e}[/]")
+        return 1
     finish(results, args.out, console, old)
-    return 0
+    # Non-zero when any workload failed or was refused: a script or CI must not read a run
+    # that measured nothing (the disk full, the cluster never caught up) as a success.
+    return 1 if failed_workloads(results) else 0
 
 
 def _argv_of(args: argparse.Namespace) -> list[str]:

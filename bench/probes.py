@@ -220,4 +220,10 @@ def run_probes(dir_: str | None, sizes: ProbeSizes, repeats: int,
     }
 
 
+def disk_need(sizes: ProbeSizes) -> int:
+    """Free space the probes need: one probe file at a time (each is removed after it), the
+    LMDB one at up to twice its bytes, and 64 MiB to spare."""
+    return max(sizes.seq_write_bytes, 2 * sizes.lmdb_bytes) + (64 << 20)
+
+
 PROBE_STEPS = 6  # on_step calls per repeat (progress bar sizing)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import trio
 
+from bench.disk import DiskNeed
 from bench.harness import Cluster
 from bench.results import figure
 from bench.stats import Histogram
@@ -50,6 +51,20 @@ CATCHUP_TIMEOUT_S = 600.0
 
 def _bulk_mib(quick: bool) -> int:
     return 16 if quick else 200
+
+
+# What the steady producers add while the follower catches up (2 x 200/s x 16 KiB is 6.5 MB/s:
+# about 10 s of it).
+STEADY_HEADROOM = 64 << 20
+
+
+def disk_need(ctx_cfg) -> DiskNeed:  # noqa: ANN001
+    # The follower must catch up from the log: the leader keeps the whole backlog (+10% for
+    # the small batches' framing) and what the steady load writes meanwhile.
+    return DiskNeed(keep_bytes=_bulk_mib(ctx_cfg.quick) * (1 << 20) * 11 // 10
+                    + STEADY_HEADROOM,
+                    why="the whole backlog the stopped follower catches up from the log, and "
+                        "the steady load written meanwhile")
 
 
 def steps(ctx_cfg) -> int:  # noqa: ANN001

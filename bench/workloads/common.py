@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.disk import DiskPlan
 from bench.harness import Cluster
 from bench.wire import status_of
 from storage.records import encode_values
@@ -38,15 +39,22 @@ class Ctx:
     # results.json `errors`: a point whose load generator failed is reported here and the
     # workload goes on with its next point.
     errors: list[dict[str, Any]] = field(default_factory=list)
+    # Set by the runner per workload: the directory its clusters live in (removed after it
+    # unless --keep-data) and the disk bound they run with (bench/disk.py).
+    data_dir: str | None = None
+    disk: DiskPlan | None = None
 
     def point_failed(self, workload: str, point: str, exc: BaseException) -> str:
         error = f"{type(exc).__name__}: {exc}"
         self.errors.append({"workload": workload, "point": point, "error": error})
         return error
 
-    def cluster(self) -> Cluster:
-        return Cluster(self.cfg.nodes, base_dir=self.cfg.base_dir,
-                       extra_args=list(self.cfg.server_args), keep=self.cfg.keep)
+    def cluster(self, tls: bool = False) -> Cluster:
+        """A cluster (not started) under this workload's data dir, with retention sized to the
+        free space: the bench's flags first, so a --server-arg of the user's wins."""
+        bound = self.disk.server_args if self.disk is not None else []
+        return Cluster(self.cfg.nodes, base_dir=self.data_dir or self.cfg.base_dir,
+                       extra_args=[*bound, *self.cfg.server_args], keep=self.cfg.keep, tls=tls)
 
     def limit(self, name: str) -> float | None:
         v = self.limits.get(name)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import trio
 
+from bench.disk import DiskNeed
 from bench.results import figure
 from bench.stats import Summary
 from bench.wire import AsyncConn, WireError, error_code
@@ -132,6 +133,11 @@ def timeline(events: list, event_at: float) -> list[tuple[float, float, bool]]:
 
 def repeats(ctx_cfg) -> int:
     return 1 if ctx_cfg.quick else max(ctx_cfg.repeats, 3)
+
+
+def disk_need(ctx_cfg) -> DiskNeed:  # noqa: ANN001
+    """Outage time only: nothing is read back, and a restarted leader may catch up by state transfer."""
+    return DiskNeed()
 
 
 def steps(ctx_cfg) -> int:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import trio
 
+from bench.disk import DiskNeed
 from bench.results import figure
 from bench.wire import AsyncConn, error_code
 from bench.workers import Sync, WorkerGroup
@@ -91,6 +92,13 @@ def _read_repeats(ctx: Ctx, source: str, addr: str,
 
 def prefill_bytes(ctx_cfg) -> int:
     return (4 << 20) if ctx_cfg.quick else (128 << 20)
+
+
+def disk_need(ctx_cfg) -> DiskNeed:  # noqa: ANN001
+    # Every record is read back from offset 0: retention must delete none of it (+10% for the
+    # batches' framing).
+    return DiskNeed(keep_bytes=prefill_bytes(ctx_cfg) * 11 // 10,
+                    why="the whole pre-filled log, read back from its first offset")
 
 
 def steps(ctx_cfg) -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import trio
 
+from bench.disk import DiskNeed
 from bench.results import figure
 from bench.stats import Histogram, Summary
 from bench.wire import AsyncConn, error_code, produce_frame
@@ -132,6 +133,11 @@ def quorum_floor_ms(limits: dict) -> float | None:
 
 def rates(ctx_cfg) -> tuple[int, ...]:
     return QUICK_RATES if ctx_cfg.quick else DEFAULT_RATES
+
+
+def disk_need(ctx_cfg) -> DiskNeed:  # noqa: ANN001
+    """Latency only: nothing is read back, so retention may delete all but the newest batches."""
+    return DiskNeed()
 
 
 def steps(ctx_cfg) -> int:

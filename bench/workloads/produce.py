@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import trio
 
+from bench.disk import DiskNeed
 from bench.results import figure
 from bench.stats import Histogram
 from bench.wire import AsyncConn, error_code, produce_frame
@@ -150,6 +151,11 @@ def configs(quick: bool) -> list[tuple[str, str, int]]:
                 ("quorum", "1KiB", 2)]
     return [(acks, size, n) for n, acks, size in
             itertools.product((1, 8), ACKS, RECORD_SIZES)]
+
+
+def disk_need(ctx_cfg) -> DiskNeed:  # noqa: ANN001
+    """Throughput only: nothing is read back, so retention may delete all but the newest batches."""
+    return DiskNeed()
 
 
 def steps(ctx_cfg) -> int:

@@ -13,6 +13,7 @@ import os
 import signal
 import time
 
+from bench.disk import DiskNeed
 from bench.results import figure
 from bench.wire import SyncConn
 from bench.workloads.common import MB, Ctx
@@ -30,6 +31,13 @@ DISKS = {"local": 0, "slow": SLOW_FSYNC_MS}
 
 def _bulk_mb(quick: bool) -> int:
     return 32 if quick else 200
+
+
+def disk_need(ctx_cfg) -> DiskNeed:  # noqa: ANN001
+    # The restarted follower must catch up from the log, not by a state transfer: the leader
+    # keeps the whole backlog (+10% for the batches' framing).
+    return DiskNeed(keep_bytes=_bulk_mb(ctx_cfg.quick) * (1 << 20) * 11 // 10,
+                    why="the whole backlog the stopped follower catches up from the log")
 
 
 def steps(ctx_cfg) -> int:  # noqa: ANN001

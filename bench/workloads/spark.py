@@ -13,6 +13,7 @@ import sys
 import time
 import uuid
 
+from bench.disk import DiskNeed
 from bench.harness import Cluster
 from bench.results import figure
 from bench.workloads.common import MB, Ctx
@@ -24,6 +25,13 @@ MODES = ("noop", "leader", "quorum")
 
 def _rows(quick: bool) -> int:
     return 1_000_000 if quick else 4_000_000
+
+
+def disk_need(ctx_cfg) -> DiskNeed:  # noqa: ANN001
+    # An open load's staged batches are never deleted (docs/RETENTION.md): a node keeps one
+    # whole load, with the records' framing (half as much again for 100-byte rows).
+    return DiskNeed(keep_bytes=_rows(ctx_cfg.quick) * ROW_BYTES * 3 // 2,
+                    why="one whole staged load, which retention never deletes while it is open")
 
 
 def steps(ctx_cfg) -> int:  # noqa: ANN001

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import trio
 
+from bench.disk import DiskNeed
 from bench.results import figure
 from bench.stats import Histogram
 from bench.workers import Sync, WorkerGroup
@@ -139,6 +140,11 @@ def _release_together(groups: list[WorkerGroup], delay: float = 0.1) -> None:
         g.rounds += 1
         g.start_at.value = t0
         g.round_no.value = g.rounds
+
+
+def disk_need(ctx_cfg) -> DiskNeed:  # noqa: ANN001
+    """Throughput only: nothing is read back; the subscriptions' holders are released by the bench's --low-disk-mb valve."""
+    return DiskNeed()
 
 
 def steps(ctx_cfg) -> int:

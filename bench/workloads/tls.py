@@ -16,8 +16,7 @@ OpenSSL's memory BIOs) on the client connection and on every peer link.
 
 from __future__ import annotations
 
-
-from bench.harness import Cluster
+from bench.disk import DiskNeed
 from bench.results import figure
 from bench.stats import Histogram
 from bench.workers import WorkerGroup
@@ -29,6 +28,10 @@ MODES = ("plaintext", "tls")
 ACKS = ("quorum", "leader")
 RECORD = "1KiB"
 RATE, QUICK_RATE = 200, 200  # low enough that a shared 2-core machine keeps up
+
+
+def disk_need(ctx_cfg) -> DiskNeed:  # noqa: ANN001
+    return DiskNeed(clusters=len(MODES))  # both clusters run at once
 
 
 def steps(ctx_cfg) -> int:
@@ -47,8 +50,7 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
     figures: list[dict] = []
     details: dict = {"record_size": size, "batch_bytes": cfg.batch_bytes, "window": cfg.window,
                      "rate": rate, "points": []}
-    clusters = {mode: Cluster(cfg.nodes, base_dir=cfg.base_dir, extra_args=list(cfg.server_args),
-                              keep=cfg.keep, tls=mode == "tls") for mode in MODES}
+    clusters = {mode: ctx.cluster(tls=mode == "tls") for mode in MODES}
     try:
         for c in clusters.values():
             c.start()
