@@ -117,12 +117,41 @@ async def _serve_and_announce(config: NodeConfig, prog: str) -> None:
                   f"{log_storage.flushed_offset})"
                   f"{'; waiting to be added (--join)' if config.join else ''}. SIGTERM or "
                   f"Ctrl-C stops it cleanly.", file=sys.stderr, flush=True)
+            print(f"{prog}: {features_line(config)}", file=sys.stderr, flush=True)
     except BaseExceptionGroup as group:
         for kind in (ConfigError, NodeFailed):
             matched, _ = group.split(kind)
             if matched is not None:
                 raise _leaves(matched)[0] from None
         raise
+
+
+def features_line(config: NodeConfig) -> str:
+    """What is on and where, in one line at start: an operator should see at once whether a
+    node runs in clear, lets anyone in, exports metrics or deletes old data."""
+    if config.tls_enabled:
+        tls = f"TLS on (certificate {config.tls_cert}, CA {config.tls_ca})"
+    else:
+        tls = "TLS off (plaintext; --tls-cert/--tls-key/--tls-ca turn it on)"
+    auth = (f"auth on ({config.auth_file})" if config.auth_file
+            else "auth off (every client may do everything; --auth-file turns it on)")
+    metrics = (f"metrics on at http://{config.metrics_listen}/metrics" if config.metrics_listen
+               else "metrics off (--metrics-listen HOST:PORT)")
+    limits = []
+    if config.retention_bytes is not None:
+        limits.append(f"at most {config.retention_bytes:,} bytes")
+    if config.retention_ms is not None:
+        limits.append(f"batches younger than {_duration(config.retention_ms)}")
+    retention = (f"retention on (keeps {' and '.join(limits)})" if limits
+                 else "retention off (keeps everything; --retention-bytes/--retention-ms)")
+    return "; ".join((tls, auth, metrics, retention))
+
+
+def _duration(ms: int) -> str:
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms >= size and ms % size == 0:
+            return f"{ms // size} {unit}"
+    return f"{ms} ms"
 
 
 def main(argv: list[str] | None = None) -> int:
