@@ -36,6 +36,7 @@ from raft.client import Client, FetchedRecord, OffsetOutOfRangeError, \
     UndecodableBatch
 from raft.node.config import ConfigError
 
+MAX_WAIT_S = 5.0  # --follow's long poll unless --max-wait says otherwise
 OFFSETS_NOTE = ("Offsets: every log entry takes offsets, and some are not records (a new "
                 "leader's no-op, so a new cluster's first record is at offset 1; membership "
                 "changes; load markers): record offsets have gaps, and consume reads across "
@@ -43,6 +44,7 @@ OFFSETS_NOTE = ("Offsets: every log entry takes offsets, and some are not record
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
+    _refuse_flags_that_cannot_apply(args)
     if args.subscription is not None:  # resume from a subscription (raft/cli/subscriptions.py)
         return subscriptions.consume_subscription(args, _print_record)
     if isinstance(args.from_offset, int) and args.from_offset >= 0 and args.to is not None \
@@ -57,10 +59,24 @@ def cmd_consume(args: argparse.Namespace) -> int:
             await _consume(client, args, bad)
         return bad.status
 
-    try:
-        return trio.run(run)
-    except KeyboardInterrupt:
-        return bad.status  # Ctrl-C is how --follow ends
+    return trio.run(run)  # Ctrl-C (how --follow ends): main() exits 130, as documented
+
+
+def _refuse_flags_that_cannot_apply(args: argparse.Namespace) -> None:
+    """A flag that would be ignored is a usage error: the user meant something by it."""
+    if args.subscription is None:
+        given = [flag for flag, value in (("--from-start", args.sub_start == "start"),
+                                          ("--from-end", args.sub_start == "end"),
+                                          ("--commit-ms", args.commit_ms is not None),
+                                          ("--exclusive", args.exclusive)) if value]
+        if given:
+            raise ConfigError(f"{', '.join(given)} only apply with --subscription NAME; add "
+                              f"it, or use --from (start, end, an offset) to read without one")
+    if args.max_wait is not None and not args.follow:
+        raise ConfigError("--max-wait is the long poll of --follow; add --follow, or drop "
+                          "--max-wait (without --follow consume stops at the end of the log)")
+    if args.max_wait is None:
+        args.max_wait = MAX_WAIT_S
 
 
 async def _bounds(client: Client, node: str | None) -> tuple[int, int]:
@@ -191,8 +207,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="stop after this many records")
     p.add_argument("--follow", "-f", action="store_true",
                    help="keep waiting for new records (Ctrl-C stops)")
-    p.add_argument("--max-wait", type=positive_float, default=5.0,
-                   help="long-poll seconds per fetch with --follow (default 5)")
+    p.add_argument("--max-wait", type=positive_float, default=None,
+                   help=f"long-poll seconds per fetch with --follow (default {MAX_WAIT_S:g})")
     p.add_argument("--max-bytes", type=positive_int, default=1 << 20,
                    help="bytes per fetch (default 1 MiB)")
     p.add_argument("--node", metavar="HOST:PORT", default=None,
