@@ -94,8 +94,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Run one node until SIGTERM or Ctrl-C (a clean stop: a leader hands "
                     "over, the log is flushed). Settings come from flags or --config FILE.toml "
                     "(keys = flag names with _; flags win); `raftlog config show` prints the "
-                    "effective ones. Exit 0 after a clean stop, 2 on a configuration error "
-                    "(including a data dir another process is using), 3 after a fail-stop.")
+                    "effective ones. Exit 0 after a clean stop (130 when Ctrl-C asked for "
+                    "it), 2 on a configuration error (including a data dir another process "
+                    "is using), 3 after a fail-stop.")
     NodeConfig.add_arguments(p)
     p.set_defaults(func=cmd_serve)
 

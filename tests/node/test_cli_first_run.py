@@ -5,6 +5,7 @@ auth, metrics and retention are on, and where."""
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -69,3 +70,16 @@ def test_serve_says_at_start_what_is_on_and_where(tmp_path: Path) -> None:
         assert "metrics off" in line and "retention off" in line
     finally:
         assert plain.stop() == 0
+
+
+def test_ctrl_c_stops_serve_cleanly_with_130_and_sigterm_with_0(tmp_path: Path) -> None:
+    port = free_base_port(1)
+    for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, 0)):
+        node = Running("serve", "--node-id", "1", "--data-dir", str(tmp_path), "--peers",
+                       f"1=127.0.0.1:{port}")
+        try:
+            node.wait_line(r"^raftlog serve: TLS ")
+            node.signal(sig)
+            assert node.wait() == code, node.err[-5:]
+        finally:
+            node.stop()
