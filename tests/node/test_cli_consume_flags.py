@@ -24,7 +24,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     try:
         c.wait_leader(timeout=60)
         with BlockingClient(c.servers) as client:
-            c.first = client.produce(["one", "two", "three"], producer_id=0).base_offset  # type: ignore[attr-defined]
+            res = client.produce(["one", "two", "three"], producer_id=0)
+            c.first = res.base_offset  # type: ignore[attr-defined]
         yield c
     finally:
         c.stop()
