@@ -89,10 +89,13 @@ def _refuse_flags_that_cannot_apply(args: argparse.Namespace) -> None:
 
 def _printer(args: argparse.Namespace) -> Callable[[FetchedRecord], None]:
     """How each record is printed: --format's template, --json, or `offset<TAB>value`."""
-    if args.format is not None:
-        render = compile_template(args.format)
-        return lambda r: sys.stdout.write(render(r)) and None
-    return lambda r: _print_record(r, args.json)
+    if args.format is None:
+        return lambda r: _print_record(r, args.json)
+    render = compile_template(args.format)
+
+    def print_formatted(r: FetchedRecord) -> None:
+        sys.stdout.write(render(r))
+    return print_formatted
 
 
 async def _bounds(client: Client, node: str | None) -> tuple[int, int]:

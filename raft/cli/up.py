@@ -9,7 +9,10 @@ A node that dies is reported (how it ended and its log's last line) and the othe
 running, so failover and catch-up can be tried by hand. Without --restart `up` prints the
 command that restarts it; with --restart it restarts it itself, pausing longer each time a
 node dies soon after its start (and never after exit 2: a configuration error does not go
-away by itself). `up` ends (exit 1) only when every node is down.
+away by itself). A node restarted by hand with the printed command is not `up`'s child; `up`
+notices it through its data dir's lock (raft/cli/adopted.py), watches it like the others and
+stops it with them. `up` ends (exit 1) only when every node is down; Ctrl-C stops every node
+and exits 130 (SIGTERM: 0). Node settings (--server-arg, --config) are raft/cli/up_settings.py's.
 """
 
 from __future__ import annotations
