@@ -33,10 +33,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if all("error" in st for st in statuses.values()):
         message = (f"no node answered `status` at {', '.join(statuses)}: "
                    + "; ".join(f"{a}: {st['error']}" for a, st in statuses.items()))
-        codes = {st.get("code") for st in statuses.values()}
-        if len(codes) == 1 and None not in codes and codes != {"UNAVAILABLE"}:
-            # Every node refused alike (a wrong token, say): that code and its advice, not
-            # UNAVAILABLE's "start a cluster".
+        codes = {st.get("code") for st in statuses.values()} - {"UNAVAILABLE"}
+        if len(codes) == 1 and None not in codes:
+            # Every node that answered refused alike (a wrong token, say): that code and its
+            # advice, not UNAVAILABLE's "start a cluster", even when some nodes are down too.
             raise RaftlogError(message, code=codes.pop())
         raise UnavailableError(message)
     if args.json:

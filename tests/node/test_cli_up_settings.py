@@ -90,6 +90,10 @@ def test_up_passes_settings_to_every_node_watches_a_hand_restarted_node_and_ctrl
         pids = {i: up.pid(i) for i in (1, 2, 3)}
         os.kill(pids[2], signal.SIGKILL)
         hint = up.wait_line(r"^restart it with: raftlog (serve .*&)$").group(1)
+        # With a node down, the others' refusal still decides the code and the advice.
+        res = raftlog("status", "--servers", up.servers,
+                      extra_env={**tls, "RAFTLOG_TOKEN": "not-a-token"})
+        assert res.stderr.startswith("raftlog status: UNAUTHENTICATED: "), res.stderr
         subprocess.run(["bash", "-c", f"{sys.executable} -m raft.cli {hint}"], cwd=REPO,
                        env=env(), check=True, timeout=60)
         adopted_pid = int(up.wait_line(r"^node 2 runs again \(pid (\d+), started outside "
