@@ -3,24 +3,33 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+# Two installs: `make run` needs only the package itself (the demo runs on its base
+# dependencies); `make test` adds the dev extras (pyspark, matplotlib, hypothesis, ...: ~900 MB).
+BASE   := $(VENV)/.installed-base
+DEV    := $(VENV)/.installed-dev
 
 .PHONY: run test venv clean
 
-$(STAMP): pyproject.toml
+$(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
 
-venv: $(STAMP)
+$(BASE): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e .
+	touch $(BASE)
+
+$(DEV): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(BASE) $(DEV)
+
+venv: $(DEV)
 
 ## Start a local cluster, run a short workload against it and print what happened.
-run: $(STAMP)
+run: $(BASE)
 	$(PY) -m raft.cli demo
 
 ## Set up and run the whole test suite (what CI runs): the architecture contracts, then pytest.
-test: $(STAMP)
+test: $(DEV)
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 

@@ -5,8 +5,10 @@
 
 The file's rows become records: a `value` column (binary or string) and optional `key` and
 `headers` are written as they are; any other shape is first packed into a JSON `value` per row
-(`--value-json`, the default when there is no `value` column). raft/cli/main.py calls `register()` to
-add the subcommand.
+(`--value-json`, the default when there is no `value` column). CSV columns keep their types
+(inferred, or `--csv-schema`), so a number is a JSON number in the value. An input that is not in
+the --format given is refused before Spark starts (sparkio/input_check.py). raft/cli/main.py
+calls `register()` to add the subcommand.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import threading
 import time
 import uuid
 
+from sparkio import input_check
+from sparkio.input_check import FORMATS, InputMismatch, spark_message
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -28,7 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="HOST:PORT,... of the cluster (default: $RAFTLOG_SERVERS, else the "
                         "local cluster `raftlog up` starts), like every other command")
     p.add_argument("--input", required=True, help="file or directory to load")
-    p.add_argument("--format", required=True, choices=["parquet", "csv", "json"])
+    p.add_argument("--format", required=True, choices=FORMATS,
+                   help="the input's format: parquet, csv or json (JSON Lines); a file that "
+                        "does not match is refused before Spark starts")
     p.add_argument("--acks", default="leader", choices=["leader", "quorum", "none"],
                    help="durability of staged batches (the publish step is always quorum)")
     p.add_argument("--load-id", default=None,
@@ -37,6 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
     p.add_argument("--batch-bytes", type=int, default=4 << 20, help="bytes per staged request")
     p.add_argument("--csv-header", action="store_true", help="the CSV file has a header row")
+    p.add_argument("--csv-schema", metavar="DDL", default=None,
+                   help="CSV column names and types as Spark DDL, e.g. 'id INT, name STRING, "
+                        "price DOUBLE' (default: types inferred from the data, so numbers and "
+                        "booleans stay numbers and booleans in the JSON values)")
     p.add_argument("--value-json", action="store_true",
                    help="write every row as JSON in `value` even if a `value` column exists")
     from raft.cli.security import add_client_security_args
@@ -59,13 +70,26 @@ def _progress(spark, stop: threading.Event, started: float) -> None:  # noqa: AN
 
 
 def run_load(args: argparse.Namespace) -> int:
+    if not os.path.exists(args.input):
+        print(f"raftlog load: input {args.input!r} does not exist; pass the path of a file "
+              f"or directory", file=sys.stderr)
+        return 2
+    if args.csv_schema is not None and args.format != "csv":
+        print(f"raftlog load: --csv-schema applies to --format csv, not {args.format} (parquet "
+              f"carries its types; JSON's are read from the values)", file=sys.stderr)
+        return 2
+    try:
+        input_check.check(args.input, args.format)
+    except InputMismatch as e:
+        print(f"raftlog load: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"raftlog load: cannot read {args.input}: {e.strerror or e}", file=sys.stderr)
+        return 2
     try:
         from pyspark.sql import SparkSession
     except ImportError:
         print("raftlog load needs pyspark: pip install 'raftlog[spark]'", file=sys.stderr)
-        return 2
-    if not os.path.exists(args.input):
-        print(f"input {args.input!r} does not exist", file=sys.stderr)
         return 2
     import sparkio
     from raft.cli.security import client_options
@@ -89,10 +113,27 @@ def run_load(args: argparse.Namespace) -> int:
     spark.sparkContext.setLogLevel("ERROR")
     sparkio.register(spark)
     reader = spark.read.format(args.format)
-    if args.format == "csv":
-        reader = reader.option("header", str(args.csv_header).lower())
-    df = reader.load(args.input)
-    cols = set(df.columns)
+    try:
+        if args.format == "csv":
+            reader = reader.option("header", str(args.csv_header).lower())
+            # Column types: a CSV file has none, so Spark would make every column a string.
+            reader = (reader.schema(args.csv_schema) if args.csv_schema
+                      else reader.option("inferSchema", "true"))
+        df = reader.load(args.input)
+        cols = set(df.columns)
+    except Exception as e:  # noqa: BLE001 (Spark's AnalysisException, ParseException, ...)
+        print(f"raftlog load: cannot read {args.input} as {args.format}: {spark_message(e)}; "
+              f"check --format (parquet, csv or json)"
+              + (" and --csv-schema" if args.csv_schema else ""), file=sys.stderr)
+        if owns_session:
+            spark.stop()
+        return 2
+    if "_corrupt_record" in cols:
+        print(f"raftlog load: {args.input} has lines that are not JSON objects; pass the "
+              f"--format it is in (parquet, csv or json)", file=sys.stderr)
+        if owns_session:
+            spark.stop()
+        return 2
     if args.value_json or "value" not in cols or not cols <= {"key", "value", "headers"}:
         df = df.selectExpr("to_json(struct(*)) AS value")
     started = time.time()

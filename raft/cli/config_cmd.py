@@ -131,4 +131,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     NodeConfig.add_arguments(show)
     servers_arg(show, timeout=_DEFAULT_TIMEOUT, security=False)  # the node's TLS flags serve
     json_flag(show, "print the settings as JSON")
+    # --json before the action too (`raftlog config --json show`); the action's own flag must
+    # not reset it to False.
+    json_flag(p, "print the settings as JSON")
+    show._option_string_actions["--json"].default = argparse.SUPPRESS
     show.set_defaults(func=cmd_config_show)

@@ -10,8 +10,10 @@ Offsets: every entry of the replicated log takes offsets, and some are not recor
 leader's no-op (so the first record of a new cluster is at offset 1), membership changes and
 staged-load markers. Record offsets therefore have gaps; consume reads across them.
 
-Text output escapes values so each record is one unambiguous line (raft.cli.output); --json
-prints {"offset", "timestamp_ms", "value"|"value_b64", "key"|"key_b64", "headers"}.
+Text output escapes values so each record is one unambiguous line (raft.cli.output); --format
+TEMPLATE lays each record out with placeholders for key, value, offset, partition, timestamp and
+headers (raft.cli.template); --json prints {"offset", "timestamp_ms", "value"|"value_b64",
+"key"|"key_b64", "headers"}.
 
 A committed batch that cannot be decoded as records (written by a faulty client, or before
 nodes validated payloads) is reported on stderr, one line naming its offsets and what to do;
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -32,10 +35,12 @@ from raft.cli.args import json_flag, non_negative_int, positive_float, positive_
     servers_arg, since, start_offset
 from raft.cli.security import client_options
 from raft.cli.output import Undecodable, escape_value, headers_json, put_bytes
+from raft.cli.template import FIELDS, compile_template
 from raft.client import Client, FetchedRecord, OffsetOutOfRangeError, \
     UndecodableBatch
 from raft.node.config import ConfigError
 
+MAX_WAIT_S = 5.0  # --follow's long poll unless --max-wait says otherwise
 OFFSETS_NOTE = ("Offsets: every log entry takes offsets, and some are not records (a new "
                 "leader's no-op, so a new cluster's first record is at offset 1; membership "
                 "changes; load markers): record offsets have gaps, and consume reads across "
@@ -43,8 +48,10 @@ OFFSETS_NOTE = ("Offsets: every log entry takes offsets, and some are not record
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
+    _refuse_flags_that_cannot_apply(args)
+    args.print_record = _printer(args)
     if args.subscription is not None:  # resume from a subscription (raft/cli/subscriptions.py)
-        return subscriptions.consume_subscription(args, _print_record)
+        return subscriptions.consume_subscription(args, lambda r, _json: args.print_record(r))
     if isinstance(args.from_offset, int) and args.from_offset >= 0 and args.to is not None \
             and args.to <= args.from_offset:
         raise ConfigError(f"--to {args.to} must be above --from {args.from_offset} (--to is "
@@ -57,10 +64,38 @@ def cmd_consume(args: argparse.Namespace) -> int:
             await _consume(client, args, bad)
         return bad.status
 
-    try:
-        return trio.run(run)
-    except KeyboardInterrupt:
-        return bad.status  # Ctrl-C is how --follow ends
+    return trio.run(run)  # Ctrl-C (how --follow ends): main() exits 130, as documented
+
+
+def _refuse_flags_that_cannot_apply(args: argparse.Namespace) -> None:
+    """A flag that would be ignored is a usage error: the user meant something by it."""
+    if args.subscription is None:
+        given = [flag for flag, value in (("--from-start", args.sub_start == "start"),
+                                          ("--from-end", args.sub_start == "end"),
+                                          ("--commit-ms", args.commit_ms is not None),
+                                          ("--exclusive", args.exclusive)) if value]
+        if given:
+            raise ConfigError(f"{', '.join(given)} only apply with --subscription NAME; add "
+                              f"it, or use --from (start, end, an offset) to read without one")
+    if args.max_wait is not None and not args.follow:
+        raise ConfigError("--max-wait is the long poll of --follow; add --follow, or drop "
+                          "--max-wait (without --follow consume stops at the end of the log)")
+    if args.max_wait is None:
+        args.max_wait = MAX_WAIT_S
+    if args.format is not None and args.json:
+        raise ConfigError("--format lays out text lines and --json prints JSON objects; "
+                          "give one of them")
+
+
+def _printer(args: argparse.Namespace) -> Callable[[FetchedRecord], None]:
+    """How each record is printed: --format's template, --json, or `offset<TAB>value`."""
+    if args.format is None:
+        return lambda r: _print_record(r, args.json)
+    render = compile_template(args.format)
+
+    def print_formatted(r: FetchedRecord) -> None:
+        sys.stdout.write(render(r))
+    return print_formatted
 
 
 async def _bounds(client: Client, node: str | None) -> tuple[int, int]:
@@ -122,7 +157,7 @@ async def _consume(client: Client, args: argparse.Namespace, bad: Undecodable) -
         for r in records:
             if args.to is not None and r.offset >= args.to:
                 return
-            _print_record(r, args.json)
+            args.print_record(r)
             printed += 1
             if args.count is not None and printed >= args.count:
                 return
@@ -141,7 +176,7 @@ async def _consume(client: Client, args: argparse.Namespace, bad: Undecodable) -
             if isinstance(r, UndecodableBatch):
                 bad.report(r)
                 continue
-            _print_record(r, args.json)
+            args.print_record(r)
             printed += 1
             if args.count is not None and printed >= args.count:
                 return
@@ -191,8 +226,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="stop after this many records")
     p.add_argument("--follow", "-f", action="store_true",
                    help="keep waiting for new records (Ctrl-C stops)")
-    p.add_argument("--max-wait", type=positive_float, default=5.0,
-                   help="long-poll seconds per fetch with --follow (default 5)")
+    p.add_argument("--max-wait", type=positive_float, default=None,
+                   help=f"long-poll seconds per fetch with --follow (default {MAX_WAIT_S:g})")
     p.add_argument("--max-bytes", type=positive_int, default=1 << 20,
                    help="bytes per fetch (default 1 MiB)")
     p.add_argument("--node", metavar="HOST:PORT", default=None,
@@ -200,5 +235,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "leader)")
     json_flag(p, 'one JSON object per record: offset, timestamp_ms, value (or value_b64 when '
                  'not UTF-8), key, headers')
+    p.add_argument("--format", metavar="TEMPLATE", default=None,
+                   help="print each record as TEMPLATE, with placeholders "
+                        + ", ".join(f"{{{f}}}" for f in FIELDS)
+                        + r" (e.g. '{offset} {key}={value}'; \t is a tab); keys and values "
+                          "escaped as in the default output; {partition} is 0 (one log)")
     subscriptions.add_consume_arguments(p)
     p.set_defaults(func=cmd_consume)

@@ -183,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         matched, rest = group.split(BrokenPipeError)
         if matched is not None and rest is None:
             return _reader_gone()
+        matched, rest = group.split(KeyboardInterrupt)
+        if matched is not None and rest is None:
+            return 130  # Ctrl-C reached a command's task group
         raise
 
 

@@ -25,6 +25,11 @@ _NAMED = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 HINTS = {
     "UNAVAILABLE": "start a cluster with `raftlog up`, or pass --servers (or set "
                    "RAFTLOG_SERVERS) to the addresses of a running one",
+    "UNAUTHENTICATED": "the cluster requires authentication: pass a current token "
+                       "(RAFTLOG_TOKEN, or --token) or a client certificate (--tls-cert and "
+                       "--tls-key); an operator makes tokens with `raftlog token create`",
+    "FORBIDDEN": "this principal lacks the permission named above; ask an operator to grant it "
+                 "in the cluster's auth file (docs/SECURITY.md)",
 }
 
 

@@ -140,11 +140,19 @@ class _Reader:
 def cmd_produce(args: argparse.Namespace) -> int:
     try:
         maker = RecordMaker(args.input, args.key.encode() if args.key is not None else None,
-                            [parse_header(h) for h in args.header or []])
+                            [parse_header(h) for h in args.header or []],
+                            key_separator(args.key_separator))
     except ValueError as e:
         print_error("produce", "USAGE", str(e), as_json=args.json)
         return 2
     return trio.run(_produce, args, maker)
+
+
+def key_separator(text: str | None) -> bytes | None:
+    """--key-separator as bytes; `\\t` is a tab, for shells where typing one is awkward."""
+    if text is None:
+        return None
+    return b"\t" if text == "\\t" else text.encode()
 
 
 async def _produce(args: argparse.Namespace, maker: RecordMaker) -> int:
@@ -260,6 +268,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="quorum (Kafka: all): flushed on a majority; leader (1): appended by "
                         "the leader; none (0): accepted (default quorum)")
     p.add_argument("--key", default=None, help="the key of every record (UTF-8 text)")
+    p.add_argument("--key-separator", metavar="SEP", default=None,
+                   help="each line is KEY SEP VALUE, split at the first SEP (e.g. ':' or "
+                        "'\\t' for a tab); a line without SEP is not sent and is reported "
+                        "like other failed lines (exit 1)")
     p.add_argument("--header", action="append", metavar="KEY=VALUE",
                    help="a header on every record (repeatable)")
     p.add_argument("--input", choices=["lines", "json"], default="lines",

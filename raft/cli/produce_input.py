@@ -1,5 +1,6 @@
 r"""What `raftlog produce` reads: stdin as bytes, split into lines as they arrive, and each line
-turned into a record (its bytes as the value, or a JSON object with --input json).
+turned into a record (its bytes as the value, or KEY<SEP>VALUE with --key-separator, or a JSON
+object with --input json).
 
 Lines are split at `\n` only (a `\r` before it is kept: it is part of the value); a last line
 without a newline counts. Nothing is decoded in the default mode, so any bytes but `\n` can be
@@ -86,17 +87,45 @@ async def read_lines(fd: int, max_line: int = MAX_LINE_BYTES) -> AsyncIterator[l
 
 
 class RecordMaker:
-    """Line -> Record, for one `produce` invocation's --input, --key and --header flags."""
+    """Line -> Record, for one `produce` invocation's --input, --key, --key-separator and
+    --header flags.
+
+    With a key separator, the bytes before the first separator are the key and the rest the
+    value (`user-1:hello` with `:`); a line without the separator fails, reported like any
+    failed line (not sent, exit 1), as Kafka's console producer refuses such lines: sending it
+    without a key would quietly break whatever relies on keys."""
 
     def __init__(self, mode: str = "lines", key: bytes | None = None,
-                 headers: list[tuple[str, bytes]] | None = None) -> None:
+                 headers: list[tuple[str, bytes]] | None = None,
+                 key_separator: bytes | None = None) -> None:
         if mode not in ("lines", "json"):
             raise ValueError(f"input mode {mode!r}: choose lines or json")
+        if key_separator is not None:
+            if not key_separator:
+                raise ValueError("--key-separator must not be empty")
+            if b"\n" in key_separator:
+                raise ValueError("--key-separator cannot hold a newline: lines are split at "
+                                 "newlines first")
+            if mode != "lines":
+                raise ValueError("--key-separator splits plain lines; with --input json the "
+                                 "key is the object's \"key\" field")
+            if key is not None:
+                raise ValueError("give --key (one key for every record) or --key-separator "
+                                 "(a key per line), not both")
         self.mode, self.key, self.headers = mode, key, list(headers or [])
+        self.key_separator = key_separator
 
     def make(self, data: bytes) -> Record:
         """The record for one line; ValueError says what is wrong with the line."""
         if self.mode == "lines":
+            if self.key_separator is not None:
+                key, sep, value = data.partition(self.key_separator)
+                if not sep:
+                    shown = self.key_separator.decode(errors="backslashreplace")
+                    raise ValueError(f"no key separator {shown!r} in the line "
+                                     f"(--key-separator: each line is KEY, the separator, "
+                                     f"VALUE); it was not sent")
+                return Record(value, key, tuple(self.headers) or None)
             return Record(data, self.key, tuple(self.headers) or None)
         try:
             obj = json.loads(data)

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 
 # Parsed attributes that are the CLI's, not node settings.
 _NOT_SETTINGS = ("func", "command", "verbose", "sub_verbose")
+# The principal of the client certificate `up --tls` makes itself when its nodes require
+# authentication (any certificate of the cluster CA may ask for status).
+UP_PRINCIPAL = "raftlog-up"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -26,15 +29,49 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
     from raft.cli.localcluster import LocalCluster
-    from raft.cli.up import supervise
+    from raft.cli.up import supervise, usable_data_dir
+    from raft.cli import up_settings
 
+    usable_data_dir(Path(args.data_dir))  # before --tls writes its certificates there
+    up_settings.check_server_args(args.server_arg)
+    config = up_settings.check_config_file(args.config) if args.config else None
     cluster = LocalCluster(Path(args.data_dir), nodes=args.nodes, base_port=args.base_port)
     tls = _up_tls(args, cluster)
-    notes = []
+    cluster.node_args = up_settings.node_args(args.server_arg, config, cluster.node_args)
+    configs = up_settings.check_nodes(cluster)
+    if tls is None and configs[0].tls_enabled:  # TLS through --server-arg/--config
+        cluster.client_options = {"tls_ca": configs[0].tls_ca}
+    if up_settings.wants_auth(configs):
+        _up_credentials(args, cluster, tls)
+    notes = up_settings.describe(configs)
     if tls is not None:
         notes.append(f"TLS: clients add {tls.client_flags()} (or: export "
                      f"RAFTLOG_TLS_CA={tls.ca})")
     return supervise(cluster, restart=args.restart, notes=notes)
+
+
+def _up_credentials(args: argparse.Namespace, cluster: "LocalCluster",
+                    tls: "LocalTLS | None") -> None:
+    """With auth on, `up` itself must authenticate to watch its nodes (status): a client
+    certificate of its local CA (`up --tls`), else the token in RAFTLOG_TOKEN."""
+    import os
+
+    from raft.cli import pki
+    from raft.node.config import ConfigError
+
+    if tls is not None:
+        paths = pki.client_paths(tls.directory, UP_PRINCIPAL)
+        if not (paths.key.exists() and pki.valid_for(paths.cert, 7)):
+            pki.issue_client(tls.directory, UP_PRINCIPAL)
+        cluster.client_options = {**cluster.client_options, "tls_cert": str(paths.cert),
+                                  "tls_key": str(paths.key)}
+    elif os.environ.get("RAFTLOG_TOKEN"):
+        cluster.client_options = {**cluster.client_options,
+                                  "token": os.environ["RAFTLOG_TOKEN"]}
+    else:
+        raise ConfigError("with an auth file `up` must authenticate to watch its nodes: add "
+                          "--tls (`up` then uses a client certificate of its local CA), or "
+                          "export RAFTLOG_TOKEN with a token of the auth file")
 
 
 def _up_tls(args: argparse.Namespace, cluster: "LocalCluster") -> "LocalTLS | None":
@@ -57,16 +94,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Run one node until SIGTERM or Ctrl-C (a clean stop: a leader hands "
                     "over, the log is flushed). Settings come from flags or --config FILE.toml "
                     "(keys = flag names with _; flags win); `raftlog config show` prints the "
-                    "effective ones. Exit 0 after a clean stop, 2 on a configuration error "
-                    "(including a data dir another process is using), 3 after a fail-stop.")
+                    "effective ones. Exit 0 after a clean stop (130 when Ctrl-C asked for "
+                    "it), 2 on a configuration error (including a data dir another process "
+                    "is using), 3 after a fail-stop.")
     NodeConfig.add_arguments(p)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser(
         "up", help="run a local cluster of real processes until Ctrl-C",
         description="Start a local cluster of `raftlog serve` processes on 127.0.0.1 and "
-                    "watch it until Ctrl-C (which stops every node cleanly). A node that dies "
-                    "is reported and the others keep running; --restart restarts it. "
+                    "watch it until Ctrl-C (which stops every node cleanly, exit 130). A node "
+                    "that dies is reported and the others keep running; --restart restarts "
+                    "it. --server-arg and --config give every node the same settings. "
                     "Each node logs to DATA_DIR/node-<id>.log. One `up` per data dir.")
     p.add_argument("--nodes", type=positive_int, default=3, help="cluster size (default 3)")
     p.add_argument("--data-dir", default="./data",
@@ -80,5 +119,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "--tls-ca DATA_DIR/tls/ca.pem")
     p.add_argument("--restart", action="store_true",
                    help="restart a node that dies (with a growing pause if it keeps dying); "
-                        "by default it stays down and `up` prints how to restart it")
+                        "by default it stays down and `up` prints how to restart it (a node "
+                        "restarted that way is watched, and stopped by Ctrl-C, too)")
+    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="pass ARG to every node's `raftlog serve` (repeatable; write it with "
+                        "=, as in --server-arg=--retention-ms=7d); {id} becomes the node's "
+                        "id: --server-arg=--metrics-listen=127.0.0.1:910{id}")
+    p.add_argument("--config", metavar="FILE.toml",
+                   help="pass --config FILE.toml to every node (`raftlog serve --config`: "
+                        "keys = serve's flag names with _); not node_id, data_dir, peers, "
+                        "listen or join, which `up` sets")
     p.set_defaults(func=cmd_up)

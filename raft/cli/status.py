@@ -17,7 +17,7 @@ from typing import Any
 
 from raft.cli.args import json_flag, servers_arg
 from raft.cli.security import client_options
-from raft.client import BlockingClient, UnavailableError
+from raft.client import BlockingClient, RaftlogError, UnavailableError
 
 NODE_COLUMNS = ("node", "address", "role", "term", "leader", "dirty", "flushed", "commit",
                 "high watermark", "lag")
@@ -31,9 +31,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     with BlockingClient(args.servers, timeout=args.timeout, **client_options(args)) as client:
         statuses = client.cluster_status(timeout=args.timeout)
     if all("error" in st for st in statuses.values()):
-        raise UnavailableError(
-            f"no node answered `status` at {', '.join(statuses)}: "
-            + "; ".join(f"{a}: {st['error']}" for a, st in statuses.items()))
+        message = (f"no node answered `status` at {', '.join(statuses)}: "
+                   + "; ".join(f"{a}: {st['error']}" for a, st in statuses.items()))
+        codes = {st.get("code") for st in statuses.values()} - {"UNAVAILABLE"}
+        if len(codes) == 1 and None not in codes:
+            # Every node that answered refused alike (a wrong token, say): that code and its
+            # advice, not UNAVAILABLE's "start a cluster", even when some nodes are down too.
+            raise RaftlogError(message, code=codes.pop())
+        raise UnavailableError(message)
     if args.json:
         print(json.dumps(status_json(statuses), indent=2, sort_keys=True))
     else:

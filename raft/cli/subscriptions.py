@@ -9,7 +9,8 @@
 `consume --subscription` resumes where the last run of the same subscription stopped: a record
 counts as done once its line is printed and flushed, and what is done is committed every
 `--commit-ms` and at exit. The first run creates the subscription at the log start (or
-`--from-end` / `--from OFFSET`); later runs ignore those flags.
+`--from-end` / `--from OFFSET`); on a subscription that exists those flags are refused (exit 2,
+naming `raftlog subscriptions reset`, which moves it).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import trio
 from raft.cli.args import json_flag, positive_int, servers_arg
 from raft.cli.output import Undecodable
 from raft.cli.security import client_options
-from raft.client import BlockingClient, Client, Consumer, FetchedRecord
+from raft.client import BlockingClient, Client, Consumer, FetchedRecord, UnknownSubscription
 from raft.node.config import ConfigError
 
+COMMIT_MS = 500  # consume --subscription's commit interval unless --commit-ms says otherwise
 
 # -- consume --subscription (the hook raft/cli/consume.py calls) -------------------------------------
 def add_consume_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,9 +43,9 @@ def add_consume_arguments(p: argparse.ArgumentParser) -> None:
                             "(the default)")
     first.add_argument("--from-end", dest="sub_start", action="store_const", const="end",
                        help="with --subscription, on first use: begin after the last record")
-    p.add_argument("--commit-ms", type=positive_int, default=500, metavar="MS",
-                   help="with --subscription, commit what was printed this often "
-                        "(default 500) and at exit")
+    p.add_argument("--commit-ms", type=positive_int, default=None, metavar="MS",
+                   help=f"with --subscription, commit what was printed this often "
+                        f"(default {COMMIT_MS}) and at exit")
     p.add_argument("--exclusive", action="store_true",
                    help="with --subscription: take the single-consumer lease (another "
                         "exclusive consumer of the same name is refused while this runs)")
@@ -69,11 +71,15 @@ def consume_subscription(args: argparse.Namespace,
                           "subscription reads in order from its position; use --count)")
 
     bad = Undecodable(as_json=args.json)  # on stderr, read on past it; exit status 1
+    first_use_flag = _first_use_flag(args)
 
     async def run() -> int:
         printed = 0
         async with Client(args.servers, timeout=args.timeout, **client_options(args)) as client:
-            async with Consumer(client, args.subscription, auto_commit_ms=args.commit_ms,
+            if first_use_flag is not None:
+                await _refuse_first_use_flag(client, args.subscription, first_use_flag)
+            async with Consumer(client, args.subscription,
+                                auto_commit_ms=args.commit_ms or COMMIT_MS,
                                 start=start, exclusive=args.exclusive,
                                 max_bytes=args.max_bytes, follow=args.follow,
                                 max_wait=args.max_wait,
@@ -86,10 +92,30 @@ def consume_subscription(args: argparse.Namespace,
                         break
         return bad.status
 
+    return trio.run(run)  # Ctrl-C: main() exits 130 (what was printed is committed first)
+
+
+def _first_use_flag(args: argparse.Namespace) -> str | None:
+    """The flag (as typed) that picks the position on first use, if one was given."""
+    if args.from_offset is not None:
+        return f"--from {args.from_offset}"
+    if args.sub_start is not None:
+        return f"--from-{args.sub_start}"
+    return None
+
+
+async def _refuse_first_use_flag(client: Client, name: str, flag: str) -> None:
+    """--from and --from-start/-end set where a new subscription begins; on an existing one
+    they would be silently ignored, so they are refused with the command that moves it."""
     try:
-        return trio.run(run)
-    except KeyboardInterrupt:
-        return bad.status
+        sub = await client.subscription(name)
+    except UnknownSubscription:
+        return
+    to = flag.split()[-1] if flag.startswith("--from ") else flag.removeprefix("--from-")
+    raise ConfigError(f"{flag} sets where a new subscription begins, and subscription {name} "
+                      f"exists (position {sub['position']}); to move it run `raftlog "
+                      f"subscriptions reset {name} --to {to}`, or drop {flag} to resume "
+                      f"where it is")
 
 
 # -- raftlog subscriptions ------------------------------------------------------------------------
@@ -147,22 +173,31 @@ def _position(text: str) -> int | str:
 def cmd_reset(args: argparse.Namespace) -> int:
     with BlockingClient(args.servers, timeout=args.timeout, **client_options(args)) as client:
         sub = client.subscription_reset(args.name, args.to)
-    print(f"subscription {sub['name']} reset to position {sub['position']}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"name": sub["name"], "position": sub["position"]}))
+    else:
+        print(f"subscription {sub['name']} reset to position {sub['position']}",
+              file=sys.stderr)
     return 0
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
     with BlockingClient(args.servers, timeout=args.timeout, **client_options(args)) as client:
         client.subscription_delete(args.name)
-    print(f"subscription {args.name} deleted", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"deleted": args.name}))
+    else:
+        print(f"subscription {args.name} deleted", file=sys.stderr)
     return 0
 
 
-def _servers_again(p: argparse.ArgumentParser) -> None:
-    """--servers, --timeout and the security flags after the action too, without their defaults
-    overriding values given before it (`raftlog subscriptions --servers X reset ...`)."""
+def _servers_again(p: argparse.ArgumentParser, json_what: str) -> None:
+    """--servers, --timeout, --json and the security flags after the action too, without
+    their defaults overriding values given before it (`raftlog subscriptions --servers X
+    reset ...`, `raftlog subscriptions delete x --json`)."""
     before = set(map(id, p._actions))
     servers_arg(p)
+    json_flag(p, json_what)
     for action in p._actions:
         if id(action) not in before:
             action.default = argparse.SUPPRESS
@@ -175,19 +210,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "cluster, replicated with the log (docs/SUBSCRIPTIONS.md). "
                                    "Without an action: list them with their lag.")
     servers_arg(p)
-    json_flag(p, "machine-readable output: {\"subscriptions\": [...]}")
+    json_flag(p, "machine-readable output (before or after the action): "
+                 "{\"subscriptions\": [...]} when listing")
     p.add_argument("--prefix", default="", help="only names starting with this")
     p.set_defaults(func=cmd_list)
     actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
     r = actions.add_parser("reset", help="move a subscription to an offset (back or forward); "
                                          "creates it if missing")
-    _servers_again(r)
+    _servers_again(r, 'print {"name": ..., "position": ...} on stdout')
     r.add_argument("name")
     r.add_argument("--to", required=True, type=_position, metavar="OFFSET|start|end",
                    help="the next offset to deliver")
     r.set_defaults(func=cmd_reset)
     d = actions.add_parser("delete", help="forget a subscription")
-    _servers_again(d)
+    _servers_again(d, 'print {"deleted": NAME} on stdout')
     d.add_argument("name")
     d.set_defaults(func=cmd_delete)
 

@@ -9,7 +9,10 @@ A node that dies is reported (how it ended and its log's last line) and the othe
 running, so failover and catch-up can be tried by hand. Without --restart `up` prints the
 command that restarts it; with --restart it restarts it itself, pausing longer each time a
 node dies soon after its start (and never after exit 2: a configuration error does not go
-away by itself). `up` ends (exit 1) only when every node is down.
+away by itself). A node restarted by hand with the printed command is not `up`'s child; `up`
+notices it through its data dir's lock (raft/cli/adopted.py), watches it like the others and
+stops it with them. `up` ends (exit 1) only when every node is down; Ctrl-C stops every node
+and exits 130 (SIGTERM: 0). Node settings (--server-arg, --config) are raft/cli/up_settings.py's.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from raft.cli.adopted import Adopted
+from raft.cli.adopted import find as find_hand_started
 from raft.cli.localcluster import LocalCluster
 from raft.node.config import ConfigError, parse_address
 from storage.lmdb_log import LOCK_FILE
@@ -53,7 +58,7 @@ class _Restart:
 def claim(data_dir: Path) -> int:
     """Take DATA_DIR/up.lock (fd kept open for the process's life; the kernel releases it
     however `up` ends). Raises ConfigError naming the other `up`."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    usable_data_dir(data_dir)
     path = data_dir / LOCK_NAME
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
@@ -67,6 +72,19 @@ def claim(data_dir: Path) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def usable_data_dir(data_dir: Path) -> None:
+    """Create --data-dir if missing; ConfigError (exit 2, one line) when it cannot be a
+    directory: a file in the way, no permission."""
+    if data_dir.exists() and not data_dir.is_dir():
+        raise ConfigError(f"--data-dir {data_dir} is a file, not a directory; pass a directory "
+                          f"(it is created if missing), e.g. --data-dir ./data")
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--data-dir {data_dir} cannot be created ({e.strerror or e}); pass "
+                          f"a directory you can write to") from None
 
 
 def check_free(cluster: LocalCluster) -> None:
@@ -132,10 +150,26 @@ def supervise(cluster: LocalCluster, *, restart: bool = False,
         os.close(lock_fd)
 
 
+class _Stop:
+    """Set by SIGINT (Ctrl-C: exit 130, like every command) or SIGTERM (exit 0)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signum: int | None = None
+
+    def __call__(self, signum: int, _frame: object) -> None:
+        self.signum = self.signum or signum
+        self.event.set()
+
+    def code(self, otherwise: int) -> int:
+        return 130 if self.signum == signal.SIGINT else otherwise
+
+
 def _run(cluster: LocalCluster, restart: bool, notes: list[str]) -> int:
-    stop = threading.Event()
+    stop = _Stop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, stop)
+    adopted: dict[int, Adopted] = {}
     cluster.start()
     try:
         for i, addr in cluster.addresses.items():
@@ -143,7 +177,7 @@ def _run(cluster: LocalCluster, restart: bool, notes: list[str]) -> int:
         say("waiting for a leader...")
         deadline = time.monotonic() + 30
         leader = None
-        while leader is None and not stop.is_set():
+        while leader is None and not stop.event.is_set():
             failed = [i for i in cluster.addresses if cluster.returncode(i) == 2]
             if failed:
                 for i in failed:
@@ -154,9 +188,9 @@ def _run(cluster: LocalCluster, restart: bool, notes: list[str]) -> int:
                 return 1
             leader = cluster.leader()
             if leader is None:
-                stop.wait(0.1)
-        if stop.is_set():
-            return 0
+                stop.event.wait(0.1)
+        if stop.event.is_set():
+            return stop.code(0)
         say(f"leader: node {leader}")
         say(f"export RAFTLOG_SERVERS={cluster.servers}")
         say("try: echo hello | raftlog produce; raftlog consume; raftlog status "
@@ -164,13 +198,21 @@ def _run(cluster: LocalCluster, restart: bool, notes: list[str]) -> int:
         for note in notes:
             say(note)
         say("Ctrl-C stops every node cleanly.")
-        return _watch(cluster, stop, restart)
+        return stop.code(_watch(cluster, stop.event, restart, adopted))
     finally:
+        for a in adopted.values():  # every node stops at once: SIGTERM them all first
+            a.signal(signal.SIGTERM)
         codes = cluster.stop()
-        say(f"stopped: exit codes {codes}")
+        ended = [f"node {i} (pid {a.pid}) " + ("stopped" if a.stop() else "DID NOT STOP")
+                 for i, a in sorted(adopted.items())]
+        for a in adopted.values():
+            a.close()
+        say(f"stopped: exit codes {codes}" + (f"; started outside `up`: {', '.join(ended)}"
+                                               if ended else ""))
 
 
-def _watch(cluster: LocalCluster, stop: threading.Event, restart: bool) -> int:
+def _watch(cluster: LocalCluster, stop: threading.Event, restart: bool,
+           adopted: dict[int, Adopted]) -> int:
     reported: set[int] = set()
     pending: dict[int, _Restart] = {}
     while not stop.wait(POLL_S):
@@ -180,11 +222,28 @@ def _watch(cluster: LocalCluster, stop: threading.Event, restart: bool) -> int:
             if code is None:
                 reported.discard(i)
                 continue
+            if i in adopted:
+                if adopted[i].alive():
+                    continue
+                a = adopted.pop(i)
+                a.close()
+                reported.discard(i)  # reported below, as any node that ends
+                code = None
+            elif i in reported:
+                hand = find_hand_started(cluster.data_dir / f"node-{i}", i)
+                if hand is not None:
+                    adopted[i] = hand
+                    pending.pop(i, None)
+                    cluster.started_at[i] = now
+                    say(f"node {i} runs again (pid {hand.pid}, started outside `up`); `up` "
+                        f"watches it and stops it with the others")
+                    continue
             if i not in reported:
                 reported.add(i)
                 ran = now - cluster.started_at.get(i, now)
                 tail = last_log_line(cluster, i)
-                say(f"node {i} {describe_exit(code)} after {ran:.0f} s; the others keep "
+                how = describe_exit(code) if code is not None else "ended"
+                say(f"node {i} {how} after {ran:.0f} s; the others keep "
                     f"running" + (f". Its log ends: {tail}" if tail else ""))
                 if restart and code != 2:
                     pause = RESTART_PAUSE_S[0]
@@ -194,14 +253,17 @@ def _watch(cluster: LocalCluster, stop: threading.Event, restart: bool) -> int:
                     say(f"restarting node {i} in {pause:.0f} s")
                 else:
                     say(f"restart it with: {serve_command(cluster, i)}")
+                    say(f"(`up` notices node {i} when it runs again, and Ctrl-C stops it "
+                        f"with the others)")
             due = pending.get(i)
-            if due is not None and now >= due.due and code is not None:
+            if due is not None and now >= due.due and i not in adopted:
                 cluster.start(i)
                 reported.discard(i)
                 due.due = float("inf")
                 say(f"node {i} restarted: pid {cluster.pid(i)}")
         restarting = any(r.due != float("inf") for r in pending.values())
-        if all(cluster.returncode(i) is not None for i in cluster.addresses) and not restarting:
+        if all(cluster.returncode(i) is not None and i not in adopted
+               for i in cluster.addresses) and not restarting:
             say("every node is down; stopping")
             return 1
     return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import trio
@@ -49,11 +50,13 @@ def configure_logging(level: str = "WARNING", fmt: str = "text",
 
 async def run_node(config: NodeConfig, *, log_storage: LogStorage | None = None,
                    core_classes: tuple[Any, Any] | None = None,
+                   on_signal: Callable[[int], None] | None = None,
                    task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
     """`raftlog serve`: run one node until SIGTERM/SIGINT, then stop cleanly (flush, save
     metadata, close the log) and return. A second signal during the stop is ignored on purpose:
     the stop is bounded and exiting half-way would skip the final flush. `log_storage` is for
-    tests (the node otherwise opens its durable log under the data dir), as is `core_classes`."""
+    tests (the node otherwise opens its durable log under the data dir), as is `core_classes`.
+    `on_signal` hears each stop signal (serve exits 130 after Ctrl-C, as every command does)."""
     node = Node(config, log_storage=log_storage, core_classes=core_classes)
 
     def log_context() -> dict[str, Any]:
@@ -62,7 +65,7 @@ async def run_node(config: NodeConfig, *, log_storage: LogStorage | None = None,
 
     configure_logging(config.log_level, config.log_format, log_context)
     try:
-        await _run_node(node, config, task_status)
+        await _run_node(node, config, task_status, on_signal)
     except BaseExceptionGroup as group:
         # A startup configuration problem (port in use, data dir) is one clear error for the
         # CLI (exit 2), not an exception group.
@@ -80,7 +83,8 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
     return out
 
 
-async def _run_node(node: Node, config: NodeConfig, task_status: trio.TaskStatus[Node]) -> None:
+async def _run_node(node: Node, config: NodeConfig, task_status: trio.TaskStatus[Node],
+                    on_signal: Callable[[int], None] | None = None) -> None:
     async with trio.open_nursery() as nursery:
         async def watch_signals(*, task_status=trio.TASK_STATUS_IGNORED) -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT,
@@ -92,6 +96,8 @@ async def _run_node(node: Node, config: NodeConfig, task_status: trio.TaskStatus
                     if signum == signal.SIGHUP:
                         node.reload_security()
                     else:
+                        if on_signal is not None:
+                            on_signal(signum)
                         node.request_shutdown()
 
         await nursery.start(watch_signals)
@@ -101,14 +107,16 @@ async def _run_node(node: Node, config: NodeConfig, task_status: trio.TaskStatus
         nursery.cancel_scope.cancel()
 
 
-async def _serve_and_announce(config: NodeConfig, prog: str) -> None:
+async def _serve_and_announce(config: NodeConfig, prog: str) -> int:
     """run_node, plus one line on stderr once the node listens: where, its data, its peers
-    and the state of its log (an operator should not have to guess whether it started)."""
+    and the state of its log (an operator should not have to guess whether it started).
+    Returns the exit code: 0 after SIGTERM, 130 after Ctrl-C (SIGINT); both stop cleanly."""
     import sys
 
+    stops: list[int] = []
     try:
         async with trio.open_nursery() as nursery:
-            node = await nursery.start(run_node, config)
+            node = await nursery.start(partial(run_node, config, on_signal=stops.append))
             log_storage, core = node.log, node.core
             peers = ", ".join(f"{i}={a}" for i, a in sorted(node.peer_addresses.items()))
             print(f"{prog}: node {config.node_id} listening on {node.address}; data in "
@@ -117,12 +125,42 @@ async def _serve_and_announce(config: NodeConfig, prog: str) -> None:
                   f"{log_storage.flushed_offset})"
                   f"{'; waiting to be added (--join)' if config.join else ''}. SIGTERM or "
                   f"Ctrl-C stops it cleanly.", file=sys.stderr, flush=True)
+            print(f"{prog}: {features_line(config)}", file=sys.stderr, flush=True)
     except BaseExceptionGroup as group:
         for kind in (ConfigError, NodeFailed):
             matched, _ = group.split(kind)
             if matched is not None:
                 raise _leaves(matched)[0] from None
         raise
+    return 130 if signal.SIGINT in stops[:1] else 0
+
+
+def features_line(config: NodeConfig) -> str:
+    """What is on and where, in one line at start: an operator should see at once whether a
+    node runs in clear, lets anyone in, exports metrics or deletes old data."""
+    if config.tls_enabled:
+        tls = f"TLS on (certificate {config.tls_cert}, CA {config.tls_ca})"
+    else:
+        tls = "TLS off (plaintext; --tls-cert/--tls-key/--tls-ca turn it on)"
+    auth = (f"auth on ({config.auth_file})" if config.auth_file
+            else "auth off (every client may do everything; --auth-file turns it on)")
+    metrics = (f"metrics on at http://{config.metrics_listen}/metrics" if config.metrics_listen
+               else "metrics off (--metrics-listen HOST:PORT)")
+    limits = []
+    if config.retention_bytes is not None:
+        limits.append(f"at most {config.retention_bytes:,} bytes")
+    if config.retention_ms is not None:
+        limits.append(f"batches younger than {_duration(config.retention_ms)}")
+    retention = (f"retention on (keeps {' and '.join(limits)})" if limits
+                 else "retention off (keeps everything; --retention-bytes/--retention-ms)")
+    return "; ".join((tls, auth, metrics, retention))
+
+
+def _duration(ms: int) -> str:
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms >= size and ms % size == 0:
+            return f"{ms // size} {unit}"
+    return f"{ms} ms"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,7 +184,7 @@ def serve(settings: dict[str, Any], prog: str = "raftlog serve") -> int:
     try:
         config = NodeConfig.from_args(settings)
         config.check_data_dir()
-        trio.run(_serve_and_announce, config, prog, instruments=slow_step_instruments())
+        code = trio.run(_serve_and_announce, config, prog, instruments=slow_step_instruments())
     except ConfigError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
@@ -158,7 +196,7 @@ def serve(settings: dict[str, Any], prog: str = "raftlog serve") -> int:
             print(f"{prog}: {e}; restart it (it recovers from its flushed log), and see "
                   f"docs/STORAGE-SAFETY.md if it fails again", file=sys.stderr)
         return 3
-    return 0
+    return code
 
 
 if __name__ == "__main__":

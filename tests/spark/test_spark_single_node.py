@@ -79,14 +79,14 @@ def test_cli_load_parquet_and_csv(spark, single_node, tmp_path, capsys):
     before = single_node.stable_offset()
     assert args.func(args) == 0
     assert single_node.stable_offset() == before
-    # CSV with other columns: one JSON value per row.
+    # CSV with other columns: one JSON value per row, the columns' types kept (n is a number).
     args = parser.parse_args(["load", "--servers", single_node.servers, "--input", str(csv),
                               "--format", "csv", "--csv-header"])
     assert args.func(args) == 0
     df = (spark.read.format("raftlog").option("servers", single_node.servers)
           .option("startingOffset", str(before + 1)).load())
     vals = [r.v for r in df.selectExpr("CAST(value AS STRING) AS v").collect()]
-    assert sorted(vals) == sorted(f'{{"name":"{tag}x","n":"{i}"}}' for i in range(10))
+    assert sorted(vals) == sorted(f'{{"name":"{tag}x","n":{i}}}' for i in range(10))
     assert args.func(parser.parse_args(["load", "--servers", single_node.servers, "--input",
                                         str(tmp_path / "missing"), "--format", "csv"])) == 2
 
