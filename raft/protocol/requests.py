@@ -229,19 +229,3 @@ class RemoveNode:
 
     def to_frame(self, rid: int) -> dict[str, Any]:
         return request_frame(self.T, rid, {"node_id": self.node_id}, self.group)
-
-
-@dataclass(slots=True)
-class LoadRequest:
-    """A staged-load request (`load_*`). Its fields are checked by the load service itself
-    (raft/node/load_service.py), which answers a bad field with a BAD_REQUEST reply rather than
-    hanging up, as it always has; here only the type and the group."""
-
-    t: str
-    fields: dict[str, Any]
-    group: int = SINGLE_GROUP
-
-    @classmethod
-    def parse_as(cls, t: str, frame: dict[str, Any]) -> LoadRequest:
-        return cls(t, frame, group_of(frame, t))
-

@@ -9,6 +9,8 @@ from raft.protocol import errors as protocol_errors
 from raft.protocol.errors import NOT_WRITTEN, RETRYABLE
 from raft.protocol.framing import (FrameDecoder, FrameTooLarge, WireError, decode_body,
                                    encode_frame)
+from raft.protocol.load_requests import (LoadAbort, LoadBegin, LoadCommit, LoadRefused,
+                                         LoadStage, LoadStatus, parse_load)
 from raft.protocol.requests import SINGLE_GROUP, Fetch, Produce, TransferLeader
 from raft.protocol.subscription_requests import CommitItem, SubCommitMany, SubList, SubRequest
 from raft.types import Acks, ErrorCode
@@ -112,3 +114,45 @@ def test_one_retry_rule_for_every_client() -> None:
                  "LOAD_CLOSED", "INTERNAL", "POSITION_BEHIND"):
         assert not may_retry(code, idempotent=True)
     assert RETRYABLE - {"UNAVAILABLE"} <= {c.name for c in ErrorCode}
+
+
+# -- staged-load requests (raft.protocol.load_requests) ----------------------------------------
+
+@pytest.mark.parametrize("request_", [
+    LoadBegin("L"),
+    LoadStage("L", 3, 1, 2, 0, 2, b"rows", Acks.QUORUM, 900),
+    LoadCommit("L", 3, [(0, 0, 2, 4), (1, 1, 1, 1)]),
+    LoadAbort("L", 3, "the job failed"),
+    LoadStatus("L"),
+    LoadStatus(),
+])
+def test_a_load_request_parses_back_to_what_its_frame_was_made_from(request_: object) -> None:
+    decoded = decode_body(encode_frame(request_.to_frame(5))[4:])
+    assert parse_load(decoded["t"], decoded) == request_
+
+
+@pytest.mark.parametrize("t, fields, fragment", [
+    ("load_stage", {"load_id": "L"}, '"gen"'),
+    ("load_stage", {"load_id": "L", "gen": 1, "partition": 2**31, "attempt": 0, "seq": 0},
+     '"partition"'),
+    ("load_stage", {"load_id": "L", "gen": 1, "partition": 0, "attempt": 0, "seq": 0,
+                    "count": 1, "payload": b"x", "acks": "all"}, "acks must be"),
+    ("load_stage", {"load_id": "L", "gen": 1, "partition": 0, "attempt": 0, "seq": 0,
+                    "count": 0, "payload": b"x"}, "count must be >= 1"),
+    ("load_begin", {"load_id": ""}, "load_id must be 1..256 bytes"),
+    ("load_commit", {"load_id": "L", "gen": 1, "attempts": [[0, "x"]]}, "attempts must be"),
+    ("load_abort", {"load_id": "L"}, '"gen"'),
+])
+def test_a_bad_load_field_is_a_refusal_value_not_a_hang_up(t: str, fields: dict,
+                                                           fragment: str) -> None:
+    """The load service answers a bad field with a reply after its leader check, so parsing
+    gives a value that carries the refusal instead of raising."""
+    req = parse_load(t, {"v": 1, "t": t, "id": 1, **fields})
+    assert isinstance(req, LoadRefused) and req.code == ErrorCode.BAD_REQUEST, req
+    assert fragment in req.message, req.message
+
+
+def test_a_bad_group_on_a_load_request_hangs_up_like_any_request() -> None:
+    with pytest.raises(WireError, match='"group"'):
+        parse_load("load_begin", {"v": 1, "t": "load_begin", "id": 1, "load_id": "L",
+                                  "group": "x"})
