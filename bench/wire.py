@@ -24,6 +24,7 @@ from raft.protocol.blocking import FrameSocket, connect
 from raft.protocol.framing import FrameDecoder
 from raft.protocol.framing import WireError as ProtocolError
 from raft.protocol.framing import encode_frame as pack
+from raft.protocol.hello import Hello, HelloReply
 from raft.protocol.requests import Produce
 from raft.types import Acks
 
@@ -72,7 +73,15 @@ def error_code(reply: dict[str, Any]) -> str | None:
     return str(code) if code is not None else "UNKNOWN"
 
 
-_HELLO = {"t": "hello", "role": "client"}
+_HELLO = Hello.client().to_frame()
+
+
+def _node_of(addr: str, frame: dict[str, Any]) -> int:
+    """The node id from a hello answer (WireError when it is not one)."""
+    try:
+        return HelloReply.parse(frame).node_id
+    except ProtocolError:
+        raise WireError(f"{addr} answered hello with {frame!r}") from None
 
 
 # -- blocking ------------------------------------------------------------------------------------
@@ -88,10 +97,7 @@ class SyncConn:
         self._frames = FrameSocket(sock, addr, MAX_FRAME)
         self._next_id = 0
         self._frames.send(_HELLO)
-        hello = self._read()
-        if hello.get("t") != "hello":
-            raise WireError(f"{addr} answered hello with {hello!r}")
-        self.node_id = hello.get("node_id")
+        self.node_id = _node_of(addr, self._read())
 
     def _read(self) -> dict[str, Any]:
         try:
@@ -159,10 +165,11 @@ class AsyncConn:
             conn = cls(addr, stream)
             await stream.send_all(pack(_HELLO))
             hello = await conn.recv()
-        if hello.get("t") != "hello":
+        try:
+            conn.node_id = _node_of(addr, hello)
+        except WireError:
             await stream.aclose()
-            raise WireError(f"{addr} answered hello with {hello!r}")
-        conn.node_id = hello.get("node_id")
+            raise
         return conn
 
     def new_id(self) -> int:

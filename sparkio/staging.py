@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from raft.protocol.blocking import FrameSocket, connect
 from raft.protocol.errors import may_retry
 from raft.protocol.framing import PROTOCOL_VERSION, WireError
+from raft.protocol.hello import HelloReply
 from sparkio.security import ConnSecurity
 
 log = logging.getLogger("sparkio.staging")
@@ -71,7 +72,7 @@ class _Conn:
         sock = connect(addr, timeout)
         try:
             self.frames = FrameSocket(security.wrap(sock, host.strip("[]")), addr)
-            self.frames.send(security.hello())
+            self.frames.send(security.hello().to_frame())
             hello = self.frames.receive()
         except ssl.SSLCertVerificationError as e:
             sock.close()
@@ -92,9 +93,11 @@ class _Conn:
         if hello.get("t") == "error" and hello.get("code") == "UNAUTHENTICATED":
             self.close()
             raise RaftlogError("UNAUTHENTICATED", str(hello.get("message")), hello)
-        if hello.get("t") != "hello":
+        try:
+            HelloReply.parse(hello)
+        except WireError:
             self.close()
-            raise ConnectionError(f"{addr} answered the hello with {hello!r}")
+            raise ConnectionError(f"{addr} answered the hello with {hello!r}") from None
 
     def send(self, obj: dict) -> None:
         self.frames.send(obj)

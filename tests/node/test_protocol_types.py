@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 
 from raft.protocol import PARSERS, Limits, parse_request
@@ -9,6 +10,7 @@ from raft.protocol import errors as protocol_errors
 from raft.protocol.errors import NOT_WRITTEN, RETRYABLE
 from raft.protocol.framing import (FrameDecoder, FrameTooLarge, WireError, decode_body,
                                    encode_frame)
+from raft.protocol.hello import Hello, HelloReply
 from raft.protocol.load_requests import (LoadAbort, LoadBegin, LoadCommit, LoadRefused,
                                          LoadStage, LoadStatus, parse_load)
 from raft.protocol.requests import SINGLE_GROUP, Fetch, Produce, TransferLeader
@@ -156,3 +158,42 @@ def test_a_bad_group_on_a_load_request_hangs_up_like_any_request() -> None:
     with pytest.raises(WireError, match='"group"'):
         parse_load("load_begin", {"v": 1, "t": "load_begin", "id": 1, "load_id": "L",
                                   "group": "x"})
+
+
+# -- the handshake (raft.protocol.hello) -------------------------------------------------------
+
+@pytest.mark.parametrize("hello", [Hello.client(), Hello.client("rl_secret"), Hello.peer(3)])
+def test_a_hello_parses_back_to_what_its_frame_was_made_from(hello: Hello) -> None:
+    assert Hello.parse(decode_body(encode_frame(hello.to_frame())[4:])) == hello
+
+
+def test_a_hello_never_shows_its_token() -> None:
+    assert "rl_secret" not in repr(Hello.client("rl_secret"))
+
+
+@pytest.mark.parametrize("frame, fragment, code", [
+    ({"t": "status"}, "the first frame must be", ErrorCode.BAD_REQUEST),
+    ({"t": "hello", "role": "admin"}, "must be one of", ErrorCode.BAD_REQUEST),
+    ({"t": "hello", "role": "peer", "node_id": True}, "must be an integer", ErrorCode.BAD_REQUEST),
+    ({"t": "hello", "role": "client", "token": 42}, "non-empty string",
+     ErrorCode.UNAUTHENTICATED),
+])
+def test_a_bad_hello_is_named(frame: dict, fragment: str, code: ErrorCode) -> None:
+    with pytest.raises(WireError, match=fragment) as caught:
+        Hello.parse({"v": 1, **frame})
+    assert caught.value.code == code
+
+
+def test_a_hello_reply_tolerates_what_an_older_node_leaves_out() -> None:
+    full = HelloReply(2, 1 << 20, "ops")
+    assert HelloReply.parse(decode_body(encode_frame(full.to_frame())[4:])) == full
+    assert HelloReply.parse({"v": 1, "t": "hello", "node_id": 2}) == HelloReply(2)
+    assert HelloReply.parse({"v": 1, "t": "hello", "node_id": 2, "max_frame_bytes": 0}) \
+        == HelloReply(2)
+    with pytest.raises(WireError):
+        HelloReply.parse({"v": 1, "t": "error", "code": "SHUTTING_DOWN"})
+
+
+def test_true_is_not_protocol_version_1() -> None:
+    with pytest.raises(WireError, match="unsupported protocol version"):
+        decode_body(msgpack.packb({"v": True, "t": "hello", "role": "client"}))
