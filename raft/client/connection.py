@@ -121,8 +121,11 @@ class _Connection:
         conn.max_request_bytes = hello.max_frame_bytes
         return conn
 
-    async def request(self, frame: dict[str, Any], rid: int) -> dict[str, Any]:
-        data = encode_frame({**frame, "id": rid})
+    async def request(self, request: Any, rid: int) -> dict[str, Any]:
+        """Send a typed request (raft.protocol: anything with `to_frame(rid)`; a raw map with
+        its "t" for one that has no type, a test's) and wait for its reply."""
+        frame = {**request, "id": rid} if type(request) is dict else request.to_frame(rid)
+        data = encode_frame(frame)
         if self.max_request_bytes is not None and len(data) - 4 > self.max_request_bytes:
             raise TooLargeError(
                 f"the {frame.get('t')} request is {len(data) - 4:,} bytes; {self.address} accepts "

@@ -13,7 +13,7 @@ from raft.protocol.framing import (FrameDecoder, FrameTooLarge, WireError, decod
 from raft.protocol.hello import Hello, HelloReply
 from raft.protocol.load_requests import (LoadAbort, LoadBegin, LoadCommit, LoadRefused,
                                          LoadStage, LoadStatus, parse_load)
-from raft.protocol.requests import SINGLE_GROUP, Fetch, Produce, TransferLeader
+from raft.protocol.requests import SINGLE_GROUP, Fetch, Produce, TransferLeader, acks_named
 from raft.protocol.subscription_requests import CommitItem, SubCommitMany, SubList, SubRequest
 from raft.types import Acks, ErrorCode
 
@@ -74,6 +74,15 @@ def test_the_single_group_is_not_written_and_another_is() -> None:
     assert "group" not in Fetch(0).to_frame(1)
     assert Fetch(0, group=3).to_frame(1)["group"] == 3
     assert _through_the_wire(Fetch(0, group=3).to_frame(1)).group == 3
+    # Produce builds its frame in place (the client's hot path): the same rule holds.
+    assert "group" not in Produce(b"x", 1).to_frame(1)
+    assert _through_the_wire(Produce(b"x", 1, group=3).to_frame(1)).group == 3
+
+
+def test_acks_by_name_on_the_client_path() -> None:
+    assert acks_named("leader") is Acks.LEADER and acks_named(Acks.NONE) is Acks.NONE
+    with pytest.raises(ValueError, match="acks must be one of"):
+        acks_named("all")
 
 
 def test_every_parser_is_named_by_its_type() -> None:
