@@ -204,5 +204,10 @@ def test_a_hello_reply_tolerates_what_an_older_node_leaves_out() -> None:
 
 
 def test_true_is_not_protocol_version_1() -> None:
+    """msgpack keeps true and 1 apart; Python's True == 1 must not let true pass as v=1."""
+    decoder = FrameDecoder()
+    decoder.feed(encode_frame({"v": True, "t": "hello", "role": "client"}))
     with pytest.raises(WireError, match="unsupported protocol version"):
-        decode_body(msgpack.packb({"v": True, "t": "hello", "role": "client"}))
+        decoder.next_frame()
+    decoder.feed(encode_frame({"v": 1, "t": "hello", "role": "client"}))
+    assert decoder.next_frame() == {"v": 1, "t": "hello", "role": "client"}
