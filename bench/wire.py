@@ -25,7 +25,7 @@ from raft.protocol.framing import FrameDecoder
 from raft.protocol.framing import WireError as ProtocolError
 from raft.protocol.framing import encode_frame as pack
 from raft.protocol.hello import Hello, HelloReply
-from raft.protocol.requests import Produce
+from raft.protocol.requests import Produce, Status
 from raft.types import Acks
 
 # Replies carry whole fetches: the bench accepts up to this much in one frame.
@@ -105,10 +105,12 @@ class SyncConn:
         except ProtocolError as e:
             raise WireError(f"{self.addr}: {e}") from None
 
-    def request(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def request(self, msg: Any) -> dict[str, Any]:
+        """One request (a typed one from raft.protocol, or a raw map with its "t") and its
+        reply."""
         self._next_id += 1
         rid = self._next_id
-        self._frames.send({**msg, "id": rid})
+        self._frames.send({**msg, "id": rid} if isinstance(msg, dict) else msg.to_frame(rid))
         while True:
             reply = self._read()
             if reply.get("t") == "error":
@@ -131,7 +133,7 @@ def status_of(addr: str, timeout: float = 1.0,
     """The node's status map, or None when it does not answer (down, starting, overloaded)."""
     try:
         with SyncConn(addr, timeout=timeout, tls_ca=tls_ca) as conn:
-            reply = conn.request({"t": "status"})
+            reply = conn.request(Status())
     except (OSError, WireError, ValueError):
         return None
     if not reply.get("ok"):
