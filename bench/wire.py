@@ -24,7 +24,8 @@ from raft.protocol.blocking import FrameSocket, connect
 from raft.protocol.framing import FrameDecoder
 from raft.protocol.framing import WireError as ProtocolError
 from raft.protocol.framing import encode_frame as pack
-from raft.protocol.requests import Produce
+from raft.protocol.hello import Hello, HelloReply
+from raft.protocol.requests import Produce, Status
 from raft.types import Acks
 
 # Replies carry whole fetches: the bench accepts up to this much in one frame.
@@ -72,7 +73,15 @@ def error_code(reply: dict[str, Any]) -> str | None:
     return str(code) if code is not None else "UNKNOWN"
 
 
-_HELLO = {"t": "hello", "role": "client"}
+_HELLO = Hello.client().to_frame()
+
+
+def _node_of(addr: str, frame: dict[str, Any]) -> int:
+    """The node id from a hello answer (WireError when it is not one)."""
+    try:
+        return HelloReply.parse(frame).node_id
+    except ProtocolError:
+        raise WireError(f"{addr} answered hello with {frame!r}") from None
 
 
 # -- blocking ------------------------------------------------------------------------------------
@@ -88,10 +97,7 @@ class SyncConn:
         self._frames = FrameSocket(sock, addr, MAX_FRAME)
         self._next_id = 0
         self._frames.send(_HELLO)
-        hello = self._read()
-        if hello.get("t") != "hello":
-            raise WireError(f"{addr} answered hello with {hello!r}")
-        self.node_id = hello.get("node_id")
+        self.node_id = _node_of(addr, self._read())
 
     def _read(self) -> dict[str, Any]:
         try:
@@ -99,10 +105,12 @@ class SyncConn:
         except ProtocolError as e:
             raise WireError(f"{self.addr}: {e}") from None
 
-    def request(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def request(self, msg: Any) -> dict[str, Any]:
+        """One request (a typed one from raft.protocol, or a raw map with its "t") and its
+        reply."""
         self._next_id += 1
         rid = self._next_id
-        self._frames.send({**msg, "id": rid})
+        self._frames.send({**msg, "id": rid} if isinstance(msg, dict) else msg.to_frame(rid))
         while True:
             reply = self._read()
             if reply.get("t") == "error":
@@ -125,7 +133,7 @@ def status_of(addr: str, timeout: float = 1.0,
     """The node's status map, or None when it does not answer (down, starting, overloaded)."""
     try:
         with SyncConn(addr, timeout=timeout, tls_ca=tls_ca) as conn:
-            reply = conn.request({"t": "status"})
+            reply = conn.request(Status())
     except (OSError, WireError, ValueError):
         return None
     if not reply.get("ok"):
@@ -159,10 +167,11 @@ class AsyncConn:
             conn = cls(addr, stream)
             await stream.send_all(pack(_HELLO))
             hello = await conn.recv()
-        if hello.get("t") != "hello":
+        try:
+            conn.node_id = _node_of(addr, hello)
+        except WireError:
             await stream.aclose()
-            raise WireError(f"{addr} answered hello with {hello!r}")
-        conn.node_id = hello.get("node_id")
+            raise
         return conn
 
     def new_id(self) -> int:

@@ -22,6 +22,7 @@ import msgpack
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+from raft.protocol.load_requests import LoadStatus
 from sparkio.security import ConnSecurity
 from sparkio.staging import RaftlogError, Session, parse_servers
 from sparkio.subscriptions import first_use_position, pin
@@ -88,7 +89,7 @@ class RaftlogReader(DataSourceReader):
         self.arrow_tz = arrow_tz
         session = Session(self.servers, self.timeout_s, security=self.security)
         try:
-            info = session.call({"t": "load_status"})
+            info = session.call(LoadStatus())
         finally:
             session.close()
         log_start, hw = int(info["start_offset"]), int(info["high_watermark"])
@@ -135,7 +136,7 @@ class RaftlogReader(DataSourceReader):
         try:
             offset = start
             deadline = time.monotonic() + self.timeout_s
-            session.call({"t": "load_status"})  # lands the connection on the leader
+            session.call(LoadStatus())  # lands the connection on the leader
             while offset < end:
                 try:
                     r = session.fetch(offset, self.fetch_bytes, max_wait_ms=200)
@@ -147,7 +148,7 @@ class RaftlogReader(DataSourceReader):
                         raise
                     time.sleep(0.1)
                     session.close()
-                    session.call({"t": "load_status"})
+                    session.call(LoadStatus())
                     continue
                 batches = r.get("batches") or []
                 rb = to_arrow(batches, offset, end, self.arrow_tz, self.skip_undecodable)

@@ -22,6 +22,8 @@ import socket
 import ssl
 from dataclasses import dataclass, field
 
+from raft.protocol.hello import Hello
+
 
 class SecurityOptionError(ValueError):
     """A TLS or token option is unusable; the message names the option."""
@@ -48,11 +50,9 @@ class ConnSecurity:
             _context(sec.tls_ca, sec.tls_cert, sec.tls_key)  # fail on the driver, early
         return sec
 
-    def hello(self) -> dict:
-        frame = {"v": 1, "t": "hello", "role": "client"}
-        if self.token:
-            frame["token"] = self.token
-        return frame
+    def hello(self) -> Hello:
+        """The client hello, carrying the token when there is one."""
+        return Hello.client(self.token)
 
     def wrap(self, sock: socket.socket, host: str) -> socket.socket:
         if not self.tls_ca:

@@ -12,9 +12,10 @@ when they already happened, and the rest are reads. Staged writes are pipelined 
 requests in flight) and every one carries its (partition, attempt, seq) tag, so resending after
 a failure can never publish a batch twice: the server keeps the first copy of each seq.
 
-Load operations on the wire (served by raft/load_service.py):
+Load operations on the wire (typed in raft/protocol/load_requests.py, served by
+raft/node/load_service.py):
   load_begin  {load_id}                                   -> {"load": {state, gen, rows, ...}}
-  load_stage  {load_id, gen, partition, attempt, seq, count, payload, acks, timestamp_ms}
+  load_stage  {load_id, gen, partition, attempt, seq, count, payload, acks, timeout_ms}
                                                           -> {base_offset, last_offset}
   load_commit {load_id, gen, attempts: [[p, a, batches, rows]]} -> {"load": {...}}
   load_abort  {load_id, gen, reason}                      -> {"load": {...}}
@@ -30,10 +31,14 @@ import ssl
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from raft.protocol.blocking import FrameSocket, connect
 from raft.protocol.errors import may_retry
-from raft.protocol.framing import PROTOCOL_VERSION, WireError
+from raft.protocol.framing import WireError
+from raft.protocol.hello import HelloReply
+from raft.protocol.load_requests import LoadAbort, LoadBegin, LoadCommit, LoadStage, LoadStatus
+from raft.protocol.requests import Fetch, RawRequest, Status, acks_named
 from sparkio.security import ConnSecurity
 
 log = logging.getLogger("sparkio.staging")
@@ -71,7 +76,7 @@ class _Conn:
         sock = connect(addr, timeout)
         try:
             self.frames = FrameSocket(security.wrap(sock, host.strip("[]")), addr)
-            self.frames.send(security.hello())
+            self.frames.send(security.hello().to_frame())
             hello = self.frames.receive()
         except ssl.SSLCertVerificationError as e:
             sock.close()
@@ -92,9 +97,11 @@ class _Conn:
         if hello.get("t") == "error" and hello.get("code") == "UNAUTHENTICATED":
             self.close()
             raise RaftlogError("UNAUTHENTICATED", str(hello.get("message")), hello)
-        if hello.get("t") != "hello":
+        try:
+            HelloReply.parse(hello)
+        except WireError:
             self.close()
-            raise ConnectionError(f"{addr} answered the hello with {hello!r}")
+            raise ConnectionError(f"{addr} answered the hello with {hello!r}") from None
 
     def send(self, obj: dict) -> None:
         self.frames.send(obj)
@@ -114,7 +121,7 @@ class _Conn:
 
 @dataclass(slots=True)
 class _Pending:
-    msg: dict
+    req: LoadStage
     id: int
 
 
@@ -165,15 +172,20 @@ class Session:
         self._drop()
 
     # -- single requests ---------------------------------------------------------------------
-    def call(self, msg: dict, timeout_s: float | None = None) -> dict:
-        """Send one request, follow the leader and retry retriable errors until the deadline."""
+    def call(self, request: Any, timeout_s: float | None = None) -> dict:
+        """Send one request, follow the leader and retry retriable errors until the deadline.
+        `request` is one of raft.protocol's typed requests (they own the field names); a raw
+        map with its "t" is for a request that has no type (a test's)."""
+        if isinstance(request, dict):
+            fields = dict(request)
+            request = RawRequest(fields.pop("t"), fields)
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         backoff = 0.02
         while True:
             try:
                 conn = self._connect(deadline)
                 rid = next(self._ids)
-                conn.send({**msg, "v": PROTOCOL_VERSION, "id": rid})
+                conn.send(request.to_frame(rid))
                 while True:
                     reply = conn.recv()
                     if reply.get("id") == rid:
@@ -199,26 +211,23 @@ class Session:
 
     # -- load operations -----------------------------------------------------------------------
     def load_begin(self, load_id: str) -> dict:
-        return self.call({"t": "load_begin", "load_id": load_id})["load"]
+        return self.call(LoadBegin(load_id))["load"]
 
     def load_status(self, load_id: str) -> dict | None:
-        return self.call({"t": "load_status", "load_id": load_id}).get("load")
+        return self.call(LoadStatus(load_id)).get("load")
 
     def load_commit(self, load_id: str, gen: int,
                     attempts: list[tuple[int, int, int, int]]) -> dict:
-        return self.call({"t": "load_commit", "load_id": load_id, "gen": gen,
-                          "attempts": [list(a) for a in attempts]})["load"]
+        return self.call(LoadCommit(load_id, gen, list(attempts)))["load"]
 
     def load_abort(self, load_id: str, gen: int, reason: str) -> dict:
-        return self.call({"t": "load_abort", "load_id": load_id, "gen": gen,
-                          "reason": reason})["load"]
+        return self.call(LoadAbort(load_id, gen, reason))["load"]
 
     def fetch(self, offset: int, max_bytes: int = 4 << 20, max_wait_ms: int = 0) -> dict:
-        return self.call({"t": "fetch", "offset": offset, "max_bytes": max_bytes,
-                          "max_wait_ms": max_wait_ms})
+        return self.call(Fetch(offset, max_bytes, max_wait_ms))
 
     def status(self) -> dict:
-        return self.call({"t": "status"})["status"]
+        return self.call(Status())["status"]
 
 
 class Stager:
@@ -228,19 +237,20 @@ class Stager:
     def __init__(self, session: Session, load_id: str, gen: int, partition: int, attempt: int,
                  acks: str = "leader", max_inflight: int = 4) -> None:
         self.s = session
-        self.base = {"t": "load_stage", "load_id": load_id, "gen": gen, "partition": partition,
-                     "attempt": attempt, "acks": acks}
+        self.load_id, self.gen, self.partition, self.attempt = load_id, gen, partition, attempt
+        self.acks = acks_named(acks)
         self.max_inflight = max_inflight
         self.seq = 0
         self._inflight: deque[_Pending] = deque()
 
     def send(self, payload: bytes, count: int) -> None:
-        msg = {**self.base, "seq": self.seq, "count": count, "payload": payload,
-               "timestamp_ms": int(time.time() * 1000), "v": PROTOCOL_VERSION}
+        # No timestamp: the leader's clock stamps staged batches (raft/node/load_service.py).
+        req = LoadStage(self.load_id, self.gen, self.partition, self.attempt, self.seq, count,
+                        payload, self.acks)
         self.seq += 1
         while len(self._inflight) >= self.max_inflight:
             self._await_one()
-        self._inflight.append(_Pending(msg, 0))
+        self._inflight.append(_Pending(req, 0))
         self._transmit(self._inflight[-1])
 
     def finish(self) -> int:
@@ -253,7 +263,7 @@ class Stager:
         try:
             conn = self.s._connect(deadline)
             p.id = next(self.s._ids)
-            conn.send({**p.msg, "id": p.id})
+            conn.send(p.req.to_frame(p.id))
         except (OSError, ConnectionError) as e:
             self.s._drop()
             p.id = 0  # resent by _await_one
@@ -271,7 +281,7 @@ class Stager:
         while True:
             head = self._inflight[0]
             if time.monotonic() > deadline:
-                raise RaftlogError("TIMEOUT", f"staged batch seq={head.msg['seq']} not "
+                raise RaftlogError("TIMEOUT", f"staged batch seq={head.req.seq} not "
                                               f"acknowledged within {self.s.timeout_s:.0f}s")
             if head.id == 0 or self.s._conn is None:
                 time.sleep(backoff)

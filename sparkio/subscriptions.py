@@ -29,6 +29,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from raft.protocol.subscription_requests import SubRequest
 from sparkio.security import ConnSecurity
 from sparkio.staging import RaftlogError, Session, parse_servers
 
@@ -59,8 +60,8 @@ def first_use_position(value: str | None) -> Any:
 
 def pin(session: Session, subscription: str, first_use: Any = "start") -> tuple[int, int]:
     """Pin (or find pinned) the range of the next read of `subscription`: (start, end)."""
-    sub = session.call({"t": "sub_pin", "name": subscription, "consumer": SPARK_CONSUMER,
-                        "from": first_use})["subscription"]
+    sub = session.call(SubRequest("sub_pin", subscription, consumer=SPARK_CONSUMER,
+                                  initial=first_use))["subscription"]
     end = sub.get("pin_end")
     start = int(sub["position"])
     return start, int(end) if end is not None else start
@@ -119,7 +120,7 @@ def commit(df: Any = None, *, servers: str | None = None, subscription: str | No
         end = None
     session = Session(parse_servers(servers), timeout_s, security=security)
     try:
-        sub = session.call({"t": "sub_get", "name": subscription})["subscription"]
+        sub = session.call(SubRequest("sub_get", subscription))["subscription"]
         if end is None:
             pinned = sub.get("pin_end")
             if pinned is None:
@@ -133,8 +134,8 @@ def commit(df: Any = None, *, servers: str | None = None, subscription: str | No
                                    f"job read and committed it; give each job its own "
                                    f"subscription")
             return end  # committed already (a second commit of the same read)
-        reply = session.call({"t": "sub_commit", "name": subscription, "position": end,
-                              "consumer": SPARK_CONSUMER})
+        reply = session.call(SubRequest("sub_commit", subscription, consumer=SPARK_CONSUMER,
+                                        position=end))
         return int(reply["subscription"]["position"])
     finally:
         session.close()

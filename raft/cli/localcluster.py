@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from raft.client import BlockingClient, RaftlogError
+from raft.protocol.requests import Status
 
 
 # Where free_ports looks: below the kernel's ephemeral range, whose ports any outgoing
@@ -210,7 +211,7 @@ class LocalCluster:
         if not self.alive(node_id):
             return None
         try:
-            return self.client._call(self.client._client.call, "status",
+            return self.client._call(self.client._client.call, Status(),
                                      server=self.addresses[node_id], leader=False,
                                      timeout=timeout)["status"]
         except RaftlogError:

@@ -25,6 +25,8 @@ from raft.client.subscriptions import SubscriptionCalls
 from raft.node.config import ConfigError, parse_address
 from raft.protocol.errors import may_retry
 from raft.protocol.framing import WireError
+from raft.protocol.requests import (AddNode, Fetch, Produce, RawRequest, RemoveNode, Status,
+                                    TransferLeader, acks_named, type_of)
 from storage.records import MalformedRecords, Record, decode_records, encode_records
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -116,10 +118,12 @@ class Client(SubscriptionCalls):
         if self._leader_addr == address:
             self._leader_addr = None
 
-    async def call(self, t: str, *, timeout: float | None = None, leader: bool = True,
+    async def call(self, request: Any, *, timeout: float | None = None, leader: bool = True,
                    server: str | None = None, attempt_timeout: float | None = None,
                    **fields: Any) -> dict[str, Any]:
-        """Send one request and return its OK reply. With `leader`, follow NOT_LEADER redirects;
+        """Send one request and return its OK reply. `request` is one of raft.protocol's
+        typed requests (which own the field names); a type name with raw `fields` is for a
+        request this client has no type for (a newer node's, a test's). With `leader`, follow NOT_LEADER redirects;
         retriable errors and connection failures are retried with backoff until `timeout`.
         `server` pins the request to one node (no redirects). One attempt waits at most
         `attempt_timeout` (default a third of the budget, at least 2 s), so a hung node does
@@ -137,7 +141,12 @@ class Client(SubscriptionCalls):
         budget = self.timeout if timeout is None else timeout
         per_attempt = attempt_timeout if attempt_timeout is not None else max(2.0, budget / 3)
         deadline = trio.current_time() + budget
-        safe_to_retry = t != "produce" or bool(fields.get("producer_id"))
+        if isinstance(request, str):
+            request = RawRequest(request, fields)
+        elif fields:
+            raise TypeError(f"fields {sorted(fields)} given with a typed request")
+        t = type_of(request)
+        safe_to_retry = not isinstance(request, Produce) or bool(request.producer_id)
         backoff = 0.01
         last: RaftlogError | None = None
         refused: dict[str, str] = {}  # address -> why nothing answered there
@@ -153,7 +162,7 @@ class Client(SubscriptionCalls):
                 with trio.fail_after(min(remaining, per_attempt)):
                     conn = await self._conn(target)
                     sent = True
-                    reply = await conn.request({"t": t, **fields}, next(self._ids))
+                    reply = await conn.request(request, next(self._ids))
             except trio.TooSlowError:
                 # Abandon this request only (its late reply is dropped): the connection carries
                 # other callers' requests too, and closing it would fail them all. A broken
@@ -232,13 +241,10 @@ class Client(SubscriptionCalls):
         if not recs:
             raise ValueError("produce needs at least one record")
         budget = self.timeout if timeout is None else timeout
-        fields: dict[str, Any] = {"acks": acks, "payload": encode_records(recs),
-                                  "count": len(recs), "timeout_ms": server_timeout_ms(budget)}
-        if producer_id:
-            fields.update(producer_id=producer_id, sequence=sequence)
-        if timestamp_ms:
-            fields["timestamp_ms"] = timestamp_ms
-        reply = await self.call("produce", timeout=budget, **fields)
+        request = Produce(encode_records(recs), len(recs), acks_named(acks),
+                          server_timeout_ms(budget), producer_id,
+                          sequence if producer_id else -1, timestamp_ms or None)
+        reply = await self.call(request, timeout=budget)
         return ProduceResult(reply["base_offset"], reply["last_offset"],
                              bool(reply.get("duplicate", False)))
 
@@ -250,10 +256,8 @@ class Client(SubscriptionCalls):
         and the records after it are returned as usual (Consumer and `raftlog consume` report
         it; code calling fetch directly should check the list)."""
         budget = (self.timeout if timeout is None else timeout) + max_wait
-        reply = await self.call("fetch", timeout=budget, server=address,
-                                attempt_timeout=max_wait + max(2.0, budget / 3),
-                                offset=offset, max_bytes=max_bytes,
-                                max_wait_ms=int(max_wait * 1000))
+        reply = await self.call(Fetch(offset, max_bytes, int(max_wait * 1000)), timeout=budget,
+                                server=address, attempt_timeout=max_wait + max(2.0, budget / 3))
         out: list[FetchedRecord] = []
         bad: list[UndecodableBatch] = []
         for b in reply.get("batches", []):
@@ -275,7 +279,7 @@ class Client(SubscriptionCalls):
 
     async def status(self, address: str | None = None) -> dict[str, Any]:
         """One node's status (the leader's when no address is given)."""
-        reply = await self.call("status", server=address, leader=address is None)
+        reply = await self.call(Status(), server=address, leader=address is None)
         return reply["status"]
 
     async def cluster_status(self, timeout: float = 2.0) -> dict[str, dict[str, Any]]:
@@ -288,7 +292,7 @@ class Client(SubscriptionCalls):
         while todo:
             async def one(addr: str) -> None:
                 try:
-                    st = await self.call("status", server=addr, leader=False, timeout=timeout)
+                    st = await self.call(Status(), server=addr, leader=False, timeout=timeout)
                     seen[addr] = st["status"]
                 except RaftlogError as e:
                     seen[addr] = {"error": f"{e.code}: {e.message}", "code": e.code}
@@ -310,10 +314,7 @@ class Client(SubscriptionCalls):
         same timeout), and the answer's `leader_id` is None only if none emerged in time."""
         budget = self.timeout if timeout is None else timeout
         deadline = trio.current_time() + budget
-        fields: dict[str, Any] = {"timeout_ms": server_timeout_ms(budget)}
-        if to is not None:
-            fields["to"] = to
-        reply = await self.call("transfer_leader", timeout=budget, **fields)
+        reply = await self.call(TransferLeader(to, server_timeout_ms(budget)), timeout=budget)
         if reply.get("leader_id") is not None and reply.get("leader_addr"):
             return reply
         while trio.current_time() < deadline:
@@ -369,10 +370,10 @@ class Client(SubscriptionCalls):
 
     async def add_node(self, node_id: int, address: str, *,
                        timeout: float | None = None) -> dict[str, Any]:
-        return await self.call("add_node", timeout=timeout, node_id=node_id, address=address)
+        return await self.call(AddNode(node_id, address), timeout=timeout)
 
     async def remove_node(self, node_id: int, *, timeout: float | None = None) -> dict[str, Any]:
-        return await self.call("remove_node", timeout=timeout, node_id=node_id)
+        return await self.call(RemoveNode(node_id), timeout=timeout)
 
 
 def _unreachable(e: BaseException) -> str | None:

@@ -34,7 +34,8 @@ import trio
 from raft.client.errors import (BadRequestError, RaftlogError, RequestTimeout,
                                 error_from_reply)
 from raft.protocol.errors import may_retry
-from raft.protocol.subscription_requests import MAX_COMMIT_ITEMS
+from raft.protocol.subscription_requests import (MAX_COMMIT_ITEMS, CommitItem, SubCommitMany,
+                                                 SubRequest)
 
 # Long enough for the consumers of one process, woken by the same tick or the same fetch
 # answers, to meet in one round; short next to the quorum write every commit waits for anyway.
@@ -46,7 +47,7 @@ DEFAULT_COMMIT_LINGER_MS = 5.0
 class _Item:
     """One caller's commit: its wire item, and what came back for it."""
 
-    fields: dict[str, Any]
+    commit: CommitItem
     deadline: float
     answered: bool = False
     own: bool = False  # the error is the item's own verdict (not the whole request's)
@@ -89,13 +90,12 @@ class CommitCoalescer:
         committed. Raises the item's typed error; retries retriable ones until `timeout` (s)."""
         budget = timeout
         deadline = trio.current_time() + budget
-        fields = {"name": name, "position": position, "consumer": consumer,
-                  "lease_ms": lease_ms}
+        commit = CommitItem(name, position, consumer, lease_ms)
         backoff = 0.01
         last: RaftlogError | None = None
         with trio.move_on_after(budget):
             while True:
-                item = _Item(fields, deadline)
+                item = _Item(commit, deadline)
                 await self._submit(item)
                 if not item.answered:
                     continue  # its round was abandoned (the driver's caller was cancelled)
@@ -159,9 +159,8 @@ class CommitCoalescer:
         timeout_ms = max(1, min(120_000, int(budget * 1000)))
         if self._many:
             try:
-                reply = await self._call("sub_commit_many", timeout=budget,
-                                         timeout_ms=timeout_ms,
-                                         commits=[it.fields for it in items])
+                reply = await self._call(SubCommitMany([it.commit for it in items], len(items),
+                                                       timeout_ms), timeout=budget)
             except BadRequestError as e:
                 if "unknown request type" not in e.message:
                     _fail(items, e)
@@ -185,8 +184,10 @@ class CommitCoalescer:
                 return
         for item in items:
             try:
-                reply = await self._call("sub_commit", timeout=budget, timeout_ms=timeout_ms,
-                                         **item.fields)
+                c = item.commit
+                reply = await self._call(SubRequest("sub_commit", c.name, timeout_ms, c.consumer,
+                                                    position=c.position, lease_ms=c.lease_ms),
+                                         timeout=budget)
             except RaftlogError as e:
                 _fail([item], e)
             else:

@@ -13,6 +13,7 @@ from raft.client.errors import TooLargeError, error_from_reply
 from raft.client.security import ClientSecurity, tls_error
 from raft.node.config import parse_address
 from raft.protocol.framing import encode_frame, WireError
+from raft.protocol.hello import HelloReply
 from raft.protocol.streams import FrameReader
 
 
@@ -91,34 +92,40 @@ class _Connection:
         try:
             stream = await security.wrap(raw, host, address)
             try:
-                await stream.send_all(encode_frame(security.hello()))
+                await stream.send_all(encode_frame(security.hello().to_frame()))
                 reader = FrameReader(stream, max_frame_bytes)
-                hello = await reader.receive()
+                frame = await reader.receive()
             except trio.BrokenResourceError as e:
                 if security.tls:  # TLS 1.3: a refused client certificate shows up here
                     raise tls_error(address, e) from None
                 raise
-            if hello is not None and hello.get("t") == "error" \
-                    and hello.get("code") == "UNAUTHENTICATED":
-                raise error_from_reply(hello)  # not retried: every node would say the same
-            if hello is None or hello.get("t") != "hello":
+            if frame is not None and frame.get("t") == "error" \
+                    and frame.get("code") == "UNAUTHENTICATED":
+                raise error_from_reply(frame)  # not retried: every node would say the same
+            try:
+                if frame is None:
+                    raise WireError("the connection closed")
+                hello = HelloReply.parse(frame)
+            except WireError:
                 # A node that is stopping hangs up or answers an error: try another node
                 # (ConnectionError is an OSError, which call() retries).
-                raise ConnectionError(f"{address} did not answer the hello ({hello!r}); is it "
-                                      f"a running raftlog node?")
+                raise ConnectionError(f"{address} did not answer the hello ({frame!r}); is it "
+                                      f"a running raftlog node?") from None
         except BaseException:
             with trio.CancelScope(shield=True):
                 await raw.aclose()
             raise
-        conn = cls(address, stream, int(hello.get("node_id", 0)), max_frame_bytes)
+        conn = cls(address, stream, hello.node_id, max_frame_bytes)
         conn.reader = reader
-        conn.principal = hello.get("principal")
-        limit = hello.get("max_frame_bytes")
-        conn.max_request_bytes = limit if isinstance(limit, int) and limit > 0 else None
+        conn.principal = hello.principal
+        conn.max_request_bytes = hello.max_frame_bytes
         return conn
 
-    async def request(self, frame: dict[str, Any], rid: int) -> dict[str, Any]:
-        data = encode_frame({**frame, "id": rid})
+    async def request(self, request: Any, rid: int) -> dict[str, Any]:
+        """Send a typed request (raft.protocol: anything with `to_frame(rid)`; a raw map with
+        its "t" for one that has no type, a test's) and wait for its reply."""
+        frame = {**request, "id": rid} if type(request) is dict else request.to_frame(rid)
+        data = encode_frame(frame)
         if self.max_request_bytes is not None and len(data) - 4 > self.max_request_bytes:
             raise TooLargeError(
                 f"the {frame.get('t')} request is {len(data) - 4:,} bytes; {self.address} accepts "

@@ -20,6 +20,7 @@ import trio
 
 from raft.client.errors import RaftlogError
 from raft.node.config import ConfigError
+from raft.protocol.hello import Hello
 
 
 class TLSError(RaftlogError):
@@ -85,11 +86,9 @@ class ClientSecurity:
                                   f"{self.tls_cert} ({e.reason or e})") from None
         return ctx
 
-    def hello(self) -> dict[str, object]:
-        frame: dict[str, object] = {"t": "hello", "role": "client"}
-        if self.token:
-            frame["token"] = self.token
-        return frame
+    def hello(self) -> Hello:
+        """The client hello, carrying the token when there is one."""
+        return Hello.client(self.token)
 
     async def wrap(self, stream: trio.SocketStream, host: str, address: str
                    ) -> trio.abc.Stream:

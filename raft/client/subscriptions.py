@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
+from raft.protocol.subscription_requests import SubList, SubRequest
+
 if TYPE_CHECKING:
     from raft.client.commits import CommitCoalescer
 
@@ -18,28 +20,30 @@ Where = int | Literal["start", "end"]
 
 
 class SubscriptionCalls:
-    """Requires `call(t, timeout=..., **fields)`, `timeout` and `coalescer` (Client has them)."""
+    """Requires `call(request, timeout=...)`, `timeout` and `coalescer` (Client has them).
+    Requests are raft.protocol's typed ones (SubRequest, SubList), which own the field names."""
 
     timeout: float
     coalescer: "CommitCoalescer"
 
-    async def call(self, t: str, *, timeout: float | None = None,
-                   **fields: Any) -> dict[str, Any]:
+    async def call(self, request: Any, *, timeout: float | None = None) -> dict[str, Any]:
         raise NotImplementedError
 
-    async def _sub(self, t: str, timeout: float | None, **fields: Any) -> dict[str, Any]:
+    async def _sub(self, t: str, timeout: float | None, name: str, *, consumer: str = "",
+                   initial: Where | None = None, lease_ms: int = 0) -> dict[str, Any]:
+        """One subscription operation `t` (a SubRequest; which fields it sends is the
+        protocol's to say)."""
         budget = self.timeout if timeout is None else timeout
-        # A node refuses timeout_ms above its max_timeout_ms (120 s by default).
-        return await self.call(t, timeout=budget,
-                               timeout_ms=max(1, min(120_000, int(budget * 1000))), **fields)
+        return await self.call(SubRequest(t, name, _timeout_ms(budget), consumer,
+                                          initial=initial, lease_ms=lease_ms), timeout=budget)
 
     async def subscription_open(self, name: str, *, consumer: str = "",
                                 start: Where = "start", lease_ms: int = 0,
                                 timeout: float | None = None) -> dict[str, Any]:
         """Create `name` at `start` ("start", "end" or an offset) if it does not exist, take or
         renew the lease when lease_ms > 0; the subscription (its `position` is where to read)."""
-        reply = await self._sub("sub_open", timeout, name=name, consumer=consumer,
-                                lease_ms=lease_ms, **{"from": start})
+        reply = await self._sub("sub_open", timeout, name, consumer=consumer,
+                                initial=start, lease_ms=lease_ms)
         return reply["subscription"]
 
     async def subscription_commit(self, name: str, position: int, *, consumer: str = "",
@@ -55,29 +59,28 @@ class SubscriptionCalls:
     async def subscription_reset(self, name: str, to: Where, *, consumer: str = "",
                                  timeout: float | None = None) -> dict[str, Any]:
         """Move `name` to `to` ("start", "end" or an offset), back or forward; creates it."""
-        reply = await self._sub("sub_reset", timeout, name=name, consumer=consumer, to=to)
+        reply = await self._sub("sub_reset", timeout, name, consumer=consumer, initial=to)
         return reply["subscription"]
 
     async def subscription_pin(self, name: str, *, start: Where = "start", consumer: str = "",
                                timeout: float | None = None) -> dict[str, Any]:
         """Fix the end of an incremental read (Spark): `pin_end` stays until a commit reaches
         it, so a retried read covers the same range."""
-        reply = await self._sub("sub_pin", timeout, name=name, consumer=consumer,
-                                **{"from": start})
+        reply = await self._sub("sub_pin", timeout, name, consumer=consumer, initial=start)
         return reply["subscription"]
 
     async def subscription_release(self, name: str, consumer: str, *,
                                    timeout: float | None = None) -> dict[str, Any]:
         """Give up the lease `consumer` holds on `name`."""
-        reply = await self._sub("sub_release", timeout, name=name, consumer=consumer)
+        reply = await self._sub("sub_release", timeout, name, consumer=consumer)
         return reply["subscription"]
 
     async def subscription_delete(self, name: str, *, timeout: float | None = None) -> None:
-        await self._sub("sub_delete", timeout, name=name)
+        await self._sub("sub_delete", timeout, name)
 
     async def subscription(self, name: str, *, timeout: float | None = None) -> dict[str, Any]:
         """One subscription with its lag (`lag_records`, `lag_bytes`) and lease holder."""
-        reply = await self._sub("sub_get", timeout, name=name)
+        reply = await self._sub("sub_get", timeout, name)
         return reply["subscription"]
 
     async def subscriptions(self, prefix: str = "", *,
@@ -86,11 +89,18 @@ class SubscriptionCalls:
         out: list[dict[str, Any]] = []
         after = ""
         while True:
-            reply = await self._sub("sub_list", timeout, prefix=prefix, after=after)
+            budget = self.timeout if timeout is None else timeout
+            reply = await self.call(SubList(prefix, after, timeout_ms=_timeout_ms(budget)),
+                                    timeout=budget)
             out.extend(reply["subscriptions"])
             if not reply.get("more") or not reply["subscriptions"]:
                 return out
             after = reply["subscriptions"][-1]["name"]
+
+
+def _timeout_ms(budget_s: float) -> int:
+    # A node refuses timeout_ms above its max_timeout_ms (120 s by default).
+    return max(1, min(120_000, int(budget_s * 1000)))
 
 
 class BlockingSubscriptionCalls:

@@ -124,14 +124,15 @@ class Gate:
                             f"the cluster CA (raftlog certs issue --node-id {claimed})",
                             code=ErrorCode.UNAUTHENTICATED)
 
-    def authenticate(self, hello: dict[str, Any], identity: Identity | None,
+    def authenticate(self, token: str | None, identity: Identity | None,
                      remote: str) -> Session:
+        """The session of a client whose hello carried `token` (None: none)."""
         try:
-            return self.auth.authenticate(hello, identity)
+            return self.auth.authenticate(token, identity)
         except AuthError as e:
             self._metrics.auth_failures.inc()
             log.warning("auth_failed node=%d remote=%s method=%s reason=%s", self.node_id,
-                        remote, "token" if hello.get("token") is not None else
+                        remote, "token" if token is not None else
                         "certificate" if identity is not None else "none", e)
             raise WireError(str(e), code=ErrorCode.UNAUTHENTICATED) from None
 

@@ -1,7 +1,8 @@
 """The node side of staged loads: wire requests, the fetch filter and the leader's load timeout.
 
 The node calls this through narrow hooks and owns none of the logic:
-  * `LoadService.handles(t)` / `await handle(host, req)`: the `load_*` wire requests;
+  * `LoadService.handles(t)` / `await handle(host, req)`: the `load_*` wire requests, typed
+    by raft.protocol.load_requests, answered with typed replies;
   * `await catch_up(commit_index)`, then `stable_offset(commit_index)` + `visible(batches,
     stable)`: what fetch may show;
   * `expired(...)`: the leader aborts open loads idle past the timeout (the group's load task
@@ -35,16 +36,16 @@ from raft.loads import (
     encode_commit,
     encode_staged_payload,
 )
-from raft.protocol.fields import get_bytes, get_int, get_str
-from raft.protocol.framing import WireError
-from raft.protocol.replies import error_reply, ok_reply
+from raft.protocol.load_requests import (LOAD_TYPES, LoadAbort, LoadBegin, LoadCommit,
+                                         LoadRefused, LoadRequest, LoadStage, LoadStatus)
+from raft.protocol.replies import ErrorReply, OkReply, Reply
 from raft.types import Acks, ErrorCode
 from storage.batch import Batch, BatchKind
 from storage.records import MalformedRecords, check_records
 
 log = logging.getLogger("raft.loads")
 
-OPS = frozenset({"load_begin", "load_stage", "load_commit", "load_abort", "load_status"})
+OPS = LOAD_TYPES  # the request types this service answers (raft.protocol.load_requests)
 # One slice of catching the load index up (then the event loop runs other tasks).
 CATCH_UP_SLICE_BYTES = 1 << 20
 CATCH_UP_SLICE_BATCHES = 1024
@@ -55,7 +56,9 @@ class LoadHost(Protocol):
 
     def commit_index(self) -> int: ...
 
-    def not_leader_reply(self, request_id: int) -> dict[str, Any]: ...
+    def refuse_not_leader(self) -> ErrorReply:
+        """NOT_LEADER naming the leader (SHUTTING_DOWN while the node stops)."""
+        ...
 
     async def propose_and_wait(self, batch: Batch, acks: Acks, timeout_s: float) -> Any:
         """Propose `batch`; return the core's ProduceAnswer (error, base/last offset)."""
@@ -127,110 +130,79 @@ class LoadService:
     def handles(t: str) -> bool:
         return t in OPS
 
-    async def handle(self, host: LoadHost, req: dict[str, Any]) -> dict[str, Any]:
-        rid = get_int(req, "id")
-        t = req["t"]
-        try:
-            if t == "load_status":
-                return await self._status(host, rid, req)
-            if not host.is_leader():
-                return host.not_leader_reply(rid)
-            if t == "load_stage":
-                return await self._stage(host, rid, req)
-            return await self._control(host, rid, t, req)
-        except WireError as e:
-            return error_reply(rid, e.code, str(e))
+    async def handle(self, host: LoadHost, req: LoadRequest) -> Reply:
+        """Answer one typed load request (raft.protocol.load_requests.parse_load). The leader
+        check comes first, then a refused field, then the load's state."""
+        if isinstance(req, LoadStatus):
+            return await self._status(host, req)
+        if not host.is_leader():
+            return host.refuse_not_leader()
+        if isinstance(req, LoadRefused):
+            return ErrorReply(req.code, req.message)
+        if isinstance(req, LoadStage):
+            return await self._stage(host, req)
+        return await self._control(host, req)
 
     def _describe(self, load_id: str) -> dict[str, Any] | None:
         load = self.index.table.get(load_id)
         return None if load is None else load.describe()
 
-    async def _status(self, host: LoadHost, rid: int, req: dict[str, Any]) -> dict[str, Any]:
+    async def _status(self, host: LoadHost, req: LoadStatus) -> Reply:
         if not host.is_leader():
-            return host.not_leader_reply(rid)
+            return host.refuse_not_leader()
         ci = host.commit_index()
         await self.catch_up(ci)
         stable = self.stable_offset(ci)
-        lid = req.get("load_id")
-        return ok_reply(rid, load=self._describe(lid) if isinstance(lid, str) else None,
-                        high_watermark=stable, start_offset=self.index.log.start_offset,
-                        open_loads=len(self.index.table._open))
+        lid = req.load_id
+        return OkReply({"load": None if lid is None else self._describe(lid),
+                        "high_watermark": stable, "start_offset": self.index.log.start_offset,
+                        "open_loads": len(self.index.table._open)})
 
-    async def _stage(self, host: LoadHost, rid: int, req: dict[str, Any]) -> dict[str, Any]:
-        # Bounded as the tag stores them (raft.loads: gen and attempt 64-bit, partition and
-        # seq 32-bit): an out-of-range number is the client's error, not the node's.
-        i32, i64 = 2**31 - 1, 2**63 - 1
-        tag = StageTag(get_str(req, "load_id", request_id=rid),
-                       get_int(req, "gen", minimum=0, maximum=i64, request_id=rid),
-                       get_int(req, "partition", minimum=0, maximum=i32, request_id=rid),
-                       get_int(req, "attempt", minimum=0, maximum=i64, request_id=rid),
-                       get_int(req, "seq", minimum=0, maximum=i32, request_id=rid))
-        count = get_int(req, "count", request_id=rid)
-        payload = get_bytes(req, "payload", request_id=rid)
-        try:
-            acks = Acks(get_str(req, "acks", default="leader", request_id=rid))
-        except ValueError:
-            return error_reply(rid, ErrorCode.BAD_REQUEST, "acks must be quorum, leader or none")
-        if count < 1:
-            return error_reply(rid, ErrorCode.BAD_REQUEST, "count must be >= 1")
+    async def _stage(self, host: LoadHost, req: LoadStage) -> Reply:
+        tag = StageTag(req.load_id, req.gen, req.partition, req.attempt, req.seq)
         why = self.index.table.stage_error(tag.load_id, tag.gen)
         if why is not None:
-            return error_reply(rid, ErrorCode.LOAD_CLOSED, f"{why}: nothing more to write")
+            return ErrorReply(ErrorCode.LOAD_CLOSED, f"{why}: nothing more to write")
         try:  # the records part obeys the same rule as a produce (storage/records.py)
-            check_records(payload, count)
-            data = encode_staged_payload(tag, payload)
+            check_records(req.payload, req.count)
+            data = encode_staged_payload(tag, req.payload)
         except (MalformedRecords, ValueError) as e:
-            return error_reply(rid, ErrorCode.BAD_REQUEST, str(e))
+            return ErrorReply(ErrorCode.BAD_REQUEST, str(e))
         # The leader's clock stamps staged batches (like Kafka's LogAppendTime): the load
         # timeout measures idleness by these stamps, so a client's skewed clock cannot keep a
         # load open forever or expire it early.
-        batch = Batch.create(data, count, kind=BatchKind.STAGED, timestamp_ms=_now_ms())
-        ans = await host.propose_and_wait(batch, acks, get_int(req, "timeout_ms", default=30_000,
-                                                               request_id=rid) / 1000)
+        batch = Batch.create(data, req.count, kind=BatchKind.STAGED, timestamp_ms=_now_ms())
+        ans = await host.propose_and_wait(batch, req.acks, req.timeout_ms / 1000)
         if ans.error != ErrorCode.OK:
-            return self._answer_error(host, rid, ans)
-        return ok_reply(rid, base_offset=ans.base_offset, last_offset=ans.last_offset)
+            return self._answer_error(host, ans)
+        return OkReply({"base_offset": ans.base_offset, "last_offset": ans.last_offset})
 
-    async def _control(self, host: LoadHost, rid: int, t: str,
-                       req: dict[str, Any]) -> dict[str, Any]:
-        lid = get_str(req, "load_id", request_id=rid)
-        if not lid or len(lid.encode()) > 256:
-            return error_reply(rid, ErrorCode.BAD_REQUEST, "load_id must be 1..256 bytes")
+    async def _control(self, host: LoadHost, req: LoadBegin | LoadCommit | LoadAbort) -> Reply:
+        lid = req.load_id
         await self._catch_up_fully(host)
-        if t == "load_begin":
+        if isinstance(req, LoadBegin):
             known = self.index.table.get(lid)
             if known is not None and known.state.value == "committed":
-                return ok_reply(rid, load=known.describe())
+                return OkReply({"load": known.describe()})
             payload = encode_begin(lid)
-        elif t == "load_commit":
-            attempts = req.get("attempts")
-            if not isinstance(attempts, list) or not all(
-                    isinstance(a, list) and len(a) == 4 and all(isinstance(x, int) for x in a)
-                    for a in attempts):
-                return error_reply(rid, ErrorCode.BAD_REQUEST,
-                                   "attempts must be a list of [partition, attempt, batches, rows]")
-            payload = encode_commit(lid, get_int(req, "gen", request_id=rid),
-                                    [tuple(a) for a in attempts])
-        elif t == "load_abort":
-            payload = encode_abort(lid, get_int(req, "gen", request_id=rid),
-                                   get_str(req, "reason", default="aborted by the client",
-                                           request_id=rid))
+        elif isinstance(req, LoadCommit):
+            payload = encode_commit(lid, req.gen, list(req.attempts))
         else:
-            return error_reply(rid, ErrorCode.BAD_REQUEST, f"unknown load operation {t!r}")
+            payload = encode_abort(lid, req.gen, req.reason)
         batch = Batch.create(payload, 1, kind=BatchKind.CONTROL, timestamp_ms=_now_ms())
         ans = await host.propose_and_wait(batch, Acks.QUORUM, 30.0)
         if ans.error != ErrorCode.OK:
-            return self._answer_error(host, rid, ans)
+            return self._answer_error(host, ans)
         # Committed: apply through our entry so the table shows its outcome.
         await self._catch_up_fully(host)
         if self.index.table.applied < ans.last_offset:
-            return error_reply(rid, ErrorCode.TIMEOUT, "the load operation committed but is not "
-                                                       "applied yet; retry (it is idempotent)")
+            return ErrorReply(ErrorCode.TIMEOUT, "the load operation committed but is not "
+                                                 "applied yet; retry (it is idempotent)")
         load = self.index.table.get(lid)
         desc = load.describe() if load is not None else None
-        log.info("load op=%s load_id=%s offset=%d state=%s", t, lid, ans.base_offset,
+        log.info("load op=%s load_id=%s offset=%d state=%s", req.T, lid, ans.base_offset,
                  desc and desc["state"])
-        return ok_reply(rid, load=desc, offset=ans.base_offset)
+        return OkReply({"load": desc, "offset": ans.base_offset})
 
     async def _catch_up_fully(self, host: LoadHost) -> None:
         """Apply everything committed (after a restart that can be a long scan, in slices).
@@ -238,11 +210,11 @@ class LoadService:
         await self.catch_up(host.commit_index())
 
     @staticmethod
-    def _answer_error(host: LoadHost, rid: int, ans: Any) -> dict[str, Any]:
+    def _answer_error(host: LoadHost, ans: Any) -> Reply:
         if ans.error == ErrorCode.NOT_LEADER:
-            return host.not_leader_reply(rid)
-        return error_reply(rid, ans.error, f"{ans.error.name} while writing the load entry; "
-                                           f"retry (load requests are idempotent)")
+            return host.refuse_not_leader()
+        return ErrorReply(ans.error, f"{ans.error.name} while writing the load entry; "
+                                     f"retry (load requests are idempotent)")
 
 
 def _now_ms() -> int:

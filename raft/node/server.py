@@ -37,8 +37,9 @@ from raft.node.group import RaftGroup
 from raft.node.metrics import NodeMetrics
 from raft.node.peer import PeerLink
 from raft.node.transport import PeerTransport
-from raft.protocol.fields import get_int, get_str
+from raft.protocol.fields import get_int
 from raft.protocol.framing import ConnectionClosed, FrameTooLarge, WireError, encode_frame
+from raft.protocol.hello import CLIENT_HELLO_EXAMPLE, Hello, HelloReply, Speaker
 from raft.protocol.raft_frames import messages_from_frame
 from raft.protocol.replies import ErrorReply, Reply, error_frame
 from raft.protocol.requests import SINGLE_GROUP, Produce
@@ -250,7 +251,7 @@ class Node:
                         return  # still in the TLS handshake: a frame would be garbage to it
                     await _send_error(conn.stream, WireError(
                         f"no hello within {HELLO_TIMEOUT_S:.0f} s; open with "
-                        f'{{"v":1,"t":"hello","role":"client"}}'))
+                        f"{CLIENT_HELLO_EXAMPLE}"))
                 except WireError as e:
                     log.info("bad_frame node=%d code=%s error=%s", self.node_id, e.code.name, e)
                     self.metrics.count_error(e.code.name)
@@ -271,32 +272,29 @@ class Node:
                 return False
             conn.stream = opened
             conn.reader = FrameReader(opened, self.config.max_frame_bytes)
-            hello = await conn.reader.receive()
-        if hello is None:
+            frame = await conn.reader.receive()
+        if frame is None:
             return False
-        role, session = self._check_hello(hello, identity, remote)
+        hello = Hello.parse(frame)
+        session = self._check_hello(hello, identity, remote)
         # The frame limit lets a client refuse an oversized request itself instead of having
         # it cut off mid-send.
-        reply: dict[str, Any] = {"t": "hello", "node_id": self.node_id,
-                                 "max_frame_bytes": self.config.max_frame_bytes}
-        if session is not None and session.principal is not None:
-            reply["principal"] = session.principal
-        await conn.stream.send_all(encode_frame(reply))
+        reply = HelloReply(self.node_id, self.config.max_frame_bytes,
+                           None if session is None else session.principal)
+        await conn.stream.send_all(encode_frame(reply.to_frame()))
         self.metrics.connections.labels(conn.role).dec()
-        conn.role, conn.session = role, session
-        conn.peer_id = hello["node_id"] if role == "peer" else 0
+        conn.role, conn.session = hello.role.value, session
+        conn.peer_id = hello.node_id or 0
         self.metrics.connections.labels(conn.role).inc()
         return True
 
-    def _check_hello(self, hello: dict[str, Any], identity: Any,
-                     remote: str) -> tuple[str, Session | None]:
-        if hello.get("t") != "hello":
-            raise WireError(f'the first frame must be {{"v":1,"t":"hello","role":"client"}}, '
-                            f'got type {hello.get("t")!r}')
-        role = get_str(hello, "role", choices=["client", "peer"], where="hello")
+    def _check_hello(self, hello: Hello, identity: Any, remote: str) -> Session | None:
+        """Whether this speaker may go on: a peer must be a member (and, with TLS, hold its
+        own certificate), a client must authenticate; the session of a client."""
         session = None
-        if role == "peer":
-            peer_id = get_int(hello, "node_id", where="hello")
+        if hello.role is Speaker.PEER:
+            peer_id = hello.node_id
+            assert peer_id is not None  # Hello.parse requires it of a peer
             self.gate.check_peer(peer_id, identity, remote)
             if peer_id == self.node_id or peer_id not in self.peer_addresses:
                 if self.gate.tls is not None:
@@ -305,11 +303,11 @@ class Node:
                 raise WireError(f"node {peer_id} is not a peer of node {self.node_id} "
                                 f"(peers: {sorted(self.peer_addresses)}); check --peers")
         else:
-            session = self.gate.authenticate(hello, identity, remote)
+            session = self.gate.authenticate(hello.token, identity, remote)
         if self._closing:
             raise WireError("node is shutting down; connect to another node",
                             code=ErrorCode.SHUTTING_DOWN)
-        return role, session
+        return session
 
     async def _serve_peer(self, conn: _Conn) -> None:
         assert conn.reader is not None

@@ -23,18 +23,21 @@ from raft.protocol.errors import NOT_WRITTEN, RETRYABLE, may_retry
 from raft.protocol.framing import (DEFAULT_MAX_FRAME_BYTES, LEN_SIZE, PROTOCOL_VERSION,
                                    ConnectionClosed, FrameDecoder, FrameTooLarge, WireError,
                                    decode_body, encode_frame, encode_frame_parts)
-from raft.protocol.replies import (ErrorReply, FetchOk, FrameReply, OkReply, ProduceOk, Reply,
+from raft.protocol.load_requests import (LOAD_TYPES, LoadAbort, LoadBegin, LoadCommit,
+                                         LoadRefused, LoadRequest, LoadStage, LoadStatus,
+                                         parse_load)
+from raft.protocol.replies import (ErrorReply, FetchOk, OkReply, ProduceOk, Reply,
                                    error_frame, error_reply, ok_reply)
-from raft.protocol.requests import (SINGLE_GROUP, AddNode, Fetch, Limits, LoadRequest, Produce,
-                                    RemoveNode, Status, TransferLeader)
+from raft.protocol.requests import (SINGLE_GROUP, AddNode, Fetch, Limits, Produce, RemoveNode,
+                                    Status, TransferLeader)
 from raft.protocol.subscription_requests import (SUB_TYPES, CommitItem, SubCommitMany, SubList,
                                                  SubRequest)
 
 Request = (Produce | Fetch | Status | TransferLeader | AddNode | RemoveNode | SubRequest
            | SubList | SubCommitMany | LoadRequest)
 
-# Request type -> its parser. The staged-load types are not listed: the node's load service
-# says which exist (LoadRequest.parse_as).
+# Request type -> its parser. The staged-load types (LOAD_TYPES) are parsed by parse_load: a bad
+# field there is a refusal the load service answers, not a WireError (load_requests.py).
 PARSERS: dict[str, Callable[[dict[str, Any], Limits], Any]] = {
     Produce.T: Produce.parse,
     Fetch.T: Fetch.parse,
@@ -56,8 +59,10 @@ def parse_request(t: str, frame: dict[str, Any], limits: Limits) -> Any:
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES", "LEN_SIZE", "NOT_WRITTEN", "PARSERS", "PROTOCOL_VERSION",
     "RETRYABLE", "SINGLE_GROUP", "AddNode", "CommitItem", "ConnectionClosed", "ErrorReply",
-    "Fetch", "FetchOk", "FrameDecoder", "FrameReply", "FrameTooLarge", "Limits", "LoadRequest",
+    "Fetch", "FetchOk", "FrameDecoder", "FrameTooLarge", "LOAD_TYPES", "Limits", "LoadAbort",
+    "LoadBegin", "LoadCommit", "LoadRefused", "LoadRequest", "LoadStage", "LoadStatus",
     "OkReply", "Produce", "ProduceOk", "RemoveNode", "Reply", "Request", "Status", "SubCommitMany",
     "SubList", "SubRequest", "TransferLeader", "WireError", "decode_body", "encode_frame",
-    "encode_frame_parts", "error_frame", "error_reply", "may_retry", "ok_reply", "parse_request",
+    "encode_frame_parts", "error_frame", "error_reply", "may_retry", "ok_reply", "parse_load",
+    "parse_request",
 ]

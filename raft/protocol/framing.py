@@ -84,7 +84,8 @@ def decode_body(body: bytes | bytearray | memoryview) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise WireError(f"frame body must be a msgpack map, got {type(obj).__name__}")
     v = obj.get("v")
-    if v != PROTOCOL_VERSION:
+    # `type(v) is int`: msgpack keeps true and 1 apart, Python does not (True == 1).
+    if type(v) is not int or v != PROTOCOL_VERSION:
         raise WireError(f'unsupported protocol version "v"={v!r}; this server speaks v='
                         f'{PROTOCOL_VERSION} (add "v": 1 to every frame)')
     t = obj.get("t")

@@ -99,18 +99,4 @@ class FetchOk:
                 "start_offset": self.start_offset, "next_offset": self.next_offset}
 
 
-@dataclass(slots=True)
-class FrameReply:
-    """A reply some service built as a whole frame, id included (the load service)."""
-
-    frame: dict[str, Any]
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.frame.get("ok"))
-
-    def to_frame(self, rid: int) -> dict[str, Any]:
-        return self.frame
-
-
-Reply = ErrorReply | OkReply | ProduceOk | FetchOk | FrameReply
+Reply = ErrorReply | OkReply | ProduceOk | FetchOk

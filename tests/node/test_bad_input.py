@@ -184,6 +184,7 @@ def test_oversized_frame_refused_from_its_header(live: LiveCluster) -> None:
     (b"\xc1\xc1\xc1", "not valid msgpack"),
     (msgpack.packb([1, 2, 3]), "must be a msgpack map"),
     (msgpack.packb({"v": 9, "t": "status", "id": 1}), "unsupported protocol version"),
+    (msgpack.packb({"v": True, "t": "status", "id": 1}), "unsupported protocol version"),
     (msgpack.packb({"v": 1, "id": 1}), 'type tag "t"'),
     (msgpack.packb({"v": 1, "t": "status"}), 'missing integer field "id"'),
     (msgpack.packb({"v": 1, "t": "status", "id": "1"}), '"id" must be an integer'),
@@ -252,6 +253,8 @@ def test_a_group_the_node_does_not_run_is_refused_and_the_connection_kept(
 @pytest.mark.parametrize("hello, fragment", [
     ({"v": 1, "t": "status", "id": 1}, "first frame must be"),
     ({"v": 1, "t": "hello", "role": "admin"}, "must be one of"),
+    # true is not version 1, though Python's True == 1 (msgpack keeps them apart).
+    ({"v": True, "t": "hello", "role": "client"}, "unsupported protocol version"),
     ({"v": 1, "t": "hello"}, '"role" must be a string'),
     ({"v": 1, "t": "hello", "role": "peer", "node_id": 99}, "not a peer"),
     ({"v": 1, "t": "hello", "role": "peer"}, 'missing integer field "node_id"'),

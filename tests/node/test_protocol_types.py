@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 
 from raft.protocol import PARSERS, Limits, parse_request
@@ -9,7 +10,10 @@ from raft.protocol import errors as protocol_errors
 from raft.protocol.errors import NOT_WRITTEN, RETRYABLE
 from raft.protocol.framing import (FrameDecoder, FrameTooLarge, WireError, decode_body,
                                    encode_frame)
-from raft.protocol.requests import SINGLE_GROUP, Fetch, Produce, TransferLeader
+from raft.protocol.hello import Hello, HelloReply
+from raft.protocol.load_requests import (LoadAbort, LoadBegin, LoadCommit, LoadRefused,
+                                         LoadStage, LoadStatus, parse_load)
+from raft.protocol.requests import SINGLE_GROUP, Fetch, Produce, TransferLeader, acks_named
 from raft.protocol.subscription_requests import CommitItem, SubCommitMany, SubList, SubRequest
 from raft.types import Acks, ErrorCode
 
@@ -70,6 +74,15 @@ def test_the_single_group_is_not_written_and_another_is() -> None:
     assert "group" not in Fetch(0).to_frame(1)
     assert Fetch(0, group=3).to_frame(1)["group"] == 3
     assert _through_the_wire(Fetch(0, group=3).to_frame(1)).group == 3
+    # Produce builds its frame in place (the client's hot path): the same rule holds.
+    assert "group" not in Produce(b"x", 1).to_frame(1)
+    assert _through_the_wire(Produce(b"x", 1, group=3).to_frame(1)).group == 3
+
+
+def test_acks_by_name_on_the_client_path() -> None:
+    assert acks_named("leader") is Acks.LEADER and acks_named(Acks.NONE) is Acks.NONE
+    with pytest.raises(ValueError, match="acks must be one of"):
+        acks_named("all")
 
 
 def test_every_parser_is_named_by_its_type() -> None:
@@ -112,3 +125,89 @@ def test_one_retry_rule_for_every_client() -> None:
                  "LOAD_CLOSED", "INTERNAL", "POSITION_BEHIND"):
         assert not may_retry(code, idempotent=True)
     assert RETRYABLE - {"UNAVAILABLE"} <= {c.name for c in ErrorCode}
+
+
+# -- staged-load requests (raft.protocol.load_requests) ----------------------------------------
+
+@pytest.mark.parametrize("request_", [
+    LoadBegin("L"),
+    LoadStage("L", 3, 1, 2, 0, 2, b"rows", Acks.QUORUM, 900),
+    LoadCommit("L", 3, [(0, 0, 2, 4), (1, 1, 1, 1)]),
+    LoadAbort("L", 3, "the job failed"),
+    LoadStatus("L"),
+    LoadStatus(),
+])
+def test_a_load_request_parses_back_to_what_its_frame_was_made_from(request_: object) -> None:
+    decoded = decode_body(encode_frame(request_.to_frame(5))[4:])
+    assert parse_load(decoded["t"], decoded) == request_
+
+
+@pytest.mark.parametrize("t, fields, fragment", [
+    ("load_stage", {"load_id": "L"}, '"gen"'),
+    ("load_stage", {"load_id": "L", "gen": 1, "partition": 2**31, "attempt": 0, "seq": 0},
+     '"partition"'),
+    ("load_stage", {"load_id": "L", "gen": 1, "partition": 0, "attempt": 0, "seq": 0,
+                    "count": 1, "payload": b"x", "acks": "all"}, "acks must be"),
+    ("load_stage", {"load_id": "L", "gen": 1, "partition": 0, "attempt": 0, "seq": 0,
+                    "count": 0, "payload": b"x"}, "count must be >= 1"),
+    ("load_begin", {"load_id": ""}, "load_id must be 1..256 bytes"),
+    ("load_commit", {"load_id": "L", "gen": 1, "attempts": [[0, "x"]]}, "attempts must be"),
+    ("load_abort", {"load_id": "L"}, '"gen"'),
+])
+def test_a_bad_load_field_is_a_refusal_value_not_a_hang_up(t: str, fields: dict,
+                                                           fragment: str) -> None:
+    """The load service answers a bad field with a reply after its leader check, so parsing
+    gives a value that carries the refusal instead of raising."""
+    req = parse_load(t, {"v": 1, "t": t, "id": 1, **fields})
+    assert isinstance(req, LoadRefused) and req.code == ErrorCode.BAD_REQUEST, req
+    assert fragment in req.message, req.message
+
+
+def test_a_bad_group_on_a_load_request_hangs_up_like_any_request() -> None:
+    with pytest.raises(WireError, match='"group"'):
+        parse_load("load_begin", {"v": 1, "t": "load_begin", "id": 1, "load_id": "L",
+                                  "group": "x"})
+
+
+# -- the handshake (raft.protocol.hello) -------------------------------------------------------
+
+@pytest.mark.parametrize("hello", [Hello.client(), Hello.client("rl_secret"), Hello.peer(3)])
+def test_a_hello_parses_back_to_what_its_frame_was_made_from(hello: Hello) -> None:
+    assert Hello.parse(decode_body(encode_frame(hello.to_frame())[4:])) == hello
+
+
+def test_a_hello_never_shows_its_token() -> None:
+    assert "rl_secret" not in repr(Hello.client("rl_secret"))
+
+
+@pytest.mark.parametrize("frame, fragment, code", [
+    ({"t": "status"}, "the first frame must be", ErrorCode.BAD_REQUEST),
+    ({"t": "hello", "role": "admin"}, "must be one of", ErrorCode.BAD_REQUEST),
+    ({"t": "hello", "role": "peer", "node_id": True}, "must be an integer", ErrorCode.BAD_REQUEST),
+    ({"t": "hello", "role": "client", "token": 42}, "non-empty string",
+     ErrorCode.UNAUTHENTICATED),
+])
+def test_a_bad_hello_is_named(frame: dict, fragment: str, code: ErrorCode) -> None:
+    with pytest.raises(WireError, match=fragment) as caught:
+        Hello.parse({"v": 1, **frame})
+    assert caught.value.code == code
+
+
+def test_a_hello_reply_tolerates_what_an_older_node_leaves_out() -> None:
+    full = HelloReply(2, 1 << 20, "ops")
+    assert HelloReply.parse(decode_body(encode_frame(full.to_frame())[4:])) == full
+    assert HelloReply.parse({"v": 1, "t": "hello", "node_id": 2}) == HelloReply(2)
+    assert HelloReply.parse({"v": 1, "t": "hello", "node_id": 2, "max_frame_bytes": 0}) \
+        == HelloReply(2)
+    with pytest.raises(WireError):
+        HelloReply.parse({"v": 1, "t": "error", "code": "SHUTTING_DOWN"})
+
+
+def test_true_is_not_protocol_version_1() -> None:
+    """msgpack keeps true and 1 apart; Python's True == 1 must not let true pass as v=1."""
+    decoder = FrameDecoder()
+    decoder.feed(encode_frame({"v": True, "t": "hello", "role": "client"}))
+    with pytest.raises(WireError, match="unsupported protocol version"):
+        decoder.next_frame()
+    decoder.feed(encode_frame({"v": 1, "t": "hello", "role": "client"}))
+    assert decoder.next_frame() == {"v": 1, "t": "hello", "role": "client"}

@@ -193,9 +193,10 @@ class _FakeCluster:
         self.request_error: Exception | None = None
         self.knows_many = True
 
-    async def call(self, t: str, *, timeout: float, timeout_ms: int,
-                   **fields: Any) -> dict[str, Any]:
+    async def call(self, request: Any, *, timeout: float) -> dict[str, Any]:
         await trio.lowlevel.checkpoint()
+        fields = request.to_frame(0)  # what Client.call would send
+        t = fields["t"]
         if self.request_error is not None:
             raise self.request_error
         if t == "sub_commit_many" and not self.knows_many:

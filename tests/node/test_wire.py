@@ -134,6 +134,8 @@ def test_corrupted_batch_crc_is_refused() -> None:
     (msgpack.packb([1, 2, 3]), "must be a msgpack map, got list"),
     (msgpack.packb({"t": "hello"}), "unsupported protocol version"),
     (msgpack.packb({"v": 2, "t": "hello"}), "unsupported protocol version"),
+    (msgpack.packb({"v": True, "t": "hello"}), "unsupported protocol version"),
+    (msgpack.packb({"v": 1.0, "t": "hello"}), "unsupported protocol version"),
     (msgpack.packb({"v": 1}), 'string type tag "t"'),
     (msgpack.packb({"v": 1, "t": 5}), 'string type tag "t"'),
     (b"\x81\xa1v", "not valid msgpack"),  # truncated map

@@ -31,6 +31,7 @@ from raft.protocol.streams import FrameReader
 from raft.node.api import REQUESTS
 from raft.node.config import ConfigError, parse_address
 from raft.node.load_service import OPS
+from raft.protocol.load_requests import LoadAbort
 from raft.types import Role
 from storage.records import MalformedRecords, Record, check_records, decode_records, \
     encode_records
@@ -461,8 +462,7 @@ async def test_fuzzed_frames_leave_every_node_up_and_every_acked_record_readable
         # Loads the fuzzer opened hold readers back; abort them (any outcome will do).
         leader = await cluster.wait_leader()
         for load_id, gen in sorted(found.loads):
-            await leader.group.loads.handle(leader.api, {"t": "load_abort", "id": 1,
-                                                         "load_id": load_id, "gen": gen})
+            await leader.group.loads.handle(leader.api, LoadAbort(load_id, gen))
         with trio.fail_after(DEADLINE_S):
             while leader.group.loads.index.table._open:
                 await trio.sleep(0.02)

@@ -43,6 +43,9 @@ import test_protocol_types  # noqa: E402
 # The security rules' killers live with the security tests (tests/security).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "security"))
 import test_security_unit  # noqa: E402
+# The staged-load service's rules are killed by its own tests (tests/spark, no Spark needed).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "spark"))
+import test_load_service  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -266,6 +269,21 @@ MUTANTS = [
            "if i is not None and self._slots[i].op.position <= op.position:",
            "if i is not None:",
            (test_subscriptions.test_batcher_coalesces_a_consumers_commits_and_bounds_everything,)),
+    # The wire protocol (raft/protocol/).
+    Mutant("true passes as protocol version 1 (Python's True == 1)",
+           "raft.protocol.framing", "decode_body",
+           "if type(v) is not int or v != PROTOCOL_VERSION:",
+           "if v != PROTOCOL_VERSION:",
+           (test_protocol_types.test_true_is_not_protocol_version_1,)),
+    Mutant("a follower answers a malformed load request's field error, not NOT_LEADER",
+           "raft.node.load_service", "LoadService.handle",
+           "        if not host.is_leader():\n            return host.refuse_not_leader()\n"
+           "        if isinstance(req, LoadRefused):\n            return ErrorReply(req.code, "
+           "req.message)\n",
+           "        if isinstance(req, LoadRefused):\n            return ErrorReply(req.code, "
+           "req.message)\n        if not host.is_leader():\n            return "
+           "host.refuse_not_leader()\n",
+           (test_load_service.test_the_leader_check_comes_before_the_field_checks,)),
     # Security (raft/node/auth.py, raft/node/tls.py, raft/node/gate.py, raft/node/server.py).
     Mutant("a peer's hello is accepted with another node's certificate",
            "raft.node.gate", "Gate.check_peer",

@@ -30,6 +30,7 @@ from raft.node.logfmt import JsonFormatter
 from raft.node.metrics import NodeMetrics, state_families
 from raft.node.tls import Identity, NodeTLS, PeerIdentityError, TLSConfigError, identity_of
 from raft.protocol.framing import WireError
+from raft.protocol.hello import Hello
 from raft.types import ErrorCode, Role
 
 from secfixtures import make_pki
@@ -121,7 +122,7 @@ def authenticator() -> Authenticator:
 
 
 def session_of(name: str) -> Session:
-    return authenticator().authenticate({"token": shared_pki().tokens[name]}, None)
+    return authenticator().authenticate(shared_pki().tokens[name], None)
 
 
 # (principal, request type) -> None (allowed) or the missing permission
@@ -155,7 +156,7 @@ def test_a_revoked_token_stops_working_on_an_open_connection() -> None:
     path = Path(tempfile.mkdtemp()) / "auth.toml"
     path.write_text(p.auth_file.read_text())
     auth = Authenticator(path)
-    session = auth.authenticate({"token": p.tokens["reader"]}, None)
+    session = auth.authenticate(p.tokens["reader"], None)
     assert auth.authorize(session, "fetch") is None
     table = AuthTable.load(path)
     kept = {n: pr for n, pr in table.principals.items() if n != "reader"}
@@ -176,10 +177,14 @@ def test_a_revoked_token_stops_working_on_an_open_connection() -> None:
     ({}, Identity("node", "2"), "requires authentication"),  # nodes do not use the client API
 ])
 def test_authentication_outcomes(hello, identity, outcome) -> None:
+    """A client hello, parsed by the protocol (which owns the token's shape) and judged by the
+    authenticator (which owns its validity): both refusals are UNAUTHENTICATED."""
     auth = authenticator()
     try:
-        session = auth.authenticate(hello, identity)
-    except AuthError as e:
+        parsed = Hello.parse({"v": 1, "t": "hello", "role": "client", **hello})
+        session = auth.authenticate(parsed.token, identity)
+    except (AuthError, WireError) as e:
+        assert not isinstance(e, WireError) or e.code == ErrorCode.UNAUTHENTICATED
         assert outcome in str(e)
         assert "rl_" not in str(e)
     else:
@@ -285,18 +290,18 @@ def test_token_cli_create_rotate_revoke(tmp_path: Path, capsys: pytest.CaptureFi
     auth = Authenticator(path)
     assert first not in path.read_text() and second not in path.read_text()
     for token in (first, second):
-        assert auth.authenticate({"token": token}, None).principal == "reader"
+        assert auth.authenticate(token, None).principal == "reader"
     assert raftlog([*args, "--replace"]) == 0  # rotation: the others go
     third = capsys.readouterr().out.strip()
     auth.reload()
-    assert auth.authenticate({"token": third}, None).principal == "reader"
+    assert auth.authenticate(third, None).principal == "reader"
     with pytest.raises(AuthError):
-        auth.authenticate({"token": first}, None)
+        auth.authenticate(first, None)
     assert AuthTable.load(path).principals["reader"].permissions == {Permission.CONSUME}
     assert raftlog(["token", "revoke", "--auth-file", str(path), "--principal", "reader"]) == 0
     auth.reload()
     with pytest.raises(AuthError):
-        auth.authenticate({"token": third}, None)
+        auth.authenticate(third, None)
     assert raftlog([*args[:4], "--principal", "x", "--permissions", "read"]) == 2
 
 
@@ -388,7 +393,7 @@ def test_a_scrape_from_another_thread_reads_state_on_the_trio_thread() -> None:
 
 def test_an_unknown_token_is_refused() -> None:
     with pytest.raises(AuthError):
-        authenticator().authenticate({"token": "rl_" + "x" * 43}, None)
+        authenticator().authenticate("rl_" + "x" * 43, None)
 
 
 def test_a_node_refuses_a_forbidden_request_before_dispatch() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from raft.node.api import admin, fetch, loads, membership, produce, subscriptions
 from raft.node.api.context import ApiContext, Handler
 from raft.protocol import PARSERS
-from raft.protocol.requests import LoadRequest
+from raft.protocol.load_requests import parse_load
 
 __all__ = ["REQUESTS", "ApiContext", "Handler", "lookup", "parse"]
 
@@ -57,5 +57,5 @@ def parse(ctx: ApiContext, t: str, frame: dict[str, Any]) -> Any:
     """The typed request of a frame whose type `lookup` knows (WireError: a bad field)."""
     parser = PARSERS.get(t)
     if parser is None:
-        return LoadRequest.parse_as(t, frame)
+        return parse_load(t, frame)
     return parser(frame, ctx.limits)

@@ -73,9 +73,6 @@ class ApiContext:
         """SHUTTING_DOWN while stopping, else NOT_LEADER naming the leader."""
         return self.error(ErrorCode.SHUTTING_DOWN if self.closing else ErrorCode.NOT_LEADER)
 
-    def not_leader_reply(self, request_id: int) -> dict[str, Any]:
-        return self.refuse_not_leader().to_frame(request_id)
-
     async def propose_and_wait(self, batch: Batch, acks: Acks, timeout_s: float) -> ProduceAnswer:
         return await self.group.propose_and_wait(batch, acks, timeout_s)
 

@@ -1,21 +1,21 @@
-"""The staged-load requests (`load_begin`, `load_stage`, ...): routed to the group's
-raft.node.load_service.LoadService, which checks their fields and answers them itself (a bad
-field is a BAD_REQUEST reply there, not a hang-up). Which types exist is the service's to say
-(`handles`), so this family resolves per request type instead of listing names, and it is
-absent when the build has no load service."""
+"""The staged-load requests (`load_begin`, `load_stage`, ...): typed by
+raft.protocol.load_requests and answered by the group's raft.node.load_service.LoadService
+(a bad field is a BAD_REQUEST reply there, after its leader check, not a hang-up). Which types
+exist is the service's to say (`handles`), so this family resolves per request type instead of
+listing names, and it is absent when the build has no load service."""
 
 from __future__ import annotations
 
 from raft.node.api.context import ApiContext
-from raft.protocol.replies import FrameReply, Reply
-from raft.protocol.requests import LoadRequest
+from raft.protocol.load_requests import LoadRequest
+from raft.protocol.replies import Reply
 from raft.types import ErrorCode
 
 
 async def execute(ctx: ApiContext, req: LoadRequest) -> Reply:
     if ctx.closing:
         return ctx.error(ErrorCode.SHUTTING_DOWN)
-    return FrameReply(await ctx.group.loads.handle(ctx, req.fields))
+    return await ctx.group.loads.handle(ctx, req)
 
 
 def handles(ctx: ApiContext, t: str) -> bool:
