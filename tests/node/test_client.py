@@ -11,14 +11,12 @@ import pytest
 import trio
 import trio.testing
 
-from inproc_cluster import DEADLINE_S, REAL_CORE, RawClient, running_cluster, trio_test
+from inproc_cluster import DEADLINE_S, RawClient, running_cluster, trio_test
 from raft.client import (BlockingClient, Client, OffsetOutOfRangeError, Producer,
                          RequestTimeout, TooLargeError, UnavailableError)
 from raft.node import wire
 from raft.types import ErrorCode
 from storage.records import Record
-
-pytestmark = pytest.mark.skipif(not REAL_CORE, reason="needs raft/raft.py")
 
 
 @trio_test
