@@ -30,7 +30,7 @@ from collections import deque
 from typing import Protocol
 
 from raft.messages import AppendEntries, Heartbeat, Message
-from raft.node.peer import Lane, PeerLink
+from raft.node.peer import BULK, CONTROL, Lane, PeerLink
 
 log = logging.getLogger("raftlog.node")
 
@@ -59,11 +59,11 @@ class PeerStream:
         as on a lost connection: Raft retries)."""
         if type(msg) is AppendEntries:
             self._withdraw_superseded(msg)
-            if not self.link.enqueue(msg, Lane.BULK, self):
+            if not self.link.enqueue(msg, BULK, self):
                 return False
             self._queued.append(msg)
             return True
-        return self.link.enqueue(msg, Lane.CONTROL, self)
+        return self.link.enqueue(msg, CONTROL, self)
 
     def _withdraw_superseded(self, msg: AppendEntries) -> None:
         """See the module docstring: a restarted stream makes the queued appends obsolete."""
@@ -79,7 +79,7 @@ class PeerStream:
     def leaving(self, msg: Message, lane: Lane) -> Message:
         """`msg` goes into the frame being written now; what to write (see the module docstring
         for the heartbeat rule)."""
-        if lane is Lane.BULK:
+        if lane is BULK:
             self._queued.popleft()
             return msg
         if self._queued and type(msg) is Heartbeat:
