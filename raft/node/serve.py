@@ -8,7 +8,7 @@ trust its own state: a storage fault or a broken invariant; see raft.node.errors
 
 Process-wide interpreter settings (the garbage collector, the GIL switch interval) are set here,
 once the node is up (`tune_interpreter`): they belong to the process, whatever number of Raft
-groups it runs, and in-process tests leave them alone.
+groups it runs (the test session does the same for its process: tests/conftest.py).
 """
 
 from __future__ import annotations
