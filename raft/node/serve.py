@@ -6,13 +6,16 @@ during the stop is ignored on purpose. SIGHUP re-reads the auth file and the TLS
 error (one line on stderr saying what to fix), 3 after a fail-stop (the node could no longer
 trust its own state: a storage fault or a broken invariant; see raft.node.errors.NodeFailed).
 
-Process-wide interpreter settings (the garbage collector, the GIL switch interval) are set here,
-once the node is up (`tune_interpreter`): they belong to the process, whatever number of Raft
-groups it runs (the test session does the same for its process: tests/conftest.py).
+Process-wide interpreter settings (the garbage collector, the GIL switch interval) are set by
+the program (`tune_interpreter`, which the node runs once its state is loaded, before it serves:
+the full collection it starts with is then a step nobody waits on). They belong to the process,
+whatever number of Raft groups it runs (the test session does the same for its process:
+tests/conftest.py).
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import signal
@@ -37,8 +40,8 @@ GIL_SWITCH_INTERVAL_S = 0.001  # Python's default: 0.005
 
 
 def tune_interpreter() -> None:
-    """Keep the interpreter itself from holding the event loop (process-wide settings; call it
-    once the node is up, so what is alive then is frozen).
+    """Keep the interpreter itself from holding the event loop (process-wide settings; run it
+    once the node's state is loaded, so what is alive then is frozen, and before it serves).
 
     - The cyclic garbage collector: a full (generation 2) collection walks every tracked
       object; with trio, msgpack, lmdb and the rest loaded that was 50-160 ms on a busy 2-core
@@ -76,12 +79,14 @@ def configure_logging(level: str = "WARNING", fmt: str = "text",
 
 
 async def run_node(config: NodeConfig, *, log_storage: LogStorage | None = None,
+                   before_serving: Callable[[], None] = lambda: None,
                    task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
     """`raftlog serve`: run one node until SIGTERM/SIGINT, then stop cleanly (flush, save
     metadata, close the log) and return. A second signal during the stop is ignored on purpose:
     the stop is bounded and exiting half-way would skip the final flush. `log_storage` is for
-    tests (the node otherwise opens its durable log under the data dir)."""
-    node = Node(config, log_storage=log_storage)
+    tests (the node otherwise opens its durable log under the data dir); `before_serving` is
+    the program's process-wide setup (Node runs it once its state is loaded)."""
+    node = Node(config, log_storage=log_storage, before_serving=before_serving)
 
     def log_context() -> dict[str, Any]:
         core = node.group.core
@@ -131,11 +136,11 @@ async def _run_node(node: Node, config: NodeConfig, task_status: trio.TaskStatus
 async def _serve_and_announce(config: NodeConfig, prog: str) -> None:
     """run_node, plus one line on stderr once the node listens: where, its data, its peers
     and the state of its log (an operator should not have to guess whether it started).
-    The process's interpreter settings are tuned once the node is up."""
+    The process's interpreter settings are tuned as the node starts serving."""
     try:
         async with trio.open_nursery() as nursery:
-            node = await nursery.start(run_node, config)
-            tune_interpreter()
+            node = await nursery.start(functools.partial(run_node, config,
+                                                         before_serving=tune_interpreter))
             log_storage, core = node.log, node.core
             peers = ", ".join(f"{i}={a}" for i, a in sorted(node.peer_addresses.items()))
             print(f"{prog}: node {config.node_id} listening on {node.address}; data in "

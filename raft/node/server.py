@@ -53,8 +53,12 @@ class Node:
     the bound address (pass port 0 in `listen` to get a free port in tests)."""
 
     def __init__(self, config: NodeConfig, *, log_storage: LogStorage | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None,
+                 before_serving: Callable[[], None] = lambda: None) -> None:
         self.config = config.validate()
+        # The program's process-wide setup (raft.node.serve.tune_interpreter), run once the
+        # node's state is loaded and before its tasks start: nobody waits on that step then.
+        self._before_serving = before_serving
         self.node_id = config.node_id
         # One generator for the core and the links (each link draws its own from it).
         rng = rng or random.Random(int.from_bytes(os.urandom(8), "big"))
@@ -195,6 +199,7 @@ class Node:
                 nursery.start_soon(self.metrics.run_loop_probe)
                 self.transport.start(nursery, *self._wanted_members())
                 async with trio.open_nursery() as driver:
+                    self._before_serving()
                     group.start(driver)
                     async with trio.open_nursery() as conn_nursery:
                         self._accept_scope = trio.CancelScope()
