@@ -20,6 +20,7 @@ runtime fail-stops on StorageIOError; DiskFull from a flush may be retried once 
 from __future__ import annotations
 
 import abc
+import enum
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -117,6 +118,16 @@ class Meta:
         return self.term == 0 and self.voted_for is None and self.config is None
 
 
+class IoMode(enum.Enum):
+    """How a runtime calls a log's blocking work (flush, save_meta, scrub, persist_start, ...).
+    Each implementation says which holds for it, so whoever drives a log never has to guess from
+    its type."""
+
+    WORKER_THREAD = "worker_thread"  # blocks on the disk; safe in a worker thread while the
+    # owning thread appends and reads (the threading rules of storage/lmdb_log.py)
+    INLINE = "inline"  # no disk to wait for and not thread-safe: call it on the owning thread
+
+
 @dataclass(slots=True, frozen=True)
 class ScrubSlice:
     """What one `LogStorage.scrub` call read back and checked."""
@@ -134,7 +145,19 @@ class LogStorage(abc.ABC):
     `prev_offset` in replication is always a batch's last offset (or start_offset - 1).
     """
 
+    # Where the log lives on disk (its directory), or None for a log held in memory: what the
+    # runtime measures free space under.
+    path: str | None = None
+    # What the open found wrong and repaired or cut (one line each, for `status`); set by every
+    # implementation's open.
+    open_findings: list[str]
+
     # -- positions ------------------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def io_mode(self) -> IoMode:
+        """How the blocking calls below are to be run (see IoMode)."""
+
     @property
     @abc.abstractmethod
     def start_offset(self) -> int:

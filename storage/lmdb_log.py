@@ -58,6 +58,7 @@ from storage import lmdb_format as fmt
 from storage.api import (
     DEFAULT_MAX_TAIL_BYTES,
     DiskFull,
+    IoMode,
     LogInconsistent,
     LogStorage,
     Meta,
@@ -175,6 +176,12 @@ class LmdbLog(LmdbDamage, LogStorage):
                      self.path, s.batches, self._start, s.last, time.monotonic() - started)
 
     # -- positions ---------------------------------------------------------------------------
+    @property
+    def io_mode(self) -> IoMode:
+        """Flushes and other disk work block on fsync; the locks above let them run in a worker
+        thread while the owner appends and reads."""
+        return IoMode.WORKER_THREAD
+
     @property
     def start_offset(self) -> int:
         return self._start

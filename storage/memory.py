@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 from storage.api import (
     DEFAULT_MAX_TAIL_BYTES,
+    IoMode,
     LogStorage,
     Meta,
     OffsetOutOfRange,
@@ -192,6 +193,11 @@ class MemoryLog(LogStorage):
         self._load_durable()
 
     # -- positions -----------------------------------------------------------------------------
+    @property
+    def io_mode(self) -> IoMode:
+        """Nothing here blocks, and nothing is locked: a driver calls it all on its own thread."""
+        return IoMode.INLINE
+
     @property
     def start_offset(self) -> int:
         return self._start

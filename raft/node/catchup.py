@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import trio
 
+from raft.raft import RaftCore
 from raft.types import Role
 from storage.api import LogStorage
 from storage.batch import CorruptBatch
@@ -21,7 +22,7 @@ class CatchupSource(Protocol):
     """The group a tracker watches: its core (None until started) and its log."""
 
     @property
-    def core(self) -> Any: ...
+    def core(self) -> RaftCore | None: ...
 
     @property
     def log(self) -> LogStorage | None: ...
@@ -46,14 +47,14 @@ class CatchupTracker:
         while True:
             await trio.sleep(0.5)
             core = self._source.core
-            if core is None or core.role != Role.LEADER or not hasattr(core, "progress"):
+            if core is None or core.role != Role.LEADER:  # followers are a leader's view
                 self._progress_samples.clear()
                 continue
             now = trio.current_time()
             for f in core.status().followers:
                 pr = core.progress(f.node_id)
                 q = self._progress_samples.setdefault(f.node_id, collections.deque(maxlen=12))
-                q.append((now, f.match_index, getattr(pr, "acked_bytes", 0)))
+                q.append((now, f.match_index, pr.acked_bytes if pr is not None else 0))
 
     def recovery_view(self, followers: list[dict[str, Any]]) -> None:
         """Add bytes behind (estimated from offsets and the average bytes per offset) and the

@@ -17,8 +17,14 @@ client requests waiting for them. Quorum acks come from the core only once the c
 the batch, and the commit index counts only flushed offsets, so a SIGKILL at any moment loses
 nothing quorum-acked.
 
-Messages leave through an `Outbox` (the node's peer links, shared by all of its groups); the group
-never sees a connection.
+Messages leave through the group's own `GroupOutbox` (raft.node.outbox: the rules about this
+group's stream to each peer) onto the node's peer links, which all of its groups share; the group
+never sees a connection. When the configuration in force changes, the group tells the node
+(`on_membership_change`), which keeps links to what all of its groups need.
+
+Blocking storage work runs as the log says (`LogStorage.io_mode`): in a worker thread for LMDB,
+inline for the in-memory log. Process-wide tuning (GC, the GIL switch interval) is not a group's
+business: raft.node.serve sets it where the process starts.
 
 Data directory: with no log passed in, the group opens `<data_dir>/node-<id>/` via
 `storage.open_log` (see raft.node.config). In-process tests pass a log (MemoryLog or LmdbLog) instead.
@@ -26,28 +32,36 @@ Data directory: with no log passed in, the group opens `<data_dir>/node-<id>/` v
 
 from __future__ import annotations
 
-import gc
 import itertools
 import logging
 import random
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import trio
 
+from raft.membership import ClusterConfig
 from raft.messages import Message
 from raft.node.catchup import CatchupTracker
 from raft.node.config import ConfigError, NodeConfig
 from raft.node.errors import NodeFailed
+from raft.node.load_service import LoadService
 from raft.node.looplag import LoopLag
+from raft.node.outbox import GroupOutbox, Links
+from raft.node.retention import RetentionTask
 from raft.node.scrubber import Scrubber
+from raft.node.subscription_service import SubscriptionService
+from raft.raft import RaftConfig, RaftCore
 from raft.ready import ProduceAnswer, StorageWork
 from raft.types import Acks, ErrorCode, Role
-from storage.api import DataDirLocked, DiskFull, LogStorage, Meta, StorageError
+from storage import open_log
+from storage.api import DataDirLocked, DiskFull, IoMode, LogStorage, Meta, StorageError
 from storage.batch import Batch
+
+if TYPE_CHECKING:
+    from raft.node.metrics import NodeMetrics
 
 log = logging.getLogger("raftlog.node")
 
@@ -56,20 +70,7 @@ OPEN_PROGRESS_EVERY_S = 2.0
 DISK_FULL_RETRY_S = 1.0
 LOAD_CHECK_TICKS = 20  # how often (in ticks) the leader looks for timed-out staged loads
 LOAD_CATCH_UP_BYTES = 8 << 20  # committed bytes the leader's load index applies per round
-GC_YOUNG_THRESHOLD = 10_000  # allocations between young collections (Python's default: 700)
-GIL_SWITCH_INTERVAL_S = 0.001  # Python's default: 0.005
 DELIVER_SLICE_S = 0.002  # a peer frame's messages are stepped in slices of about this long
-
-
-class Outbox(Protocol):
-    """Where a group's messages go (raft.node.transport.PeerTransport)."""
-
-    def send(self, msg: Message) -> None: ...
-
-    def sync_members(self, cfg: Any) -> None:
-        """Called after every Ready with the configuration in force (None if the core has
-        none), so links follow membership changes."""
-        ...
 
 
 @dataclass(slots=True)
@@ -81,25 +82,23 @@ class _Pending:
 
 
 class RaftGroup:
-    def __init__(self, config: NodeConfig, outbox: Outbox, *, log_storage: LogStorage | None,
-                 rng: random.Random, inline_io: bool | None, core_classes: tuple[Any, Any] | None) -> None:
+    def __init__(self, config: NodeConfig, links: Links, *, log_storage: LogStorage | None,
+                 rng: random.Random) -> None:
         self.config = config
         self.node_id = config.node_id
-        self._outbox = outbox
+        self._outbox = GroupOutbox(links)
         self.log: LogStorage | None = log_storage
         self.owns_log = log_storage is None
-        # MemoryLog is not thread safe (and has no I/O to hide): run its "I/O" inline.
-        if inline_io is None:
-            inline_io = log_storage is not None and type(log_storage).__name__ == "MemoryLog"
-        self._inline_io = inline_io
-        # (RaftConfig, RaftCore) to drive; None = raft.raft's. Tests may pass a stand-in.
-        self._core_classes = core_classes
+        self._io_mode = IoMode.WORKER_THREAD  # the log's own, once it is open
         self._rng = rng
-        self.core: Any = None
-        self.loads: Any = None  # raft.node.load_service.LoadService once the log is open
-        # raft.node.retention.RetentionTask once the core runs (its `holders` take hooks).
-        self.retention: Any = None
-        self.subs: Any = None  # raft.node.subscription_service.SubscriptionService, likewise
+        # The following exist once the core runs (start_core).
+        self.core: RaftCore | None = None
+        self.loads: LoadService | None = None
+        self.retention: RetentionTask | None = None  # its `holders` take hooks
+        self.subs: SubscriptionService | None = None
+        # The node keeps its peer links to what its groups' configurations name (Node).
+        self.on_membership_change: Callable[[], None] = lambda: None
+        self._known_config: ClusterConfig | None = None
         self.catchup = CatchupTracker(self)
         # One trio loop per node and one group per node today: the group owns the monitor.
         self.loop_lag = LoopLag()
@@ -121,8 +120,8 @@ class RaftGroup:
         # cleared by its own next success (a small metadata save can succeed in LMDB's free
         # pages while flushes still fail).
         self._full_ops: set[str] = set()
-        # raft.node.metrics.NodeMetrics (flush and election counters) when the node has one.
-        self.metrics: Any = None
+        # Flush and election counters, when the node has metrics.
+        self.metrics: NodeMetrics | None = None
 
     def fail(self, exc: BaseException, where: str) -> None:
         """Stop the node now: it can no longer trust its state. Nothing is flushed on the way
@@ -138,17 +137,14 @@ class RaftGroup:
 
     # -- opening and closing -----------------------------------------------------------------------
     async def open_log(self) -> None:
-        """Pick the core classes, then open the durable log unless one was passed in."""
-        if self._core_classes is None:
-            from raft.raft import RaftConfig, RaftCore
-            self._core_classes = (RaftConfig, RaftCore)
+        """Open the durable log unless one was passed in."""
         if self.log is None:
             self.log = await open_log_with_progress(self.config)
+        self._io_mode = self.log.io_mode
 
     def start_core(self) -> None:
         """Load the metadata and build the core and the load service on the open log."""
         assert self.log is not None
-        RaftConfig, RaftCore = self._core_classes
         self._meta = self.log.load_meta()
         voters = sorted(self.config.peers)
         if self.config.join:
@@ -161,41 +157,38 @@ class RaftGroup:
         except (TypeError, ValueError) as e:
             raise ConfigError(f"raft settings: {e}; check --raft KEY=VALUE options and "
                               f"the [raft] table of the config file") from None
-        self.loads = _make_load_service(self.log)
-        self.subs = _make_subscription_service(self)
+        self.loads = LoadService(self.log)
+        self.subs = SubscriptionService(
+            self, expiry_ms=self.config.subscription_expiry_ms,
+            respect_retention=self.config.retention_respect_subscriptions)
         self._last_hw = self.core.high_watermark
-        if hasattr(self.core, "snapshot_context"):
-            from raft.node.retention import RetentionTask
-            self.retention = RetentionTask(self, self.config.retention_policy())
-            if self.subs is not None:
-                self.subs.attach_retention(self.retention)  # before retention's first pass
+        self._known_config = self.core.config
+        self.retention = RetentionTask(self, self.config.retention_policy())
+        self.subs.attach_retention(self.retention)  # before retention's first pass
 
-    def membership(self) -> Any:
-        """The configuration in force (None with a core that has none)."""
-        return getattr(self.core, "config", None)
+    def membership(self) -> ClusterConfig:
+        """The configuration in force (the core must be running)."""
+        assert self.core is not None
+        return self.core.config
 
     def start(self, nursery: trio.Nursery) -> None:
         """Start the driver tasks; cancelling `nursery` stops them (a running save_meta/flush
         thread is waited for, not abandoned)."""
-        tune_interpreter()
         nursery.start_soon(self.catchup.run_sampler)
         nursery.start_soon(self.loop_lag.run)
         nursery.start_soon(self._tick_loop)
         nursery.start_soon(self._ready_loop)
         nursery.start_soon(self._flush_loop)
-        if self.loads is not None:
-            nursery.start_soon(self._loads_loop)
-        if self.retention is not None and self.retention.policy.active:
+        nursery.start_soon(self._loads_loop)
+        if self.retention.policy.active:
             nursery.start_soon(self.retention.run)
-        if hasattr(self.log, "scrub"):
-            nursery.start_soon(self.scrubber.run)
-        if self.subs is not None:
-            nursery.start_soon(self.subs.run)
+        nursery.start_soon(self.scrubber.run)
+        nursery.start_soon(self.subs.run)
 
     async def hand_over_leadership(self) -> None:
         """On a graceful stop, a leader hands leadership over (bounded by shutdown_transfer_ms)."""
         if (self.core.role == Role.LEADER and self.config.shutdown_transfer_ms > 0
-                and len(self.config.peers) > 1 and hasattr(self.core, "transfer_leadership")):
+                and len(self.config.peers) > 1):
             with trio.move_on_after(self.config.shutdown_transfer_ms / 1000):
                 try:
                     self.core.transfer_leadership(None)
@@ -317,11 +310,12 @@ class RaftGroup:
 
     # -- the driver loops --------------------------------------------------------------------------
     async def run_io(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run blocking storage work in a worker thread (inline for the in-memory log)."""
+        """Run blocking storage work as the log's io_mode says: in a worker thread, or inline
+        (the in-memory log)."""
         return await self._run_io(fn, *args)
 
     async def _run_io(self, fn: Callable[..., Any], *args: Any) -> Any:
-        if self._inline_io:
+        if self._io_mode is IoMode.INLINE:
             return fn(*args)
         return await trio.to_thread.run_sync(fn, *args)
 
@@ -431,7 +425,10 @@ class RaftGroup:
         self.kick()  # the append that waited for it is answered in the next Ready
 
     def _notify_changes(self) -> None:
-        self._outbox.sync_members(self.membership())
+        cfg = self.core.config
+        if cfg is not self._known_config and cfg != self._known_config:
+            self._known_config = cfg
+            self.on_membership_change()
         hw = self.core.high_watermark
         if hw != self._last_hw:
             self._last_hw = hw
@@ -444,8 +441,7 @@ class RaftGroup:
                          state[0].value, state[1], state[2])
             self._last_state = state
             if self.metrics is not None:
-                self.metrics.observe_state(self.node_id, *state,
-                                           getattr(self.core, "voted_for", None))
+                self.metrics.observe_state(self.node_id, *state, self.core.voted_for)
             self._state_changed.set()
             self._state_changed = trio.Event()
 
@@ -494,52 +490,10 @@ class RaftGroup:
             self.kick()
 
 
-def tune_interpreter() -> None:
-    """Keep the interpreter itself from holding the event loop (process-wide settings).
-
-    - The cyclic garbage collector: a full (generation 2) collection walks every tracked
-      object; with trio, msgpack, lmdb and the rest loaded that was 50-160 ms on a busy 2-core
-      machine, every few seconds under load. Objects alive once the node is up (modules,
-      classes, the core) are frozen out of collections, and young collections run less often
-      (refcounting frees almost everything this server allocates: batches, frames, replies).
-    - The GIL switch interval: while a worker thread runs Python code (a flush encoding its
-      batches), the event loop waits up to this long for the GIL at each wake-up; 1 ms instead
-      of the default 5 ms."""
-    gc.collect()
-    gc.freeze()
-    _, g1, g2 = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, g1, g2)
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-
-
-def _make_load_service(log_storage: LogStorage) -> Any:
-    """Staged Spark loads (raft.node.load_service) when that module is present in this build."""
-    try:
-        from raft.node.load_service import LoadService
-    except ImportError:
-        return None
-    return LoadService(log_storage)
-
-
-def _make_subscription_service(group: RaftGroup) -> Any:
-    """Subscriptions (raft.node.subscription_service) when present in this build."""
-    try:
-        from raft.node.subscription_service import SubscriptionService
-    except ImportError:
-        return None
-    return SubscriptionService(group, expiry_ms=group.config.subscription_expiry_ms,
-                               respect_retention=group.config.retention_respect_subscriptions)
-
-
 async def open_log_with_progress(config: NodeConfig) -> LogStorage:
     """Open `<data_dir>/node-<id>/` in a worker thread, printing progress for long opens
     (a large LMDB log may take a while to verify its tail)."""
     path = config.check_data_dir()
-    try:
-        from storage import open_log
-    except ImportError:
-        raise RuntimeError("storage.open_log is not available in this build; cannot open a "
-                           "durable log") from None
     started = trio.current_time()
     async with trio.open_nursery() as nursery:
         async def progress() -> None:

@@ -1,21 +1,21 @@
 """One outgoing connection to one peer: bounded queues, batching, reconnect with backoff.
 
+A link is a pipe between two nodes. It carries messages for any of the node's groups and
+knows nothing of Raft: each message comes with its lane and its sender (one group's stream to
+this peer, raft.node.outbox.PeerStream), which the link tells when the message leaves or is
+dropped. The rules about one group's stream (which lane, superseded appends, heartbeat sequence
+numbers) are the sender's.
+
 Why a bounded queue that drops: Raft tolerates lost messages (heartbeats repeat, appends are
 retried from the follower's reported position), while an unbounded queue to a dead or slow peer
 grows memory without limit. So when the queue is full the newest message is dropped and counted.
 
-Two lanes. AppendEntries (the bulk: replication and catch-up data) wait in one queue and go out
-in frames of at most BULK_FRAME_BYTES / BULK_FRAME_BATCHES, so the peer decodes and appends one
-frame in a bounded step. Everything else (heartbeats, replies, votes, TimeoutNow: small, and
-what keeps leadership alive) waits in the control lane, which is written first whenever both
-have something: a heartbeat waits for at most the one bulk frame being written, never behind a
-catch-up window. The bulk lane keeps its order (the follower must see appends in order).
-
-A heartbeat that overtakes queued appends is sent with a `seq` just below the first queued
-append's. The leader echoes that seq back to decide whether a follower that answered the
-heartbeat without holding an append has lost it (Inflight.lost_before): it may only compare
-against appends written before the heartbeat on this ordered connection. A lower seq makes
-the reply count for less (never for more), so this can only delay that decision.
+Two lanes. Bulk messages (those carrying batches: replication and catch-up data) wait in one
+queue and go out in frames of at most BULK_FRAME_BYTES / BULK_FRAME_BATCHES, so the peer decodes
+and appends one frame in a bounded step. Control messages (small, and what keeps leadership
+alive) wait in the control lane, which is written first whenever both have something: a
+heartbeat waits for at most the one bulk frame being written, never behind a catch-up window.
+Each lane keeps its order (a follower must see appends in order).
 
 With TLS (raft.node.tls), each link is mutual TLS: we present this node's certificate, and the
 peer's must come from the cluster CA and name the node id we dialled, else the link retries
@@ -28,18 +28,19 @@ means a slow peer never blocks our reads, and reconnect logic lives in one place
 
 from __future__ import annotations
 
-import dataclasses
+import enum
 import logging
 import random
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 import trio
 
-from raft.messages import AppendEntries, Heartbeat, Message
+from raft.messages import Message
 from raft.node.config import parse_address
 from raft.node.tls import NodeTLS, PeerIdentityError, dial_tls, handshake_failure
-from raft.protocol.framing import ConnectionClosed, encode_frame, LEN_SIZE, WireError
+from raft.protocol.framing import LEN_SIZE, ConnectionClosed, WireError, encode_frame
 from raft.protocol.raft_frames import BatchEncodings, encode_raft_frame_pieces, message_wire_size
 from raft.protocol.streams import FrameReader
 
@@ -54,6 +55,31 @@ SPLIT_WRITE_BYTES = 64 * 1024
 # decodes (CRC-checks) and appends a whole frame in one event-loop step.
 BULK_FRAME_BYTES = 1 << 20
 BULK_FRAME_BATCHES = 1024
+
+
+class Lane(enum.Enum):
+    """Which queue of a link a message waits in."""
+
+    CONTROL = "control"  # small messages, written first
+    BULK = "bulk"  # messages carrying batches, in bounded frames
+
+
+# The members bound once: looking a member up on an Enum class costs ~0.5 us in Python 3.11,
+# and the hot path does it for every message.
+CONTROL, BULK = Lane.CONTROL, Lane.BULK
+
+
+class Sender(Protocol):
+    """Whoever queued a message on a link (raft.node.outbox.PeerStream)."""
+
+    def leaving(self, msg: Message, lane: Lane) -> Message:
+        """`msg` goes into the frame being written now: the message to write in its place
+        (itself, or an adjusted copy)."""
+        ...
+
+    def dropped(self) -> None:
+        """The link dropped every message it held for this sender (a lost connection)."""
+        ...
 
 
 class PeerLink:
@@ -73,8 +99,9 @@ class PeerLink:
         self._max_frame = max_frame_bytes
         # A frame carries several messages; keep each well under the limit.
         self._frame_budget = max(64 * 1024, max_frame_bytes // 2)
-        self._bulk: deque[tuple[Message, int]] = deque()  # AppendEntries, in order
-        self._control: deque[tuple[Message, int]] = deque()  # everything else, first out
+        # (message, encoded size, sender), in order.
+        self._bulk: deque[tuple[Message, int, Sender]] = deque()
+        self._control: deque[tuple[Message, int, Sender]] = deque()  # first out
         self._queued_bytes = 0  # of the bulk lane (the control lane is bounded in messages)
         self._queue_messages = queue_messages
         self._queue_bytes = queue_bytes
@@ -87,22 +114,23 @@ class PeerLink:
         self.connected = False
         self.sent_messages = 0
         self.dropped_messages = 0
-        self.superseded_messages = 0  # queued appends dropped for a newer stream (see enqueue)
+        self.superseded_messages = 0  # queued messages a sender withdrew (see withdraw)
         self.connects = 0
 
     # -- called by the node -------------------------------------------------------------------
-    def enqueue(self, msg: Message) -> bool:
-        """Queue a message on its lane; False (and counted) when that lane is full. A full
-        bulk lane never costs a heartbeat or a reply its place."""
+    def enqueue(self, msg: Message, lane: Lane, sender: Sender) -> bool:
+        """Queue a message from `sender` on `lane`; False (and counted) when that lane is full.
+        A full bulk lane never costs a heartbeat or a reply its place. Bounds are the link's,
+        whoever the sender: bulk in messages and bytes (one message always fits an empty
+        lane), control in messages."""
         size = message_wire_size(msg)
-        if type(msg) is AppendEntries:
-            self._drop_superseded(msg)
-            lane = self._bulk
-            full = (len(lane) >= self._queue_messages
-                    or (lane and self._queued_bytes + size > self._queue_bytes))
+        if lane is BULK:
+            queue = self._bulk
+            full = (len(queue) >= self._queue_messages
+                    or (queue and self._queued_bytes + size > self._queue_bytes))
         else:
-            lane = self._control
-            full = len(lane) >= self._queue_messages
+            queue = self._control
+            full = len(queue) >= self._queue_messages
         if full:
             self.dropped_messages += 1
             if self.dropped_messages in (1, 10, 100) or self.dropped_messages % 1000 == 0:
@@ -111,28 +139,25 @@ class PeerLink:
                             self.dropped_messages, len(self._bulk) + len(self._control),
                             self._queued_bytes)
             return False
-        lane.append((msg, size))
-        if lane is self._bulk:
+        queue.append((msg, size, sender))
+        if lane is BULK:
             self._queued_bytes += size
         self._has_data.set()
         return True
 
-    def _drop_superseded(self, msg: AppendEntries) -> None:
-        """An append that starts before the end of the appends still queued is a new stream
-        (the leader reset this follower's progress: a lost request, a rejection, a new term);
-        the queued ones are obsolete and would only be decoded and skipped by the follower.
-        Dropped (counted) as a lost connection would: without this, a follower slow to ack
-        (a slow flush) made the leader resend its window again and again, the bulk lane grew
-        to tens of MiB and heartbeats waited behind all of it on the connection."""
+    def withdraw(self, sender: Sender) -> int:
+        """Drop (counted as dropped and superseded) every bulk message `sender` has queued:
+        it decided they are obsolete (raft.node.outbox: a restarted stream). Returns how many."""
         if not self._bulk:
-            return
-        last = self._bulk[-1][0]
-        end = last.batches[-1].last_offset if last.batches else last.prev_offset
-        if msg.prev_offset < end or msg.term != last.term:
-            self.dropped_messages += len(self._bulk)
-            self.superseded_messages += len(self._bulk)
-            self._bulk.clear()
-            self._queued_bytes = 0
+            return 0
+        kept = deque(item for item in self._bulk if item[2] is not sender)
+        gone = len(self._bulk) - len(kept)
+        if gone:
+            self._bulk = kept
+            self._queued_bytes = sum(item[1] for item in kept)
+            self.dropped_messages += gone
+            self.superseded_messages += gone
+        return gone
 
     def set_address(self, address: str) -> None:
         """Point the link at a new address (tests bind port 0; membership changes later)."""
@@ -202,6 +227,8 @@ class PeerLink:
 
     def _drop_queue(self) -> None:
         self.dropped_messages += len(self._bulk) + len(self._control)
+        for sender in {item[2] for item in self._bulk} | {item[2] for item in self._control}:
+            sender.dropped()
         self._bulk.clear()
         self._control.clear()
         self._queued_bytes = 0
@@ -261,33 +288,30 @@ class PeerLink:
                             frame.get("code"), frame.get("message"))
 
     def _next_frame(self) -> list[Message]:
-        """The messages of the next frame: every queued control message if there is one
-        (heartbeats first), else appends up to the bulk frame bounds."""
+        """The messages of the next frame: the queued control messages (up to the frame
+        budget) if there are any, else bulk messages up to the bulk frame bounds. Each
+        message's sender is told it leaves (and may adjust it) as it goes in."""
         msgs: list[Message] = []
         used = 0
         if self._control:
-            first_bulk = self._bulk[0][0].seq if self._bulk else None
             while self._control:
-                msg, size = self._control[0]
+                msg, size, sender = self._control[0]
                 if msgs and used + size > self._frame_budget:
                     break
                 self._control.popleft()
-                if (first_bulk is not None and type(msg) is Heartbeat
-                        and msg.seq >= first_bulk):
-                    msg = dataclasses.replace(msg, seq=first_bulk - 1)  # see the docstring
-                msgs.append(msg)
+                msgs.append(sender.leaving(msg, CONTROL))
                 used += size
             return msgs
         batches = 0
         budget = min(self._frame_budget, BULK_FRAME_BYTES)
         while self._bulk:
-            msg, size = self._bulk[0]
-            n = len(msg.batches)
+            msg, size, sender = self._bulk[0]
+            n = len(msg.batches)  # type: ignore[attr-defined]  # bulk messages carry batches
             if msgs and (used + size > budget or batches + n > BULK_FRAME_BATCHES):
                 break
             self._bulk.popleft()
             self._queued_bytes -= size
-            msgs.append(msg)
+            msgs.append(sender.leaving(msg, BULK))
             used += size
             batches += n
         return msgs

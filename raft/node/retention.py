@@ -91,7 +91,7 @@ class RetentionTask:
             await trio.lowlevel.checkpoint()
 
     def _disk_free(self) -> int | None:
-        path = getattr(self.group.log, "path", None)
+        path = self.group.log.path
         if path is None:
             return None
         try:

@@ -8,7 +8,7 @@ One trio program per node. What is whose:
 - raft.node.group.RaftGroup: one Raft group's driver (tick, Ready loop, flusher, the client
   requests waiting for the core's answers). Today a node runs one group;
 - raft.node.transport.PeerTransport: the peer links and the address book, which all of a node's
-  groups would share;
+  groups share; the node keeps links to the union of what its groups' configurations name;
 - raft.node.gate.Gate: what a connection passes before its hello is served (TLS, the peer's
   certificate, the client's authentication); the node checks each client request's permission
   with it before dispatch;
@@ -44,7 +44,7 @@ from raft.protocol.raft_frames import messages_from_frame
 from raft.protocol.replies import ErrorReply, Reply, error_frame
 from raft.protocol.requests import SINGLE_GROUP, Produce
 from raft.protocol.streams import FrameReader
-from raft.types import ErrorCode
+from raft.types import ErrorCode, Role
 from storage.api import LogStorage
 
 log = logging.getLogger("raftlog.node")
@@ -60,18 +60,21 @@ class Node:
     the bound address (pass port 0 in `listen` to get a free port in tests)."""
 
     def __init__(self, config: NodeConfig, *, log_storage: LogStorage | None = None,
-                 rng: random.Random | None = None, inline_io: bool | None = None,
-                 core_classes: tuple[Any, Any] | None = None) -> None:
+                 rng: random.Random | None = None,
+                 before_serving: Callable[[], None] = lambda: None) -> None:
         self.config = config.validate()
+        # The program's process-wide setup (raft.node.serve.tune_interpreter), run once the
+        # node's state is loaded and before its tasks start: nobody waits on that step then.
+        self._before_serving = before_serving
         self.node_id = config.node_id
         # One generator for the core and the links (each link draws its own from it).
         rng = rng or random.Random(int.from_bytes(os.urandom(8), "big"))
         self.metrics = NodeMetrics()
         self.gate = Gate(config, self.metrics)
         self.transport = PeerTransport(config, rng, tls=lambda: self.gate.tls)
-        self.group = RaftGroup(config, self.transport, log_storage=log_storage, rng=rng,
-                               inline_io=inline_io, core_classes=core_classes)
+        self.group = RaftGroup(config, self.transport, log_storage=log_storage, rng=rng)
         self.group.on_fatal = self.abort
+        self.group.on_membership_change = self._sync_links
         self.group.metrics = self.metrics
         self.metrics_address: str | None = None  # where /metrics is served, once running
         self.api = api.ApiContext(config=config, group=self.group, peers=self.transport)
@@ -141,14 +144,32 @@ class Node:
             return None
         st = status_map(self.api)
         st["disk_full"] = self.group.disk_full
-        progress = getattr(self.group.core, "progress", None)
-        if progress is not None:  # leader: bytes each follower acknowledged, for a rate()
-            st["acked_bytes"] = {f["node_id"]: getattr(progress(f["node_id"]), "acked_bytes", 0)
-                                 for f in st.get("followers") or []}
+        core = self.group.core
+        if core.role == Role.LEADER:  # bytes each follower acknowledged, for a rate()
+            acked = {}
+            for f in st.get("followers") or []:
+                pr = core.progress(f["node_id"])
+                acked[f["node_id"]] = pr.acked_bytes if pr is not None else 0
+            st["acked_bytes"] = acked
         return st
 
     def peer_address(self, node_id: int | None) -> str | None:
         return self.transport.address_of(node_id)
+
+    def _wanted_members(self) -> tuple[set[int], dict[int, str]]:
+        """The nodes the node's groups need links to (the union of the members of their
+        configurations in force) and the addresses those configurations carry."""
+        members: set[int] = set()
+        addresses: dict[int, str] = {}
+        for group in (self.group,):  # one group per node today
+            cfg = group.membership()
+            members.update(cfg.members)
+            addresses.update(cfg.addresses)
+        return members, addresses
+
+    def _sync_links(self) -> None:
+        """A group's configuration changed: links follow the union of what the groups need."""
+        self.transport.sync_members(*self._wanted_members())
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
@@ -183,8 +204,9 @@ class Node:
                      self.gate.auth.enabled, self.metrics_address)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.metrics.run_loop_probe)
-                self.transport.start(nursery, group.membership())
+                self.transport.start(nursery, *self._wanted_members())
                 async with trio.open_nursery() as driver:
+                    self._before_serving()
                     group.start(driver)
                     async with trio.open_nursery() as conn_nursery:
                         self._accept_scope = trio.CancelScope()

@@ -183,7 +183,7 @@ class SubscriptionService:
             batch = make_entry(src, out.ops, _wall_ms())
             timeout_s = self.group.config.default_timeout_ms / 1000
             answer = await self.group.propose_and_wait(batch, Acks.QUORUM, timeout_s)
-            error, message = answer.error, getattr(answer, "message", "") or ""
+            error, message = answer.error, answer.message
             if error == ErrorCode.OK:
                 self.entries_committed += 1
                 await self.catch_up_to(answer.last_offset)

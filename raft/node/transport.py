@@ -1,9 +1,11 @@
 """A node's peer links and where every node is: what all of a node's Raft groups share.
 
-- one `PeerLink` per peer (outgoing connection, bounded queue, reconnect with backoff), opened
-  and closed as the configuration in force changes (`sync_members`);
+- one `PeerLink` per peer (outgoing connection, bounded queues, reconnect with backoff), for the
+  messages of all of the node's groups; the node opens and closes them from the union of what
+  its groups' configurations name (`sync_members`), and each group queues its messages through
+  its own raft.node.outbox.GroupOutbox (`link`);
 - the address book: this node's bound address and the peers' addresses (from --peers, from the
-  tests' `set_peer_address`, and learned from the configuration in the log);
+  tests' `set_peer_address`, and learned from the configurations in the logs);
 
 The recovery throttle (NodeConfig.recovery_rate) is not here: the core applies it in ticks
 (RaftConfig.recovery_rate_bytes_per_tick), so a throttled chunk is never sent rather than queued
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import trio
@@ -43,7 +45,6 @@ class PeerTransport:
         self._encodings = BatchEncodings()  # one encoding per batch for all followers
         self._link_nursery: trio.Nursery | None = None
         self._link_scopes: dict[int, trio.CancelScope] = {}
-        self._known_config: Any = None
 
     # -- the address book --------------------------------------------------------------------------
     def set_peer_address(self, peer_id: int, address: str) -> None:
@@ -62,11 +63,16 @@ class PeerTransport:
         return {str(k): link.status() for k, link in sorted(self.links.items())}
 
     # -- links -------------------------------------------------------------------------------------
-    def start(self, nursery: trio.Nursery, membership: Any) -> None:
-        """Run links in `nursery` from now on: one to every peer known now (from --peers and
-        from `membership`, the configuration in force; None with a core that has none)."""
+    def link(self, node_id: int) -> PeerLink | None:
+        """The open link to `node_id` (None: not a peer now)."""
+        return self.links.get(node_id)
+
+    def start(self, nursery: trio.Nursery, members: Collection[int],
+              addresses: Mapping[int, str]) -> None:
+        """Run links in `nursery` from now on: one to every peer known now (from --peers, and
+        `members` at `addresses`: see sync_members)."""
         self._link_nursery = nursery
-        self.sync_members(membership)
+        self.sync_members(members, addresses)
         for peer_id, address in sorted(self.peer_addresses.items()):
             self._open_link(peer_id, address)
 
@@ -93,21 +99,18 @@ class PeerTransport:
 
         self._link_nursery.start_soon(run_link)
 
-    def sync_members(self, cfg: Any) -> None:
-        """Follow the configuration in force (`cfg`, the core's; None when it has none): learn
-        new members' addresses from it and keep a link to every member (a removed node's link
-        is closed)."""
-        if cfg is None or cfg == self._known_config:
-            return
-        self._known_config = cfg
-        for node_id, address in cfg.addresses.items():
+    def sync_members(self, members: Collection[int], addresses: Mapping[int, str]) -> None:
+        """Keep a link to every node in `members` and none to others (a --peers node keeps
+        its link): the node calls this with the union of the members of its groups'
+        configurations, and the addresses those carry for members added at run time."""
+        for node_id, address in addresses.items():
             if node_id != self.node_id and address:
                 self.peer_addresses[node_id] = address
                 if node_id in self.links:
                     self.links[node_id].set_address(address)
         if self._link_nursery is None:
             return
-        members = set(cfg.members)
+        members = set(members)
         for node_id in sorted(members):
             address = self.peer_addresses.get(node_id)
             if address and node_id != self.node_id:
@@ -117,13 +120,3 @@ class PeerTransport:
                 self._link_scopes.pop(node_id).cancel()
                 del self.links[node_id]
                 self.peer_addresses.pop(node_id, None)
-
-    # -- sending -----------------------------------------------------------------------------------
-    def send(self, msg: Message) -> None:
-        """Queue one core message on its link (dropped, like on a lost connection, when the
-        peer is unknown: Raft retries)."""
-        link = self.links.get(msg.dst)
-        if link is None:
-            log.debug("message_to_unknown_peer node=%d dst=%d", self.node_id, msg.dst)
-            return
-        link.enqueue(msg)

@@ -27,16 +27,6 @@ from storage.records import decode_records, encode_values
 
 DEADLINE_S = 20.0
 
-try:  # the real consensus core when present; otherwise a fixed-leader stand-in
-    import raft.raft  # noqa: F401
-    REAL_CORE = True
-    CORE_CLASSES = None
-except ImportError:
-    from standin_core import StandinConfig, StandinCore
-    REAL_CORE = False
-    CORE_CLASSES = (StandinConfig, StandinCore)
-
-
 def trio_test(fn: Callable) -> Callable:
     """Run an async test under trio (the venv has no pytest-trio plugin)."""
     @functools.wraps(fn)
@@ -138,7 +128,7 @@ class Cluster:
         old = self.node(node_id)
         assert old._stopped.is_set(), "stop the node first"
         node = Node(dataclasses.replace(old.config, listen="127.0.0.1:0"),
-                    log_storage=self.logs[node_id], core_classes=CORE_CLASSES)
+                    log_storage=self.logs[node_id])
         for other in self.nodes:
             if other is not old:
                 node.set_peer_address(other.node_id, other.address)
@@ -209,7 +199,7 @@ async def running_cluster(n: int = 3, *, storage: str = "memory", tmp_path: Any 
                 "reconnect_max_ms": 100}
     settings.update(overrides)
     nodes = [Node(NodeConfig(node_id=i, data_dir=data_dir, peers=dict(peers), **settings),
-                  log_storage=logs[i], core_classes=CORE_CLASSES) for i in ids]
+                  log_storage=logs[i]) for i in ids]
     try:
         async with trio.open_nursery() as nursery:
             for node in nodes:

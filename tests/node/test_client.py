@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from inproc_cluster import DEADLINE_S, REAL_CORE, RawClient, running_cluster, trio_test
+from inproc_cluster import DEADLINE_S, RawClient, running_cluster, trio_test
 from raft.client import (BlockingClient, Client, OffsetOutOfRangeError, Producer,
                          RequestTimeout, TooLargeError, UnavailableError)
 from raft.protocol.framing import encode_frame
@@ -19,8 +19,6 @@ from raft.protocol.replies import error_reply
 from raft.protocol.streams import FrameReader
 from raft.types import ErrorCode
 from storage.records import Record
-
-pytestmark = pytest.mark.skipif(not REAL_CORE, reason="needs raft/raft.py")
 
 
 @trio_test

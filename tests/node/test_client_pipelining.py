@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from inproc_cluster import DEADLINE_S, REAL_CORE, running_cluster, trio_test
+from inproc_cluster import DEADLINE_S, running_cluster, trio_test
 from raft.client import Client, RequestTimeout
 from raft.client import connection as connection_mod
 from raft.client.connection import MAX_IN_FLIGHT, _Connection
@@ -221,7 +221,6 @@ async def test_a_timed_out_request_does_not_break_the_others_on_its_connection()
             nursery.cancel_scope.cancel()
 
 
-@pytest.mark.skipif(not REAL_CORE, reason="needs raft/raft.py")
 @trio_test
 async def test_a_long_poll_fetch_does_not_hold_back_other_requests_of_its_client() -> None:
     async with running_cluster(3) as cluster:
@@ -257,7 +256,6 @@ def test_in_flight_bound_is_documented_and_below_the_nodes() -> None:
     assert 0 < connection_mod.MAX_IN_FLIGHT <= default
 
 
-@pytest.mark.skipif(not REAL_CORE, reason="needs raft/raft.py")
 @trio_test
 async def test_a_consumer_waiting_for_records_does_not_hold_back_one_sharing_its_client() -> None:
     """docs/SUBSCRIPTIONS.md, "Many consumers, one client": one consumer sits at the end of

@@ -1,8 +1,5 @@
 """In-process 3-node clusters (Nodes on port 0, MemoryLog): the wire protocol end to end.
 
-Without raft/raft.py the clusters run tests/node/standin_core.py (fixed leader); tests that
-need elections are marked requires_core.
-
 A raw-frame client pins the protocol itself. Crash tests use Node.abort() + MemoryLog.crash(),
 which drops exactly the unflushed tail, as SIGKILL plus a power cut would.
 """
@@ -16,16 +13,13 @@ import signal
 import pytest
 import trio
 
-from inproc_cluster import (CORE_CLASSES, DEADLINE_S, REAL_CORE, Producer, RawClient,
-                            check_acked, fetched_values, lmdb_available, read_all,
-                            running_cluster, trio_test, values_payload)
+from inproc_cluster import (DEADLINE_S, Producer, RawClient, check_acked, fetched_values,
+                            lmdb_available, read_all, running_cluster, trio_test,
+                            values_payload)
 from raft.node.config import NodeConfig
 from raft.node.serve import run_node
 from raft.types import Role
 
-# Elections, failover and idempotency need the real core (the stand-in has a fixed leader).
-requires_core = pytest.mark.skipif(not REAL_CORE, reason="raft/raft.py has not landed; the "
-                                                         "stand-in core has no elections")
 STORAGES = ["memory", pytest.param("lmdb", marks=pytest.mark.skipif(
     not lmdb_available(), reason="storage.lmdb_log has not landed"))]
 
@@ -187,7 +181,6 @@ async def test_connection_in_flight_limit_stops_reading() -> None:
         assert set(ids) == {1, 2, 3} and ids.index(3) > min(ids.index(1), ids.index(2))
 
 
-@requires_core
 @trio_test
 async def test_idempotent_retry_returns_the_original_offsets() -> None:
     async with running_cluster(3) as cluster:
@@ -205,7 +198,6 @@ async def test_idempotent_retry_returns_the_original_offsets() -> None:
         assert bad["error"]["code"] == "BAD_REQUEST"
 
 
-@requires_core
 @trio_test
 async def test_leader_stop_failover_restart_catch_up() -> None:
     async with running_cluster(3) as cluster:
@@ -229,7 +221,6 @@ async def test_leader_stop_failover_restart_catch_up() -> None:
         await producer.aclose()
 
 
-@requires_core
 @pytest.mark.parametrize("storage", STORAGES)
 @trio_test
 async def test_crash_loses_nothing_quorum_acked(storage: str, tmp_path) -> None:
@@ -267,7 +258,6 @@ async def test_crash_loses_nothing_quorum_acked(storage: str, tmp_path) -> None:
                 await p.aclose()
 
 
-@requires_core
 @trio_test
 async def test_transfer_leader_admin_op() -> None:
     async with running_cluster(3) as cluster:
@@ -321,8 +311,7 @@ def test_sigterm_flushes_and_stops_run_node() -> None:
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             node = await nursery.start(
-                functools.partial(run_node, config, log_storage=log_storage,
-                                  core_classes=CORE_CLASSES))
+                functools.partial(run_node, config, log_storage=log_storage))
             with trio.fail_after(DEADLINE_S):
                 while node.core.role != Role.LEADER:
                     await trio.sleep(0.02)
@@ -344,7 +333,6 @@ def test_sigterm_flushes_and_stops_run_node() -> None:
     assert sum(1 for p in values if b"none" in p or b"leader" in p or b"quorum" in p) == 3
 
 
-@requires_core
 def test_sigterm_stops_run_node_cleanly(tmp_path) -> None:
     """run_node (what `raftlog serve` calls) on the real storage: SIGTERM makes it return."""
     pytest.importorskip("storage.lmdb_log")

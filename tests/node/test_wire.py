@@ -268,13 +268,20 @@ def _link(address: str, **kw) -> "PeerLink":
     return PeerLink(1, 2, address, **opts)
 
 
+def _stream(link: "PeerLink") -> "PeerStream":
+    """What a group queues through (raft.node.outbox): the link alone takes no raft messages."""
+    from raft.node.outbox import PeerStream
+    return PeerStream(link)
+
+
 def _hb(seq: int) -> m.Heartbeat:
     return m.Heartbeat(src=1, dst=2, term=1, commit_index=-1, seq=seq)
 
 
 def test_peer_link_queue_is_bounded_and_drops() -> None:
     link = _link("127.0.0.1:1", queue_messages=3)
-    accepted = [link.enqueue(_hb(i)) for i in range(10)]
+    stream = _stream(link)
+    accepted = [stream.send(_hb(i)) for i in range(10)]
     assert accepted == [True] * 3 + [False] * 7
     assert link.status()["dropped"] == 7 and link.status()["queued"] == 3
     big = m.AppendEntries(src=1, dst=2, term=1, prev_offset=-1, prev_term=0,
@@ -282,9 +289,9 @@ def test_peer_link_queue_is_bounded_and_drops() -> None:
                           commit_index=-1, flush=True, seq=1)
     after = dataclasses.replace(big, prev_offset=0, seq=2,
                                 batches=[Batch.create(b"x" * 5000, 1).placed(1, 1)])
-    small_bytes = _link("127.0.0.1:1", queue_bytes=6000)
-    assert small_bytes.enqueue(big) is True  # one message always fits an empty queue
-    assert small_bytes.enqueue(after) is False  # the stream's next append: over the bound
+    small_bytes = _stream(_link("127.0.0.1:1", queue_bytes=6000))
+    assert small_bytes.send(big) is True  # one message always fits an empty queue
+    assert small_bytes.send(after) is False  # the stream's next append: over the bound
 
 
 @trio_test
@@ -312,15 +319,16 @@ async def test_peer_link_delivers_in_batches_and_reconnects() -> None:
         listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
         port = listeners[0].socket.getsockname()[1]
         link = _link(f"127.0.0.1:{port}")
+        stream = _stream(link)
         nursery.start_soon(link.run)
         for i in range(5):
-            link.enqueue(_hb(i))
+            stream.send(_hb(i))
         with trio.fail_after(10):
             await got_some.wait()
             # Keep offering messages until the link has redialled and delivers again.
             i = 100
             while not any(h.seq >= 100 for h in received):
-                link.enqueue(_hb(i))
+                stream.send(_hb(i))
                 i += 1
                 await trio.sleep(0.01)
         assert hellos[0] == {"v": 1, "t": "hello", "role": "peer", "node_id": 1}

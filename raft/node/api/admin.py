@@ -11,14 +11,14 @@ import trio
 from raft.node.api.context import ApiContext
 from raft.protocol.replies import OkReply, Reply
 from raft.protocol.requests import Status, TransferLeader
+from raft.ready import Status as CoreStatus
 from raft.types import ErrorCode, Role
 
 
-def status_to_wire(status: Any) -> dict[str, Any]:
+def status_to_wire(status: CoreStatus) -> dict[str, Any]:
     """raft.ready.Status -> plain msgpack map (role as its string value)."""
     out = dataclasses.asdict(status)
-    role = getattr(status, "role", None)
-    out["role"] = role.value if isinstance(role, Role) else role
+    out["role"] = status.role.value
     return out
 
 
@@ -31,9 +31,7 @@ def status_map(ctx: ApiContext) -> dict[str, Any]:
     core, peers = ctx.group.core, ctx.peers
     st = status_to_wire(core.status())
     ctx.group.catchup.recovery_view(st.get("followers") or [])
-    cfg = getattr(core, "config", None)
-    if cfg is not None:
-        st["addresses"] = {str(k): v for k, v in sorted(cfg.addresses.items())}
+    st["addresses"] = {str(k): v for k, v in sorted(core.config.addresses.items())}
     st["address"] = peers.address
     # String keys: msgpack maps with int keys trip strict decoders and are not JSON.
     st["peers"] = {str(k): v for k, v in sorted(
@@ -45,7 +43,7 @@ def status_map(ctx: ApiContext) -> dict[str, Any]:
         # Log start, bytes retained, what holds retention back and what a valve skipped.
         st["retention"] = ctx.group.retention.report()
     # Disk loss and corruption (docs/DISK-LOSS.md): what the open repaired, the scrubber.
-    st["open_findings"] = list(getattr(ctx.group.log, "open_findings", []))
+    st["open_findings"] = list(ctx.group.log.open_findings)
     st["scrub"] = ctx.group.scrubber.status()
     if ctx.group.subs is not None:
         # Subscriptions (docs/SUBSCRIPTIONS.md): how many, how far the table applied the log.

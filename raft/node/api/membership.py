@@ -16,9 +16,6 @@ async def change_membership(ctx: ApiContext, req: AddNode | RemoveNode) -> Reply
     core = ctx.group.core
     if ctx.closing:
         return ctx.error(ErrorCode.SHUTTING_DOWN)
-    if not hasattr(core, "propose_config"):
-        return ctx.error(ErrorCode.BAD_REQUEST,
-                         "this core does not support membership changes")
     if core.role != Role.LEADER:
         return ctx.error(ErrorCode.NOT_LEADER)
     if isinstance(req, AddNode):

@@ -42,7 +42,7 @@ async def execute(ctx: ApiContext, req: Produce) -> Reply:
                          + ERROR_ADVICE[ErrorCode.TIMEOUT])
     if answer.error == ErrorCode.OK:
         return ProduceOk(answer.base_offset, answer.last_offset, answer.duplicate)
-    message = getattr(answer, "message", "") or None
+    message = answer.message or None
     if answer.error == ErrorCode.NOT_LEADER:
         return ctx.error(ErrorCode.NOT_LEADER, message, leader_id=answer.leader_id)
     return ctx.error(answer.error, message)
