@@ -41,6 +41,7 @@ from raft.messages import Message
 from raft.node.config import parse_address
 from raft.node.tls import NodeTLS, PeerIdentityError, dial_tls, handshake_failure
 from raft.protocol.framing import LEN_SIZE, ConnectionClosed, WireError, encode_frame
+from raft.protocol.hello import Hello, HelloReply
 from raft.protocol.raft_frames import BatchEncodings, encode_raft_frame_pieces, message_wire_size
 from raft.protocol.streams import FrameReader
 
@@ -252,18 +253,18 @@ class PeerLink:
 
     async def _session(self, stream: trio.abc.Stream) -> None:
         reader = FrameReader(stream, self._max_frame)
-        await stream.send_all(encode_frame(
-            {"t": "hello", "role": "peer", "node_id": self.self_id}))
+        await stream.send_all(encode_frame(Hello.peer(self.self_id).to_frame()))
         with trio.fail_after(HELLO_TIMEOUT_S):
-            hello = await reader.receive()
-        if hello is None:
+            frame = await reader.receive()
+        if frame is None:
             raise ConnectionClosed(f"peer {self.peer_id} closed before answering hello")
-        if hello.get("t") == "error":
-            raise WireError(f"peer {self.peer_id} refused us: {hello.get('message')}")
-        if hello.get("t") != "hello" or hello.get("node_id") != self.peer_id:
+        if frame.get("t") == "error":
+            raise WireError(f"peer {self.peer_id} refused us: {frame.get('message')}")
+        answered = HelloReply.parse(frame).node_id
+        if answered != self.peer_id:
             # Misconfiguration (wrong address for this id): keep retrying, loudly.
             log.error("peer_identity_mismatch peer=%d address=%s answered=%r; check --peers",
-                      self.peer_id, self.address, hello.get("node_id"))
+                      self.peer_id, self.address, answered)
             raise WireError(f"{self.address} is not node {self.peer_id}")
         self.connected = True
         self.connects += 1
