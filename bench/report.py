@@ -1,5 +1,5 @@
 """Markdown for docs/PERFORMANCE.md from a results.json, so the doc shows exactly what a run
-measured: `python -m bench.report bench-results/results.json [--plots-to docs/perf]`."""
+measured: `python -m bench.report bench-results/results.json [--plots-to docs/performance]`."""
 
 from __future__ import annotations
 

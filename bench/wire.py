@@ -26,7 +26,7 @@ from raft.protocol.framing import WireError as ProtocolError
 from raft.protocol.framing import encode_frame as pack
 from raft.protocol.hello import Hello, HelloReply
 from raft.protocol.requests import Produce, Status
-from raft.types import Acks
+from raft.core.types import Acks
 
 # Replies carry whole fetches: the bench accepts up to this much in one frame.
 MAX_FRAME = 64 << 20

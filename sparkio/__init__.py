@@ -22,16 +22,16 @@ def register(spark) -> None:  # noqa: ANN001 (a SparkSession; pyspark is an opti
 
 
 def read_subscription(spark, servers: str, subscription: str, **options):  # noqa: ANN001, ANN201
-    """The next incremental range of `subscription` as a DataFrame (sparkio/subscriptions.py);
+    """The next incremental range of `subscription` as a DataFrame (sparkio/incremental.py);
     commit it with `commit(df)` after the job that consumed it succeeded."""
-    from sparkio.subscriptions import read_subscription as read
+    from sparkio.incremental import read_subscription as read
 
     return read(spark, servers, subscription, **options)
 
 
 def commit(df=None, **kwargs) -> int:  # noqa: ANN001
-    """Commit a successful incremental read (sparkio/subscriptions.py)."""
-    from sparkio.subscriptions import commit as do_commit
+    """Commit a successful incremental read (sparkio/incremental.py)."""
+    from sparkio.incremental import commit as do_commit
 
     return do_commit(df, **kwargs)
 

@@ -2,7 +2,7 @@
 
 Planning asks the cluster for the log start and the consumer-visible high watermark (the last
 stable offset: committed data of no open load). With `subscription`, the range is the one the
-subscription pins for its next incremental read (sparkio/subscriptions.py). Each partition fetches its offset range and
+subscription pins for its next incremental read (sparkio/incremental.py). Each partition fetches its offset range and
 yields one Arrow RecordBatch per fetch reply. Schema as Spark's Kafka source.
 
 A committed batch that cannot be decoded as records (storage/records.py: written by a faulty
@@ -25,7 +25,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from raft.protocol.load_requests import LoadStatus
 from sparkio.security import ConnSecurity
 from sparkio.staging import RaftlogError, Session, parse_servers
-from sparkio.subscriptions import first_use_position, pin
+from sparkio.incremental import first_use_position, pin
 from storage.records import MalformedRecords, check_records, undecodable_message
 
 log = logging.getLogger("sparkio.reader")
@@ -94,7 +94,7 @@ class RaftlogReader(DataSourceReader):
             session.close()
         log_start, hw = int(info["start_offset"]), int(info["high_watermark"])
         if options.get("subscription"):
-            # An incremental read: the subscription's pinned range (sparkio/subscriptions.py).
+            # An incremental read: the subscription's pinned range (sparkio/incremental.py).
             start, end = self._subscription_range(options)
             if start < log_start and options.get("failondataloss", "true").lower() != "false":
                 raise ValueError(

@@ -45,7 +45,7 @@ log = logging.getLogger("sparkio.staging")
 
 
 class RaftlogError(Exception):
-    """An error reply (code = raft.types.ErrorCode name) or the deadline passing."""
+    """An error reply (code = raft.core.types.ErrorCode name) or the deadline passing."""
 
     def __init__(self, code: str, message: str, reply: dict | None = None) -> None:
         super().__init__(f"{code}: {message}")

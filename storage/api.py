@@ -109,7 +109,7 @@ class Meta:
     extra: dict = field(default_factory=dict)
     # The data directory's identity (its incarnation): a random id storage creates with the
     # directory, and again whenever it finds the metadata missing or damaged (the node then
-    # forgot its term and vote, so it must come back as a new member: raft/incarnation.py).
+    # forgot its term and vote, so it must come back as a new member: raft/core/incarnation.py).
     # load_meta fills it in; save_meta keeps the stored one whatever this field says.
     incarnation: int = 0
 

@@ -22,7 +22,7 @@ class BatchKind(IntEnum):
     NOOP = 1  # appended by a new leader so entries of earlier terms can commit
     CONFIG = 2  # cluster membership configuration
     CONTROL = 3  # replicated control records (load publish/abort, producer state, ...)
-    # A Spark task attempt's records staged for an exactly-once load (raft/loads.py): the payload
+    # A Spark task attempt's records staged for an exactly-once load (raft/core/loads.py): the payload
     # is a small tag (load id, generation, partition, attempt, sequence) followed by ordinary
     # records. Occupies `count` offsets; consumers see it only once its load published that
     # attempt, and then as plain records at the same offsets.

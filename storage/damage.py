@@ -2,7 +2,7 @@
 
 A flushed batch whose bytes no longer match their checksum is *damaged*: the log stops serving
 it (a read stops before it, or raises CorruptBatch when it is the first batch asked for) and it
-no longer counts as flushed in what the node reports (raft/repair.py), until `repair()` writes
+no longer counts as flushed in what the node reports (raft/core/repair.py), until `repair()` writes
 the same batch again, fetched from a member that has a good copy. Its offsets and term are known
 (from the log's own index, built when the batch was whole), which is what lets a repair put the
 exact same entry back without moving anything around it.

@@ -147,7 +147,7 @@ class LmdbLog(LmdbDamage, LogStorage):
         meta = s.meta
         if meta is None or s.identity_lost:
             # A new directory, or one that forgot its term and vote (or what it held): a new
-            # identity, so the cluster takes it for the new member it is (raft/incarnation.py).
+            # identity, so the cluster takes it for the new member it is (raft/core/incarnation.py).
             if not s.new:
                 s.findings.append("its term and vote are lost: it gets a new identity and "
                                   "rejoins the cluster as a new member")

@@ -2,7 +2,7 @@
 
 It takes what `raftlog serve` takes (flags and/or --config FILE.toml) and prints every node
 setting with its value and source: `flag --tick-ms`, `file node.toml`, `default`, or
-`default (core)` for the Raft knobs whose default lives in raft.config.RaftConfig. The client
+`default (core)` for the Raft knobs whose default lives in raft.core.config.RaftConfig. The client
 side follows: the servers the other commands would use (`flag --servers`, `env
 RAFTLOG_SERVERS` or `default`) and their timeout. Unknown keys are refused with the closest
 known one; when the settings are complete they are validated as `serve` would.

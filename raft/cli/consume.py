@@ -30,7 +30,7 @@ from typing import Any
 
 import trio
 
-from raft.cli import subscriptions
+from raft.cli import subscriptions_cmd as subscriptions
 from raft.cli.args import json_flag, non_negative_int, positive_float, positive_int, \
     servers_arg, since, start_offset
 from raft.cli.security import client_options
@@ -50,7 +50,7 @@ OFFSETS_NOTE = ("Offsets: every log entry takes offsets, and some are not record
 def cmd_consume(args: argparse.Namespace) -> int:
     _refuse_flags_that_cannot_apply(args)
     args.print_record = _printer(args)
-    if args.subscription is not None:  # resume from a subscription (raft/cli/subscriptions.py)
+    if args.subscription is not None:  # resume from a subscription (raft/cli/subscriptions_cmd.py)
         return subscriptions.consume_subscription(args, lambda r, _json: args.print_record(r))
     if isinstance(args.from_offset, int) and args.from_offset >= 0 and args.to is not None \
             and args.to <= args.from_offset:

@@ -127,7 +127,7 @@ class LocalCluster:
         ids = [node_id] if node_id is not None else list(self.addresses)
         env = {**os.environ, **self.env}
         # The repository root (raft/cli/localcluster.py -> ../..), never raft/ itself: on the
-        # path, raft/types.py would shadow the standard library's `types`.
+        # path, raft/core/types.py would shadow the standard library's `types`.
         repo = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
         for i in ids:

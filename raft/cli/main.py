@@ -9,7 +9,7 @@
     raftlog certs init|issue|show | token create|revoke  # TLS and tokens (docs/SECURITY.md)
 
 Each command group is its own module in this package with a `register(subparsers)`: serve.py
-(serve, up), produce.py, consume.py, subscriptions.py, status.py, demo.py, membership.py,
+(serve, up), produce.py, consume.py, subscriptions_cmd.py, status.py, demo.py, membership.py,
 config_cmd.py, completion.py. Other packages add their commands the same way, as plugins that
 may be missing: bench.cli (`raftlog bench`) and sparkio.cli (`raftlog load`).
 
@@ -31,7 +31,7 @@ import sys
 from importlib import metadata
 
 from raft.cli import (certs, completion, config_cmd, consume, demo, membership, produce,
-                      serve, status, subscriptions, tokens)
+                      serve, status, subscriptions_cmd, tokens)
 from raft.cli.args import resolve_servers
 from raft.cli.output import print_error
 from raft.client import RaftlogError
@@ -75,7 +75,7 @@ def build_parser() -> Parser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log more (-v info, -vv debug); quiet by default")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for module in (serve, produce, consume, subscriptions, status, demo, certs, tokens):
+    for module in (serve, produce, consume, subscriptions_cmd, status, demo, certs, tokens):
         module.register(sub)
     for name in PLUGINS:
         try:

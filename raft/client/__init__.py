@@ -19,7 +19,7 @@ Security: `Client(..., tls_ca=, tls_cert=, tls_key=, token=)` (raft.client.secur
 
 Subscriptions (named positions kept by the cluster): `Consumer(client, subscription="orders")`
 iterates a subscription's records and commits the position as it goes; `Client.subscription_*`
-and `Client.subscriptions()` manage them (raft/client/subscriptions.py).
+and `Client.subscriptions()` manage them (raft/client/subscription_calls.py).
 
 Layout: errors.py (the typed errors), results.py (what operations return), connection.py (one
 connection to one node), client.py (`Client`), producer.py (`Producer`), blocking.py

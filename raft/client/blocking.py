@@ -12,7 +12,7 @@ from raft.client.client import Client
 from raft.client.consumer import BlockingConsumer, Consumer
 from raft.client.producer import Producer
 from raft.client.results import FetchResult, ProduceResult
-from raft.client.subscriptions import BlockingSubscriptionCalls
+from raft.client.subscription_calls import BlockingSubscriptionCalls
 from storage.records import Record
 
 T = TypeVar("T")

@@ -21,7 +21,7 @@ from raft.client.errors import (NotLeaderError, OffsetOutOfRangeError,
                                 error_from_reply)
 from raft.client.results import FetchedRecord, FetchResult, ProduceResult, UndecodableBatch
 from raft.client.security import ClientSecurity
-from raft.client.subscriptions import SubscriptionCalls
+from raft.client.subscription_calls import SubscriptionCalls
 from raft.node.config import ConfigError, parse_address
 from raft.protocol.errors import may_retry
 from raft.protocol.framing import WireError

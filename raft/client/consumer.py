@@ -59,7 +59,7 @@ import trio
 
 from raft.client.errors import OffsetOutOfRangeError, RaftlogError, UndecodableBatchError
 from raft.client.results import FetchedRecord, UndecodableBatch
-from raft.client.subscriptions import Where
+from raft.client.subscription_calls import Where
 
 DEFAULT_LEASE_MS = 30_000
 # After a fail-over the new leader's high watermark can briefly trail a position committed

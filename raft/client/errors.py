@@ -11,7 +11,7 @@ from typing import Any
 
 
 class RaftlogError(Exception):
-    """An error answer from the cluster (code = raft.types.ErrorCode name) or from the client
+    """An error answer from the cluster (code = raft.core.types.ErrorCode name) or from the client
     itself (UNAVAILABLE when no node could be reached)."""
 
     code = "INTERNAL"

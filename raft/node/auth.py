@@ -40,7 +40,7 @@ from typing import Any
 
 from raft.node.config import ConfigError
 from raft.node.tls import Identity
-from raft.types import ErrorCode
+from raft.core.types import ErrorCode
 
 
 class Permission(str, Enum):
@@ -50,7 +50,7 @@ class Permission(str, Enum):
 
 
 # Request type -> the permission it needs (None: any authenticated principal). Not listed:
-# ADMIN (fail closed). tests/security/test_auth_unit.py checks every registered type is here.
+# ADMIN (fail closed). tests/security/test_security_unit.py checks every registered type is here.
 REQUIRED: dict[str, Permission | None] = {
     "status": None,
     "load_status": None,

@@ -12,8 +12,8 @@ from typing import Any, Protocol
 
 import trio
 
-from raft.raft import RaftCore
-from raft.types import Role
+from raft.core.raft import RaftCore
+from raft.core.types import Role
 from storage.api import LogStorage
 from storage.batch import CorruptBatch
 

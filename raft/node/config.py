@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raft.config import RaftConfig
+from raft.core.config import RaftConfig
 from raft.node.config_values import (  # re-exported: the CLI and tests import them from here
     ConfigError,
     _parse_bool,
@@ -177,7 +177,7 @@ class NodeConfig:
     auth_file: str | None = None
     # Prometheus text format over HTTP (prometheus_client's server, in a thread); None = off.
     metrics_listen: str | None = None
-    # Raft knobs, passed through to raft.raft.RaftConfig (None = the core's default).
+    # Raft knobs, passed through to raft.core.raft.RaftConfig (None = the core's default).
     election_ticks: int | None = None
     heartbeat_ticks: int | None = None
     max_append_bytes: int | None = None
@@ -204,7 +204,7 @@ class NodeConfig:
     retention_max_ms: int | None = None
     # Valve: below this much free disk (MiB), stop holding data back for members. 0 = off.
     low_disk_mb: int = 0
-    # -- subscriptions (raft/subscriptions.py, docs/SUBSCRIPTIONS.md) -----------------------------
+    # -- subscriptions (raft/core/subscription_table.py, docs/SUBSCRIPTIONS.md) -----------------------------
     # Retention never deletes past the lowest subscription position (within retention's valves,
     # --retention-max-ms and --low-disk-mb). Off: retention ignores subscriptions.
     retention_respect_subscriptions: bool = False
@@ -382,8 +382,8 @@ class NodeConfig:
                               ) from None
 
     def retention_policy(self) -> Any:
-        """The sans-IO policy (raft.retention.RetentionPolicy) these settings describe."""
-        from raft.retention import RetentionPolicy
+        """The sans-IO policy (raft.core.retention.RetentionPolicy) these settings describe."""
+        from raft.core.retention import RetentionPolicy
         return RetentionPolicy(self.retention_bytes, self.retention_ms,
                                self.retention_min_ms or 0, self.retention_max_ms,
                                (self.low_disk_mb or 0) << 20).validate()
@@ -479,7 +479,7 @@ class NodeConfig:
         for name in _RETENTION_SETTINGS:
             NodeConfig._add_retention_argument(parser, name)
         parser.add_argument("--raft", action="append", metavar="KEY=VALUE",
-                            help="any other raft.config.RaftConfig setting (repeatable), e.g. "
+                            help="any other raft.core.config.RaftConfig setting (repeatable), e.g. "
                                  "--raft producer_window=16")
         fields = {f.name: f for f in dataclasses.fields(NodeConfig)}
         for name, meaning in FLAG_HELP.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from raft.protocol.replies import ErrorReply
-from raft.types import ErrorCode
+from raft.core.types import ErrorCode
 
 ERROR_ADVICE: dict[ErrorCode, str] = {
     ErrorCode.NOT_LEADER: "this node is not the leader; send the request to leader_addr (or "

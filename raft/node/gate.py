@@ -22,7 +22,7 @@ from raft.node.tls import Identity, NodeTLS, PrefixedStream, TLSConfigError
 from raft.protocol.framing import encode_frame, WireError
 from raft.protocol.replies import error_frame
 from raft.protocol.streams import FrameReader
-from raft.types import ErrorCode
+from raft.core.types import ErrorCode
 
 log = logging.getLogger("raftlog.node")
 

@@ -11,7 +11,7 @@ Tasks (started into the node's driver nursery by `start`):
 - the event-loop lag monitor (raft.node.looplag), shown by `status` as `loop_lag`.
 - the scrubber (raft.node.scrubber), re-reading the flushed log at `scrub_rate`.
 
-Driver contract (raft/ready.py), in the order the Ready loop applies it: persist `hard_state`
+Driver contract (raft/core/ready.py), in the order the Ready loop applies it: persist `hard_state`
 (fsync) BEFORE enqueueing `messages`; request a flush when `flush` is set; route `answers` to the
 client requests waiting for them. Quorum acks come from the core only once the commit index covers
 the batch, and the commit index counts only flushed offsets, so a SIGKILL at any moment loses
@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from raft.membership import ClusterConfig
-from raft.messages import Message
+from raft.core.membership import ClusterConfig
+from raft.core.messages import Message
 from raft.node.catchup import CatchupTracker
 from raft.node.config import ConfigError, NodeConfig
 from raft.node.errors import NodeFailed
@@ -53,9 +53,9 @@ from raft.node.outbox import GroupOutbox, Links
 from raft.node.retention import RetentionTask
 from raft.node.scrubber import Scrubber
 from raft.node.subscription_service import SubscriptionService
-from raft.raft import RaftConfig, RaftCore
-from raft.ready import ProduceAnswer, StorageWork
-from raft.types import Acks, ErrorCode, Role
+from raft.core.raft import RaftConfig, RaftCore
+from raft.core.ready import ProduceAnswer, StorageWork
+from raft.core.types import Acks, ErrorCode, Role
 from storage import open_log
 from storage.api import DataDirLocked, DiskFull, IoMode, LogStorage, Meta, StorageError
 from storage.batch import Batch

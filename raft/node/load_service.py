@@ -7,7 +7,7 @@ The node calls this through narrow hooks and owns none of the logic:
     stable)`: what fetch may show;
   * `expired(...)`: the leader aborts open loads idle past the timeout (the group's load task
     first applies up to a budget of committed entries per round, `await catch_up(..., budget)`).
-The state itself lives in raft/loads.py (pure; every node applies the same committed entries).
+The state itself lives in raft/core/loads.py (pure; every node applies the same committed entries).
 
 Applying means reading every committed batch once. That is done in slices of at most
 CATCH_UP_SLICE_BYTES / CATCH_UP_SLICE_BATCHES with a checkpoint between slices, never in one
@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import trio
 
-from raft.loads import (
+from raft.core.loads import (
     DEFAULT_LOAD_TIMEOUT_MS,
     LoadIndex,
     StageTag,
@@ -39,11 +39,11 @@ from raft.loads import (
 from raft.protocol.load_requests import (LOAD_TYPES, LoadAbort, LoadBegin, LoadCommit,
                                          LoadRefused, LoadRequest, LoadStage, LoadStatus)
 from raft.protocol.replies import ErrorReply, OkReply, Reply
-from raft.types import Acks, ErrorCode
+from raft.core.types import Acks, ErrorCode
 from storage.batch import Batch, BatchKind
 from storage.records import MalformedRecords, check_records
 
-log = logging.getLogger("raft.loads")
+log = logging.getLogger("raft.core.loads")
 
 OPS = LOAD_TYPES  # the request types this service answers (raft.protocol.load_requests)
 # One slice of catching the load index up (then the event loop runs other tasks).

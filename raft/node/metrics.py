@@ -27,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.process_collector import ProcessCollector
 
 from raft.node.config import ConfigError, format_address, parse_address
-from raft.types import Role
+from raft.core.types import Role
 
 log = logging.getLogger("raftlog.node")
 

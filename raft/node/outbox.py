@@ -29,7 +29,7 @@ import logging
 from collections import deque
 from typing import Protocol
 
-from raft.messages import AppendEntries, Heartbeat, Message
+from raft.core.messages import AppendEntries, Heartbeat, Message
 from raft.node.peer import BULK, CONTROL, Lane, PeerLink
 
 log = logging.getLogger("raftlog.node")

@@ -37,7 +37,7 @@ from typing import Protocol
 
 import trio
 
-from raft.messages import Message
+from raft.core.messages import Message
 from raft.node.config import parse_address
 from raft.node.tls import NodeTLS, PeerIdentityError, dial_tls, handshake_failure
 from raft.protocol.framing import LEN_SIZE, ConnectionClosed, WireError, encode_frame

@@ -1,4 +1,4 @@
-"""The retention task: applies raft/retention.py's policy to this node's log, in bounded slices,
+"""The retention task: applies raft/core/retention.py's policy to this node's log, in bounded slices,
 without ever stalling the event loop on a delete.
 
 Each round (every RETENTION_INTERVAL_S, or at once while a slice limit cut the last one short):
@@ -6,7 +6,7 @@ Each round (every RETENTION_INTERVAL_S, or at once while a slice limit cut the l
    ask every holder where it needs the log from (commit index, flushed offset, members' flushed
    offsets on the leader, open Spark loads, registered holders such as subscriptions);
 2. in a worker thread: plan one slice (read the front of the log, decide the cut, fold the
-   dropped batches into the state at the new start: raft.retention.plan);
+   dropped batches into the state at the new start: raft.core.retention.plan);
 3. on the event loop: drop the plan if the log start changed meanwhile (a state transfer), else
    `log.advance_start(cut, state)`: the core sees the new start between two of its steps;
 4. in a worker thread: `log.persist_start()` deletes the slice and writes the start with its
@@ -28,7 +28,7 @@ from typing import Any
 
 import trio
 
-from raft.retention import (
+from raft.core.retention import (
     LOG_END,
     SATISFIED,
     Hold,

@@ -7,7 +7,7 @@ walks the flushed log from its start to its flushed offset and over again, one b
 time in a worker thread (never on the event loop), sleeping between slices so the bytes it reads
 average `scrub_rate` MiB/s. A damaged batch it finds is recorded by storage (never served again
 until repaired) and the core, which polls storage's damage version each tick, stops counting it
-and has it re-fetched (raft/repair.py).
+and has it re-fetched (raft/core/repair.py).
 
 `status` shows where it is, how many passes it completed and what it found.
 """

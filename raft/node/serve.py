@@ -30,7 +30,7 @@ from raft.node.errors import NodeFailed
 from raft.node.logfmt import make_formatter
 from raft.node.looplag import slow_step_instruments
 from raft.node.server import Node
-from raft.types import DataLost
+from raft.core.types import DataLost
 from storage.api import LogInconsistent, LogStorage
 
 log = logging.getLogger("raftlog.node")

@@ -44,7 +44,7 @@ from raft.protocol.raft_frames import messages_from_frame
 from raft.protocol.replies import ErrorReply, Reply, error_frame
 from raft.protocol.requests import SINGLE_GROUP, Produce
 from raft.protocol.streams import FrameReader
-from raft.types import ErrorCode, Role
+from raft.core.types import ErrorCode, Role
 from storage.api import LogStorage
 
 log = logging.getLogger("raftlog.node")

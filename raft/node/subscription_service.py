@@ -1,9 +1,9 @@
 """The node side of subscriptions: the leader's accumulator, applying the table, expiry, and the
 retention hook.
 
-The state lives in raft/subscriptions.py (pure; every node applies the same committed entries);
+The state lives in raft/core/subscription_table.py (pure; every node applies the same committed entries);
 this module only moves things:
-- `submit(op)`: a request's operation joins the accumulator (raft/subscription_batcher.py); the
+- `submit(op)`: a request's operation joins the accumulator (raft/core/subscription_batcher.py); the
   runner proposes one CONTROL entry per batch (quorum), and when it commits, applies the log
   through it and answers every requester with the verdict its operation got (`Applied`).
 - `sync()`: a barrier through the log, so a read of the table (list, get) on a new leader sees
@@ -15,7 +15,7 @@ this module only moves things:
   is on (registered with the group's RetentionTask, raft/node/retention.py, by
   `attach_retention` before retention's first pass).
 
-The group starts `run` into its driver nursery; handlers (raft/node/api/subscriptions.py) reach
+The group starts `run` into its driver nursery; handlers (raft/node/api/subscribe.py) reach
 the service as `ctx.group.subs`.
 """
 
@@ -28,11 +28,11 @@ from typing import Any
 
 import trio
 
-from raft.retention import Hold
-from raft.subscription_batcher import CommitBatcher, Outgoing
-from raft.subscription_index import SubscriptionIndex
-from raft.subscriptions import Applied, Op, OpRequest, Outcome, make_entry
-from raft.types import Acks, ErrorCode
+from raft.core.retention import Hold
+from raft.core.subscription_batcher import CommitBatcher, Outgoing
+from raft.core.subscription_index import SubscriptionIndex
+from raft.core.subscription_table import Applied, Op, OpRequest, Outcome, make_entry
+from raft.core.types import Acks, ErrorCode
 
 log = logging.getLogger("raftlog.subscriptions")
 

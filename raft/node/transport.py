@@ -21,7 +21,7 @@ from typing import Any
 
 import trio
 
-from raft.messages import Message
+from raft.core.messages import Message
 from raft.node.config import NodeConfig
 from raft.node.peer import PeerLink
 from raft.node.tls import NodeTLS

@@ -1,6 +1,6 @@
 """Error codes on the wire, and the two sets every client decides retries by.
 
-The wire carries a code's name (`raft.types.ErrorCode`), never its number; clients also make a
+The wire carries a code's name (`raft.core.types.ErrorCode`), never its number; clients also make a
 few codes of their own (`CLIENT_CODES`) for failures no node answered. A retry decision needs two
 facts about a code, kept here once for the Python client, sparkio and the bench alike:
 
@@ -39,7 +39,7 @@ also in NOT_WRITTEN: for a plain produce that leaves NOT_LEADER and BACKPRESSURE
 
 from __future__ import annotations
 
-from raft.types import ErrorCode
+from raft.core.types import ErrorCode
 
 # Codes a client makes itself (they never arrive in a node's reply).
 UNAVAILABLE = "UNAVAILABLE"  # no node could be reached, or none answered, in time

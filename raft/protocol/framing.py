@@ -22,7 +22,7 @@ from typing import Any
 
 import msgpack
 
-from raft.types import ErrorCode
+from raft.core.types import ErrorCode
 
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from raft.protocol.fields import get_int, get_str
 from raft.protocol.framing import PROTOCOL_VERSION, WireError
-from raft.types import ErrorCode
+from raft.core.types import ErrorCode
 
 HELLO = "hello"
 MAX_TOKEN_CHARS = 512

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 from raft.protocol.fields import get_bytes, get_int, get_str
 from raft.protocol.framing import WireError
 from raft.protocol.requests import SINGLE_GROUP, group_of, request_frame
-from raft.types import Acks, ErrorCode
+from raft.core.types import Acks, ErrorCode
 
 I32_MAX, I64_MAX = 2**31 - 1, 2**63 - 1
 MAX_LOAD_ID_BYTES = 256
@@ -72,7 +72,7 @@ class LoadStage:
 
     @classmethod
     def parse(cls, frame: dict[str, Any]) -> LoadStage:
-        # Bounded as the stage tag stores them (raft.loads: gen and attempt 64-bit, partition
+        # Bounded as the stage tag stores them (raft.core.loads: gen and attempt 64-bit, partition
         # and seq 32-bit): an out-of-range number is the client's error, not the node's.
         # The load id is not length-checked here, as it never was for a stage: a stage for a
         # load that was never begun is LOAD_CLOSED.

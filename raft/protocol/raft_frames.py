@@ -1,7 +1,7 @@
-"""Raft peer frames: the core's messages (raft.messages) on the wire.
+"""Raft peer frames: the core's messages (raft.core.messages) on the wire.
 
 `{"v":1,"t":"raft","msgs":[m, ...]}` where each `m` is a map `{"k": <kind>, ...}` with the fields
-of a `raft.messages` dataclass; batches travel as `Batch.encode()` bytes and are CRC checked on
+of a `raft.core.messages` dataclass; batches travel as `Batch.encode()` bytes and are CRC checked on
 receipt. Peer frames use the framing of every other frame (raft.protocol.framing); they live in
 the protocol package, not the runtime, because a peer message is as much a wire format as a
 client request, and a later peer link carrying frames for many groups needs them without the
@@ -17,7 +17,7 @@ from typing import Any
 
 import msgpack
 
-from raft import messages as m
+from raft.core import messages as m
 from raft.protocol.fields import type_name
 from raft.protocol.framing import PROTOCOL_VERSION, WireError, pack_length
 from storage.batch import Batch, CorruptBatch
@@ -56,7 +56,7 @@ def _field_kind(annotation: str) -> str:
 def _schema(cls: type) -> tuple[_Field, ...]:
     out = []
     for f in dataclasses.fields(cls):
-        # raft.messages uses `from __future__ import annotations`: annotations are strings.
+        # raft.core.messages uses `from __future__ import annotations`: annotations are strings.
         ann = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", repr(f.type))
         has_default = f.default is not dataclasses.MISSING
         out.append(_Field(f.name, _field_kind(ann), has_default,
@@ -148,7 +148,7 @@ def message_from_wire(obj: Any) -> m.Message:
                 raise WireError(f'{where} field "{f.name}" must be a boolean, got '
                                 f'{type_name(value)}')
         elif f.kind == "opt_map":
-            # Only the shape here; the core decodes the contents (raft/snapshot.py) and
+            # Only the shape here; the core decodes the contents (raft/core/snapshot.py) and
             # rejects the request if they are malformed.
             if value is not None and not isinstance(value, dict):
                 raise WireError(f'{where} field "{f.name}" must be a map or nil, got '

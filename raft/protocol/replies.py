@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from raft.protocol.framing import PROTOCOL_VERSION
-from raft.types import ErrorCode
+from raft.core.types import ErrorCode
 
 
 def error_frame(code: ErrorCode, message: str, request_id: int | None = None) -> dict[str, Any]:

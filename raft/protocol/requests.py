@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from raft.protocol.fields import get_bytes, get_int, get_opt_int, get_str
 from raft.protocol.framing import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION
-from raft.types import Acks
+from raft.core.types import Acks
 
 SINGLE_GROUP = 0
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from raft.protocol.fields import get_int, get_str
 from raft.protocol.framing import WireError
 from raft.protocol.requests import I64_MAX, SINGLE_GROUP, Limits, group_of, request_frame
-from raft.subscriptions import MAX_LEASE_MS
+from raft.core.subscription_table import MAX_LEASE_MS
 
 LIST_DEFAULT_LIMIT = 1000
 LIST_MAX_LIMIT = 10_000

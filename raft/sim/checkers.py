@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 import bisect
 
-from raft import messages as m
-from raft.quorum import majority
-from raft.retention import Plan, RetentionPolicy
+from raft.core import messages as m
+from raft.core.quorum import majority
+from raft.core.retention import Plan, RetentionPolicy
 from storage.api import LogStorage
 from storage.batch import Batch, BatchKind, CorruptBatch
 from storage.records import decode_records

@@ -7,7 +7,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from raft import messages as m
+from raft.core import messages as m
 from raft.sim.loop import EventLoop
 
 

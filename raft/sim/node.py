@@ -1,4 +1,4 @@
-"""One simulated node: the real RaftCore on a MemoryLog, driven exactly as raft/ready.py says.
+"""One simulated node: the real RaftCore on a MemoryLog, driven exactly as raft/core/ready.py says.
 
 Hard state is saved before the Ready's messages leave. One flush runs at a time and takes
 simulated disk time; it covers what was appended before it started (`flush(upto=...)`), and only
@@ -18,12 +18,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from raft import messages as m
-from raft.raft import RaftConfig, RaftCore
-from raft.ready import ProduceAnswer, Ready, StorageWork
-from raft.retention import Plan, RetentionPolicy, core_holds, plan
+from raft.core import messages as m
+from raft.core.raft import RaftConfig, RaftCore
+from raft.core.ready import ProduceAnswer, Ready, StorageWork
+from raft.core.retention import Plan, RetentionPolicy, core_holds, plan
 from raft.sim.loop import EventLoop
-from raft.types import Role
+from raft.core.types import Role
 from storage.api import DiskFull, Meta, StorageError
 from storage.memory import MemoryLog
 

@@ -8,18 +8,18 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from raft import messages as m
-from raft.raft import RaftConfig
-from raft.ready import ProduceAnswer
-from raft.retention import RetentionPolicy
+from raft.core import messages as m
+from raft.core.raft import RaftConfig
+from raft.core.ready import ProduceAnswer
+from raft.core.retention import RetentionPolicy
 from raft.sim.checkers import Checkers, Violation, data_records
 from raft.sim.loop import EventLoop
 from raft.sim.nemesis import DISK_LOSS, KINDS, Nemesis
 from raft.sim.network import Network
 from raft.sim.node import SimNode
-from raft.sim.subscriptions import SimSubscriptions, SubscriptionConsumers
+from raft.sim.subscription_model import SimSubscriptions, SubscriptionConsumers
 from raft.sim.workload import Workload
-from raft.types import Acks, Role
+from raft.core.types import Acks, Role
 
 
 @dataclass
@@ -30,7 +30,7 @@ class SimConfig:
     # learners (promoted once caught up) and removes members.
     spare_nodes: int = 0
     clients: int = 3
-    # Consumers of subscriptions (raft/sim/subscriptions.py), one per subscription.
+    # Consumers of subscriptions (raft/sim/subscription_model.py), one per subscription.
     subscriptions: int = 2
     fault_time_us: int = 2_000_000
     # After healing, the cluster must elect one leader and converge within this bound.
@@ -300,7 +300,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     # Disk loss: wiped, truncated, holed and bit-flipped logs and metadata on a minority of
     # nodes between crash and restart, among crashes, leader kills and partitions. Retention
     # with small limits: damage found in a range the cluster has since deleted is dropped with
-    # the prefix (raft/repair.py, _drop_damaged_prefix), wiped nodes rejoin behind the start.
+    # the prefix (raft/core/repair.py, _drop_damaged_prefix), wiped nodes rejoin behind the start.
     "diskloss": {"mean_fault_gap_us": 100_000,
                  "faults": (DISK_LOSS, DISK_LOSS, DISK_LOSS, "crash", "crash_leader",
                             "partition", "pause"),

@@ -7,9 +7,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from raft.ready import ProduceAnswer
+from raft.core.ready import ProduceAnswer
 from raft.sim.world import World
-from raft.types import Acks, ErrorCode
+from raft.core.types import Acks, ErrorCode
 from storage.batch import Batch
 from storage.records import encode_values
 

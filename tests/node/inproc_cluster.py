@@ -20,7 +20,7 @@ from raft.node.config import NodeConfig, parse_address
 from raft.node.server import Node
 from raft.protocol.framing import encode_frame, WireError
 from raft.protocol.streams import FrameReader
-from raft.types import Role
+from raft.core.types import Role
 from storage.api import LogStorage
 from storage.memory import MemoryLog
 from storage.records import decode_records, encode_values

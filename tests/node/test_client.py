@@ -17,7 +17,7 @@ from raft.client import (BlockingClient, Client, OffsetOutOfRangeError, Producer
 from raft.protocol.framing import encode_frame
 from raft.protocol.replies import error_reply
 from raft.protocol.streams import FrameReader
-from raft.types import ErrorCode
+from raft.core.types import ErrorCode
 from storage.records import Record
 
 

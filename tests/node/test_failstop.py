@@ -8,12 +8,12 @@ import pytest
 import trio
 
 from inproc_cluster import RawClient, running_cluster, trio_test, values_payload
-from raft import messages as m
+from raft.core import messages as m
 from raft.node.config import NodeConfig
 from raft.node.errors import NodeFailed
 from raft.node.server import Node
-from raft.ready import StorageWork
-from raft.types import Role
+from raft.core.ready import StorageWork
+from raft.core.types import Role
 from storage.api import DiskFull, StorageIOError
 from storage.memory import MemoryLog
 

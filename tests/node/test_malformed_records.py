@@ -10,7 +10,7 @@ import msgpack
 
 from inproc_cluster import RawClient, running_cluster, trio_test, values_payload
 from raft.client import Client, Consumer, UndecodableBatch, UndecodableBatchError
-from raft.types import Acks, ErrorCode
+from raft.core.types import Acks, ErrorCode
 from storage.batch import Batch
 from storage.records import Record, encode_records
 

@@ -18,7 +18,7 @@ from inproc_cluster import (DEADLINE_S, Producer, RawClient, check_acked, fetche
                             values_payload)
 from raft.node.config import NodeConfig
 from raft.node.serve import run_node
-from raft.types import Role
+from raft.core.types import Role
 
 STORAGES = ["memory", pytest.param("lmdb", marks=pytest.mark.skipif(
     not lmdb_available(), reason="storage.lmdb_log has not landed"))]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from raft import messages as m
+from raft.core import messages as m
 from raft.node import peer
 from raft.node.outbox import PeerStream
 from raft.node.peer import PeerLink

@@ -15,7 +15,7 @@ from raft.protocol.load_requests import (LoadAbort, LoadBegin, LoadCommit, LoadR
                                          LoadStage, LoadStatus, parse_load)
 from raft.protocol.requests import SINGLE_GROUP, Fetch, Produce, TransferLeader, acks_named
 from raft.protocol.subscription_requests import CommitItem, SubCommitMany, SubList, SubRequest
-from raft.types import Acks, ErrorCode
+from raft.core.types import Acks, ErrorCode
 
 LIMITS = Limits(default_timeout_ms=5000, max_timeout_ms=120_000, max_frame_bytes=1 << 20,
                 max_fetch_wait_ms=60_000)

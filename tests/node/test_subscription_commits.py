@@ -1,4 +1,4 @@
-"""Many commits, few requests: `sub_commit_many` on the wire (raft/node/api/subscriptions.py)
+"""Many commits, few requests: `sub_commit_many` on the wire (raft/node/api/subscribe.py)
 and the client's coalescing of the commits of consumers that share a Client
 (raft/client/commits.py). One refused item never fails the others; the item limit is a clear
 error; coalescing is counted (client and leader counters), never timed; a coalesced,
@@ -17,7 +17,7 @@ from inproc_cluster import RawClient, running_cluster, trio_test
 from raft.client import (BadRequestError, Client, Consumer, PositionBehind, RequestTimeout,
                          UnavailableError, UnknownSubscription)
 from raft.client.commits import MAX_COMMIT_ITEMS, CommitCoalescer
-from raft.node.api.subscriptions import MAX_COMMIT_ITEMS as NODE_MAX_COMMIT_ITEMS
+from raft.node.api.subscribe import MAX_COMMIT_ITEMS as NODE_MAX_COMMIT_ITEMS
 from test_subscriptions_inproc import _produce  # one helper for both files
 
 

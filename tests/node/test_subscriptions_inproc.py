@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from inproc_cluster import DEADLINE_S, RawClient, running_cluster, trio_test, values_payload
-from raft.snapshot import section_raw
+from raft.core.snapshot import section_raw
 from raft.client import (BlockingClient, Client, Consumer, InvalidSubscriptionName,
                          PositionBehind, PositionPastHighWatermark, SubscriptionLeased,
                          UnknownSubscription)

@@ -13,7 +13,7 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raft import messages as m
+from raft.core import messages as m
 from raft.protocol.fields import get_bytes, get_int, get_opt_int, get_str
 from raft.protocol.framing import decode_body, encode_frame, FrameTooLarge, WireError
 from raft.protocol.raft_frames import (_KIND_OF, BatchEncodings, encode_raft_frame,
@@ -22,7 +22,7 @@ from raft.protocol.raft_frames import (_KIND_OF, BatchEncodings, encode_raft_fra
                                        ZERO_COPY_BYTES)
 from raft.protocol.replies import error_frame, error_reply, ok_reply
 from raft.protocol.streams import FrameReader
-from raft.types import ErrorCode
+from raft.core.types import ErrorCode
 from storage.batch import Batch, BatchKind
 
 i64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)

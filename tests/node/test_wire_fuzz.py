@@ -32,7 +32,7 @@ from raft.node.api import REQUESTS
 from raft.node.config import ConfigError, parse_address
 from raft.node.load_service import OPS
 from raft.protocol.load_requests import LoadAbort
-from raft.types import Role
+from raft.core.types import Role
 from storage.records import MalformedRecords, Record, check_records, decode_records, \
     encode_records
 

@@ -9,10 +9,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from raft import messages as m
-from raft.raft import RaftConfig, RaftCore
-from raft.ready import ProduceAnswer
-from raft.types import Acks, Role
+from raft.core import messages as m
+from raft.core.raft import RaftConfig, RaftCore
+from raft.core.ready import ProduceAnswer
+from raft.core.types import Acks, Role
 from storage.api import Meta
 from storage.batch import Batch
 from storage.memory import MemoryLog
@@ -37,7 +37,7 @@ class Cluster:
         self.sent: list[m.Message] = []
         self._rid = 0
         # A brand-new cluster's first start: every node finds out the others are new too
-        # (raft/incarnation.py's BootstrapProbe) before anything else happens.
+        # (raft/core/incarnation.py's BootstrapProbe) before anything else happens.
         self.deliver()
 
     def _new_core(self, i: int, voters: list[int] | None = None) -> RaftCore:

@@ -9,11 +9,11 @@ import pathlib
 import pytest
 
 from harness import Cluster
-from raft import messages as m
-from raft.raft import InvariantViolation, RaftConfig, RaftCore
-from raft.progress import ProgressState
-from raft.ready import StorageOp
-from raft.types import Acks, ErrorCode, Role
+from raft.core import messages as m
+from raft.core.raft import InvariantViolation, RaftConfig, RaftCore
+from raft.core.progress import ProgressState
+from raft.core.ready import StorageOp
+from raft.core.types import Acks, ErrorCode, Role
 from storage.batch import Batch
 from storage.memory import MemoryLog
 from storage.records import encode_values

@@ -1,4 +1,4 @@
-"""Scripted runs for the disk-loss and corruption rules (raft/incarnation.py, raft/repair.py).
+"""Scripted runs for the disk-loss and corruption rules (raft/core/incarnation.py, raft/core/repair.py).
 
 Each test drives a few cores through an exact sequence and checks the property the rule
 protects: a committed entry is never overwritten, a leader's commit is flushed (and readable) on
@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 
 from harness import Cluster
-from raft import messages as m
-from raft.incarnation import Standing
-from raft.types import Acks, DataLost, Role
+from raft.core import messages as m
+from raft.core.incarnation import Standing
+from raft.core.types import Acks, DataLost, Role
 from storage.memory import MemoryLog
 from test_safety_rules import Watched, campaign, campaign_until_leader
 
@@ -317,7 +317,7 @@ def test_a_leader_whose_producer_table_missed_a_damaged_batch_does_not_take_its_
 def test_a_repaired_batch_goes_back_into_the_producer_table_in_log_order() -> None:
     """The table's per-producer window is in log order (truncation pops the newest, the window
     drops the oldest): a damaged batch repaired after later writes must not land last."""
-    from raft.producers import ProducerTable, Verdict
+    from raft.core.producers import ProducerTable, Verdict
     from storage.batch import Batch
 
     def batch(seq: int, off: int) -> Batch:

@@ -21,10 +21,10 @@ import random
 import pytest
 
 from harness import Cluster
-from raft import messages as m
-from raft.confchange import ConfChanges
-from raft.raft import RaftConfig, RaftCore
-from raft.types import ErrorCode, Role
+from raft.core import messages as m
+from raft.core.confchange import ConfChanges
+from raft.core.raft import RaftConfig, RaftCore
+from raft.core.types import ErrorCode, Role
 from storage.batch import BatchKind
 
 

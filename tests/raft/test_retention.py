@@ -1,4 +1,4 @@
-"""Retention's policy (raft/retention.py): where the log start may move, and who holds it back.
+"""Retention's policy (raft/core/retention.py): where the log start may move, and who holds it back.
 
 Table-driven planner cases over a synthetic log, then the holds of a real core: the commit index
 and every member's flushed offset bound the cut on the leader, whatever the policy wants."""
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-import raft.retention as retention
+import raft.core.retention as retention
 from harness import Cluster
-from raft.loads import LoadTable, encode_begin
-from raft.retention import (
+from raft.core.loads import LoadTable, encode_begin
+from raft.core.retention import (
     LOG_END,
     MIN_AGE,
     SATISFIED,
@@ -21,8 +21,8 @@ from raft.retention import (
     RetentionPolicy,
     plan,
 )
-from raft.snapshot import SnapshotContext
-from raft.types import Acks
+from raft.core.snapshot import SnapshotContext
+from raft.core.types import Acks
 from storage.batch import HEADER_SIZE, Batch, BatchKind
 from storage.memory import MemoryLog
 
@@ -214,7 +214,7 @@ def test_the_loads_table_survives_retention_and_a_state_transfer() -> None:
     """A committed load whose entries retention dropped keeps its outcome; an open load keeps
     its staged data and can still commit after the log start moved; a node reset to that start
     (the state transfer) rebuilds the same table from the state alone."""
-    from raft.loads import LoadIndex, StageTag, encode_commit, encode_staged_payload
+    from raft.core.loads import LoadIndex, StageTag, encode_commit, encode_staged_payload
     from storage.records import encode_values
 
     def control(payload: bytes) -> Batch:

@@ -3,14 +3,14 @@
 Each test drives a few cores through an exact sequence (the harness's FIFO network, with
 filters for lost or held messages) and checks the property the rule protects, not the rule's
 code: a commit no majority holds durably, two different entries committed at one offset, two
-leaders in one term. tests/mutation switches each rule off and requires one of these to fail.
+leaders in one term. tests/raft/test_mutants.py switches each rule off and requires one of these to fail.
 """
 
 from __future__ import annotations
 
 from harness import Cluster
-from raft import messages as m
-from raft.types import Acks, Role
+from raft.core import messages as m
+from raft.core.types import Acks, Role
 from storage.api import Meta
 from storage.batch import Batch, BatchKind
 from storage.memory import MemoryLog

@@ -10,11 +10,11 @@ then moves the leader's log start past everything the follower missed."""
 from __future__ import annotations
 
 from harness import Cluster
-from raft import messages as m
-from raft.producers import Verdict
-from raft.raft import RaftCore
-from raft.retention import RetentionPolicy, core_holds, plan
-from raft.types import Acks, Role
+from raft.core import messages as m
+from raft.core.producers import Verdict
+from raft.core.raft import RaftCore
+from raft.core.retention import RetentionPolicy, core_holds, plan
+from raft.core.types import Acks, Role
 
 PRODUCER = 77
 # Everything the policy may delete, every member released: the down follower falls behind.
@@ -177,7 +177,7 @@ def test_damage_below_the_leaders_log_start_is_dropped_with_the_prefix_and_the_s
     """A follower's damaged batch lies below the leader's log start: retention deleted it
     everywhere else, so nobody can send it again. The follower drops its prefix up to the
     leader's start, taking the leader's state there, and only a state for exactly that start
-    (raft/repair.py, _drop_damaged_prefix)."""
+    (raft/core/repair.py, _drop_damaged_prefix)."""
     from test_disk_loss_rules import rot
 
     c = Cluster(3)

@@ -1,14 +1,14 @@
-"""The replicated subscription table (raft/subscriptions.py), the leader's accumulator
-(raft/subscription_batcher.py) and the index that keeps the table current from a log
-(raft/subscription_index.py): every rule, table-driven, on plain objects."""
+"""The replicated subscription table (raft/core/subscription_table.py), the leader's accumulator
+(raft/core/subscription_batcher.py) and the index that keeps the table current from a log
+(raft/core/subscription_index.py): every rule, table-driven, on plain objects."""
 
 from __future__ import annotations
 
 import pytest
 
-from raft.subscription_batcher import CommitBatcher
-from raft.subscription_index import DataCounter, SubscriptionIndex
-from raft.subscriptions import (
+from raft.core.subscription_batcher import CommitBatcher
+from raft.core.subscription_index import DataCounter, SubscriptionIndex
+from raft.core.subscription_table import (
     MAX_NAME_CHARS,
     Op,
     OpRequest,
@@ -17,7 +17,7 @@ from raft.subscriptions import (
     make_entry,
     name_error,
 )
-from raft.types import ErrorCode
+from raft.core.types import ErrorCode
 from storage.batch import Batch, BatchKind
 from storage.memory import MemoryLog
 from storage.records import encode_values

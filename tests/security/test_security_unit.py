@@ -31,7 +31,7 @@ from raft.node.metrics import NodeMetrics, state_families
 from raft.node.tls import Identity, NodeTLS, PeerIdentityError, TLSConfigError, identity_of
 from raft.protocol.framing import WireError
 from raft.protocol.hello import Hello
-from raft.types import ErrorCode, Role
+from raft.core.types import ErrorCode, Role
 
 from secfixtures import make_pki
 

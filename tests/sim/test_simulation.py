@@ -13,14 +13,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import raft.incarnation
-import raft.leader
-import raft.progress
-import raft.retention
+import raft.core.incarnation
+import raft.core.leader
+import raft.core.progress
+import raft.core.retention
 import raft.sim.node
-from raft.retention import Hold
+from raft.core.retention import Hold
 from raft.sim.runner import PROFILES, SimConfig, Simulation, profile_config, run_simulation
-from raft.types import Acks
+from raft.core.types import Acks
 from storage.batch import Batch
 from storage.records import encode_values
 
@@ -57,14 +57,14 @@ def test_teeth_commit_on_dirty_offsets_loses_data(monkeypatch: pytest.MonkeyPatc
     """Counting a follower's dirty (unflushed) offset towards commit: crashes then lose
     acknowledged data. With the direct flushed-majority check off, the end-to-end checks
     (committed data diverging, acknowledged records missing) must still see it."""
-    monkeypatch.setattr(raft.progress.FollowerProgress, "durable_offset",
+    monkeypatch.setattr(raft.core.progress.FollowerProgress, "durable_offset",
                         lambda self: self.match_index)
     assert _first_failure("crashy", range(1, 120), check_flushed_majority=False) is not None
     assert _first_failure("mixed", range(1, 20)) is not None  # the direct check: at once
 
 
 def test_teeth_commit_without_majority(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(raft.leader, "committed_index", lambda values: max(values))
+    monkeypatch.setattr(raft.core.leader, "committed_index", lambda values: max(values))
     assert _first_failure("mixed", range(1, 40), check_flushed_majority=False) is not None
 
 
@@ -84,13 +84,13 @@ def test_teeth_running_on_after_a_storage_fault(monkeypatch: pytest.MonkeyPatch)
 def test_teeth_a_node_that_lost_its_disk_votes(monkeypatch: pytest.MonkeyPatch) -> None:
     """A node that votes right after losing its disk (its standing never checked) is caught by
     the disk-loss profile's vote checker, or by what it lets happen."""
-    monkeypatch.setattr(raft.incarnation.Incarnations, "may_vote", lambda self: True)
+    monkeypatch.setattr(raft.core.incarnation.Incarnations, "may_vote", lambda self: True)
     assert _first_failure("diskloss", range(1, 30)) is not None
 
 
 def test_teeth_messages_from_an_unknown_disk_count(monkeypatch: pytest.MonkeyPatch) -> None:
     """A leader that takes replies (and voters that take votes) from any data directory."""
-    monkeypatch.setattr(raft.incarnation.Incarnations, "_screen", lambda self, msg: True)
+    monkeypatch.setattr(raft.core.incarnation.Incarnations, "_screen", lambda self, msg: True)
     assert _first_failure("diskloss", range(1, 30)) is not None
 
 
@@ -126,7 +126,7 @@ def test_teeth_size_retention_deletes_while_over_the_limit(
     """Issue 24's size rule (delete a batch while the log holds more than the limit, which
     overshoots below it) is caught by the retention checker: the wrapper makes today's rule
     (remaining - size >= limit) answer as that one did (remaining > limit)."""
-    real = raft.retention.Planner._keep_reason
+    real = raft.core.retention.Planner._keep_reason
 
     def over_the_limit(self, b):  # type: ignore[no-untyped-def]
         self._remaining += b.size - 1
@@ -134,7 +134,7 @@ def test_teeth_size_retention_deletes_while_over_the_limit(
             return real(self, b)
         finally:
             self._remaining -= b.size - 1
-    monkeypatch.setattr(raft.retention.Planner, "_keep_reason", over_the_limit)
+    monkeypatch.setattr(raft.core.retention.Planner, "_keep_reason", over_the_limit)
     assert _first_failure("membership", range(1, 20)) is not None
 
 
@@ -217,7 +217,7 @@ def test_recovery_chunks_are_deferred_flush_and_commit_follows_flushes() -> None
     send = sim.network.send
 
     def spy(msg) -> None:  # noqa: ANN001
-        from raft import messages as m
+        from raft.core import messages as m
         if isinstance(msg, m.AppendEntries) and msg.dst == lag and msg.batches:
             seen.append((msg.flush, len(msg.batches)))
         send(msg)
@@ -237,16 +237,16 @@ def test_recovery_chunks_are_deferred_flush_and_commit_follows_flushes() -> None
 @pytest.mark.parametrize("seed,nodes", [(5299, 3), (90275, 3), (7131584, 3), (29782835, 3)])
 def test_disk_loss_schedules_that_once_failed(seed: int, nodes: int) -> None:
     """5299: damage in a range retention had deleted everywhere else was never repaired until
-    the follower dropped it with its prefix (raft/repair.py, _drop_damaged_prefix). 90275: a
+    the follower dropped it with its prefix (raft/core/repair.py, _drop_damaged_prefix). 90275: a
     leader damaged at an entry only it held could never hand over (TimeoutNow waited for the
     target to match its whole log) and the commit index stood still; it now hands over once
-    the target has everything it can still send (raft/leader.py). 7131584 (issue 24): a node
+    the target has everything it can still send (raft/core/leader.py). 7131584 (issue 24): a node
     whose copy of an idempotent write rotted led, and its producer table, rebuilt from a log
     it could not fully read, took the producer's retry as new: committed twice. A table that
-    missed a damaged batch now answers UNKNOWN until it is repaired (raft/producers.py).
+    missed a damaged batch now answers UNKNOWN until it is repaired (raft/core/producers.py).
     29782835 (issue 24): a new leader whose copy of a committed entry rotted declared it lost
     after hearing from one voter far behind, while the voter holding it was down (it counted a
     voter it had never heard from as answered); it now waits for evidence from every voter
-    (raft/repair.py, CopyCensus)."""
+    (raft/core/repair.py, CopyCensus)."""
     res = run_simulation(profile_config(seed, nodes, "diskloss"))
     assert res.ok, res.describe()

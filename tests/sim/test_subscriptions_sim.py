@@ -1,4 +1,4 @@
-"""Subscriptions under the simulation's fault schedules (raft/sim/subscriptions.py): consumers
+"""Subscriptions under the simulation's fault schedules (raft/sim/subscription_model.py): consumers
 resumed from the committed position never skip a committed record and re-read at most what
 followed their last acknowledged commit; every node's table agrees. The schedules of
 test_simulation.py run consumers too; these pin the checker's teeth."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-import raft.sim.subscriptions
+import raft.sim.subscription_model
 from raft.sim.runner import profile_config, run_simulation
 
 
@@ -28,7 +28,7 @@ def test_consumers_resume_and_commit_under_faults() -> None:
 def test_teeth_applying_uncommitted_entries_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """A node that applies its table past the commit index answers verdicts for entries a
     crash can still erase: acknowledged commits go missing, tables diverge."""
-    monkeypatch.setattr(raft.sim.subscriptions.SimSubscriptions, "apply_upto",
+    monkeypatch.setattr(raft.sim.subscription_model.SimSubscriptions, "apply_upto",
                         staticmethod(lambda node: node.log.dirty_offset))
     failed = [seed for seed in range(1, 12)
               if not run_simulation(profile_config(seed, 3, "crashy")).ok]
@@ -38,17 +38,17 @@ def test_teeth_applying_uncommitted_entries_is_caught(monkeypatch: pytest.Monkey
 def test_teeth_a_lost_commit_verdict_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """A leader that acknowledges commits without writing them (the verdict without the entry)
     is caught by the resume check: the position comes back lower than acknowledged."""
-    original = raft.sim.subscriptions.SimSubscriptions.submit
+    original = raft.sim.subscription_model.SimSubscriptions.submit
 
     def lying_submit(self, node_id, op, reply):  # noqa: ANN001, ANN202
         if op.op.value == "commit" and self.world.nodes[node_id].is_leader:
-            from raft.subscriptions import Outcome
-            from raft.types import ErrorCode
+            from raft.core.subscription_table import Outcome
+            from raft.core.types import ErrorCode
             reply(Outcome(ErrorCode.OK, "", {"position": op.position}))
             return True
         return original(self, node_id, op, reply)
 
-    monkeypatch.setattr(raft.sim.subscriptions.SimSubscriptions, "submit", lying_submit)
+    monkeypatch.setattr(raft.sim.subscription_model.SimSubscriptions, "submit", lying_submit)
     res = run_simulation(profile_config(3, 3, "mixed"))
     assert any(v.prop == "subscription keeps acknowledged commits" for v in res.violations), \
         res.describe()

@@ -49,7 +49,7 @@ def missing_for_cluster() -> list[str]:
 
     import storage
 
-    missing = [] if importlib.util.find_spec("raft.raft") is not None else ["raft.raft"]
+    missing = [] if importlib.util.find_spec("raft.core.raft") is not None else ["raft.core.raft"]
     if not hasattr(storage, "open_log"):
         missing.append("storage.open_log")
     return missing

@@ -1,4 +1,4 @@
-"""raft/load_service.py with a fake host (no sockets, no Raft): the load_* request contract."""
+"""raft/node/load_service.py with a fake host (no sockets, no Raft): the load_* request contract."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import trio
 from raft.node.load_service import LoadService
 from raft.protocol.load_requests import parse_load
 from raft.protocol.replies import ErrorReply
-from raft.ready import ProduceAnswer
-from raft.types import ErrorCode
+from raft.core.ready import ProduceAnswer
+from raft.core.types import ErrorCode
 from storage.memory import MemoryLog
 from storage.records import encode_values
 

@@ -1,4 +1,4 @@
-"""raft/loads.py: the staged-load state machine, table-driven and without Spark or sockets.
+"""raft/core/loads.py: the staged-load state machine, table-driven and without Spark or sockets.
 
 Each scenario is a list of log entries (what the leader appended, in log order) plus the commit
 index; we check what a consumer would see: the stable offset and the visible records.
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from raft.loads import (
+from raft.core.loads import (
     LoadIndex,
     LoadState,
     LoadTable,

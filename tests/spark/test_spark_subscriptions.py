@@ -1,4 +1,4 @@
-"""Incremental Spark reads through a subscription (sparkio/subscriptions.py), against one real
+"""Incremental Spark reads through a subscription (sparkio/incremental.py), against one real
 node: two successful reads in a row see every record exactly once; a failed job's range is read
 again, whole, by the next read; the plain reader option commits the same way."""
 

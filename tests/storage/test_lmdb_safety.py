@@ -60,7 +60,7 @@ def write_raw(path: Path, batches: list[Batch], start: tuple[int, int] | None = 
 
 def assert_safe_advice(text: str) -> None:
     """Every storage error points to the disk-loss page; since a node that lost its disk
-    rejoins by itself (raft/incarnation.py), restarting one on an empty directory is what the
+    rejoins by itself (raft/core/incarnation.py), restarting one on an empty directory is what the
     advice says for a broken log, never "remove it first"."""
     for phrase in SAFE_ADVICE:
         assert phrase in text, (phrase, text)

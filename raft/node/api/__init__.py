@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from raft.node.api import admin, fetch, loads, membership, produce, subscriptions
+from raft.node.api import admin, fetch, loads, membership, produce
+from raft.node.api import subscribe as subscriptions
 from raft.node.api.context import ApiContext, Handler
 from raft.protocol import PARSERS
 from raft.protocol.load_requests import parse_load

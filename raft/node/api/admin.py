@@ -11,12 +11,12 @@ import trio
 from raft.node.api.context import ApiContext
 from raft.protocol.replies import OkReply, Reply
 from raft.protocol.requests import Status, TransferLeader
-from raft.ready import Status as CoreStatus
-from raft.types import ErrorCode, Role
+from raft.core.ready import Status as CoreStatus
+from raft.core.types import ErrorCode, Role
 
 
 def status_to_wire(status: CoreStatus) -> dict[str, Any]:
-    """raft.ready.Status -> plain msgpack map (role as its string value)."""
+    """raft.core.ready.Status -> plain msgpack map (role as its string value)."""
     out = dataclasses.asdict(status)
     out["role"] = status.role.value
     return out

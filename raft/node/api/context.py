@@ -19,8 +19,8 @@ from raft.node.errors import advised_error
 from raft.node.group import RaftGroup
 from raft.protocol.replies import ErrorReply, Reply
 from raft.protocol.requests import Limits
-from raft.ready import ProduceAnswer
-from raft.types import Acks, ErrorCode
+from raft.core.ready import ProduceAnswer
+from raft.core.types import Acks, ErrorCode
 from storage.batch import Batch
 
 

@@ -14,7 +14,7 @@ from raft.node.api.context import ApiContext
 from raft.node.group import RaftGroup
 from raft.protocol.replies import FetchOk, Reply
 from raft.protocol.requests import Fetch
-from raft.types import ErrorCode
+from raft.core.types import ErrorCode
 from storage.api import OffsetOutOfRange
 from storage.batch import BatchKind, CorruptBatch
 

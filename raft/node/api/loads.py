@@ -9,7 +9,7 @@ from __future__ import annotations
 from raft.node.api.context import ApiContext
 from raft.protocol.load_requests import LoadRequest
 from raft.protocol.replies import Reply
-from raft.types import ErrorCode
+from raft.core.types import ErrorCode
 
 
 async def execute(ctx: ApiContext, req: LoadRequest) -> Reply:

@@ -6,7 +6,7 @@ from raft.node.api.context import ApiContext
 from raft.node.config import ConfigError, format_address, parse_address
 from raft.protocol.replies import OkReply, Reply
 from raft.protocol.requests import AddNode, RemoveNode
-from raft.types import ErrorCode, Role
+from raft.core.types import ErrorCode, Role
 
 
 async def change_membership(ctx: ApiContext, req: AddNode | RemoveNode) -> Reply:

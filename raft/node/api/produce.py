@@ -6,7 +6,7 @@ from raft.node.api.context import ApiContext
 from raft.node.errors import ERROR_ADVICE
 from raft.protocol.replies import ProduceOk, Reply
 from raft.protocol.requests import Produce
-from raft.types import ErrorCode
+from raft.core.types import ErrorCode
 from storage.batch import Batch
 from storage.records import MalformedRecords, check_records
 

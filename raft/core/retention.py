@@ -1,8 +1,8 @@
 """Retention: which batches at the front of a log may go, and who holds the rest back.
 
 Sans-IO: time, free disk space and the holders come in as arguments; the planner reads the log
-it is handed (like raft/loads.py) and says where the new log start goes and what the state at it
-is (raft/snapshot.py). The runtime (raft/node/retention.py) and the simulation (raft/sim) apply
+it is handed (like raft/core/loads.py) and says where the new log start goes and what the state at it
+is (raft/core/snapshot.py). The runtime (raft/node/retention.py) and the simulation (raft/sim) apply
 the same plan to their own logs.
 
 What the policy wants gone, batch by batch from the front (whole batches only):
@@ -41,13 +41,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from raft.snapshot import TERM, SnapshotContext, StartState
+from raft.core.snapshot import TERM, SnapshotContext, StartState
 from storage.api import LogStorage
 from storage.batch import Batch, CorruptBatch
 
 if TYPE_CHECKING:
-    from raft.loads import LoadTable
-    from raft.ready import Status
+    from raft.core.loads import LoadTable
+    from raft.core.ready import Status
 
 DEFAULT_SLICE_BYTES = 32 << 20
 DEFAULT_SLICE_BATCHES = 4096

@@ -3,7 +3,7 @@
 A thousand consumers committing every 100 ms must not cost ten thousand log entries a second.
 Operations wait here (at most `linger_ms`, or until `max_ops` are waiting) while at most
 `max_inflight` entries are on their way to commit, then leave together as one CONTROL entry
-(raft/subscriptions.py). Under load the batch is whatever arrived during one commit round trip,
+(raft/core/subscription_table.py). Under load the batch is whatever arrived during one commit round trip,
 so the entry rate stays bounded by the round trip, not by the commit rate; with one lone
 consumer an entry leaves at once.
 
@@ -15,7 +15,7 @@ Every bound is explicit: `max_pending` operations waiting (beyond: refused, the 
 BACKPRESSURE), `max_ops` per entry, `max_inflight` entries proposed and not yet committed.
 
 Sans-IO and generic over the waiter type: the runtime (raft/node/subscription_service.py) and the
-simulation (raft/sim/subscriptions.py) both drive it; time comes in as arguments.
+simulation (raft/sim/subscription_model.py) both drive it; time comes in as arguments.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from raft.subscriptions import Op, OpRequest
+from raft.core.subscription_table import Op, OpRequest
 
 W = TypeVar("W")
 

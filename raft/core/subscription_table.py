@@ -4,8 +4,8 @@ A subscription is a name with a committed *position* (the next offset to deliver
 metadata. Every change to the table is an operation inside a CONTROL entry of the log
 (`{"ctl": "sub_ops", "src": [...], "ops": [...]}`), and every node applies *committed* entries in
 log order to a `SubscriptionTable`, so every node, and so any leader after a fail-over, holds the
-same table; a restart rebuilds it by scanning the log (raft/subscription_index.py). Many
-consumers' operations share one entry (raft/subscription_batcher.py coalesces them on the
+same table; a restart rebuilds it by scanning the log (raft/core/subscription_index.py). Many
+consumers' operations share one entry (raft/core/subscription_batcher.py coalesces them on the
 leader), so committing positions costs one log entry per short interval, not one per commit.
 
 Operations (each one's verdict is decided here, at apply time, identically on every node; the
@@ -44,7 +44,7 @@ from typing import Any
 
 import msgpack
 
-from raft.types import ErrorCode
+from raft.core.types import ErrorCode
 from storage.batch import Batch, BatchKind
 
 CTL_OPS = "sub_ops"
@@ -423,7 +423,7 @@ _HANDLERS = {Op.OPEN: "_open", Op.COMMIT: "_commit", Op.RESET: "_reset", Op.PIN:
              Op.RELEASE: "_release", Op.DELETE: "_delete"}
 
 
-# -- retention's snapshot section (raft/snapshot.py, issue 15) -------------------------------------
+# -- retention's snapshot section (raft/core/snapshot.py, issue 15) -------------------------------------
 def section_fresh(ctx: Any, start: int) -> SubscriptionTable:
     return SubscriptionTable(start)
 

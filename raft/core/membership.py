@@ -7,7 +7,7 @@ configurations' majorities overlapping.
 
 A configuration also records the incarnation (data-directory identity) of the members it knows
 one of: set when a learner is promoted or a member that lost its disk is re-added, and for the
-others whenever the leader makes a change anyway (raft/incarnation.py). Recording one never
+others whenever the leader makes a change anyway (raft/core/incarnation.py). Recording one never
 changes who votes, so it rides along with any change.
 """
 

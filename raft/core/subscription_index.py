@@ -1,7 +1,7 @@
 """The subscription table kept current from a log, and what consumers lag by.
 
 `SubscriptionIndex.catch_up(commit_index)` applies committed batches in log order to the table
-(raft/subscriptions.py), in bounded steps, and reports the verdicts of our own entries to a
+(raft/core/subscription_table.py), in bounded steps, and reports the verdicts of our own entries to a
 callback; after a restart it rebuilds the table by scanning the log from its start (or from the
 table stored with the log start, once retention stores one: `restore`).
 
@@ -21,7 +21,7 @@ import bisect
 from array import array
 from collections.abc import Callable
 
-from raft.subscriptions import SNAPSHOT_SECTION, Applied, SubscriptionTable
+from raft.core.subscription_table import SNAPSHOT_SECTION, Applied, SubscriptionTable
 from storage.api import LogStorage
 from storage.batch import HEADER_SIZE, Batch, BatchKind, CorruptBatch
 
@@ -167,7 +167,7 @@ class SubscriptionIndex:
                 batches = self.log.read(t.applied + 1, min(budget, 16 << 20),
                                         left if max_batches is not None else None)
             except CorruptBatch:
-                return False  # damaged here (raft/repair.py fetches it again): wait for it
+                return False  # damaged here (raft/core/repair.py fetches it again): wait for it
             if not batches:
                 return False
             for b in batches:

@@ -1,5 +1,5 @@
-"""Subscriptions in the simulation: every node keeps the replicated table (raft/subscriptions.py)
-at its commit index, the leader batches operations into entries (raft/subscription_batcher.py),
+"""Subscriptions in the simulation: every node keeps the replicated table (raft/core/subscription_table.py)
+at its commit index, the leader batches operations into entries (raft/core/subscription_batcher.py),
 and consumers read, commit, crash and resume under the nemesis.
 
 The node side mirrors raft/node/subscription_service.py: operations wait in the leader's
@@ -25,11 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from raft.ready import ProduceAnswer
-from raft.subscription_batcher import CommitBatcher, Outgoing
-from raft.subscription_index import SubscriptionIndex
-from raft.subscriptions import Op, OpRequest, Outcome, make_entry
-from raft.types import Acks, ErrorCode
+from raft.core.ready import ProduceAnswer
+from raft.core.subscription_batcher import CommitBatcher, Outgoing
+from raft.core.subscription_index import SubscriptionIndex
+from raft.core.subscription_table import Op, OpRequest, Outcome, make_entry
+from raft.core.types import Acks, ErrorCode
 from storage.batch import BatchKind, CorruptBatch
 from storage.records import decode_records
 

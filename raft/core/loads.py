@@ -263,7 +263,7 @@ class LoadTable:
             load.attempts = {}
         self._open.pop(load.load_id, None)
 
-    # -- the state at a log start (raft/snapshot.py) ---------------------------------------
+    # -- the state at a log start (raft/core/snapshot.py) ---------------------------------------
     def dump(self) -> dict[str, Any]:
         """The whole table as a msgpack-able map (LoadTable.load reads it back)."""
         return {"applied": self.applied, "loads": [
@@ -371,7 +371,7 @@ class LoadIndex:
     def _restore(self) -> None:
         """Start over from the state stored with the log start (the table as of the log start;
         after a restart, or after a state transfer moved the start past what we applied)."""
-        from raft.snapshot import LOADS, section_raw
+        from raft.core.snapshot import LOADS, section_raw
 
         raw = section_raw(self.log.snapshot, LOADS)
         if raw is not None:
@@ -403,7 +403,7 @@ class LoadIndex:
             try:
                 batches = self.log.read(t.applied + 1, min(budget, 16 << 20), left)
             except CorruptBatch:
-                return False  # damaged here (raft/repair.py fetches it again): wait for it
+                return False  # damaged here (raft/core/repair.py fetches it again): wait for it
             if not batches:
                 return False
             for b in batches:

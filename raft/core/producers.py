@@ -116,7 +116,7 @@ class ProducerTable:
         self._by_pid.clear()
         self._unread.clear()
 
-    # -- the state at a log start (raft/snapshot.py) -------------------------------------------
+    # -- the state at a log start (raft/core/snapshot.py) -------------------------------------------
     def dump(self) -> list[list]:
         """[[producer id, [[sequence, base, last], ...]], ...], least recently written first:
         what a node that no longer holds these batches needs to answer retries with the

@@ -52,7 +52,7 @@ class FollowerProgress:
     recent_active: bool = False
     # Bytes acknowledged (for the runtime's catch-up rate), monotonic.
     acked_bytes: int = 0
-    # The follower reported damage from here (raft/repair.py) and the range is being resent.
+    # The follower reported damage from here (raft/core/repair.py) and the range is being resent.
     repair_at: int = -1
 
     @property

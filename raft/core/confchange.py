@@ -9,22 +9,22 @@ Rules held here:
 - A removed leader hands leadership over first, and steps down once the configuration without
   it commits.
 
-A mixin of RaftCore (raft/raft.py), which owns the state it reads and writes.
+A mixin of RaftCore (raft/core/raft.py), which owns the state it reads and writes.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from raft.leader_state import Waiting
-from raft.membership import ClusterConfig, ConfigEntry
-from raft.progress import FollowerProgress
-from raft.snapshot_sections import stored_config
-from raft.types import ErrorCode, Role
+from raft.core.leader_state import Waiting
+from raft.core.membership import ClusterConfig, ConfigEntry
+from raft.core.progress import FollowerProgress
+from raft.core.snapshot_sections import stored_config
+from raft.core.types import ErrorCode, Role
 from storage.batch import Batch, BatchKind
 
 if TYPE_CHECKING:
-    from raft.config import RaftConfig
+    from raft.core.config import RaftConfig
     from storage.api import LogStorage
 
 # How many recent configuration entries the metadata keeps, so a crash that drops unflushed
@@ -36,7 +36,7 @@ INTERNAL_REQUEST = -1
 
 class ConfChanges:
     """Membership state lives on RaftCore: `_configs` (recent ConfigEntry history, the last in
-    force); the leader's no-op offset is in `self.leader` (raft/leader_state.py)."""
+    force); the leader's no-op offset is in `self.leader` (raft/core/leader_state.py)."""
 
     cfg: "RaftConfig"
     log: "LogStorage"
@@ -60,7 +60,7 @@ class ConfChanges:
                 self._answer(request_id, ErrorCode.BAD_REQUEST, message=(
                     f"{refused} ({self._describe(cfg)})"))
                 return
-            if readd is None:  # the leader re-added it already (raft/incarnation.py)
+            if readd is None:  # the leader re-added it already (raft/core/incarnation.py)
                 self._answer(request_id, ErrorCode.OK, base_offset=self._configs[-1].offset,
                              last_offset=self._configs[-1].offset)
                 return
@@ -172,7 +172,7 @@ class ConfChanges:
                         for c in self._configs],
             "commit": self.commit_index}
         if self._pending:
-            out["pending"] = True  # not yet a member in good standing (raft/incarnation.py)
+            out["pending"] = True  # not yet a member in good standing (raft/core/incarnation.py)
         return out
 
     def _load_configs(self, meta: dict | None) -> list[ConfigEntry]:
@@ -206,7 +206,7 @@ class ConfChanges:
         known = {c.offset for c in self._configs}
         while offset <= log.dirty_offset:
             batches, skip_to = self._read_or_skip(offset, 8 << 20)
-            if not batches:  # damaged: repaired later from the leader (raft/repair.py)
+            if not batches:  # damaged: repaired later from the leader (raft/core/repair.py)
                 self.producers.mark_unread(offset, skip_to - 1)  # (it cannot tell retries)
                 offset = skip_to
                 continue

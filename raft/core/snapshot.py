@@ -15,12 +15,12 @@ The snapshot is a plain msgpack map, opaque to storage and to the wire:
 
 Each named section is owned by one `Section`: how to start it for an empty log, how to fold one
 committed batch into it, and how to encode and decode it. Retention folds the batches it drops
-into the previous snapshot to make the next one (raft/retention.py), so no section is ever
+into the previous snapshot to make the next one (raft/core/retention.py), so no section is ever
 rebuilt from the whole history. A new replicated table (subscriptions, ...) adds its own section
 with `register_section` and reads it back with `section_raw`; nothing else changes. Sections a
 build does not know are carried through unchanged (a mixed-version cluster keeps them).
 
-Built-in sections are in raft/snapshot_sections.py. Pure: no I/O, no clocks.
+Built-in sections are in raft/core/snapshot_sections.py. Pure: no I/O, no clocks.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from storage.batch import Batch
 
 SNAPSHOT_VERSION = 1
 
-# Names of the built-in sections (raft/snapshot_sections.py).
+# Names of the built-in sections (raft/core/snapshot_sections.py).
 TERM = "term"  # the term of the entry at start - 1
 CONFIG = "config"  # the cluster configuration in force at start - 1
-PRODUCERS = "producers"  # the idempotent producer table (raft/producers.py)
-LOADS = "loads"  # the Spark loads table (raft/loads.py)
+PRODUCERS = "producers"  # the idempotent producer table (raft/core/producers.py)
+LOADS = "loads"  # the Spark loads table (raft/core/loads.py)
 
 
 @dataclass(slots=True, frozen=True)

@@ -3,7 +3,7 @@
 Rules held here:
 - A vote is granted only to a candidate whose log is at least as up to date as ours (last term,
   then last offset), once per term; the grant marks hard state dirty, and the driver persists it
-  before the reply leaves (raft/ready.py), so a restart cannot vote twice in one term.
+  before the reply leaves (raft/core/ready.py), so a restart cannot vote twice in one term.
 - Whether the candidate is in *our* configuration does not matter (ours may be stale; the Raft
   thesis grants such votes): the candidate counts only votes of its own configuration's voters,
   and the lease below keeps a removed node from disrupting a cluster that has a leader.
@@ -11,14 +11,14 @@ Rules held here:
 - While we heard from a leader within the election timeout, a (non-transfer) vote request is
   ignored (the lease), so a partitioned node rejoining cannot depose a healthy leader.
 - A node that is not a member in good standing (it lost its disk and was not re-added yet, or
-  it is still checking whether the cluster is new: raft/incarnation.py) refuses every vote and
+  it is still checking whether the cluster is new: raft/core/incarnation.py) refuses every vote and
   pre-vote and never campaigns; a node holding damaged batches campaigns only after twice the
-  election timeout (raft/repair.py).
+  election timeout (raft/core/repair.py).
 - A log that lost flushed batches (cut at open: storage's lost_position) still compares as the
   log it held: the node must not vote for a candidate missing entries it counted toward, and
   does not campaign itself until it has them (or entries of a later term) again.
 
-A mixin of RaftCore (raft/raft.py), which owns the state it reads and writes.
+A mixin of RaftCore (raft/core/raft.py), which owns the state it reads and writes.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from __future__ import annotations
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from raft import messages as m
-from raft.quorum import VoteResult, vote_result
-from raft.types import Role
+from raft.core import messages as m
+from raft.core.quorum import VoteResult, vote_result
+from raft.core.types import Role
 
 if TYPE_CHECKING:
-    from raft.config import RaftConfig
+    from raft.core.config import RaftConfig
     from storage.api import LogStorage
 
 
@@ -95,9 +95,9 @@ class Elections:
         """A node that forgot, or lost flushed entries it has not got back yet, does not
         campaign: as leader it would serve (and overwrite) a log missing them. (A node with
         damaged batches may: its log is whole in terms, and as leader it hands over to a voter
-        holding the range, raft/repair.py; it only waits longer, so a whole node leads first.)"""
+        holding the range, raft/core/repair.py; it only waits longer, so a whole node leads first.)"""
         if self._storage_running is not None:
-            return False  # the log is changing (raft/ready.py StorageWork): after it is done
+            return False  # the log is changing (raft/core/ready.py StorageWork): after it is done
         lost = self.log.lost_position
         return self.may_vote() and (lost is None or (lost[1], lost[0]) <= (
             self.log.last_term(), self.log.dirty_offset))

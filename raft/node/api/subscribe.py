@@ -1,4 +1,4 @@
-"""Subscriptions: named consumer positions committed through the log (raft/subscriptions.py).
+"""Subscriptions: named consumer positions committed through the log (raft/core/subscription_table.py).
 
 `sub_open`, `sub_commit`, `sub_reset`, `sub_pin`, `sub_release` and `sub_delete` become one
 operation each in the leader's accumulator (raft/node/subscription_service.py) and are answered
@@ -28,8 +28,8 @@ from raft.node.api.fetch import visible_hw
 from raft.protocol.replies import ErrorReply, OkReply, Reply
 from raft.protocol.subscription_requests import (MAX_COMMIT_ITEMS, SUB_TYPES, SubCommitMany,
                                                  SubList, SubRequest)
-from raft.subscriptions import Op, OpRequest, Outcome, consumer_error, name_error
-from raft.types import ErrorCode
+from raft.core.subscription_table import Op, OpRequest, Outcome, consumer_error, name_error
+from raft.core.types import ErrorCode
 
 # The operation each single-subscription request type asks of the table (sub_get: none).
 _OPS: dict[str, Op | None] = {"sub_open": Op.OPEN, "sub_commit": Op.COMMIT,

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from raft.messages import Message
-from raft.types import Acks, ErrorCode, Role
+from raft.core.messages import Message
+from raft.core.types import Acks, ErrorCode, Role
 
 if TYPE_CHECKING:
     from storage.api import LogStorage
@@ -146,11 +146,11 @@ class Status:
     retained_bytes: int = 0
     # The term of the entry just before the log start (from the state at the log start).
     start_term: int = 0
-    incarnation: int = 0  # this node's data directory (raft/incarnation.py)
+    incarnation: int = 0  # this node's data directory (raft/core/incarnation.py)
     # "member", or why it may not vote or count yet ("rejoining: lost its disk", ...).
     standing: str = "member"
     damaged: list[list[int]] = field(default_factory=list)  # [first, last] not served yet
     votes_refused: int = 0  # vote requests refused because it is not a member in good standing
     # A leader whose copy of a batch is damaged and that knows no voter holding it: the voters
-    # it still waits to hear from before it may declare the batch lost (raft/repair.py).
+    # it still waits to hear from before it may declare the batch lost (raft/core/repair.py).
     damage_waiting_for: list[int] = field(default_factory=list)

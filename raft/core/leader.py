@@ -4,21 +4,21 @@ taking replies, and advancing the commit index.
 Rules held here:
 - Commit index = the highest offset N of the leader's *current term* such that a majority of
   voters has min(match, verified flushed) >= N; the leader counts its own flushed offset, never
-  a dirty offset (raft.quorum.committed_index over FollowerProgress.durable_offset()).
+  a dirty offset (raft.core.quorum.committed_index over FollowerProgress.durable_offset()).
 - A follower's reported flushed (or dirty) offset counts only if the leader's own term at that
   offset equals the term the follower reported for it (`_matches_our_log`).
 - Replies to requests sent before the last reset of a follower's stream (`seq < reset_seq`)
   may describe a log the follower no longer has: they neither raise match nor back off.
 - Replies from a data directory the configuration does not know for their sender never get
-  here (raft/incarnation.py screens them); a reply reporting damage lowers what counts and gets
-  the range resent (raft/repair.py); the leader's own flushed offset counts only up to its
+  here (raft/core/incarnation.py screens them); a reply reporting damage lowers what counts and gets
+  the range resent (raft/core/repair.py); the leader's own flushed offset counts only up to its
   first damaged offset, and a damaged range is never sent.
 - Leadership transfer: catch the target up, then TimeoutNow.
 
 How a lagging follower is caught up (chunks, flush=False, the window, probing with term hints)
 is recovery's (recovery/); this file calls it.
 
-A mixin of RaftCore (raft/raft.py), which owns the state it reads and writes.
+A mixin of RaftCore (raft/core/raft.py), which owns the state it reads and writes.
 """
 
 from __future__ import annotations
@@ -26,24 +26,24 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from raft import messages as m
-from raft.leader_state import Waiting
-from raft.progress import FollowerProgress, ProgressState
-from raft.quorum import committed_index, majority
-from raft.types import Acks, ErrorCode
+from raft.core import messages as m
+from raft.core.leader_state import Waiting
+from raft.core.progress import FollowerProgress, ProgressState
+from raft.core.quorum import committed_index, majority
+from raft.core.types import Acks, ErrorCode
 from recovery.probe import backoff_next
 from recovery.stream import StreamLimits, next_chunk
 from storage.api import TailFull
 from storage.batch import Batch, CorruptBatch
 
 if TYPE_CHECKING:
-    from raft.config import RaftConfig
+    from raft.core.config import RaftConfig
     from recovery.ratelimit import TokenBucket
     from storage.api import LogStorage
 
 
 class LeaderSide:
-    """Leader-only state is `self.leader` (raft/leader_state.py: progress, waiting produces,
+    """Leader-only state is `self.leader` (raft/core/leader_state.py: progress, waiting produces,
     the transfer, the leader's clocks), None unless leading; RaftCore holds `_stream_limits`."""
 
     cfg: "RaftConfig"
@@ -141,7 +141,7 @@ class LeaderSide:
                                    replicating=pr.state == ProgressState.REPLICATE,
                                    recovering=pr.recovering, limits=self._stream_limits)
             except CorruptBatch:
-                return  # our copy is damaged (now recorded): raft/repair.py takes it from here
+                return  # our copy is damaged (now recorded): raft/core/repair.py takes it from here
             if chunk is None:
                 return  # nothing new; heartbeats carry the commit index
             pr.recovering = not chunk.at_tail
@@ -303,7 +303,7 @@ class LeaderSide:
         pr = self._progress_of(to)
         if pr is None:
             return
-        # Caught up: everything we hold, or (raft/repair.py) everything we can still send it,
+        # Caught up: everything we hold, or (raft/core/repair.py) everything we can still send it,
         # up to a damaged batch of ours it lacks. The vote rules stay whole: our entries past
         # that batch are ours alone unless a majority's votes say otherwise.
         ready = self.log.dirty_offset

@@ -9,10 +9,10 @@ flushed prefix really is a prefix of the leader's log, whatever reordering, dupl
 crashes happened in between. Without that check a stale "flushed = 10" from before a
 truncation could be counted against entries the follower never flushed.
 
-Incarnations (raft/incarnation.py): votes and append replies carry the sender's data-directory
+Incarnations (raft/core/incarnation.py): votes and append replies carry the sender's data-directory
 identity, and whether it still waits to be (re-)added (`rejoining`), so a leader or voter can
 ignore a member that is not the one its configuration knows. Replies also carry `repair_from`,
-the first offset the follower holds damaged (raft/repair.py), so the leader resends it. Fields
+the first offset the follower holds damaged (raft/core/repair.py), so the leader resends it. Fields
 added later have defaults, so older senders still decode (as incarnation 0: unknown).
 """
 
@@ -39,7 +39,7 @@ class AppendEntries:
     # prev_offset is the leader's log start - 1 (retention dropped everything before): a
     # follower whose log does not reach or match it restarts its log there.
     log_start_reset: bool = False
-    # With log_start_reset: the state at the leader's log start (raft/snapshot.py: term,
+    # With log_start_reset: the state at the leader's log start (raft/core/snapshot.py: term,
     # configuration, producer and loads tables, ...). The follower stores it with the reset, in
     # one storage operation, before it appends anything after it: the state transfer.
     snapshot: dict | None = None
@@ -109,7 +109,7 @@ class RequestVote:
     last_term: int
     pre_vote: bool = False
     # Voters ignore their leader lease: set for a leadership transfer (TimeoutNow) and for the
-    # real vote a won pre-vote earned (raft/election.py, Campaign.skips_lease).
+    # real vote a won pre-vote earned (raft/core/election.py, Campaign.skips_lease).
     transfer: bool = False
     incarnation: int = 0
 
@@ -136,7 +136,7 @@ class TimeoutNow:
 @dataclass(slots=True)
 class BootstrapProbe:
     """From a node that started on an empty data directory, to every voter of its bootstrap
-    configuration: "is this cluster new?" (raft/incarnation.py). Outside the term rules."""
+    configuration: "is this cluster new?" (raft/core/incarnation.py). Outside the term rules."""
 
     src: int
     dst: int

@@ -28,7 +28,7 @@ Members added before incarnations were recorded (the bootstrap members) get thei
 whenever the leader makes a configuration change anyway; until then the `rejoining` flag alone
 tells the leader which of them lost their disk.
 
-A mixin of RaftCore (raft/raft.py), which owns the state it reads and writes.
+A mixin of RaftCore (raft/core/raft.py), which owns the state it reads and writes.
 """
 
 from __future__ import annotations
@@ -36,14 +36,14 @@ from __future__ import annotations
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from raft import messages as m
-from raft.confchange import INTERNAL_REQUEST
-from raft.membership import ClusterConfig
-from raft.types import Role
+from raft.core import messages as m
+from raft.core.confchange import INTERNAL_REQUEST
+from raft.core.membership import ClusterConfig
+from raft.core.types import Role
 
 if TYPE_CHECKING:
-    from raft.config import RaftConfig
-    from raft.progress import FollowerProgress
+    from raft.core.config import RaftConfig
+    from raft.core.progress import FollowerProgress
     from storage.api import LogStorage, Meta
 
 
@@ -199,7 +199,7 @@ class Incarnations:
 
     def _note_rejoiner_answer(self, msg: m.AppendEntriesReply | m.HeartbeatReply) -> None:
         """A voter answering from the new disk it is being re-added with does not count, but
-        what its log lacks is still evidence for a damaged batch of ours (raft/repair.py)."""
+        what its log lacks is still evidence for a damaged batch of ours (raft/core/repair.py)."""
         if self._rejoiners.get(msg.src) == msg.incarnation:
             self._note_copy_answer(msg)
 

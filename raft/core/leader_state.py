@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from raft.progress import FollowerProgress
+from raft.core.progress import FollowerProgress
 
 
 @dataclass(slots=True)
@@ -27,12 +27,13 @@ class Waiting:
 
 @dataclass(slots=True)
 class LeaderState:
-    # One FollowerProgress per member other than the leader (raft/leader.py, raft/confchange.py).
+    # One FollowerProgress per member other than the leader (raft/core/leader.py,
+    # raft/core/confchange.py).
     progress: dict[int, FollowerProgress] = field(default_factory=dict)
     # Quorum produces (and membership changes) awaiting commit, lowest last offset first.
     waiting: deque[Waiting] = field(default_factory=deque)
     # This leader's no-op: once the commit index passes it, the leader has committed an entry
-    # of its term (a membership change waits for that: raft/confchange.py).
+    # of its term (a membership change waits for that: raft/core/confchange.py).
     noop_offset: int = -1
     transfer_target: int | None = None  # leadership is moving there: proposals are refused
     transfer_elapsed: int = 0  # ticks since the transfer began (given up after a timeout)

@@ -8,34 +8,34 @@ Rules held here:
   offset on means an old term's tail: it is truncated first, never at or below the commit index
   (InvariantViolation: fail-stop).
 - Durable log changes (a truncation, the state transfer's reset, a repair) are handed to the
-  driver (StorageWork, raft/ready.py) and the append is handled again once they are done;
+  driver (StorageWork, raft/core/ready.py) and the append is handled again once they are done;
   appends that arrive meanwhile are dropped (the leader resends on its next heartbeat's reply).
 - Follower commit index = min(leader commit, own flushed offset, last offset verified to match
   this term's leader). Dirty data is never reported as committed.
 - A `flush=True` request is answered only after the flush; `flush=False` (recovery) data is
   flushed on the deferred schedule (recovery.deferred_flush) and reported unasked.
-- Replies carry this node's incarnation and standing (raft/incarnation.py), and a flushed
-  offset never past damage, with the damaged offset to resend (raft/repair.py); an entry we
+- Replies carry this node's incarnation and standing (raft/core/incarnation.py), and a flushed
+  offset never past damage, with the damaged offset to resend (raft/core/repair.py); an entry we
   hold damaged is written back from the leader's copy instead of being skipped.
 
-A mixin of RaftCore (raft/raft.py), which owns the state it reads and writes.
+A mixin of RaftCore (raft/core/raft.py), which owns the state it reads and writes.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from raft import messages as m
-from raft.ready import StorageWork
-from raft.snapshot import TERM, StartState
-from raft.types import InvariantViolation, Role
+from raft.core import messages as m
+from raft.core.ready import StorageWork
+from raft.core.snapshot import TERM, StartState
+from raft.core.types import InvariantViolation, Role
 from recovery.deferred_flush import DeferredFlush
 from recovery.probe import conflict_hint
 from storage.api import OffsetOutOfRange, TailFull
 from storage.batch import Batch
 
 if TYPE_CHECKING:
-    from raft.config import RaftConfig
+    from raft.core.config import RaftConfig
     from storage.api import LogStorage
 
 

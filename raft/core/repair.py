@@ -29,9 +29,9 @@ the scrubber or a read: storage/damage.py) and never returns it. The rules here:
 
 A node that lost flushed batches whose position is unknown (a damaged header, a missing batch)
 has its log cut at open instead (storage/lmdb_format.py), and keeps the position it held
-(`log.lost_position`) for its votes (raft/election.py).
+(`log.lost_position`) for its votes (raft/core/election.py).
 
-A mixin of RaftCore (raft/raft.py), which owns the state it reads and writes.
+A mixin of RaftCore (raft/core/raft.py), which owns the state it reads and writes.
 """
 
 from __future__ import annotations
@@ -39,17 +39,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from raft import messages as m
-from raft.membership import ClusterConfig, ConfigEntry
-from raft.progress import FollowerProgress, ProgressState
-from raft.ready import StorageWork
-from raft.snapshot import TERM, StartState
-from raft.types import DataLost, Role
+from raft.core import messages as m
+from raft.core.membership import ClusterConfig, ConfigEntry
+from raft.core.progress import FollowerProgress, ProgressState
+from raft.core.ready import StorageWork
+from raft.core.snapshot import TERM, StartState
+from raft.core.types import DataLost, Role
 from storage.batch import Batch, BatchKind, CorruptBatch
 from storage.damage import Damage
 
 if TYPE_CHECKING:
-    from raft.config import RaftConfig
+    from raft.core.config import RaftConfig
     from storage.api import LogStorage
 
 

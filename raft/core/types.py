@@ -35,12 +35,12 @@ class ErrorCode(IntEnum):
     BAD_REQUEST = 9
     INTERNAL = 10
     # A staged-load write for a load that is already committed or aborted, or was restarted by a
-    # newer run (raft/loads.py): the writer stops; nothing it sends could be published.
+    # newer run (raft/core/loads.py): the writer stops; nothing it sends could be published.
     LOAD_CLOSED = 11
     # The leader's disk is full: it refuses new writes, keeps serving reads and catch-up from
     # what it has, and takes writes again once a flush succeeds.
     DISK_FULL = 12
-    # Subscriptions (raft/subscriptions.py): named consumer positions replicated with the log.
+    # Subscriptions (raft/core/subscription_table.py): named consumer positions replicated with the log.
     INVALID_SUBSCRIPTION_NAME = 13  # empty, too long, or characters outside [A-Za-z0-9._:-]
     UNKNOWN_SUBSCRIPTION = 14  # no subscription of that name (never created, deleted, expired)
     SUBSCRIPTION_LEASED = 15  # another consumer holds the single-active-consumer lease
@@ -59,5 +59,5 @@ class InvariantViolation(AssertionError):
 
 class DataLost(Exception):
     """Committed entries are damaged on this node and no other voter has a good copy: they
-    are lost. Fail-stop: the node stops loudly, naming the range (raft/repair.py), rather than
+    are lost. Fail-stop: the node stops loudly, naming the range (raft/core/repair.py), rather than
     serve a log with a hole in it."""

@@ -1,5 +1,5 @@
 """The sans-IO Raft core: messages, ticks and storage completions in; messages, storage work and
-client answers out (raft/ready.py). No sockets, clocks, threads or global randomness here: the
+client answers out (raft/core/ready.py). No sockets, clocks, threads or global randomness here: the
 trio runtime (raft/node/) and the deterministic simulation (raft/sim/) drive the same object.
 
 What differs from textbook Raft, after Redpanda's recovery RFC:
@@ -20,34 +20,33 @@ driver's work, announced through Ready, so no fsync runs on the driver's event l
 
 One concern a file, after etcd-io/raft: this file holds the state, the inputs (tick, step,
 propose, flushed, stored), the Ready output and the role changes (only the _become_* methods set
-the role; what only a leader has is `self.leader`, raft/leader_state.py, None unless leading);
-elections are in raft/election.py, the follower side of replication in raft/follower.py, the
-leader side and the commit rule in raft/leader.py, membership changes in raft/confchange.py, data-directory identities (a node that
-lost its disk neither votes nor counts until re-added) in raft/incarnation.py, damaged batches
-in raft/repair.py; the recovery machinery the leader and follower call (chunk planning, probing
-hints, deferred flush, the in-flight window) is in recovery/.
-"""
+the role; what only a leader has is `self.leader`, raft/core/leader_state.py, None unless
+leading); elections are in raft/core/election.py, the follower side of replication in
+raft/core/follower.py, the leader side and the commit rule in raft/core/leader.py, membership
+changes in raft/core/confchange.py, data-directory identities (a node that lost its disk neither
+votes nor counts until re-added) in raft/core/incarnation.py, damaged batches in
+raft/core/repair.py; the recovery machinery the leader and follower call (chunk planning,
+probing hints, deferred flush, the in-flight window) is in recovery/. """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-
-from raft import messages as m
-from raft.config import RaftConfig, Rng
-from raft.confchange import INTERNAL_REQUEST, ConfChanges
-from raft.election import Campaign, Elections
-from raft.follower import FollowerSide
-from raft.incarnation import Incarnations
-from raft.leader import LeaderSide
-from raft.leader_state import LeaderState, Waiting
-from raft.membership import ClusterConfig, ConfigEntry
-from raft.producers import ProducerTable, Verdict
-from raft.snapshot import CONFIG, PRODUCERS, SnapshotContext, StartState, section_raw
-from raft.progress import FollowerProgress
-from raft.ready import FollowerStatus, HardState, ProduceAnswer, Ready, Status, StorageWork
-from raft.repair import CopyCensus, Repairs
-from raft.types import Acks, ErrorCode, InvariantViolation, Role
+from raft.core import messages as m
+from raft.core.config import RaftConfig, Rng
+from raft.core.confchange import INTERNAL_REQUEST, ConfChanges
+from raft.core.election import Campaign, Elections
+from raft.core.follower import FollowerSide
+from raft.core.incarnation import Incarnations
+from raft.core.leader import LeaderSide
+from raft.core.leader_state import LeaderState, Waiting
+from raft.core.membership import ClusterConfig, ConfigEntry
+from raft.core.producers import ProducerTable, Verdict
+from raft.core.snapshot import CONFIG, PRODUCERS, SnapshotContext, StartState, section_raw
+from raft.core.progress import FollowerProgress
+from raft.core.ready import FollowerStatus, HardState, ProduceAnswer, Ready, Status, StorageWork
+from raft.core.repair import CopyCensus, Repairs
+from raft.core.types import Acks, ErrorCode, InvariantViolation, Role
 from recovery.deferred_flush import DeferredFlush
 from recovery.ratelimit import TokenBucket
 from recovery.stream import StreamLimits
@@ -57,7 +56,7 @@ from storage.batch import Batch, BatchKind
 
 class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, Repairs):
     """One Raft group's consensus state machine. Drive it with tick/step/propose/flushed and
-    drain ready(); see raft/ready.py for the driver contract."""
+    drain ready(); see raft/core/ready.py for the driver contract."""
 
     # Every core starts as a follower; only the _become_* methods below change the role.
     role: Role = Role.FOLLOWER
@@ -90,7 +89,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         self._randomized_timeout = 0
         self._reset_randomized_timeout()
         self._votes: dict[int, bool] = {}
-        # Exists only while leading (raft/leader_state.py).
+        # Exists only while leading (raft/core/leader_state.py).
         self.leader: LeaderState | None = None
         self._seq = 0
         self._stream_limits = StreamLimits(cfg.max_append_bytes, cfg.recovery_chunk_bytes,
@@ -109,7 +108,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
                                              cfg.follower_flush_ticks)
         self._reported_flushed = log.flushed_offset
 
-        # Durable log changes handed to the driver (StorageWork, raft/ready.py): the one not
+        # Durable log changes handed to the driver (StorageWork, raft/core/ready.py): the one not
         # handed out yet, the one running, what to do once it is done, and the append to
         # handle again then. One at a time; the core leaves the log alone meanwhile.
         self._storage_out: StorageWork | None = None
@@ -126,7 +125,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
 
         self._damage_seen = -1  # damage found at open is reported at the first tick
         self._damage_ticks = 0
-        self._copy_census = CopyCensus()  # who answered without a good copy (raft/repair.py)
+        self._copy_census = CopyCensus()  # who answered without a good copy (raft/core/repair.py)
         self._init_incarnation(meta)
 
         if len(self.config.voters) == 1 and self.config.voters[0] == self.node_id and \
@@ -166,7 +165,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
     def step(self, msg: m.Message) -> None:
         if msg.dst != self.node_id:
             return
-        if isinstance(msg, m.BootstrapProbe):  # outside the term rules (raft/incarnation.py)
+        if isinstance(msg, m.BootstrapProbe):  # outside the term rules (raft/core/incarnation.py)
             self._handle_probe(msg)
             return
         if isinstance(msg, m.BootstrapProbeReply):
@@ -328,7 +327,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
                       self._damage_waiting_for())
 
     def snapshot_context(self) -> SnapshotContext:
-        """What the sections of the state at the log start need on this node (raft/snapshot.py):
+        """What the sections of the state at the log start need on this node (raft/core/snapshot.py):
         the producer table's bounds and the configuration before the log's first CONFIG."""
         first = self._configs[0]
         boot = first if first.offset < 0 else self._bootstrap_config()
@@ -382,7 +381,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
             self._step_down(lead)
 
     def _become_pre_candidate(self) -> None:
-        """Ask whether we would win, in our current term (raft/election.py)."""
+        """Ask whether we would win, in our current term (raft/core/election.py)."""
         self.role = Role.PRE_CANDIDATE
         self.leader_id = None
         self._votes = {self.node_id: True}
@@ -390,7 +389,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         self._reset_randomized_timeout()
 
     def _become_candidate(self) -> None:
-        """Campaign in the next term, voting for ourselves (raft/election.py)."""
+        """Campaign in the next term, voting for ourselves (raft/core/election.py)."""
         self._enter_term(self.term + 1, self.node_id)
         self.role = Role.CANDIDATE
         self.leader_id = None

@@ -1,4 +1,4 @@
-"""The built-in sections of the state at the log start (raft/snapshot.py): the term at the log
+"""The built-in sections of the state at the log start (raft/core/snapshot.py): the term at the log
 start, the configuration in force there, the idempotent producer table and the Spark loads table.
 
 Importing this module registers them; the core imports it, so every node has them. A new table
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from raft.loads import LoadTable
-from raft.membership import ClusterConfig, ConfigEntry
-from raft import subscriptions
-from raft.producers import ProducerTable
-from raft.snapshot import (
+from raft.core.loads import LoadTable
+from raft.core.membership import ClusterConfig, ConfigEntry
+from raft.core import subscription_table as subscriptions
+from raft.core.producers import ProducerTable
+from raft.core.snapshot import (
     CONFIG,
     LOADS,
     PRODUCERS,
