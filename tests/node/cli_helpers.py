@@ -13,11 +13,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from raft.cli.localcluster import free_ports
+from raft.cli.localcluster import LocalCluster, free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 60.0  # generous: process start-up on a loaded 2-core box
@@ -172,3 +172,16 @@ class UpCluster(Running):
     def pid(self, node_id: int, count: int = 1) -> int:
         m = self.wait_line(rf"^node {node_id}: \S+\s+pid (\d+)", count=count)
         return int(m.group(1))
+
+
+@contextlib.contextmanager
+def local_cluster(directory: Path, nodes: int) -> Iterator[LocalCluster]:
+    """A started LocalCluster of real `raftlog serve` processes with a leader, stopped on the
+    way out whatever happens: the body of the process tests' module-scoped cluster fixtures."""
+    c = LocalCluster(directory, nodes=nodes)
+    c.start()
+    try:
+        c.wait_leader(timeout=60)
+        yield c
+    finally:
+        c.stop()

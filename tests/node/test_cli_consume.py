@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from cli_helpers import cli, raftlog
+from cli_helpers import cli, local_cluster, raftlog
 from raft.cli.localcluster import LocalCluster
 from raft.client import BlockingClient
 
@@ -23,10 +23,7 @@ HOUR_MS = 3_600_000
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
-    c = LocalCluster(tmp_path_factory.mktemp("consume"), nodes=3)
-    c.start()
-    try:
-        c.wait_leader(timeout=60)
+    with local_cluster(tmp_path_factory.mktemp("consume"), nodes=3) as c:
         now = int(time.time() * 1000)
         with BlockingClient(c.servers) as client:
             c.stamped = {}  # type: ignore[attr-defined]
@@ -35,8 +32,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
                                      timestamp_ms=now - age)
                 c.stamped[name] = res.base_offset  # type: ignore[attr-defined]
         yield c
-    finally:
-        c.stop()
 
 
 def consume(cluster: LocalCluster, *args: str, process: bool = False) -> list[tuple[int, str]]:

@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from cli_helpers import Running, cli, raftlog
+from cli_helpers import Running, cli, local_cluster, raftlog
 from raft.cli.localcluster import LocalCluster
 from raft.client import BlockingClient
 
@@ -19,16 +19,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
-    c = LocalCluster(tmp_path_factory.mktemp("consume-flags"), nodes=1)
-    c.start()
-    try:
-        c.wait_leader(timeout=60)
+    with local_cluster(tmp_path_factory.mktemp("consume-flags"), nodes=1) as c:
         with BlockingClient(c.servers) as client:
             res = client.produce(["one", "two", "three"], producer_id=0)
             c.first = res.base_offset  # type: ignore[attr-defined]
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.mark.parametrize("extra", [[], ["--subscription", "ctrl-c"]])

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from cli_helpers import cli, raftlog
+from cli_helpers import cli, local_cluster, raftlog
 from raft.cli.localcluster import LocalCluster
 from raft.client import BlockingClient
 from storage.records import Record
@@ -19,13 +19,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
-    c = LocalCluster(tmp_path_factory.mktemp("formats"), nodes=1)
-    c.start()
-    try:
-        c.wait_leader(timeout=60)
+    with local_cluster(tmp_path_factory.mktemp("formats"), nodes=1) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def test_key_separator_keys_each_line_and_a_line_without_it_fails_alone(

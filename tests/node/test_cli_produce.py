@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from cli_helpers import Running, cli, free_base_port, raftlog, wait_for
+from cli_helpers import Running, cli, free_base_port, local_cluster, raftlog, wait_for
 from raft.cli.localcluster import LocalCluster
 from raft.client import BlockingClient
 
@@ -21,13 +21,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
-    c = LocalCluster(tmp_path_factory.mktemp("produce"), nodes=3)
-    c.start()
-    try:
-        c.wait_leader(timeout=60)
+    with local_cluster(tmp_path_factory.mktemp("produce"), nodes=3) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def read_back(cluster: LocalCluster, offset: int, n: int = 1) -> list:

@@ -20,7 +20,7 @@ import lmdb
 import msgpack
 import pytest
 
-from cli_helpers import raftlog
+from cli_helpers import local_cluster, raftlog
 from raft.cli.localcluster import LocalCluster, wait_for
 from raft.client import BlockingClient
 from storage.batch import Batch
@@ -33,13 +33,8 @@ ISSUE_PAYLOAD = b"\xc1not msgpack records"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
-    c = LocalCluster(tmp_path_factory.mktemp("malformed"), nodes=3)
-    c.start()
-    try:
-        c.wait_leader(timeout=60)
+    with local_cluster(tmp_path_factory.mktemp("malformed"), nodes=3) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def raw_request(address: str, frame: dict) -> dict:
