@@ -25,7 +25,7 @@ from raft.client.results import FetchedRecord, FetchResult, ProduceResult, Undec
 from raft.client.security import ClientSecurity
 from raft.client.subscription_calls import SubscriptionCalls
 from raft.node.config import ConfigError, parse_address
-from raft.protocol.errors import may_retry
+from raft.protocol.errors import may_retry, may_retry_lost_connection
 from raft.protocol.framing import WireError
 from raft.protocol.requests import (AddNode, Fetch, Produce, RawRequest, RemoveNode, Status,
                                     TransferLeader, acks_named, type_of)
@@ -212,7 +212,7 @@ class Client(SubscriptionCalls):
                     WireError) as e:
                 await self._forget(target)
                 sent = sent and not isinstance(e, RequestNotSent)
-                if sent and not safe_to_retry:
+                if not may_retry_lost_connection(written=sent, idempotent=safe_to_retry):
                     raise RequestTimeout(
                         f"lost the connection to {target} after sending {t} ({e}); the batch "
                         f"may or may not be in the log: read it back before resending, or use "
