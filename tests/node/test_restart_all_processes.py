@@ -1,8 +1,9 @@
 """Every node SIGKILLed and started again under a library Producer and a plain produce (issue
 29, item 7): a client that has reached the cluster waits for it within its timeout (10 s)
 instead of failing with UNAVAILABLE while no node accepts connections. Every send is
-delivered, and the idempotent producer's retries write nothing twice (read back from every
-node)."""
+delivered, the idempotent producer's retries write nothing twice (read back from every node),
+and a subscription consumer (its fetches and commits, on a client of its own) reads on through
+the restart."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import trio
 
 from raft.cli.demo import verify
 from raft.cli.localcluster import LocalCluster
-from raft.client import Client, Producer
+from raft.client import Client, Consumer, Producer
 
 pytestmark = pytest.mark.slow
 DEADLINE_S = 120.0  # generous: three Python processes start on a loaded 2-core box
@@ -34,14 +35,29 @@ def kill_all(cluster: LocalCluster) -> None:
 async def ride_through_restart(cluster: LocalCluster) -> dict[int, bytes]:
     acked: dict[int, bytes] = {}
     sent_idempotent: list[bytes] = []
+    consumed: list[bytes] = []
     async with Client(cluster.servers, timeout=10) as client, \
+            Client(cluster.servers, timeout=10) as reader_client, \
             Producer(client, acks="quorum", timeout=10) as producer, \
             trio.open_nursery() as nursery:
         # Both reach the cluster first: what they do after that is what is tested.
         acked[await producer.send(b"idem-before")] = b"idem-before"
         res = await client.produce([b"plain-before"], acks="quorum")
         acked[res.base_offset] = b"plain-before"
-        stop = trio.Event()
+        stop, writer_done = trio.Event(), trio.Event()
+
+        async def subscriber(task_status=trio.TASK_STATUS_IGNORED) -> None:
+            """Reads the subscription until the end marker, committing as it goes."""
+            async with Consumer(reader_client, subscription="through-restart",
+                                auto_commit_ms=50, max_wait=0.2) as consumer:
+                await consumer.open()
+                task_status.started()
+                async for record in consumer:
+                    if record.value == b"end":
+                        break
+                    consumed.append(record.value)
+
+        await nursery.start(subscriber)
 
         async def idempotent_writer() -> None:
             """One send at a time, across the kill and the restart: none may fail."""
@@ -51,6 +67,7 @@ async def ride_through_restart(cluster: LocalCluster) -> dict[int, bytes]:
                 sent_idempotent.append(value)
                 acked[await producer.send(value)] = value
                 i += 1
+            writer_done.set()
 
         plain_done = trio.Event()
 
@@ -76,10 +93,14 @@ async def ride_through_restart(cluster: LocalCluster) -> dict[int, bytes]:
             count = len(sent_idempotent)
             await until(lambda: len(sent_idempotent) >= count + 20, "sends after the restart")
             stop.set()
+            await writer_done.wait()
+            acked[await producer.send(b"end")] = b"end"
     # Every idempotent send was acknowledged (a failure would have ended the writer, and the
     # test, with its error): each value is in `acked` exactly once.
     assert sorted(acked.values()) == sorted({*sent_idempotent, b"idem-before", b"plain-before",
-                                             b"plain-during"})
+                                             b"plain-during", b"end"})
+    # The consumer read every record (at least once; it started at the log's start).
+    assert set(acked.values()) - set(consumed) == {b"end"}
     return acked
 
 
