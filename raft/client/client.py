@@ -1,7 +1,8 @@
 """`Client`: a connection pool to one cluster. It finds the leader (any node answers
 `status`; NOT_LEADER carries the leader's address), reconnects, and retries retriable errors
-with backoff inside the caller's timeout; produce, fetch, status and the admin requests are
-built on its `call`."""
+and lost connections with backoff (raft/client/backoff.py) inside the caller's timeout, so a
+client that has reached the cluster once rides through a restart of every node; produce, fetch,
+status and the admin requests are built on its `call`."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from typing import Any
 
 import trio
 
+from raft.client.backoff import RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S, Backoff
 from raft.client.commits import DEFAULT_COMMIT_LINGER_MS, MAX_COMMIT_ITEMS, CommitCoalescer
-from raft.client.connection import _Connection
+from raft.client.connection import RequestNotSent, _Connection
 from raft.client.errors import (NotLeaderError, OffsetOutOfRangeError,
                                 RaftlogError, RequestTimeout,
                                 ShuttingDownError, TooLargeError, UnavailableError,
@@ -23,7 +25,7 @@ from raft.client.results import FetchedRecord, FetchResult, ProduceResult, Undec
 from raft.client.security import ClientSecurity
 from raft.client.subscription_calls import SubscriptionCalls
 from raft.node.config import ConfigError, parse_address
-from raft.protocol.errors import may_retry
+from raft.protocol.errors import may_retry, may_retry_lost_connection
 from raft.protocol.framing import WireError
 from raft.protocol.requests import (AddNode, Fetch, Produce, RawRequest, RemoveNode, Status,
                                     TransferLeader, acks_named, type_of)
@@ -47,24 +49,45 @@ class Client(SubscriptionCalls):
     Subscription commits of the consumers that share a client travel together: they wait
     `commit_linger_ms` (default 5 ms) for each other and leave as one `sub_commit_many` request
     of at most `max_commit_items` (raft/client/commits.py). Share one client among the
-    consumers of a process: that is what makes many commits cost few requests."""
+    consumers of a process: that is what makes many commits cost few requests.
+
+    Retries: a request is retried, until its timeout, after a retryable error
+    (raft.protocol.errors) and after a connection failure before the request was written
+    (nothing listens, the node hung up before the send); a connection lost after a produce was
+    written is retried only when the produce is idempotent (a producer id: `Producer`). The
+    pauses between attempts grow from `retry_backoff` (0.01 s) to `retry_backoff_max` (1 s),
+    with jitter (raft/client/backoff.py). One exception, first contact: while this client has
+    never reached any node, an address that refuses the connection is not waited for, and when
+    every address refuses, the call fails at once naming them all ("no raftlog node answers
+    at ..."): a cluster that was never seen is more likely not running, or the addresses
+    wrong, than restarting. `retry_refused=True` waits for it anyway (a script that starts a
+    cluster and its client together)."""
 
     def __init__(self, servers: str | Sequence[str], *, timeout: float = DEFAULT_TIMEOUT_S,
                  max_frame_bytes: int = 64 << 20, rng: random.Random | None = None,
                  tls_ca: str | None = None, tls_cert: str | None = None,
                  tls_key: str | None = None, token: str | None = None,
-                 retry_refused: bool = False,
+                 retry_refused: bool = False, retry_backoff: float = RETRY_BACKOFF_S,
+                 retry_backoff_max: float = RETRY_BACKOFF_MAX_S,
                  commit_linger_ms: float = DEFAULT_COMMIT_LINGER_MS,
                  max_commit_items: int = MAX_COMMIT_ITEMS) -> None:
         self.servers = parse_servers(servers)
+        self._rng = rng or random.Random()
         self.security = ClientSecurity.create(tls_ca=tls_ca, tls_cert=tls_cert,
                                               tls_key=tls_key, token=token)
         self.timeout = timeout
-        # Keep retrying addresses that refuse connections until the timeout (a script that
-        # starts the cluster and the client together); by default that fails at once.
+        # Keep retrying addresses that refuse connections until the timeout even before any
+        # node was reached (a script that starts the cluster and the client together); by
+        # default first contact with a cluster where nothing listens fails at once.
         self.retry_refused = retry_refused
+        Backoff(self._rng, retry_backoff, retry_backoff_max)  # refuses bad bounds now
+        self.retry_backoff = retry_backoff
+        self.retry_backoff_max = retry_backoff_max
+        # Some node answered a hello on this client: from then on a refused connection is a
+        # node restarting, not a cluster that is not there, and is retried like any other.
+        self.reached = False
+        self.retries = 0  # attempts that were retried (any cause): for tests and diagnostics
         self.max_frame_bytes = max_frame_bytes
-        self._rng = rng or random.Random()
         self._conns: dict[str, _Connection] = {}
         # One opener per address: tasks making their first call at once share one connection
         # (each used to open its own, and all but the last leaked).
@@ -89,14 +112,17 @@ class Client(SubscriptionCalls):
     # -- plumbing ------------------------------------------------------------------------------
     async def _conn(self, address: str) -> _Connection:
         conn = self._conns.get(address)
-        if conn is not None and not conn.broken:
+        if conn is not None and not conn.peer_closed():
             return conn
         async with self._opening.setdefault(address, trio.Lock()):
             conn = self._conns.get(address)  # another task may have opened it meanwhile
-            if conn is not None and not conn.broken:
+            if conn is not None and not conn.peer_closed():
                 return conn
+            if conn is not None:  # hung up while idle (the node restarted): open another
+                await self._drop(address)
             conn = await _Connection.open(address, self.max_frame_bytes, self.security)
             self._conns[address] = conn
+            self.reached = True
             return conn
 
     async def _drop(self, address: str) -> None:
@@ -129,10 +155,13 @@ class Client(SubscriptionCalls):
         `attempt_timeout` (default a third of the budget, at least 2 s), so a hung node does
         not eat the whole budget.
 
-        When every address refuses the connection (nothing listens there) before any node
-        has answered, the call fails at once with one UnavailableError naming them all:
-        waiting out the timeout would not help a cluster that is not running (pass
-        `retry_refused=True` to the Client to wait for one that is starting).
+        When every address refuses the connection (nothing listens there) and this client has
+        never reached any node, the call fails at once with one UnavailableError naming them
+        all: waiting out the timeout would not help a cluster that is not running (pass
+        `retry_refused=True` to the Client to wait for one that is starting). Once a node has
+        answered, refused connections are retried with backoff until `timeout`: the cluster
+        is restarting. A call pinned to one `server` reports a refused connection at once
+        either way (it asks about that node, which is down).
 
         A produce without a producer id is not idempotent: once it may have reached the
         server, an ambiguous failure (no answer, connection lost, leadership lost) is raised
@@ -147,10 +176,9 @@ class Client(SubscriptionCalls):
             raise TypeError(f"fields {sorted(fields)} given with a typed request")
         t = type_of(request)
         safe_to_retry = not isinstance(request, Produce) or bool(request.producer_id)
-        backoff = 0.01
+        backoff = Backoff(self._rng, self.retry_backoff, self.retry_backoff_max)
         last: RaftlogError | None = None
         refused: dict[str, str] = {}  # address -> why nothing answered there
-        answered = False
         while True:
             target = server or self._next_target()
             remaining = deadline - trio.current_time()
@@ -183,15 +211,17 @@ class Client(SubscriptionCalls):
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
                     WireError) as e:
                 await self._forget(target)
-                if sent and not safe_to_retry:
+                sent = sent and not isinstance(e, RequestNotSent)
+                if not may_retry_lost_connection(written=sent, idempotent=safe_to_retry):
                     raise RequestTimeout(
                         f"lost the connection to {target} after sending {t} ({e}); the batch "
                         f"may or may not be in the log: read it back before resending, or use "
                         f"an idempotent Producer, whose retries are safe") from None
                 why = None if sent else _unreachable(e)
-                if why is not None and not self.retry_refused:
+                if why is not None and not self.retry_refused \
+                        and (not self.reached or server is not None):
                     refused[target] = why
-                    if server is not None or (not answered and set(self.servers) <= set(refused)):
+                    if server is not None or set(self.servers) <= set(refused):
                         raise UnavailableError(_summary(refused), details={
                             "addresses": sorted(refused)}) from None
                 last = UnavailableError(f"{target}: {e}; check the node is running")
@@ -201,7 +231,6 @@ class Client(SubscriptionCalls):
                 await self._drop(target)
                 raise e
             else:
-                answered = True
                 if reply.get("ok"):
                     if leader and not server:
                         self._leader_addr = target
@@ -220,9 +249,8 @@ class Client(SubscriptionCalls):
                     last = err
                     if isinstance(err, ShuttingDownError) and self._leader_addr == target:
                         self._leader_addr = None
-            pause = min(backoff, max(0.0, deadline - trio.current_time()))
-            await trio.sleep(pause * (0.5 + self._rng.random()))  # retry backoff with jitter
-            backoff = min(backoff * 2, 0.5)
+            self.retries += 1
+            await trio.sleep(backoff.next_pause(deadline - trio.current_time()))
         if last is None:
             last = RequestTimeout(f"{t} did not complete within {budget:.1f} s")
         if not isinstance(last, RequestTimeout):

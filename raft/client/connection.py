@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import select
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,13 @@ MAX_IN_FLIGHT = 64
 # is written whole even when its caller is cancelled meanwhile (half a frame would corrupt the
 # stream for every other request on it). A send still stuck then breaks the connection.
 SEND_GRACE_S = 5.0
+
+
+class RequestNotSent(trio.BrokenResourceError):
+    """The connection was broken before any byte of this request was written: the node never
+    saw it, so even a request that must not be sent twice (a produce without a producer id)
+    may be sent again (raft.protocol.errors: a connection failure before the write is
+    "certainly not written")."""
 
 
 @dataclass(slots=True, eq=False)
@@ -154,7 +162,30 @@ class _Connection:
 
     def _check_open(self) -> None:
         if self.broken:
-            raise trio.BrokenResourceError(f"the connection to {self.address} is broken")
+            raise RequestNotSent(f"the connection to {self.address} is broken")
+
+    def peer_closed(self) -> bool:
+        """Whether an idle connection has something to read: with no request in flight, that
+        is the node's hang-up (it stopped, or was killed, since the last request) or a late
+        reply of an abandoned request. Either way the connection is not worth a request that
+        must not be sent twice: the caller drops it and opens another, so a request is not
+        written into a connection the node has already closed (its fate would look unknown).
+        A connection with requests in flight, or whose socket cannot be polled, says no."""
+        if self.broken:
+            return True
+        if self._pending or self._reading:
+            return False
+        sock = getattr(self.stream, "socket", None) \
+            or getattr(getattr(self.stream, "transport_stream", None), "socket", None)
+        try:
+            fd = sock.fileno() if sock is not None else -1
+        except OSError:
+            return True
+        if fd < 0:
+            return sock is not None  # a closed socket; a stream without one: cannot tell
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLPRI)
+        return bool(poller.poll(0))
 
     async def _send(self, data: bytes) -> None:
         """Write one frame whole: shielded from the caller's cancellation (a half-written frame

@@ -35,6 +35,12 @@ it twice.
 So a request may be retried when its code is in RETRYABLE and, unless it is idempotent (reads,
 subscription operations, idempotent produces, staged-load writes tagged with their sequence),
 also in NOT_WRITTEN: for a plain produce that leaves NOT_LEADER and BACKPRESSURE.
+
+A connection that fails (no answer arrives) follows the same two facts: it is transient (a
+node restarting, a leader moving), and it is "certainly not written" when it failed before the
+request's first byte was handed to it (the connection was refused, the hello failed, the node
+had already hung up on it). After the write nobody can tell, as after TIMEOUT: only an
+idempotent request may be resent (`may_retry_lost_connection`).
 """
 
 from __future__ import annotations
@@ -62,6 +68,12 @@ NOT_WRITTEN: frozenset[str] = frozenset({
 def may_retry(code: str, *, idempotent: bool) -> bool:
     """Whether a request that failed with `code` may be sent again (see the module docstring)."""
     return code in RETRYABLE and (idempotent or code in NOT_WRITTEN)
+
+
+def may_retry_lost_connection(*, written: bool, idempotent: bool) -> bool:
+    """Whether a request whose connection failed may be sent again: always when nothing of it
+    was written, else only when it is idempotent (see the module docstring)."""
+    return idempotent or not written
 
 
 def code_name(code: ErrorCode | str) -> str:

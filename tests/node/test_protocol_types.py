@@ -125,6 +125,10 @@ def test_one_retry_rule_for_every_client() -> None:
                  "LOAD_CLOSED", "INTERNAL", "POSITION_BEHIND"):
         assert not may_retry(code, idempotent=True)
     assert RETRYABLE - {"UNAVAILABLE"} <= {c.name for c in ErrorCode}
+    # A lost connection: any request before its write, after it only an idempotent one.
+    lost = protocol_errors.may_retry_lost_connection
+    assert lost(written=False, idempotent=False) and lost(written=True, idempotent=True)
+    assert not lost(written=True, idempotent=False)
 
 
 # -- staged-load requests (raft.protocol.load_requests) ----------------------------------------

@@ -40,6 +40,7 @@ import test_failstop  # noqa: E402
 import test_malformed_records  # noqa: E402
 import test_subscriptions_inproc  # noqa: E402
 import test_protocol_types  # noqa: E402
+import test_client_retry  # noqa: E402
 # The security rules' killers live with the security tests (tests/security).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "security"))
 import test_security_unit  # noqa: E402
@@ -396,6 +397,21 @@ MUTANTS = [
            "return code in RETRYABLE and (idempotent or code in NOT_WRITTEN)",
            "return code in RETRYABLE",
            (test_protocol_types.test_one_retry_rule_for_every_client,)),
+    Mutant("a produce without a producer id is resent after its connection was lost once written",
+           "raft.protocol.errors", "may_retry_lost_connection",
+           "return idempotent or not written",
+           "return True",
+           (test_protocol_types.test_one_retry_rule_for_every_client,)),
+    Mutant("a client writes a request into an idle connection the node has hung up on",
+           "raft.client.connection", "_Connection.peer_closed",
+           "return bool(poller.poll(0))",
+           "return False",
+           (test_client_retry.test_first_contact_fails_at_once_but_a_client_that_reached_a_node_waits_for_it,)),
+    Mutant("a client that has reached the cluster gives up at once while every node restarts",
+           "raft.client.client", "Client.call",
+           "and (not self.reached or server is not None)",
+           "and True",
+           (test_client_retry.test_first_contact_fails_at_once_but_a_client_that_reached_a_node_waits_for_it,)),
 ]
 
 
