@@ -3,8 +3,8 @@
 It takes what `raftlog serve` takes (flags and/or --config FILE.toml) and prints every node
 setting with its value and source: `flag --tick-ms`, `file node.toml`, `default`, or
 `default (core)` for the Raft knobs whose default lives in raft.core.config.RaftConfig. The client
-side follows: the servers the other commands would use (`flag --servers`, `env
-RAFTLOG_SERVERS` or `default`) and their timeout. Unknown keys are refused with the closest
+side follows: the client profile in use, and the servers the other commands would use (`flag
+--servers`, `env RAFTLOG_SERVERS`, `profile NAME` or `default`) and their timeout. Unknown keys are refused with the closest
 known one; when the settings are complete they are validated as `serve` would.
 """
 
@@ -21,7 +21,8 @@ from raft.node.config import (ConfigError, NodeConfig, _parse_raft_options, chec
                               raft_default)
 
 _CLI_ONLY = ("func", "command", "verbose", "sub_verbose", "config", "json", "servers",
-             "servers_source", "timeout", "config_command")
+             "servers_source", "timeout", "config_command", "profile", "profile_name",
+             "client_sources", "timeout_default", "timeout_from_profile")
 
 
 def _read_toml(path: str) -> dict[str, Any]:
@@ -68,10 +69,13 @@ def effective(args: argparse.Namespace) -> list[dict[str, Any]]:
         else:
             rows.append({"setting": f"raft.{key}", "value": file_raft[key],
                          "source": f"file {args.config}"})
+    sources = args.client_sources
+    rows.append({"setting": "profile (client)", "value": args.profile_name,
+                 "source": sources["profile"]})
     rows.append({"setting": "servers (client)", "value": args.servers,
-                 "source": args.servers_source})
+                 "source": sources["servers"]})
     rows.append({"setting": "timeout (client)", "value": args.timeout,
-                 "source": "flag --timeout" if args.timeout_given else "default"})
+                 "source": sources["timeout"]})
     return rows
 
 
@@ -96,7 +100,6 @@ def _text(value: Any) -> str:
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
-    args.timeout_given = args.timeout != _DEFAULT_TIMEOUT
     rows = effective(args)
     problem = _validate(args)
     missing = [r["setting"] for r in rows if str(r["source"]).startswith("not set")]

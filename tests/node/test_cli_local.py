@@ -315,12 +315,12 @@ def test_serve_says_where_it_listens_and_stops_cleanly(tmp_path: Path) -> None:
 
 
 def test_load_finds_the_cluster_like_every_other_command(monkeypatch) -> None:
-    from raft.cli.args import resolve_servers
+    from raft.cli.client_settings import resolve_client
     from raft.cli.main import build_parser
 
     monkeypatch.setenv("RAFTLOG_SERVERS", "127.0.0.1:7201,127.0.0.1:7202")
     args = build_parser().parse_args(["load", "--input", "rows.csv", "--format", "csv"])
-    resolve_servers(args)
+    resolve_client(args)
     assert args.servers == "127.0.0.1:7201,127.0.0.1:7202"
     assert args.servers_source == "env RAFTLOG_SERVERS"
 
