@@ -13,13 +13,11 @@ import argparse
 import datetime as dt
 import re
 
-from raft.cli.client_settings import DEFAULT_SERVERS, SERVERS_ENV
+from raft.cli.client_settings import ACKS_ALIASES, DEFAULT_SERVERS, SERVERS_ENV
 from raft.cli.security import add_client_security_args, add_profile_arg
 from raft.client import parse_servers
 from raft.node.config import ConfigError
 
-# Kafka's words for the ack levels, accepted as aliases: acks=all is quorum, 1 the leader, 0 none.
-ACKS_ALIASES = {"all": "quorum", "-1": "quorum", "1": "leader", "0": "none"}
 ACKS_CHOICES = ("quorum", "leader", "none", "all", "1", "0")
 
 

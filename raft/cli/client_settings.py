@@ -33,6 +33,8 @@ TLS_ENV = {"tls_ca": "RAFTLOG_TLS_CA", "tls_cert": "RAFTLOG_TLS_CERT",
 TOKEN_ENV = "RAFTLOG_TOKEN"
 TOKEN_FILE_ENV = "RAFTLOG_TOKEN_FILE"
 ACKS_DEFAULT = "quorum"
+# Kafka's words for the ack levels, accepted as aliases: acks=all is quorum, 1 the leader, 0 none.
+ACKS_ALIASES = {"all": "quorum", "-1": "quorum", "1": "leader", "0": "none"}
 
 
 def selected_profile(args: argparse.Namespace) -> tuple[Profile | None, str]:
@@ -143,12 +145,12 @@ def read_token_file(path: str, what: str) -> str:
 
 
 def check_acks(text: str, where: str) -> str:
-    from raft.cli.args import acks  # args.py imports this module's defaults
-
-    try:
-        return acks(text)
-    except argparse.ArgumentTypeError as e:
-        raise ConfigError(f"{where}: acks {e}") from None
+    """quorum | leader | none, or Kafka's all | 1 | 0, as quorum | leader | none."""
+    value = ACKS_ALIASES.get(text.strip().lower(), text.strip().lower())
+    if value not in ("quorum", "leader", "none"):
+        raise ConfigError(f"{where}: acks {text!r} is not an ack level (choose from "
+                          f"quorum/all, leader/1, none/0)")
+    return value
 
 
 def _checked_servers(text: str, where: str) -> str:

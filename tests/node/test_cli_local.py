@@ -61,7 +61,9 @@ def test_bash_completion_knows_commands_flags_and_choices() -> None:
     res = cli("completion", "bash")
     assert res.returncode == 0
     script = res.stdout
-    assert complete(script, ["raftlog", "pro"]) == ["produce"]
+    assert complete(script, ["raftlog", "pro"]) == ["produce", "profile"]
+    assert complete(script, ["raftlog", "prod"]) == ["produce"]
+    assert complete(script, ["raftlog", "profile", "u"]) == ["use"]
     assert "--acks" in complete(script, ["raftlog", "produce", "--ac"])
     assert complete(script, ["raftlog", "produce", "--acks", ""]) == [
         "quorum", "leader", "none", "all", "1", "0"]
