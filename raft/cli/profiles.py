@@ -123,6 +123,10 @@ class ProfileFile:
             settings: dict[str, Any] = {}
             for key, value in table.items():
                 want = KEYS.get(key)
+                if want is None and key == "token":
+                    raise bad(f"profile {name!r} holds a token; profiles name a token file "
+                              f"instead: put the token in a file (mode 0600) and set "
+                              f"token_file = \"PATH\"", key)
                 if want is None:
                     raise bad(f"profile {name!r} has unknown key {key!r} (known: "
                               f"{', '.join(KEYS)})", key)

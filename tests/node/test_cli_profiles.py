@@ -170,6 +170,9 @@ def test_a_malformed_file_names_the_line_and_the_fix(profiles: Profiles) -> None
     res = profiles.cli("profile", "list")
     assert res.returncode == 2
     assert "line 3" in res.stderr and "unknown key 'tls-ca'" in res.stderr, res.stderr
+    profiles.file.write_text('[profiles.a]\nservers = "10.0.0.1:7101"\ntoken = "abc"\n')
+    res = profiles.cli("profile", "list")
+    assert res.returncode == 2 and "line 3" in res.stderr and "token_file" in res.stderr
 
 
 def test_the_file_is_private_whole_and_follows_xdg(profiles: Profiles, tmp_path: Path) -> None:
