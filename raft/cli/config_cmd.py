@@ -4,7 +4,8 @@ It takes what `raftlog serve` takes (flags and/or --config FILE.toml) and prints
 setting with its value and source: `flag --tick-ms`, `file node.toml`, `default`, or
 `default (core)` for the Raft knobs whose default lives in raft.core.config.RaftConfig. The client
 side follows: the client profile in use, and the servers the other commands would use (`flag
---servers`, `env RAFTLOG_SERVERS`, `profile NAME` or `default`) and their timeout. Unknown keys are refused with the closest
+--servers`, `env RAFTLOG_SERVERS`, `profile NAME` or `default`), their timeout, TLS files and token (its
+source only: the value is never printed). Unknown keys are refused with the closest
 known one; when the settings are complete they are validated as `serve` would.
 """
 
@@ -17,6 +18,7 @@ import tomllib
 from typing import Any
 
 from raft.cli.args import json_flag, servers_arg
+from raft.cli.client_settings import resolve_client
 from raft.node.config import (ConfigError, NodeConfig, _parse_raft_options, check_keys,
                               raft_default)
 
@@ -76,6 +78,24 @@ def effective(args: argparse.Namespace) -> list[dict[str, Any]]:
                  "source": sources["servers"]})
     rows.append({"setting": "timeout (client)", "value": args.timeout,
                  "source": sources["timeout"]})
+    rows += _client_security_rows(args)
+    return rows
+
+
+def _client_security_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The TLS files and token the client commands would use (this command's own --tls-*
+    flags are the node's): env vars, else the profile. The token's value is never shown."""
+    probe = argparse.Namespace(servers=args.servers, profile=args.profile, client_security=True,
+                               tls_ca=None, tls_cert=None, tls_key=None, token=None,
+                               token_file=None)
+    resolve_client(probe)
+    rows = []
+    for key in ("tls_ca", "tls_cert", "tls_key", "token"):
+        value = getattr(probe, key)
+        if key == "token" and value:
+            value = "(set, hidden)"
+        rows.append({"setting": f"{key} (client)", "value": value,
+                     "source": probe.client_sources[key]})
     return rows
 
 

@@ -102,13 +102,17 @@ def test_flags_beat_env_vars_which_beat_the_profile(cluster: LocalCluster,
     assert res.returncode == 0, res.stderr
 
 
-def test_config_show_names_the_source_of_each_client_setting(profiles: Profiles) -> None:
+def test_config_show_names_the_source_of_each_client_setting(profiles: Profiles,
+                                                             tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("not-for-your-eyes")
     assert profiles.cli("profile", "create", "p", "--servers", "10.0.0.1:7101",
-                        "--timeout", "7", "--use").returncode == 0
+                        "--timeout", "7", "--token-file", str(token), "--use").returncode == 0
 
     def sources(*args: str, **env: str) -> dict[str, tuple]:
         res = profiles.cli("config", "show", "--node-id", "1", "--json", *args, **env)
         assert res.returncode == 0, res.stderr
+        assert "not-for-your-eyes" not in res.stdout
         return {r["setting"]: (r["value"], r["source"]) for r in json.loads(res.stdout)[
             "settings"] if r["setting"].endswith("(client)")}
 
@@ -116,8 +120,10 @@ def test_config_show_names_the_source_of_each_client_setting(profiles: Profiles)
     assert got["profile (client)"] == ("p", f"selected in {profiles.file}")
     assert got["servers (client)"] == ("10.0.0.1:7101", "profile p")
     assert got["timeout (client)"] == (7.0, "profile p")
-    got = sources(RAFTLOG_SERVERS="10.0.0.2:7101")
+    assert got["token (client)"] == ("(set, hidden)", "profile p")
+    got = sources(RAFTLOG_SERVERS="10.0.0.2:7101", RAFTLOG_TLS_CA="/ca.pem")
     assert got["servers (client)"] == ("10.0.0.2:7101", "env RAFTLOG_SERVERS")
+    assert got["tls_ca (client)"] == ("/ca.pem", "env RAFTLOG_TLS_CA")
     got = sources("--servers", "10.0.0.3:7101", "--timeout", "3",
                   RAFTLOG_SERVERS="10.0.0.2:7101")
     assert got["servers (client)"] == ("10.0.0.3:7101", "flag --servers")
