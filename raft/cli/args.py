@@ -2,60 +2,42 @@
 (exit 2, with the flag's name) before anything connects.
 
 Where the cluster is: `--servers`, else the RAFTLOG_SERVERS environment variable (as rpk reads
-RPK_BROKERS, etcdctl ETCDCTL_ENDPOINTS and nats NATS_URL), else the addresses `raftlog up`
-uses by default. `resolve_servers` fills it in after parsing and remembers where it came from
-(`raftlog config show` prints that)."""
+RPK_BROKERS, etcdctl ETCDCTL_ENDPOINTS and nats NATS_URL), else the selected profile, else the
+addresses `raftlog up` uses by default. raft/cli/client_settings.py fills it (and the TLS files,
+token, timeout and acks) in after parsing and remembers where each came from (`raftlog config
+show` prints that)."""
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import re
 
-from raft.cli.security import add_client_security_args
+from raft.cli.client_settings import ACKS_ALIASES, DEFAULT_SERVERS, SERVERS_ENV
+from raft.cli.security import add_client_security_args, add_profile_arg
 from raft.client import parse_servers
 from raft.node.config import ConfigError
 
-DEFAULT_SERVERS = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
-SERVERS_ENV = "RAFTLOG_SERVERS"
-
-# Kafka's words for the ack levels, accepted as aliases: acks=all is quorum, 1 the leader, 0 none.
-ACKS_ALIASES = {"all": "quorum", "-1": "quorum", "1": "leader", "0": "none"}
 ACKS_CHOICES = ("quorum", "leader", "none", "all", "1", "0")
 
 
 def servers_arg(p: argparse.ArgumentParser, *, timeout: float = 10.0,
                 timeout_help: str = "seconds per operation, retries included",
-                security: bool = True) -> None:
-    """--servers and --timeout, and (unless the parser has the node's own TLS flags already)
-    the client's TLS and token flags."""
+                security: bool = True, profile_timeout: bool = True) -> None:
+    """--servers, --timeout and --profile, and (unless the parser has the node's own TLS flags
+    already) the client's TLS and token flags. With `profile_timeout` a profile's `timeout`
+    applies (it means seconds per operation; status and membership changes keep their own)."""
     p.add_argument("--servers", default=None, type=_servers, metavar="HOST:PORT,...",
-                   help=f"any nodes of the cluster (default: ${SERVERS_ENV}, else "
-                        f"{DEFAULT_SERVERS}, where `raftlog up` listens by default)")
-    p.add_argument("--timeout", type=positive_float, default=timeout,
-                   help=f"{timeout_help} (default {timeout:g})")
+                   help=f"any nodes of the cluster (default: ${SERVERS_ENV}, else the "
+                        f"profile's, else {DEFAULT_SERVERS}, where `raftlog up` listens by "
+                        f"default)")
+    from_profile = ", or the profile's timeout" if profile_timeout else ""
+    p.add_argument("--timeout", type=positive_float, default=None,
+                   help=f"{timeout_help} (default {timeout:g}{from_profile})")
+    p.set_defaults(timeout_default=timeout, timeout_from_profile=profile_timeout)
+    add_profile_arg(p)
     if security:
         add_client_security_args(p)
-
-
-def resolve_servers(args: argparse.Namespace) -> None:
-    """Fill in `args.servers` (flag, else $RAFTLOG_SERVERS, else the default) and record its
-    source in `args.servers_source`."""
-    if not hasattr(args, "servers"):
-        return
-    if args.servers is not None:
-        args.servers_source = "flag --servers"
-        return
-    env = os.environ.get(SERVERS_ENV, "").strip()
-    if env:
-        try:
-            parse_servers(env)
-        except ConfigError as e:
-            raise ConfigError(f"{SERVERS_ENV}={env!r}: {e}") from None
-        args.servers, args.servers_source = env, f"env {SERVERS_ENV}"
-    else:
-        args.servers, args.servers_source = DEFAULT_SERVERS, "default"
 
 
 def _servers(text: str) -> str:

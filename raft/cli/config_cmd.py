@@ -3,8 +3,9 @@
 It takes what `raftlog serve` takes (flags and/or --config FILE.toml) and prints every node
 setting with its value and source: `flag --tick-ms`, `file node.toml`, `default`, or
 `default (core)` for the Raft knobs whose default lives in raft.core.config.RaftConfig. The client
-side follows: the servers the other commands would use (`flag --servers`, `env
-RAFTLOG_SERVERS` or `default`) and their timeout. Unknown keys are refused with the closest
+side follows: the client profile in use, and the servers the other commands would use (`flag
+--servers`, `env RAFTLOG_SERVERS`, `profile NAME` or `default`), their timeout, TLS files and token (its
+source only: the value is never printed). Unknown keys are refused with the closest
 known one; when the settings are complete they are validated as `serve` would.
 """
 
@@ -17,11 +18,13 @@ import tomllib
 from typing import Any
 
 from raft.cli.args import json_flag, servers_arg
+from raft.cli.client_settings import resolve_client
 from raft.node.config import (ConfigError, NodeConfig, _parse_raft_options, check_keys,
                               raft_default)
 
 _CLI_ONLY = ("func", "command", "verbose", "sub_verbose", "config", "json", "servers",
-             "servers_source", "timeout", "config_command")
+             "servers_source", "timeout", "config_command", "profile", "profile_name",
+             "client_sources", "timeout_default", "timeout_from_profile")
 
 
 def _read_toml(path: str) -> dict[str, Any]:
@@ -68,10 +71,31 @@ def effective(args: argparse.Namespace) -> list[dict[str, Any]]:
         else:
             rows.append({"setting": f"raft.{key}", "value": file_raft[key],
                          "source": f"file {args.config}"})
+    sources = args.client_sources
+    rows.append({"setting": "profile (client)", "value": args.profile_name,
+                 "source": sources["profile"]})
     rows.append({"setting": "servers (client)", "value": args.servers,
-                 "source": args.servers_source})
+                 "source": sources["servers"]})
     rows.append({"setting": "timeout (client)", "value": args.timeout,
-                 "source": "flag --timeout" if args.timeout_given else "default"})
+                 "source": sources["timeout"]})
+    rows += _client_security_rows(args)
+    return rows
+
+
+def _client_security_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The TLS files and token the client commands would use (this command's own --tls-*
+    flags are the node's): env vars, else the profile. The token's value is never shown."""
+    probe = argparse.Namespace(servers=args.servers, profile=args.profile, client_security=True,
+                               tls_ca=None, tls_cert=None, tls_key=None, token=None,
+                               token_file=None)
+    resolve_client(probe)
+    rows = []
+    for key in ("tls_ca", "tls_cert", "tls_key", "token"):
+        value = getattr(probe, key)
+        if key == "token" and value:
+            value = "(set, hidden)"
+        rows.append({"setting": f"{key} (client)", "value": value,
+                     "source": probe.client_sources[key]})
     return rows
 
 
@@ -96,7 +120,6 @@ def _text(value: Any) -> str:
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
-    args.timeout_given = args.timeout != _DEFAULT_TIMEOUT
     rows = effective(args)
     problem = _validate(args)
     missing = [r["setting"] for r in rows if str(r["source"]).startswith("not set")]

@@ -7,11 +7,12 @@
     raftlog consume --subscription orders    # resume where the last run committed
     raftlog subscriptions                    # positions, lag, leases (docs/SUBSCRIPTIONS.md)
     raftlog certs init|issue|show | token create|revoke  # TLS and tokens (docs/SECURITY.md)
+    raftlog profile create prod --servers ... --tls-ca ca.pem --token-file tok; raftlog profile use prod
 
 Each command group is its own module in this package with a `register(subparsers)`: serve.py
 (serve, up), produce.py, consume.py, subscriptions_cmd.py, status.py, demo.py, membership.py,
-config_cmd.py, completion.py. Other packages add their commands the same way, as plugins that
-may be missing: bench.cli (`raftlog bench`) and sparkio.cli (`raftlog load`).
+config_cmd.py, profile_cmd.py, completion.py. Other packages add their commands the same way,
+as plugins that may be missing: bench.cli (`raftlog bench`) and sparkio.cli (`raftlog load`).
 
 Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration, 130 interrupted.
 Errors are one line on stderr (`raftlog CMD: CODE: message`), or one JSON object
@@ -31,8 +32,8 @@ import sys
 from importlib import metadata
 
 from raft.cli import (certs, completion, config_cmd, consume, demo, membership, produce,
-                      serve, status, subscriptions_cmd, tokens)
-from raft.cli.args import resolve_servers
+                      profile_cmd, serve, status, subscriptions_cmd, tokens)
+from raft.cli.client_settings import resolve_client
 from raft.cli.output import print_error
 from raft.client import RaftlogError
 from raft.node.config import ConfigError
@@ -90,6 +91,7 @@ def build_parser() -> Parser:
     # After the plugins' commands: the order `raftlog --help` has always shown.
     membership.register(sub)
     config_cmd.register(sub)
+    profile_cmd.register(sub)
     completion.register(sub, parser)
     for p in _all_parsers(sub):
         # -v works after the subcommand too (`raftlog produce -v`).
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     as_json = bool(getattr(args, "json", False))
     command = args.command
     try:
-        resolve_servers(args)
+        resolve_client(args)
         return int(func(args) or 0)
     except ConfigError as e:
         print_error(command, "CONFIG", str(e), as_json=as_json)

@@ -97,7 +97,7 @@ def cmd_transfer_leader(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     def common(p: argparse.ArgumentParser) -> None:
         servers_arg(p, timeout=30.0, timeout_help="seconds to wait for the change to take "
-                                                  "effect")
+                                                  "effect", profile_timeout=False)
         json_flag(p, "print the result as one JSON object")
 
     p = subparsers.add_parser(

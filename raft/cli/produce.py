@@ -26,6 +26,7 @@ import trio
 
 from raft.cli.args import (ACKS_CHOICES, acks, json_flag, non_negative_float, positive_int,
                            servers_arg)
+from raft.cli.client_settings import ACKS_DEFAULT
 from raft.cli.output import print_error, put_bytes
 from raft.cli.security import client_options
 from raft.cli.produce_input import Line, RecordMaker, parse_header, read_lines
@@ -263,10 +264,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "bytes (split at \\n); failures go to stderr, one line per run of lines "
                     "that failed alike, and make the exit code 1.")
     servers_arg(p)
-    p.add_argument("--acks", type=acks, default="quorum", choices=ACKS_CHOICES,
+    p.add_argument("--acks", type=acks, default=None, choices=ACKS_CHOICES,
                    metavar="{quorum,leader,none}",
                    help="quorum (Kafka: all): flushed on a majority; leader (1): appended by "
-                        "the leader; none (0): accepted (default quorum)")
+                        "the leader; none (0): accepted (default quorum, or the profile's "
+                        "acks)")
+    p.set_defaults(acks_default=ACKS_DEFAULT)
     p.add_argument("--key", default=None, help="the key of every record (UTF-8 text)")
     p.add_argument("--key-separator", metavar="SEP", default=None,
                    help="each line is KEY SEP VALUE, split at the first SEP (e.g. ':' or "

@@ -186,6 +186,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "flushed = fsynced, commit = flushed on a majority, high "
                                    "watermark = readable), and the leader's view of its "
                                    "followers. Exit 1 when no node answers.")
-    servers_arg(p, timeout=2.0, timeout_help="seconds to wait for each node")
+    servers_arg(p, timeout=2.0, timeout_help="seconds to wait for each node",
+                profile_timeout=False)
     json_flag(p, "machine-readable output")
     p.set_defaults(func=cmd_status)

@@ -208,7 +208,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                                              "consumer positions kept by the cluster)",
                        description="Subscriptions are named consumer positions kept by the "
                                    "cluster, replicated with the log (docs/SUBSCRIPTIONS.md). "
-                                   "Without an action: list them with their lag.")
+                                   "Without an action: list them with their lag.",
+                       # argparse classifies every word with this parser's flags first:
+                       # `reset --to` would be an ambiguous abbreviation of --token and
+                       # --token-file here before `reset` ever saw its own --to.
+                       allow_abbrev=False)
     servers_arg(p)
     json_flag(p, "machine-readable output (before or after the action): "
                  "{\"subscriptions\": [...]} when listing")

@@ -61,7 +61,9 @@ def test_bash_completion_knows_commands_flags_and_choices() -> None:
     res = cli("completion", "bash")
     assert res.returncode == 0
     script = res.stdout
-    assert complete(script, ["raftlog", "pro"]) == ["produce"]
+    assert complete(script, ["raftlog", "pro"]) == ["produce", "profile"]
+    assert complete(script, ["raftlog", "prod"]) == ["produce"]
+    assert complete(script, ["raftlog", "profile", "u"]) == ["use"]
     assert "--acks" in complete(script, ["raftlog", "produce", "--ac"])
     assert complete(script, ["raftlog", "produce", "--acks", ""]) == [
         "quorum", "leader", "none", "all", "1", "0"]
@@ -315,12 +317,12 @@ def test_serve_says_where_it_listens_and_stops_cleanly(tmp_path: Path) -> None:
 
 
 def test_load_finds_the_cluster_like_every_other_command(monkeypatch) -> None:
-    from raft.cli.args import resolve_servers
+    from raft.cli.client_settings import resolve_client
     from raft.cli.main import build_parser
 
     monkeypatch.setenv("RAFTLOG_SERVERS", "127.0.0.1:7201,127.0.0.1:7202")
     args = build_parser().parse_args(["load", "--input", "rows.csv", "--format", "csv"])
-    resolve_servers(args)
+    resolve_client(args)
     assert args.servers == "127.0.0.1:7201,127.0.0.1:7202"
     assert args.servers_source == "env RAFTLOG_SERVERS"
 

@@ -168,7 +168,8 @@ def run_cli(*args: str, stdin: str = "", env: dict[str, str] | None = None,
             timeout: float = 60) -> "subprocess.CompletedProcess[str]":
     """`raftlog ARGS` as a user runs it (a fresh process)."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    for name in ("RAFTLOG_TOKEN", "RAFTLOG_TLS_CA", "RAFTLOG_TLS_CERT", "RAFTLOG_TLS_KEY"):
+    for name in ("RAFTLOG_TOKEN", "RAFTLOG_TOKEN_FILE", "RAFTLOG_TLS_CA", "RAFTLOG_TLS_CERT",
+                 "RAFTLOG_TLS_KEY"):
         if env is None or name not in env:
             full_env.pop(name, None)
     return subprocess.run([sys.executable, "-m", "raft.cli", *args], input=stdin, text=True,

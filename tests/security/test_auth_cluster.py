@@ -197,3 +197,37 @@ def test_logs_are_json_lines_with_node_term_and_event_and_no_secret(auth: AuthCl
         assert all(s not in text for s in secrets)
     res = auth.cli("status", "--json", token=auth.pki.tokens["nobody"])
     assert res.returncode == 0 and all(s not in res.stdout for s in secrets)
+
+
+def test_a_tls_and_token_profile_reaches_the_secured_cluster(auth: AuthCluster,
+                                                             tmp_path: Path) -> None:
+    """Client profiles (issue 29 item 4): the CA, a client certificate and a token file saved
+    once; the commands then need no flags and no RAFTLOG_* variables. A flag still wins."""
+    env = {"RAFTLOG_CONFIG_DIR": str(tmp_path / "config")}
+    writer = tmp_path / "writer.token"
+    writer.write_text(auth.pki.tokens["writer"] + "\n")
+    res = run_cli("profile", "create", "secure", "--servers", auth.cluster.servers,
+                  "--tls-ca", str(auth.pki.ca), "--token-file", str(writer), "--use", env=env)
+    assert res.returncode == 0, res.stderr
+    assert auth.pki.tokens["writer"] not in (tmp_path / "config" / "profiles.toml").read_text()
+
+    res = run_cli("produce", "--json", stdin="via-profile\n", env=env)
+    assert res.returncode == 0, res.stderr
+    # A token given now beats the profile's token file.
+    res = run_cli("produce", "--token", auth.pki.tokens["reader"], stdin="x\n", env=env)
+    assert res.returncode == 1 and "FORBIDDEN" in res.stderr, res.stderr
+    # Mutual TLS from a profile: the ops certificate and token read the status.
+    ops = auth.pki.client("ops")
+    token = tmp_path / "ops.token"
+    token.write_text(auth.pki.tokens["ops"])
+    res = run_cli("profile", "create", "ops", "--servers", auth.cluster.servers,
+                  "--tls-ca", str(auth.pki.ca), "--tls-cert", str(ops.cert),
+                  "--tls-key", str(ops.key), "--token-file", str(token), env=env)
+    assert res.returncode == 0, res.stderr
+    res = run_cli("status", "--json", "--profile", "ops", env=env)
+    assert res.returncode == 0, res.stderr
+    assert all("role" in n for n in json.loads(res.stdout)["nodes"]), res.stdout
+    # Without the profile the same command speaks plaintext to a TLS cluster and fails.
+    res = run_cli("status", "--servers", auth.cluster.servers,
+                  env={"RAFTLOG_CONFIG_DIR": str(tmp_path / "empty")})
+    assert res.returncode == 1, res.stderr
