@@ -238,7 +238,15 @@ class Consumer:
         the reset policy (reset through the cluster, conditional on the committed position we
         know), or raise the error that names the fix."""
         name, pos = self.subscription, self._fetch_from
-        if self.policy == "none" or final:
+        if final:
+            raise SubscriptionPositionRemoved(
+                f"subscription {name}: retention removed the log below offset {start} again "
+                f"after {MAX_RESETS_PER_FILL} resets (policy {self.policy}); it deletes faster "
+                f"than this consumer reads: raise --retention-bytes/--retention-ms, or run the "
+                f"nodes with --retention-respect-subscriptions",
+                code=error.code, details={**error.details, "position": pos, "name": name,
+                                          "start_offset": start})
+        if self.policy == "none":
             raise SubscriptionPositionRemoved(
                 f"subscription {name} is at position {pos}, but retention removed the log "
                 f"below offset {start} before it was read (its reset policy is "
