@@ -73,7 +73,9 @@ def _refuse_flags_that_cannot_apply(args: argparse.Namespace) -> None:
         given = [flag for flag, value in (("--from-start", args.sub_start == "start"),
                                           ("--from-end", args.sub_start == "end"),
                                           ("--commit-ms", args.commit_ms is not None),
-                                          ("--exclusive", args.exclusive)) if value]
+                                          ("--exclusive", args.exclusive),
+                                          ("--auto-reset", args.auto_reset is not None))
+                 if value]
         if given:
             raise ConfigError(f"{', '.join(given)} only apply with --subscription NAME; add "
                               f"it, or use --from (start, end, an offset) to read without one")

@@ -5,12 +5,20 @@
     raftlog subscriptions reset NAME --to OFFSET|start|end
     raftlog subscriptions delete NAME
     raftlog consume --subscription NAME [--from-start | --from-end | --from OFFSET] [--count N]
+                    [--auto-reset earliest|latest|none]
 
 `consume --subscription` resumes where the last run of the same subscription stopped: a record
 counts as done once its line is printed and flushed, and what is done is committed every
 `--commit-ms` and at exit. The first run creates the subscription at the log start (or
 `--from-end` / `--from OFFSET`); on a subscription that exists those flags are refused (exit 2,
 naming `raftlog subscriptions reset`, which moves it).
+
+When retention has removed records the subscription had not read, its reset policy decides:
+`none` (the default) stops with an error naming the commands that move it on; `--auto-reset
+earliest` (or `latest`) resets it to the log start (or end), says on stderr how many offsets it
+skipped, and reads on. `--auto-reset` is stored as the subscription's policy, so later runs
+without it do the same. The skipped count is kept in the cluster's table: `raftlog
+subscriptions` shows it (the `skipped` column, `skipped_offsets` in --json).
 """
 
 from __future__ import annotations
@@ -46,6 +54,12 @@ def add_consume_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--commit-ms", type=positive_int, default=None, metavar="MS",
                    help=f"with --subscription, commit what was printed this often "
                         f"(default {COMMIT_MS}) and at exit")
+    p.add_argument("--auto-reset", dest="auto_reset", choices=("earliest", "latest", "none"),
+                   default=None,
+                   help="with --subscription: what to do when retention removed records it "
+                        "had not read: reset to the log start (earliest) or end (latest) and "
+                        "read on, or stop with an error (none); stored as the subscription's "
+                        "policy (default: the stored one, else none)")
     p.add_argument("--exclusive", action="store_true",
                    help="with --subscription: take the single-consumer lease (another "
                         "exclusive consumer of the same name is refused while this runs)")
@@ -83,7 +97,9 @@ def consume_subscription(args: argparse.Namespace,
                                 start=start, exclusive=args.exclusive,
                                 max_bytes=args.max_bytes, follow=args.follow,
                                 max_wait=args.max_wait,
-                                on_undecodable=bad.report) as consumer:
+                                on_undecodable=bad.report,
+                                auto_reset=args.auto_reset,
+                                on_reset=_report_reset) as consumer:
                 async for record in consumer:
                     print_record(record, args.json)
                     sys.stdout.flush()  # done once flushed: the next step may commit it
@@ -93,6 +109,15 @@ def consume_subscription(args: argparse.Namespace,
         return bad.status
 
     return trio.run(run)  # Ctrl-C: main() exits 130 (what was printed is committed first)
+
+
+def _report_reset(reset: dict[str, Any]) -> None:
+    """Say on stderr that records were skipped (stdout stays the records)."""
+    print(f"subscription {reset['name']}: retention removed the log below offset "
+          f"{reset['start_offset']} before position {reset['from']} was read; reset to "
+          f"{reset['to']} (--auto-reset {reset['policy']}), skipping "
+          f"{reset['skipped_offsets']:,} offsets (`raftlog subscriptions` shows the total)",
+          file=sys.stderr, flush=True)
 
 
 def _first_use_flag(args: argparse.Namespace) -> str | None:
@@ -135,12 +160,14 @@ def render(subs: list[dict[str, Any]], console: Any = None) -> None:
 
     console = console or Console()
     table = Table(title=f"subscriptions ({len(subs)})")
-    for col in ("name", "position", "lag (records)", "lag (bytes)", "last commit",
-                "last committer", "lease holder"):
-        table.add_column(col, justify="right" if col.startswith(("position", "lag")) else "left")
+    for col in ("name", "position", "lag (records)", "lag (bytes)", "skipped", "auto-reset",
+                "last commit", "last committer", "lease holder"):
+        table.add_column(col, justify="right" if col.startswith(("position", "lag", "skipped"))
+                         else "left")
     for s in subs:
         lag = f"{s['lag_records']:,}" + ("" if s.get("lag_exact", True) else " ~")
         table.add_row(s["name"], str(s["position"]), lag, f"{s['lag_bytes']:,}",
+                      f"{s.get('skipped_offsets', 0):,}", s.get("auto_reset") or "none",
                       _age(s.get("last_commit_age_ms")), s.get("last_committer") or "-",
                       s.get("lease_holder") or "-")
     console.print(table)

@@ -38,7 +38,7 @@ from raft.client.errors import (AuthenticationError, BackpressureError, BadReque
 from raft.client.consumer import BlockingConsumer, Consumer
 from raft.client.errors import (InvalidSubscriptionName, PositionBehind,
                                 PositionPastHighWatermark, SubscriptionError, SubscriptionLeased,
-                                UnknownSubscription)
+                                SubscriptionPositionRemoved, UnknownSubscription)
 from raft.client.producer import Delivery, Producer
 from raft.client.results import FetchedRecord, FetchResult, ProduceResult, UndecodableBatch
 from raft.client.security import ClientSecurity, TLSError
@@ -53,5 +53,6 @@ __all__ = [
     "error_from_reply", "parse_servers",
     "BlockingConsumer", "Consumer", "InvalidSubscriptionName", "PositionBehind",
     "PositionPastHighWatermark", "SubscriptionError", "SubscriptionLeased",
+    "SubscriptionPositionRemoved",
     "UnknownSubscription",
 ]

@@ -43,6 +43,15 @@ handed out, and iterating again reads on after it, which then counts as processe
 or pass `on_undecodable=fn` to be called with each such batch (raft.client.UndecodableBatch)
 and read on without an exception.
 
+When retention has removed records the subscription had not read (its position is below the
+log start), the subscription's reset policy decides (Kafka's auto.offset.reset): `none` (the
+default) raises `SubscriptionPositionRemoved`, whose message names the commands that move it on;
+`earliest` resets it to the log start and `latest` to the end, and reads on. The reset is the
+cluster's (conditional on the position this consumer saw, so two consumers do not skip twice)
+and counts what it skipped in the subscription's `skipped_offsets`; `on_reset` is called with
+{"name", "from", "to", "skipped_offsets", "policy", "start_offset"}. `auto_reset=` stores the
+policy with the subscription when it opens; None uses the one stored.
+
 `BlockingConsumer` is the same for code without a trio loop (from `BlockingClient.consumer`).
 """
 
@@ -57,7 +66,8 @@ from typing import Any, Literal
 
 import trio
 
-from raft.client.errors import OffsetOutOfRangeError, RaftlogError, UndecodableBatchError
+from raft.client.errors import (OffsetOutOfRangeError, RaftlogError,
+                                SubscriptionPositionRemoved, UndecodableBatchError)
 from raft.client.results import FetchedRecord, UndecodableBatch
 from raft.client.subscription_calls import Where
 
@@ -65,6 +75,8 @@ DEFAULT_LEASE_MS = 30_000
 # After a fail-over the new leader's high watermark can briefly trail a position committed
 # through the old one: a fetch past it is retried for this long before it is an error.
 CATCH_UP_GRACE_S = 30.0
+AUTO_RESET_POLICIES = ("none", "earliest", "latest")
+MAX_RESETS_PER_FILL = 8  # retention racing a reset: give up (with the error) after this many
 
 
 def default_consumer_id() -> str:
@@ -80,7 +92,8 @@ class Consumer:
                  lease_ms: int = DEFAULT_LEASE_MS, consumer_id: str | None = None,
                  max_bytes: int = 1 << 20, max_wait: float = 1.0, follow: bool = True,
                  on_undecodable: Literal["raise"] | Callable[[UndecodableBatch], None]
-                 = "raise") -> None:
+                 = "raise", auto_reset: str | None = None,
+                 on_reset: Callable[[dict[str, Any]], None] | None = None) -> None:
         if auto_commit_ms < 0 or lease_ms < 1 or max_bytes < 1 or max_wait < 0:
             raise ValueError("auto_commit_ms >= 0, lease_ms >= 1, max_bytes >= 1, "
                              "max_wait >= 0")
@@ -96,6 +109,12 @@ class Consumer:
             raise ValueError('on_undecodable is "raise" or a function taking an '
                              'UndecodableBatch')
         self.on_undecodable = on_undecodable
+        if auto_reset is not None and auto_reset not in AUTO_RESET_POLICIES:
+            raise ValueError(f"auto_reset is one of {', '.join(AUTO_RESET_POLICIES)} (or None: "
+                             f"the subscription's own policy), got {auto_reset!r}")
+        self.auto_reset = auto_reset
+        self.policy = auto_reset or "none"  # in force: the subscription's, once opened
+        self.on_reset = on_reset
         # With a lease, waiting for records must renew it in time.
         self.max_wait = min(max_wait, lease_ms / 3000) if exclusive else max_wait
         self._opened = False
@@ -122,9 +141,10 @@ class Consumer:
     async def open(self) -> dict[str, Any]:
         """Open the subscription (creating it on first use) and read from its position."""
         sub = await self.client.subscription_open(self.subscription, consumer=self.consumer_id,
-                                                  start=self.start, lease_ms=self.lease_ms)
-        pos = int(sub["position"])
-        self._fetch_from = self._handed = self._processed = self._committed = pos
+                                                  start=self.start, lease_ms=self.lease_ms,
+                                                  auto_reset=self.auto_reset)
+        self.policy = sub.get("auto_reset") or self.auto_reset or "none"
+        self._moved_to(int(sub["position"]))
         self._buffer.clear()
         self._opened = True
         self._last_commit = trio.current_time()
@@ -170,11 +190,18 @@ class Consumer:
         """Fetch the next records into the buffer; False at the high watermark without
         `follow`."""
         waited_since = trio.current_time()
+        resets = 0
         while True:
             try:
                 res = await self.client.fetch(self._fetch_from, max_bytes=self.max_bytes,
                                               max_wait=self.max_wait if self.follow else 0.0)
             except OffsetOutOfRangeError as e:
+                start = e.start_offset
+                if start is not None and self._fetch_from < start:
+                    resets += 1
+                    await self._passed_by_retention(start, e, final=resets
+                                                    > MAX_RESETS_PER_FILL)
+                    continue
                 hw = e.high_watermark
                 if hw is not None and self._fetch_from > hw + 1 \
                         and trio.current_time() - waited_since < CATCH_UP_GRACE_S:
@@ -201,6 +228,46 @@ class Consumer:
                     return False
                 continue
             await self._maybe_auto_commit()
+
+    def _moved_to(self, position: int) -> None:
+        self._fetch_from = self._handed = self._processed = self._committed = position
+
+    async def _passed_by_retention(self, start: int, error: OffsetOutOfRangeError, *,
+                                   final: bool) -> None:
+        """Retention removed offsets below `start` before this subscription read them: apply
+        the reset policy (reset through the cluster, conditional on the committed position we
+        know), or raise the error that names the fix."""
+        name, pos = self.subscription, self._fetch_from
+        if final:
+            raise SubscriptionPositionRemoved(
+                f"subscription {name}: retention removed the log below offset {start} again "
+                f"after {MAX_RESETS_PER_FILL} resets (policy {self.policy}); it deletes faster "
+                f"than this consumer reads: raise --retention-bytes/--retention-ms, or run the "
+                f"nodes with --retention-respect-subscriptions",
+                code=error.code, details={**error.details, "position": pos, "name": name,
+                                          "start_offset": start})
+        if self.policy == "none":
+            raise SubscriptionPositionRemoved(
+                f"subscription {name} is at position {pos}, but retention removed the log "
+                f"below offset {start} before it was read (its reset policy is "
+                f"{self.policy}). To skip the {start - pos} removed offsets and read on from "
+                f"the log start, run `raftlog consume --subscription {name} --auto-reset "
+                f"earliest` (or --auto-reset latest to start at the end; either is stored as "
+                f"the subscription's policy), or move it with `raftlog subscriptions reset "
+                f"{name} --to start`. To keep records until subscriptions read them, run the "
+                f"nodes with --retention-respect-subscriptions",
+                code=error.code, details={**error.details, "position": pos, "name": name,
+                                          "start_offset": start})
+        before = self._committed
+        sub = await self.client.subscription_reset(
+            name, "start" if self.policy == "earliest" else "end",
+            consumer=self.consumer_id, expect=before)
+        self._moved_to(int(sub["position"]))
+        self._last_commit = trio.current_time()
+        if self.on_reset is not None:
+            self.on_reset({"name": name, "from": pos, "to": self._fetch_from,
+                           "skipped_offsets": max(0, self._fetch_from - pos),
+                           "policy": self.policy, "start_offset": start})
 
     # -- committing ---------------------------------------------------------------------------
     async def _maybe_auto_commit(self) -> None:

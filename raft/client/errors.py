@@ -57,6 +57,17 @@ class OffsetOutOfRangeError(RaftlogError):
         return self.details.get("high_watermark")
 
 
+class SubscriptionPositionRemoved(OffsetOutOfRangeError):
+    """A subscription's position is below the log start (retention removed what it had not
+    read) and its reset policy is none: the message names the commands that move it on
+    (`raftlog consume --subscription NAME --auto-reset earliest`, `raftlog subscriptions
+    reset`). Raised by the client's Consumer, not by a node."""
+
+    @property
+    def position(self) -> int | None:
+        return self.details.get("position")
+
+
 class ShuttingDownError(RaftlogError):
     code = "SHUTTING_DOWN"
 
@@ -198,7 +209,7 @@ def error_from_reply(err: dict[str, Any]) -> RaftlogError:
 __all__ = [
     "AuthenticationError", "BackpressureError", "BadRequestError", "DiskFullError",
     "LeadershipLostError", "NotLeaderError", "PermissionDeniedError",
-    "OffsetOutOfRangeError", "RaftlogError", "RequestTimeout", "ShuttingDownError",
+    "OffsetOutOfRangeError", "RaftlogError", "SubscriptionPositionRemoved", "RequestTimeout", "ShuttingDownError",
     "TooLargeError", "UnavailableError", "UndecodableBatchError", "error_from_reply",
     "InvalidSubscriptionName", "PositionBehind", "PositionPastHighWatermark",
     "SubscriptionError", "SubscriptionLeased", "UnknownSubscription",

@@ -30,20 +30,26 @@ class SubscriptionCalls:
         raise NotImplementedError
 
     async def _sub(self, t: str, timeout: float | None, name: str, *, consumer: str = "",
-                   initial: Where | None = None, lease_ms: int = 0) -> dict[str, Any]:
+                   initial: Where | None = None, lease_ms: int = 0, auto_reset: str = "",
+                   expect: int = -1) -> dict[str, Any]:
         """One subscription operation `t` (a SubRequest; which fields it sends is the
         protocol's to say)."""
         budget = self.timeout if timeout is None else timeout
         return await self.call(SubRequest(t, name, _timeout_ms(budget), consumer,
-                                          initial=initial, lease_ms=lease_ms), timeout=budget)
+                                          initial=initial, lease_ms=lease_ms,
+                                          auto_reset=auto_reset, expect=expect),
+                               timeout=budget)
 
     async def subscription_open(self, name: str, *, consumer: str = "",
                                 start: Where = "start", lease_ms: int = 0,
+                                auto_reset: str | None = None,
                                 timeout: float | None = None) -> dict[str, Any]:
         """Create `name` at `start` ("start", "end" or an offset) if it does not exist, take or
-        renew the lease when lease_ms > 0; the subscription (its `position` is where to read)."""
+        renew the lease when lease_ms > 0, and store `auto_reset` ("none", "earliest",
+        "latest") as its reset policy if given; the subscription (its `position` is where to
+        read, its `auto_reset` the policy)."""
         reply = await self._sub("sub_open", timeout, name, consumer=consumer,
-                                initial=start, lease_ms=lease_ms)
+                                initial=start, lease_ms=lease_ms, auto_reset=auto_reset or "")
         return reply["subscription"]
 
     async def subscription_commit(self, name: str, position: int, *, consumer: str = "",
@@ -57,9 +63,13 @@ class SubscriptionCalls:
                                            timeout=self.timeout if timeout is None else timeout)
 
     async def subscription_reset(self, name: str, to: Where, *, consumer: str = "",
+                                 expect: int | None = None,
                                  timeout: float | None = None) -> dict[str, Any]:
-        """Move `name` to `to` ("start", "end" or an offset), back or forward; creates it."""
-        reply = await self._sub("sub_reset", timeout, name, consumer=consumer, initial=to)
+        """Move `name` to `to` ("start", "end" or an offset), back or forward; creates it.
+        With `expect`, only if its position is still `expect` (else it stays, and the answer
+        says where it is). A reset forward adds what it passed over to `skipped_offsets`."""
+        reply = await self._sub("sub_reset", timeout, name, consumer=consumer, initial=to,
+                                expect=-1 if expect is None else expect)
         return reply["subscription"]
 
     async def subscription_pin(self, name: str, *, start: Where = "start", consumer: str = "",

@@ -19,6 +19,16 @@ leader only answers the requester with the verdict its own apply reached):
   (POSITION_PAST_HIGH_WATERMARK: nothing past the log can have been read). Equal is fine (a
   heartbeat that renews the lease). It clears a Spark read pin it reaches.
 - `reset`: set the position to anything in range (back or forward); creates the subscription.
+  A reset forward records how many offsets it passed over (`skipped_offsets`: the records a
+  consumer will never see, plus any control entries among them), so `raftlog subscriptions`
+  can say that records were skipped on every node and after any fail-over. A consumer's
+  automatic reset (its retention-passed position, docs/SUBSCRIPTIONS.md) is conditional: it
+  carries the position it saw, and applies only if the subscription is still there, so two
+  consumers resetting at once do not move it twice (the second one reads from the first's).
+- the reset policy (`auto_reset`: none, earliest, latest) is stored with the subscription; an
+  `open` that names one sets it. The table only stores it: whether a position was passed by
+  retention depends on a node's log start, so consumers (which see the log start in a fetch's
+  answer) apply it, through a conditional `reset`.
 - `pin`: a Spark incremental read fixes the end of its range once, so every re-plan and every
   retry of a failed job reads the same range until a commit reaches the pin.
 - `release`: drop the lease the consumer holds. `delete`: drop the subscription (an expiry
@@ -59,6 +69,15 @@ _NAME_CHARS = re.compile(r"[A-Za-z0-9._:-]*\Z")
 _CONSUMER_CHARS = re.compile(r"[\x21-\x7e]*\Z")  # printable ASCII, no spaces
 
 
+class AutoReset(str, Enum):
+    """What a consumer does when retention has removed its subscription's position (Kafka's
+    auto.offset.reset): stop with an error naming the fix, or reset to the log start / end."""
+
+    NONE = "none"
+    EARLIEST = "earliest"
+    LATEST = "latest"
+
+
 class Op(str, Enum):
     OPEN = "open"
     COMMIT = "commit"
@@ -94,24 +113,38 @@ def consumer_error(consumer: Any) -> str | None:
 
 @dataclass(slots=True, frozen=True)
 class OpRequest:
-    """One operation as it travels in an entry: [op, name, consumer, position, arg].
+    """One operation as it travels in an entry: [op, name, consumer, position, arg] and, only
+    when set, a sixth element {"auto_reset": policy, "expect": position} (entries written
+    before it existed have five and still apply).
     `arg` is the lease length (ms, 0 = none) for open/commit, the initial position for pin, and
-    the last-used guard for delete (-1 = unconditional)."""
+    the last-used guard for delete (-1 = unconditional). `auto_reset` ("" = leave it) is the
+    policy an open sets; `expect` (-1 = unconditional) is the position a reset applies at."""
 
     op: Op
     name: str
     consumer: str = ""
     position: int = -1
     arg: int = 0
+    auto_reset: str = ""
+    expect: int = -1
 
     def encode(self) -> list[Any]:
-        return [self.op.value, self.name, self.consumer, self.position, self.arg]
+        item: list[Any] = [self.op.value, self.name, self.consumer, self.position, self.arg]
+        extra: dict[str, Any] = {}
+        if self.auto_reset:
+            extra["auto_reset"] = self.auto_reset
+        if self.expect >= 0:
+            extra["expect"] = self.expect
+        if extra:
+            item.append(extra)
+        return item
 
     @staticmethod
     def decode(item: Any) -> "OpRequest | None":
-        if not isinstance(item, list) or len(item) != 5:
+        if not isinstance(item, list) or len(item) not in (5, 6):
             return None
-        op, name, consumer, position, arg = item
+        op, name, consumer, position, arg = item[:5]
+        extra = item[5] if len(item) == 6 else {}
         try:
             kind = Op(op)
         except ValueError:
@@ -119,7 +152,14 @@ class OpRequest:
         if not isinstance(name, str) or not isinstance(consumer, str) or any(
                 isinstance(v, bool) or not isinstance(v, int) for v in (position, arg)):
             return None
-        return OpRequest(kind, name, consumer, position, arg)
+        if not isinstance(extra, dict):
+            return None
+        policy = extra.get("auto_reset", "")
+        expect = extra.get("expect", -1)
+        if policy not in ("", *(p.value for p in AutoReset)) \
+                or isinstance(expect, bool) or not isinstance(expect, int):
+            return None
+        return OpRequest(kind, name, consumer, position, arg, policy, expect)
 
 
 def encode_entry(src: tuple[int, int, int], ops: list[OpRequest]) -> bytes:
@@ -166,6 +206,9 @@ class Subscription:
     lease_until_ms: int = -1
     pin_end: int = -1  # a Spark read's fixed end (exclusive), -1 = none
     commits: int = 0
+    auto_reset: str = AutoReset.NONE.value  # what a consumer does when retention passed it
+    skipped_offsets: int = 0  # offsets passed over by resets forward, in total
+    resets: int = 0  # resets applied (back or forward)
 
     def leased_to_other(self, consumer: str, clock_ms: int) -> bool:
         return bool(self.lease_holder) and self.lease_holder != consumer \
@@ -179,20 +222,28 @@ class Subscription:
                 "lease_holder": self.lease_holder if leased else None,
                 "lease_until_ms": self.lease_until_ms if leased else None,
                 "pin_end": self.pin_end if self.pin_end >= 0 else None,
-                "commits": self.commits}
+                "commits": self.commits, "auto_reset": self.auto_reset,
+                "skipped_offsets": self.skipped_offsets, "resets": self.resets}
 
     def to_list(self) -> list[Any]:
         return [self.name, self.position, self.created_ms, self.created_offset,
                 self.last_commit_ms, self.last_committer, self.last_used_ms, self.lease_holder,
-                self.lease_until_ms, self.pin_end, self.commits]
+                self.lease_until_ms, self.pin_end, self.commits, self.auto_reset,
+                self.skipped_offsets, self.resets]
 
     @staticmethod
     def from_list(item: Any) -> "Subscription":
+        """From to_list(); a snapshot written before the reset fields (11 items) loads with
+        their defaults."""
+        if len(item) == 11:
+            item = [*item, AutoReset.NONE.value, 0, 0]
         (name, position, created_ms, created_offset, last_commit_ms, last_committer,
-         last_used_ms, lease_holder, lease_until_ms, pin_end, commits) = item
+         last_used_ms, lease_holder, lease_until_ms, pin_end, commits, auto_reset,
+         skipped, resets) = item
         sub = Subscription(str(name), int(position), int(created_ms), int(created_offset),
                            int(last_commit_ms), str(last_committer), int(last_used_ms),
-                           str(lease_holder), int(lease_until_ms), int(pin_end), int(commits))
+                           str(lease_holder), int(lease_until_ms), int(pin_end), int(commits),
+                           AutoReset(auto_reset).value, int(skipped), int(resets))
         if name_error(sub.name) is not None or sub.position < 0:
             raise ValueError(f"subscription {sub.name!r} in the snapshot is malformed")
         return sub
@@ -306,6 +357,8 @@ class SubscriptionTable:
             return conflict
         self._take_lease(sub, op.consumer, op.arg)
         sub.last_used_ms = self.clock_ms
+        if op.auto_reset:
+            sub.auto_reset = op.auto_reset
         return self._ok(sub)
 
     def _commit(self, sub: Subscription, op: OpRequest, offset: int) -> Outcome:
@@ -339,6 +392,10 @@ class SubscriptionTable:
             return Outcome(ErrorCode.POSITION_PAST_HIGH_WATERMARK,
                            f"reset position {op.position} is outside [0, {offset}]",
                            sub.describe(self.clock_ms))
+        if op.expect >= 0 and sub.position != op.expect:
+            return self._ok(sub)  # moved since the consumer looked: read from where it is
+        sub.skipped_offsets += max(0, op.position - sub.position)
+        sub.resets += 1
         sub.position = op.position
         sub.pin_end = -1
         sub.last_commit_ms = sub.last_used_ms = self.clock_ms

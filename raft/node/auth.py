@@ -19,8 +19,8 @@ connection's permissions are looked up on every request, so a permission change 
 token applies at once, to open connections too.
 
 Permissions: `produce` (produce and staged-load writes), `consume` (fetch; subscription open,
-commit (one or many: sub_commit_many), pin, release, get, list), `admin` (membership,
-leadership transfer, load abort, subscription reset and delete, and any request type not listed
+commit (one or many: sub_commit_many), reset, pin, release, get, list), `admin` (membership,
+leadership transfer, load abort, subscription delete, and any request type not listed
 below: new request types are refused until someone classifies them). `status` and
 `load_status` are open to every authenticated principal. A refused request gets FORBIDDEN
 naming the permission; the connection stays usable. No token or digest is ever logged or
@@ -64,7 +64,10 @@ REQUIRED: dict[str, Permission | None] = {
     "remove_node": Permission.ADMIN,
     "load_abort": Permission.ADMIN,
     # Subscriptions (docs/SUBSCRIPTIONS.md): a consumer opens, commits, pins (Spark), releases
-    # and reads its own; moving one back or forgetting it is an operator's act.
+    # and reads its own, and resets it (issue 29: a consumer whose position retention passed
+    # must be able to move on, `--auto-reset`, without an operator; a reset is no more than a
+    # consumer could do by reading from elsewhere, and the table records what it skipped);
+    # forgetting one is an operator's act.
     "sub_open": Permission.CONSUME,
     "sub_commit": Permission.CONSUME,
     "sub_commit_many": Permission.CONSUME,
@@ -72,7 +75,7 @@ REQUIRED: dict[str, Permission | None] = {
     "sub_release": Permission.CONSUME,
     "sub_get": Permission.CONSUME,
     "sub_list": Permission.CONSUME,
-    "sub_reset": Permission.ADMIN,
+    "sub_reset": Permission.CONSUME,
     "sub_delete": Permission.ADMIN,
 }
 

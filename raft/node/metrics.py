@@ -36,6 +36,10 @@ LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0
 RECORDS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 50_000,
                    200_000)
 LOOP_PROBE_S = 0.1  # how often the event-loop lag probe wakes up
+# Per-subscription series are bounded: a cluster may hold 100,000 subscriptions, a scrape must
+# not. The ones furthest behind are exported (those are the ones to watch);
+# raftlog_subscription_series_left_out says how many were not.
+SUBSCRIPTION_SERIES_MAX = 100
 ROLES = tuple(r.value for r in Role)
 
 
@@ -272,6 +276,43 @@ def _retention_families(st: dict[str, Any]) -> Iterator[Metric]:
     subs = st.get("subscriptions") or {}
     yield _gauge("raftlog_subscriptions", "Subscriptions in the replicated table",
                  subs.get("subscriptions", 0))
+    yield from _subscription_families(st.get("subscription_lag"))
+
+
+def _subscription_families(lag: dict[str, Any] | None) -> Iterator[Metric]:
+    """Per-subscription lag and skips, for at most SUBSCRIPTION_SERIES_MAX subscriptions (those
+    furthest behind), and totals over all of them."""
+    if lag is None:
+        return
+    offsets = GaugeMetricFamily("raftlog_subscription_lag_offsets", "High watermark + 1 minus "
+                                "the subscription's committed position (the "
+                                f"{SUBSCRIPTION_SERIES_MAX} furthest behind)",
+                                labels=["subscription"])
+    records = GaugeMetricFamily("raftlog_subscription_lag_records", "Records between the "
+                                "subscription's position and the high watermark (the "
+                                f"{SUBSCRIPTION_SERIES_MAX} furthest behind)",
+                                labels=["subscription"])
+    skipped = CounterMetricFamily("raftlog_subscription_skipped_offsets", "Offsets resets "
+                                  "forward passed over, by subscription (records it never "
+                                  "read: retention removed them, or an operator moved it)",
+                                  labels=["subscription"])
+    for s in lag.get("series", ()):
+        offsets.add_metric([s["name"]], s["lag_offsets"])
+        records.add_metric([s["name"]], s["lag_records"])
+        skipped.add_metric([s["name"]], s["skipped_offsets"])
+    yield offsets
+    yield records
+    yield skipped
+    yield _gauge("raftlog_subscription_series_left_out", "Subscriptions without lag series "
+                 f"(only the {SUBSCRIPTION_SERIES_MAX} furthest behind are exported)",
+                 lag.get("left_out", 0))
+    for key, doc in (("skipped_offsets", "Offsets passed over by subscription resets forward, "
+                                         "over every subscription (the replicated table's "
+                                         "count)"),
+                     ("resets", "Subscription resets applied, over every subscription")):
+        fam = CounterMetricFamily(f"raftlog_subscriptions_{key}", doc)
+        fam.add_metric([], lag.get(key, 0))
+        yield fam
 
 
 def _follower_families(st: dict[str, Any]) -> Iterator[Metric]:

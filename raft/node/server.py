@@ -30,11 +30,12 @@ import trio
 from raft.node import api
 from raft.node.config import ConfigError, NodeConfig, format_address
 from raft.node.api.admin import status_map
+from raft.node.api.fetch import visible_hw
 from raft.node.auth import Session
 from raft.node.errors import NodeFailed
 from raft.node.gate import Gate, remote_of
 from raft.node.group import RaftGroup
-from raft.node.metrics import NodeMetrics
+from raft.node.metrics import SUBSCRIPTION_SERIES_MAX, NodeMetrics
 from raft.node.peer import PeerLink
 from raft.node.transport import PeerTransport
 from raft.protocol.fields import get_int
@@ -144,6 +145,9 @@ class Node:
             return None
         st = status_map(self.api)
         st["disk_full"] = self.group.disk_full
+        if self.group.subs is not None:  # bounded per-subscription series (raft.node.metrics)
+            st["subscription_lag"] = self.group.subs.lag_series(
+                visible_hw(self.group), SUBSCRIPTION_SERIES_MAX)
         core = self.group.core
         if core.role == Role.LEADER:  # bytes each follower acknowledged, for a rate()
             acked = {}

@@ -21,6 +21,7 @@ the service as `ctx.group.subs`.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 import time
@@ -298,6 +299,24 @@ class SubscriptionService:
         return {**sub, "lag_records": records, "lag_bytes": nbytes, "lag_exact": exact,
                 "lag_offsets": max(0, hw + 1 - sub["position"]),
                 "last_commit_age_ms": max(0, now_ms - last) if last >= 0 else None}
+
+    def lag_series(self, hw: int, limit: int) -> dict[str, Any]:
+        """Per-subscription figures for /metrics (raft/node/metrics.py), bounded: the `limit`
+        subscriptions furthest behind (lag in offsets, then name), how many were left out, and
+        totals over every subscription (the skip count is the replicated table's, so it is the
+        same on every node and survives a fail-over). One pass over the table, `limit` lag
+        look-ups."""
+        subs = self.index.table.subs.values()
+        end = hw + 1
+        top = heapq.nsmallest(limit, subs, key=lambda s: (s.position, s.name))
+        series = []
+        for s in top:
+            records, _nbytes, _exact = self.index.lag(s.position, end)
+            series.append({"name": s.name, "lag_offsets": max(0, end - s.position),
+                           "lag_records": records, "skipped_offsets": s.skipped_offsets})
+        return {"series": series, "left_out": len(self.index.table.subs) - len(series),
+                "skipped_offsets": sum(s.skipped_offsets for s in subs),
+                "resets": sum(s.resets for s in subs)}
 
     def status(self) -> dict[str, Any]:
         b = self.batcher

@@ -14,7 +14,9 @@ from typing import Any, ClassVar
 from raft.protocol.fields import get_int, get_str
 from raft.protocol.framing import WireError
 from raft.protocol.requests import I64_MAX, SINGLE_GROUP, Limits, group_of, request_frame
-from raft.core.subscription_table import MAX_LEASE_MS
+from raft.core.subscription_table import MAX_LEASE_MS, AutoReset
+
+AUTO_RESET_VALUES = ("", *(p.value for p in AutoReset))
 
 LIST_DEFAULT_LIMIT = 1000
 LIST_MAX_LIMIT = 10_000
@@ -32,12 +34,14 @@ class _Spec:
     position: bool = False
     lease: bool = False
     initial: str | None = None  # the field naming a position: "from" (default "start") or "to"
+    auto_reset: bool = False  # "auto_reset": the reset policy an open stores (absent: keep it)
+    expect: bool = False  # "expect": a reset applies only if the position is still this
 
 
 _SPECS: dict[str, _Spec] = {
-    "sub_open": _Spec(consumer=True, lease=True, initial="from"),
+    "sub_open": _Spec(consumer=True, lease=True, initial="from", auto_reset=True),
     "sub_commit": _Spec(consumer=True, position=True, lease=True),
-    "sub_reset": _Spec(consumer=True, initial="to"),
+    "sub_reset": _Spec(consumer=True, initial="to", expect=True),
     "sub_pin": _Spec(consumer=True, initial="from"),
     "sub_release": _Spec(consumer=True),
     "sub_delete": _Spec(),
@@ -68,6 +72,8 @@ class SubRequest:
     position: int | None = None  # sub_commit: the next offset to deliver
     initial: Position | None = None  # sub_open/sub_pin: "from"; sub_reset: "to"
     lease_ms: int = 0
+    auto_reset: str = ""  # sub_open: "none", "earliest" or "latest"; "" = leave it as it is
+    expect: int = -1  # sub_reset: apply only at this position (-1: unconditional)
     group: int = SINGLE_GROUP
 
     @classmethod
@@ -85,6 +91,14 @@ class SubRequest:
         if spec.lease:
             req.lease_ms = get_int(frame, "lease_ms", default=0, minimum=0,
                                    maximum=MAX_LEASE_MS, where=t)
+        if spec.auto_reset:
+            req.auto_reset = get_str(frame, "auto_reset", default="", where=t)
+            if req.auto_reset not in AUTO_RESET_VALUES:
+                raise WireError(f'{t} field "auto_reset" must be one of '
+                                f'{", ".join(AUTO_RESET_VALUES[1:])}, got {req.auto_reset!r}')
+        if spec.expect:
+            req.expect = get_int(frame, "expect", default=-1, minimum=-1, maximum=I64_MAX,
+                                 where=t)
         req.group = group_of(frame, t)
         return req
 
@@ -101,6 +115,10 @@ class SubRequest:
             fields[spec.initial] = self.initial
         if spec.lease:
             fields["lease_ms"] = self.lease_ms
+        if spec.auto_reset and self.auto_reset:
+            fields["auto_reset"] = self.auto_reset
+        if spec.expect and self.expect >= 0:
+            fields["expect"] = self.expect
         return request_frame(self.t, rid, fields, self.group)
 
 

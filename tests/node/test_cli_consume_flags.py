@@ -70,6 +70,7 @@ def test_from_on_an_existing_subscription_is_refused_with_the_command_that_moves
     (["--commit-ms", "100"], "--commit-ms only apply with --subscription NAME"),
     (["--from-end"], "--from-end only apply with --subscription NAME"),
     (["--exclusive"], "--exclusive only apply with --subscription NAME"),
+    (["--auto-reset", "earliest"], "--auto-reset only apply with --subscription NAME"),
     (["--max-wait", "1"], "--max-wait is the long poll of --follow"),
 ])
 def test_flags_that_cannot_apply_are_refused(args: list[str], message: str) -> None:

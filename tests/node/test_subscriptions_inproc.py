@@ -13,7 +13,7 @@ from inproc_cluster import DEADLINE_S, RawClient, running_cluster, trio_test, va
 from raft.core.snapshot import section_raw
 from raft.client import (BlockingClient, Client, Consumer, InvalidSubscriptionName,
                          PositionBehind, PositionPastHighWatermark, SubscriptionLeased,
-                         UnknownSubscription)
+                         SubscriptionPositionRemoved, UnknownSubscription)
 
 
 async def _produce(client: RawClient, n: int, tag: str = "v") -> tuple[int, int]:
@@ -184,6 +184,53 @@ async def test_retention_keeps_what_the_lowest_subscription_still_needs() -> Non
         await _until(lambda: lg.start_offset >= bases[5], "retention to follow the commit")
         assert lg.start_offset == bases[5]
         await cl.aclose()
+
+
+@trio_test
+async def test_a_consumer_applies_the_stored_reset_policy_when_retention_passed_it() -> None:
+    """Issue 29: retention (not told to respect subscriptions) deletes what three subscriptions
+    had not read. Policy none raises the error naming the fix and moves nothing; `latest`,
+    stored by an earlier open, resets to the end for a consumer that names no policy; the
+    lag series for /metrics are capped (the furthest behind first) and say how many were
+    left out."""
+    async with running_cluster(1, retention_bytes=1) as c:
+        leader = await c.wait_leader()
+        async with Client(leader.address) as client:
+            await client.produce([b"a", b"b"])
+            for name, policy in (("none", None), ("late", "latest"), ("early", "earliest")):
+                sub = await client.subscription_open(name, start="start", auto_reset=policy)
+                assert sub["auto_reset"] == (policy or "none")
+            stuck_at = (await client.subscription("none"))["position"]
+            for k in range(5):
+                await client.produce([f"r{k}".encode()])
+            lg = leader.group.log
+            await _until(lambda: lg.start_offset > stuck_at + 3, "retention to pass them")
+            hw = leader.group.core.high_watermark
+
+            with pytest.raises(SubscriptionPositionRemoved) as err:
+                async with Consumer(client, "none", follow=False) as con:
+                    [r async for r in con]
+            assert "raftlog consume --subscription none --auto-reset earliest" in str(err.value)
+            assert err.value.position == stuck_at
+            assert (await client.subscription("none"))["position"] == stuck_at
+
+            resets: list[dict] = []
+            async with Consumer(client, "late", follow=False, on_reset=resets.append) as con:
+                assert [r async for r in con] == []  # latest: nothing of what is there
+            (reset,) = resets
+            # (past every record: the subscription entries since take offsets too)
+            assert reset["policy"] == "latest" and reset["to"] > hw
+            late = await client.subscription("late")
+            assert late["position"] >= reset["to"] and late["resets"] == 1
+            assert late["skipped_offsets"] == reset["to"] - stuck_at
+
+            hw = leader.group.core.high_watermark
+            series = leader.group.subs.lag_series(hw, 1)
+            assert [s["name"] for s in series["series"]] == ["early"]  # furthest behind
+            assert series["left_out"] == 2
+            assert series["skipped_offsets"] == late["skipped_offsets"]
+            everything = leader.group.subs.lag_series(hw, 100)
+            assert {s["name"] for s in everything["series"]} == {"none", "late", "early"}
 
 
 # -- the client -------------------------------------------------------------------------------

@@ -48,7 +48,8 @@ TYPES = sorted(REQUESTS) + sorted(OPS) + ["hello", "raft", "reply", "error", "no
 FIELDS = ["acks", "timeout_ms", "payload", "count", "producer_id", "sequence", "timestamp_ms",
           "offset", "max_bytes", "max_wait_ms", "to", "node_id", "address", "load_id", "gen",
           "partition", "attempt", "seq", "attempts", "reason", "name", "consumer", "lease_ms",
-          "position", "from", "commits", "prefix", "after", "limit", "role", "msgs"]
+          "position", "from", "commits", "prefix", "after", "limit", "role", "msgs",
+          "auto_reset", "expect"]
 # The fields each request type reads: a well-typed frame fills these (so the checks behind
 # the field parsing are reached too).
 RELEVANT = {
@@ -57,10 +58,10 @@ RELEVANT = {
     "transfer_leader": ["to", "timeout_ms"],
     "add_node": ["node_id", "address"],
     "remove_node": ["node_id"],
-    "sub_open": ["name", "consumer", "from", "lease_ms", "timeout_ms"],
+    "sub_open": ["name", "consumer", "from", "lease_ms", "auto_reset", "timeout_ms"],
     "sub_commit": ["name", "position", "consumer", "lease_ms", "timeout_ms"],
     "sub_commit_many": ["commits", "timeout_ms"],
-    "sub_reset": ["name", "to", "consumer", "timeout_ms"],
+    "sub_reset": ["name", "to", "consumer", "expect", "timeout_ms"],
     "sub_pin": ["name", "from", "consumer"],
     "sub_release": ["name", "consumer"],
     "sub_delete": ["name"],

@@ -10,6 +10,8 @@ from raft.core.subscription_batcher import CommitBatcher
 from raft.core.subscription_index import DataCounter, SubscriptionIndex
 from raft.core.subscription_table import (
     MAX_NAME_CHARS,
+    AutoReset,
+    Subscription,
     Op,
     OpRequest,
     SubscriptionTable,
@@ -203,6 +205,72 @@ def test_snapshot_round_trip_and_malformed_snapshots() -> None:
 
 
 # -- the accumulator ------------------------------------------------------------------------------
+def test_a_reset_forward_records_the_offsets_it_skipped_and_back_does_not() -> None:
+    """Issue 29: `raftlog subscriptions` says records were skipped, on every node: the count is
+    in the replicated table."""
+    log = Log()
+    log.op(open_(at=0))
+    end = log.data(10)
+    assert log.op(commit(3)).ok
+    moved = log.op(OpRequest(Op.RESET, "s", "", end))  # 3 -> 10: seven offsets never read
+    assert moved.ok and moved.sub["position"] == end
+    assert (moved.sub["skipped_offsets"], moved.sub["resets"]) == (end - 3, 1)
+    back = log.op(OpRequest(Op.RESET, "s", "", 1))  # back: re-reads, skips nothing
+    assert (back.sub["skipped_offsets"], back.sub["resets"]) == (end - 3, 2)
+    assert log.table.to_snapshot() == SubscriptionTable.from_snapshot(
+        log.table.to_snapshot()).to_snapshot()
+
+
+def test_a_conditional_reset_applies_only_at_the_position_it_saw() -> None:
+    """Two consumers whose position retention passed both reset it: the second one's reset
+    (guarded by the position it saw) must not move it again."""
+    log = Log()
+    log.op(open_(at=0))
+    end = log.data(10)
+    first = log.op(OpRequest(Op.RESET, "s", "c1", 5, expect=0))
+    assert first.ok and first.sub["position"] == 5 and first.sub["skipped_offsets"] == 5
+    assert log.op(commit(7, consumer="c1")).ok
+    second = log.op(OpRequest(Op.RESET, "s", "c2", 5, expect=0))
+    assert second.ok and second.sub["position"] == 7  # it answers where the subscription is
+    assert (second.sub["skipped_offsets"], second.sub["resets"]) == (5, 1)
+    assert log.op(OpRequest(Op.RESET, "s", "c2", end, expect=7)).sub["position"] == end
+
+
+def test_an_open_that_names_a_reset_policy_stores_it() -> None:
+    log = Log()
+    assert log.op(open_()).sub["auto_reset"] == "none"  # the default
+    log.data(2)
+    got = log.op(OpRequest(Op.OPEN, "s", "c1", 0, 0, auto_reset="earliest"))
+    assert got.sub["auto_reset"] == "earliest"
+    assert log.op(open_()).sub["auto_reset"] == "earliest"  # an open naming none keeps it
+    assert log.op(OpRequest(Op.OPEN, "t", "c1", 0, 0, auto_reset="latest")
+                  ).sub["auto_reset"] == "latest"  # set on creation too
+    snap = SubscriptionTable.from_snapshot(log.table.to_snapshot())
+    assert snap.get("s").auto_reset == "earliest"  # type: ignore[union-attr]
+    # A policy that is not one of the three makes the operation malformed, not stored.
+    item = OpRequest(Op.OPEN, "s", "c1", 0, 0, auto_reset="earliest").encode()
+    item[5]["auto_reset"] = "sometimes"
+    assert OpRequest.decode(item) is None
+    assert [p.value for p in AutoReset] == ["none", "earliest", "latest"]
+
+
+def test_entries_and_snapshots_written_before_the_reset_fields_still_apply() -> None:
+    """Old five-item operations decode with the defaults; an old eleven-item snapshot entry
+    loads with policy none and nothing skipped."""
+    old = ["reset", "s", "", 4, 0]
+    assert OpRequest.decode(old) == OpRequest(Op.RESET, "s", "", 4, 0)
+    assert OpRequest(Op.RESET, "s", "", 4, 0).encode() == old  # unchanged on the wire
+    log = Log()
+    log.data(5)
+    b = Batch.create(__import__("msgpack").packb(
+        {"ctl": "sub_ops", "src": list(SRC), "ops": [old]}), 1,
+        kind=BatchKind.CONTROL, timestamp_ms=1).placed(log.next, 1)
+    (outcome,) = log.table.apply(b).outcomes  # type: ignore[union-attr]
+    assert outcome.ok and outcome.sub["position"] == 4
+    sub = Subscription.from_list(["s", 4, 0, 5, -1, "", -1, "", -1, -1, 0])
+    assert (sub.auto_reset, sub.skipped_offsets, sub.resets) == ("none", 0, 0)
+
+
 def test_batcher_coalesces_a_consumers_commits_and_bounds_everything() -> None:
     b: CommitBatcher[str] = CommitBatcher(linger_ms=2, max_ops=3, max_pending=5, max_inflight=1)
     assert b.due_at() is None

@@ -113,8 +113,11 @@ async def execute_op(ctx: ApiContext, req: SubRequest) -> Reply:
             position, arg = visible_hw(ctx.group) + 1, position
     elif op == Op.DELETE:
         arg = -1  # unconditional (expiry's deletes are the service's own)
-    outcome = await ctx.group.subs.submit(OpRequest(op, req.name, req.consumer, position, arg),
-                                          req.timeout_ms / 1000)
+    outcome = await ctx.group.subs.submit(
+        OpRequest(op, req.name, req.consumer, position, arg,
+                  req.auto_reset if op == Op.OPEN else "",
+                  req.expect if op == Op.RESET else -1),
+        req.timeout_ms / 1000)
     if op == Op.DELETE and outcome.ok:
         return OkReply({"deleted": True})
     return _reply(ctx, outcome)
