@@ -11,7 +11,7 @@
 
 Each command group is its own module in this package with a `register(subparsers)`: serve.py
 (serve, up), produce.py, consume.py, subscriptions_cmd.py, status.py, demo.py, membership.py,
-config_cmd.py, profile_cmd.py, completion.py. Other packages add their commands the same way,
+config_cmd.py, profile_cmd.py, recover.py, completion.py. Other packages add their commands the same way,
 as plugins that may be missing: bench.cli (`raftlog bench`) and sparkio.cli (`raftlog load`).
 
 Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration, 130 interrupted.
@@ -32,7 +32,7 @@ import sys
 from importlib import metadata
 
 from raft.cli import (certs, completion, config_cmd, consume, demo, membership, produce,
-                      profile_cmd, serve, status, subscriptions_cmd, tokens)
+                      profile_cmd, recover, serve, status, subscriptions_cmd, tokens)
 from raft.cli.client_settings import resolve_client
 from raft.cli.output import print_error
 from raft.client import RaftlogError
@@ -92,6 +92,7 @@ def build_parser() -> Parser:
     membership.register(sub)
     config_cmd.register(sub)
     profile_cmd.register(sub)
+    recover.register(sub)
     completion.register(sub, parser)
     for p in _all_parsers(sub):
         # -v works after the subcommand too (`raftlog produce -v`).

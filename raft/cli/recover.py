@@ -1,0 +1,179 @@
+"""`raftlog recover --force-new-cluster`: the way out of a lost majority (docs/DISK-LOSS.md,
+"A lost majority: force a new cluster").
+
+    raftlog recover --force-new-cluster --data-dir DIR --node-id 1 [--yes] [--json]
+
+Run on one surviving node's data directory while that node is stopped. It makes the node the
+only voter of a new cluster from its own flushed log (the rule is raft/core/force_new.py; this
+module does the I/O): it prints what may be lost (this node's flushed offset and commit index,
+and that anything committed elsewhere beyond them is gone) and proceeds only with --yes or a
+typed confirmation. It refuses while the node runs (the data directory's lock,
+storage/dirlock.py). Every run leaves an audit record: in the forced configuration entry itself
+(replicated to the nodes re-added later) and as a JSON line in <node dir>/recover-audit.log.
+Start the node again with its usual command; re-add the others with `raftlog add-node` once
+each runs on an empty data directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from raft.cli.args import json_flag
+from raft.core.force_new import ForcePlan, NodeFacts, plan_force_new_cluster
+from raft.core.membership import ClusterConfig
+from raft.core.snapshot_sections import stored_config
+from raft.node.config import ConfigError
+from storage import open_log
+from storage.api import DataDirLocked, LogStorage, Meta, StorageError
+from storage.batch import BatchKind
+
+AUDIT_FILE = "recover-audit.log"
+CONFIRM_WORD = "force"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "recover", help="force a way out of a lost majority (run on a stopped node)",
+        description="Make one stopped node the only voter of a new cluster from its own "
+                    "flushed log, when a majority of the voters lost their data for good and "
+                    "no leader can be elected. Anything committed elsewhere beyond this node's "
+                    "flushed log is lost. See docs/DISK-LOSS.md.")
+    p.add_argument("--force-new-cluster", action="store_true",
+                   help="make this node a single-voter cluster of itself (required: the only "
+                        "recovery this command does)")
+    p.add_argument("--data-dir", required=True, help="the node's --data-dir (it uses "
+                                                     "DATA_DIR/node-<id>/)")
+    p.add_argument("--node-id", type=int, required=True, help="the node's --node-id")
+    p.add_argument("--yes", action="store_true",
+                   help="proceed without asking (after printing what may be lost)")
+    json_flag(p, "print the plan and the result as one JSON object")
+    p.set_defaults(func=cmd_recover)
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    if not args.force_new_cluster:
+        raise ConfigError("say what to recover: --force-new-cluster (the only recovery there "
+                          "is; read docs/DISK-LOSS.md first)")
+    node_dir = Path(args.data_dir) / f"node-{args.node_id}"
+    if not node_dir.is_dir():
+        raise ConfigError(f"no data directory for node {args.node_id} at {node_dir}; give the "
+                          f"node's own --data-dir and --node-id")
+    try:
+        log = open_log(node_dir)
+    except DataDirLocked as e:
+        raise ConfigError(f"node {args.node_id} is running ({e}); stop it first: recover "
+                          f"rewrites its state and must own its data directory") from None
+    except StorageError as e:
+        raise ConfigError(f"cannot open node {args.node_id}'s log: {e}") from None
+    try:
+        plan = plan_force_new_cluster(read_facts(log, args.node_id))
+        _show(args, plan)
+        if not _confirmed(args):
+            raise ConfigError("not confirmed: nothing was changed. Run it again with --yes (or "
+                              f"type {CONFIRM_WORD!r} when asked) to proceed")
+        now_ms = int(time.time() * 1000)
+        apply_plan(log, plan, now_ms)
+    finally:
+        log.close()
+    _write_audit(node_dir, plan, now_ms)
+    done = (f"node {args.node_id} is now the only voter of a new cluster (term {plan.term}, "
+            f"log kept up to offset {plan.keep_upto}); start it with its usual command, then "
+            f"re-add each other node with `raftlog add-node --id N --address HOST:PORT` once "
+            f"it runs on an empty data directory")
+    if args.json:
+        print(json.dumps({"forced": True, **plan.audit, "message": done}))
+    else:
+        print(f"raftlog recover: {done}", file=sys.stderr)
+    return 0
+
+
+def read_facts(log: LogStorage, node_id: int) -> NodeFacts:
+    """What the rule needs from the node's log, read whole: every batch is checked (a scrub
+    pass), so damage the open did not reach is found before the log is trusted as the truth."""
+    offset = log.start_offset
+    while log.flushed_offset >= log.start_offset:
+        got = log.scrub(offset, 64 << 20)
+        offset = got.next_offset
+        if got.wrapped:
+            break
+    meta = log.load_meta()
+    first_damaged = log.first_damaged()
+    last_config = _last_config(log, meta, first_damaged)
+    commit = int((meta.config or {}).get("commit", -1))
+    return NodeFacts(node_id, log.incarnation, meta.term, log.start_offset, log.flushed_offset,
+                     log.term_at(log.flushed_offset), commit, first_damaged, log.lost_position,
+                     last_config)
+
+
+def _last_config(log: LogStorage, meta: Meta, first_damaged: int | None) -> ClusterConfig | None:
+    """The configuration in force: the last CONFIG entry in the log, else the one stored with
+    the log start, else the metadata's (None: the bootstrap members given by --peers)."""
+    found: ClusterConfig | None = None
+    end = log.flushed_offset if first_damaged is None else first_damaged - 1
+    offset = log.start_offset
+    while offset <= end:
+        batches = log.read(offset, 8 << 20, 4096)
+        if not batches:
+            break
+        for b in batches:
+            if b.last_offset > end:
+                break
+            if b.kind == BatchKind.CONFIG:
+                found = ClusterConfig.from_batch(b)
+        offset = batches[-1].last_offset + 1
+    if found is not None:
+        return found
+    at_start = stored_config(log.snapshot)
+    if at_start is not None:
+        return at_start.config
+    history = (meta.config or {}).get("history") or []
+    return ClusterConfig.from_dict(history[-1]["config"]) if history else None
+
+
+def apply_plan(log: LogStorage, plan: ForcePlan, now_ms: int) -> None:
+    """Write the plan: metadata first (its term above every term the log holds), then the cut
+    and the forced configuration entry, flushed. Stopped half-way, a run again finishes it."""
+    meta = log.load_meta()
+    log.save_meta(Meta(plan.term, None, plan.meta_config(), dict(meta.extra)))
+    if log.dirty_offset > plan.keep_upto:
+        log.truncate_suffix(plan.keep_upto)
+    log.append([plan.config_batch(now_ms)])
+    log.flush()
+
+
+def _show(args: argparse.Namespace, plan: ForcePlan) -> None:
+    lines = [f"FORCING A NEW CLUSTER from node {plan.node_id}'s log. This throws away the "
+             f"other nodes' view of the cluster:"]
+    lines += [f"  - {w}" for w in plan.warnings()]
+    lines.append("  Use it only when a majority of the voters lost their data for good and no "
+                 "leader can be elected (docs/DISK-LOSS.md). Run it on ONE node, the one with "
+                 "the longest log, never on two.")
+    if args.json:
+        print(json.dumps({"plan": {**plan.audit, "warnings": plan.warnings()}}), file=sys.stderr)
+    else:
+        print("\n".join(f"raftlog recover: {line}" for line in lines), file=sys.stderr)
+
+
+def _confirmed(args: argparse.Namespace) -> bool:
+    if args.yes:
+        return True
+    if not sys.stdin.isatty():
+        return False
+    print(f"Type {CONFIRM_WORD!r} to proceed: ", end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline().strip() == CONFIRM_WORD
+
+
+def _write_audit(node_dir: Path, plan: ForcePlan, now_ms: int) -> None:
+    record: dict[str, Any] = {"action": "force-new-cluster", "at_ms": now_ms, **plan.audit}
+    fd = os.open(node_dir / AUDIT_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
