@@ -13,7 +13,7 @@ from test_disk_loss_rules import WatchedDisks, wipe, write_committed
 from test_safety_rules import campaign, campaign_until_leader
 
 from raft.cli.recover import apply_plan, read_facts
-from raft.core.force_new import plan_force_new_cluster
+from raft.core import force_new
 from raft.core.incarnation import Standing
 from raft.core.membership import ClusterConfig
 from raft.core.types import Acks
@@ -21,7 +21,7 @@ from storage.batch import BatchKind
 
 
 def stuck_cluster() -> tuple[WatchedDisks, int]:
-    """S2 lost the flushed entry `e` (committed with S1) and holds lost_position (e, term);
+    """S2 lost the flushed entries from `e` on (committed with S1) and holds lost_position (e, term);
     S1 and S3 lost their disks. Returns the cluster (no leader can be elected) and `e`."""
     c = WatchedDisks(3, pre_vote=False, check_quorum=False)
     campaign_until_leader(c, 1)
@@ -29,6 +29,7 @@ def stuck_cluster() -> tuple[WatchedDisks, int]:
     write_committed(c, 1, b"before")
     c.down = {3}
     e = write_committed(c, 1, b"E")
+    write_committed(c, 1, b"F")  # S2's lost position lies past where the forced entry goes
     c.logs[2].lose_batches(e - 1)
     c.crash(2)
     c.down = set()
@@ -41,7 +42,7 @@ def force(c: Cluster, i: int) -> None:
     """`raftlog recover --force-new-cluster` on node i's (stopped) state, then restart it."""
     log = c.logs[i]
     log.crash()  # stopped: what it holds is its flushed log
-    plan = plan_force_new_cluster(read_facts(log, i))
+    plan = force_new.plan_force_new_cluster(read_facts(log, i))
     apply_plan(log, plan, now_ms=1)
     c.cores[i] = c._new_core(i)
 
@@ -64,7 +65,7 @@ def test_forcing_a_new_cluster_from_a_survivor_elects_it_and_the_others_rejoin()
     kept = c.logs[2].flushed_offset
     assert kept < e
     force(c, 2)
-    # What the operator accepted: E (committed with S1, lost from S2's disk) is gone.
+    # What the operator accepted: E and F (committed with S1, lost from S2's disk) is gone.
     assert isinstance(c, WatchedDisks)
     c.committed = {off: t for off, t in c.committed.items() if off <= kept}
     c.commit_checked.clear()
@@ -107,7 +108,7 @@ def test_the_forced_entry_outranks_every_term_the_node_knows() -> None:
     log = c.logs[2]
     log.crash()
     facts = read_facts(log, 2)
-    plan = plan_force_new_cluster(facts)
+    plan = force_new.plan_force_new_cluster(facts)
     assert facts.lost_position is not None
     assert plan.term > max(facts.term, facts.last_term, facts.lost_position[1])
     assert plan.removed == (1, 3)
@@ -125,7 +126,7 @@ def test_a_damaged_batch_and_what_follows_it_are_dropped_loudly() -> None:
     bad = log.dirty_offset - 1
     log.flip_bits(bad)
     log.crash()
-    plan = plan_force_new_cluster(read_facts(log, leader))
+    plan = force_new.plan_force_new_cluster(read_facts(log, leader))
     assert plan.keep_upto == bad - 1 and plan.dropped == (bad, log.flushed_offset)
     assert any(f"offsets {bad}.." in w for w in plan.warnings())
     apply_plan(log, plan, 5)

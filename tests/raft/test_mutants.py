@@ -29,6 +29,7 @@ import pytest
 import test_core
 import test_retention
 import test_disk_loss_rules
+import test_force_new_cluster
 import test_membership_safety
 import test_safety_rules
 import test_state_transfer
@@ -432,6 +433,17 @@ MUTANTS = [
            "and (not self.reached or server is not None)",
            "and True",
            (test_client_retry.test_first_contact_fails_at_once_but_a_client_that_reached_a_node_waits_for_it,)),
+    Mutant("a forced new cluster writes its configuration in a term it already knows",
+           "raft.core.force_new", "plan_force_new_cluster",
+           "term = max(facts.term, facts.last_term, lost_term) + 1",
+           "term = max(facts.term, facts.last_term, lost_term)",
+           (test_force_new_cluster.test_forcing_a_new_cluster_from_a_survivor_elects_it_and_the_others_rejoin,
+            test_force_new_cluster.test_the_forced_entry_outranks_every_term_the_node_knows)),
+    Mutant("a forced new cluster keeps its damaged batch (which nobody can repair) in its log",
+           "raft.core.force_new", "plan_force_new_cluster",
+           "keep = facts.first_damaged - 1",
+           "keep = keep",
+           (test_force_new_cluster.test_a_damaged_batch_and_what_follows_it_are_dropped_loudly,)),
 ]
 
 
