@@ -90,6 +90,9 @@ class ForcePlan:
                f"(commit index it last knew: {self.commit_index}); any entry committed "
                f"elsewhere beyond offset {self.keep_upto} is LOST for good, and so is "
                f"anything other nodes hold that differs from this node's log"]
+        if self.audit.get("kept_nothing"):
+            out.append("this node holds no entries: the new cluster starts EMPTY (a node that "
+                       "lost its disk is the wrong one to force from; pick the longest log)")
         if self.dropped is not None:
             out.append(f"offsets {self.dropped[0]}..{self.dropped[1]} are dropped: this node's "
                        f"copy is damaged at {self.dropped[0]} and no other copy can be fetched")
@@ -120,5 +123,6 @@ def plan_force_new_cluster(facts: NodeFacts) -> ForcePlan:
     audit = {"node_id": facts.node_id, "incarnation": facts.incarnation,
              "old_term": facts.term, "new_term": term, "kept_upto": keep,
              "commit_index": commit, "dropped": list(dropped) if dropped else None,
-             "old_members": list(before), "removed": list(removed)}
+             "old_members": list(before), "removed": list(removed),
+             "kept_nothing": keep < 0}
     return ForcePlan(facts.node_id, keep, dropped, term, config, commit, removed, audit)

@@ -134,3 +134,13 @@ def test_a_damaged_batch_and_what_follows_it_are_dropped_loudly() -> None:
     b = log.read(bad, 1 << 20)[0]
     assert b.kind == BatchKind.CONFIG and b.term == plan.term
     assert ClusterConfig.from_batch(b).voters == (leader,)
+
+
+def test_forcing_from_a_node_that_holds_nothing_says_the_new_cluster_starts_empty() -> None:
+    c = Cluster(3)
+    c.elect()
+    log = c.logs[1]
+    log.wipe(77)
+    log.crash()
+    plan = force_new.plan_force_new_cluster(read_facts(log, 1))
+    assert plan.keep_upto == -1 and any("starts EMPTY" in w for w in plan.warnings())
