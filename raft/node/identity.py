@@ -37,6 +37,7 @@ log = logging.getLogger("raftlog.node")
 
 ID_KEY = "cluster_id"
 FIRM_KEY = "cluster_id_firm"
+MAX_REMEMBERED = 64  # refused peers kept for status and log counting
 # In the refusal a node sends a peer it does not know; the refused side looks for it.
 NOT_MEMBER_MARK = "is not a member of the cluster"
 
@@ -53,11 +54,12 @@ class Refusal:
 
     peer_id: int
     message: str
-    not_member: bool = False
+    not_member: bool = False  # the peer refused us: this node is not a member
 
 
 def not_member_message(node_id: int, peer_id: int, members: list[int]) -> str:
-    return (f"node {peer_id} {NOT_MEMBER_MARK} (node {node_id} knows members {members}); "
+    return (f"node {peer_id} is not a peer of node {node_id}: it {NOT_MEMBER_MARK} "
+            f"(members known to node {node_id}: {members}); "
             f"add it with `raftlog add-node --id {peer_id} --address HOST:PORT` (its "
             f"--listen address), or fix the --peers it was started with")
 
@@ -142,9 +144,16 @@ class ClusterIdentity:
                 not_member: bool = False) -> None:
         """A peer connection was refused (by us, or by the peer): logged (the first time and
         every 100th), shown by status until a connect with that peer succeeds."""
-        self.refusals[peer_id] = Refusal(peer_id, message, not_member)
+        # Bounded: any connection can claim any node id in its hello.
+        self.refusals.pop(peer_id, None)
+        self.refusals[peer_id] = Refusal(peer_id, message, not_member and not by_us)
+        while len(self.refusals) > MAX_REMEMBERED:
+            del self.refusals[next(iter(self.refusals))]
         key = (peer_id, message)
-        n = self._logged[key] = self._logged.get(key, 0) + 1
+        n = self._logged.pop(key, 0) + 1
+        self._logged[key] = n
+        while len(self._logged) > MAX_REMEMBERED:
+            del self._logged[next(iter(self._logged))]
         if n == 1 or n % 100 == 0:
             log.error("peer_refused node=%d peer=%d by=%s times=%d: %s", self.node_id,
                       peer_id, "us" if by_us else "peer", n, message)

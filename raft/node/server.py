@@ -330,8 +330,9 @@ class Node:
             if peer_id == self.node_id or peer_id not in self.peer_addresses:
                 why = not_member_message(self.node_id, peer_id,
                                          sorted({*self.peer_addresses, self.node_id}))
-                log.info("peer_not_member node=%d remote=%s claimed=%d", self.node_id, remote,
-                         peer_id)
+                if self.gate.tls is not None:
+                    log.warning("peer_refused node=%d remote=%s claimed=%d: not a member",
+                                self.node_id, remote, peer_id)
                 cluster.refused(peer_id, why, by_us=True, not_member=True)
                 raise WireError(why)
             problem = cluster.heard(peer_id, hello.cluster_id, hello.cluster_firm)

@@ -83,3 +83,15 @@ async def test_a_node_refuses_a_peer_hello_of_another_cluster() -> None:
         assert "f" * 32 in answer["message"] and identity.cluster_id in answer["message"]
         assert "f" * 32 in identity.refusals[2].message
         await client.aclose()
+
+
+def test_refusals_are_bounded_and_not_a_member_is_only_what_a_peer_told_us() -> None:
+    ident = _identity(1, {ID_KEY: "a" * 32, FIRM_KEY: True}, fresh=False)
+    for claimed in range(1000, 1300):  # any connection may claim any node id
+        ident.refused(claimed, f"node {claimed} is not a member", by_us=True, not_member=True)
+    assert len(ident.refusals) <= 64 and len(ident._logged) <= 64
+    assert "not_member" not in ident.status()  # we refused them: we are a member
+    ident.refused(2, "node 1 is not a member of the cluster", by_us=False, not_member=True)
+    assert ident.status()["not_member"] == "node 1 is not a member of the cluster"
+    ident.connected(2)
+    assert "not_member" not in ident.status()
