@@ -21,8 +21,8 @@ Where the id comes from, so that all founding nodes agree on one:
   refuses any peer with another firm id.
 - A node without a firm id (an empty directory that lost its disk, a --join node, a directory of
   a version before cluster ids) adopts the firm id of the first peer it hears, and logs that.
-  A cluster of upgraded directories stays without an id (compatible with any) until a new node
-  is founded; docs/DESIGN.md says so.
+  A cluster whose directories all predate cluster ids has none (compatible with any peer), and
+  so no refusal either; docs/DESIGN.md says so.
 """
 
 from __future__ import annotations
