@@ -204,10 +204,12 @@ class Node:
             if self.config.metrics_listen:
                 self.metrics_address = self.metrics.start_http(self.config.metrics_listen)
             log.info("node_started node=%d address=%s peers=%s term=%d dirty=%d flushed=%d "
-                     "tls=%s auth=%s metrics=%s", self.node_id, self.address,
+                     "tls=%s auth=%s metrics=%s cluster_id=%s(%s)", self.node_id, self.address,
                      self.peer_addresses, group.core.term, group.log.dirty_offset,
                      group.log.flushed_offset, self.gate.tls is not None,
-                     self.gate.auth.enabled, self.metrics_address)
+                     self.gate.auth.enabled, self.metrics_address,
+                     self.transport.identity.cluster_id or "none",
+                     self.transport.identity.state.value)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.metrics.run_loop_probe)
                 self.transport.start(nursery, *self._wanted_members())
