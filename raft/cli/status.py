@@ -92,6 +92,8 @@ def node_rows(statuses: dict[str, dict[str, Any]]) -> list[list[str]]:
         role = st["role"]
         if st.get("standing", "member") != "member":  # e.g. "rejoining: lost its disk"
             role += f" ({st['standing']})"
+        if st.get("not_member"):  # its peers refuse it: raft/node/identity.py
+            role += " (not a member: add it with raftlog add-node)"
         if st.get("damaged"):  # docs/DISK-LOSS.md: not served, being fetched again
             role += " (damaged: " + ", ".join(f"{a}..{b}" for a, b in st["damaged"]) + ")"
         if st.get("damage_waiting_for"):  # no known good copy yet: who may still hold one
@@ -102,6 +104,27 @@ def node_rows(statuses: dict[str, dict[str, Any]]) -> list[list[str]]:
                      str(st["flushed_offset"]), str(st["commit_index"]),
                      str(st["high_watermark"]), str(top - st["dirty_offset"])])
     return rows
+
+
+def identity_lines(statuses: dict[str, dict[str, Any]],
+                   ids: dict[str, int]) -> list[tuple[str, bool]]:
+    """The cluster id (or the nodes' disagreement) and every refused peer connection, as
+    (line, is a problem)."""
+    answered = {addr: st for addr, st in statuses.items() if "error" not in st}
+    known = {st.get("cluster_id") for st in answered.values()} - {None}
+    lines: list[tuple[str, bool]] = []
+    if len(known) == 1:
+        lines.append((f"cluster id: {known.pop()}", False))
+    elif known:
+        lines.append(("nodes hold data of different clusters: " + ", ".join(
+            f"node {ids.get(a, a)}: {st.get('cluster_id') or 'none'}"
+            for a, st in sorted(answered.items(), key=lambda kv: ids.get(kv[0], 1 << 30))),
+            True))
+    for addr, st in sorted(answered.items(), key=lambda kv: ids.get(kv[0], 1 << 30)):
+        for peer, why in sorted((st.get("refused_peers") or {}).items()):
+            lines.append((f"node {st.get('node_id')} and node {peer} refuse each other: {why}",
+                          True))
+    return lines
 
 
 def storage_rows(statuses: dict[str, dict[str, Any]]) -> list[list[str]]:
@@ -149,6 +172,9 @@ def render_status(statuses: dict[str, dict[str, Any]], console: Any = None) -> N
             who = f"node {ids[addr]}" if addr in ids else "node"
             console.print(f"[red]{who} at {addr} did not answer:[/] {st['error']}",
                           soft_wrap=True, markup=True, highlight=False)
+    for line, bad in identity_lines(statuses, ids):
+        console.print(f"[red]{line}[/]" if bad else line, soft_wrap=True, markup=bad,
+                      highlight=False)
     storage = storage_rows(statuses)
     if storage:
         _render(console, "log storage", STORAGE_COLUMNS, storage)

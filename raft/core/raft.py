@@ -289,6 +289,11 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         if resume is not None and resume.term == self.term:
             self.step(resume)  # the append that needed the change, from where it stopped
 
+    def request_meta_save(self) -> None:
+        """The runtime changed what it keeps beside the hard state (Meta.extra: the cluster
+        id): the next Ready carries the hard state, so the driver saves the metadata."""
+        self._hs_dirty = True
+
     # ------------------------------------------------------------------ outputs
     def ready(self) -> Ready:
         if self._bcast_wanted and self.leader is not None:

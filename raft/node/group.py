@@ -47,12 +47,14 @@ from raft.core.messages import Message
 from raft.node.catchup import CatchupTracker
 from raft.node.config import ConfigError, NodeConfig
 from raft.node.errors import NodeFailed
+from raft.node.identity import ClusterIdentity
 from raft.node.load_service import LoadService
 from raft.node.looplag import LoopLag
 from raft.node.outbox import GroupOutbox, Links
 from raft.node.retention import RetentionTask
 from raft.node.scrubber import Scrubber
 from raft.node.subscription_service import SubscriptionService
+from raft.core.incarnation import Standing
 from raft.core.raft import RaftConfig, RaftCore
 from raft.core.ready import ProduceAnswer, StorageWork
 from raft.core.types import Acks, ErrorCode, Role
@@ -122,6 +124,9 @@ class RaftGroup:
         self._full_ops: set[str] = set()
         # Flush and election counters, when the node has metrics.
         self.metrics: NodeMetrics | None = None
+        # The cluster id (raft/node/identity.py), kept in the metadata's extra map; the node
+        # shares it with its peer links.
+        self.identity = ClusterIdentity(config.node_id)
 
     def fail(self, exc: BaseException, where: str) -> None:
         """Stop the node now: it can no longer trust its state. Nothing is flushed on the way
@@ -150,6 +155,9 @@ class RaftGroup:
         if self.config.join:
             # Not a member until the cluster adds it: the others decide, via the log.
             voters = sorted(p for p in self.config.peers if p != self.node_id)
+        self.identity.load(self._meta.extra, fresh=self._meta.is_empty(),
+                           founder=None if self.config.join else min(voters),
+                           save=self._save_identity)
         try:
             raft_cfg = RaftConfig(node_id=self.node_id, voters=voters, learners=[],
                                   **self.config.raft_kwargs())
@@ -165,6 +173,12 @@ class RaftGroup:
         self._known_config = self.core.config
         self.retention = RetentionTask(self, self.config.retention_policy())
         self.subs.attach_retention(self.retention)  # before retention's first pass
+
+    def _save_identity(self) -> None:
+        """The cluster id changed (in self._meta.extra): the next Ready saves the metadata."""
+        if self.core is not None:
+            self.core.request_meta_save()
+            self.kick()
 
     def membership(self) -> ClusterConfig:
         """The configuration in force (the core must be running)."""
@@ -333,6 +347,8 @@ class RaftGroup:
             except Exception as e:
                 self.fail(e, "tick")
                 return
+            if self.core.standing() is Standing.MEMBER:
+                self.identity.became_member()
             self.kick()
 
     async def _loads_loop(self) -> None:

@@ -39,6 +39,7 @@ import trio
 
 from raft.core.messages import Message
 from raft.node.config import parse_address
+from raft.node.identity import NOT_MEMBER_MARK, ClusterIdentity
 from raft.node.tls import NodeTLS, PeerIdentityError, dial_tls, handshake_failure
 from raft.protocol.framing import LEN_SIZE, ConnectionClosed, WireError, encode_frame
 from raft.protocol.hello import Hello, HelloReply
@@ -88,8 +89,12 @@ class PeerLink:
                  queue_messages: int, queue_bytes: int, backoff_min_s: float,
                  backoff_max_s: float, rng: random.Random,
                  encodings: BatchEncodings | None = None,
-                 tls: Callable[[], NodeTLS | None] = lambda: None) -> None:
+                 tls: Callable[[], NodeTLS | None] = lambda: None,
+                 identity: ClusterIdentity | None = None) -> None:
         self.self_id = self_id
+        # The node's cluster id, sent in the hello and compared with the peer's answer
+        # (raft/node/identity.py).
+        self._identity = identity or ClusterIdentity(self_id)
         # The node's current TLS material (None: plaintext), read at each dial: SIGHUP may
         # have replaced the certificates.
         self._tls = tls
@@ -253,19 +258,32 @@ class PeerLink:
 
     async def _session(self, stream: trio.abc.Stream) -> None:
         reader = FrameReader(stream, self._max_frame)
-        await stream.send_all(encode_frame(Hello.peer(self.self_id).to_frame()))
+        identity = self._identity
+        hello = Hello.peer(self.self_id, *identity.hello_fields())
+        await stream.send_all(encode_frame(hello.to_frame()))
         with trio.fail_after(HELLO_TIMEOUT_S):
             frame = await reader.receive()
         if frame is None:
             raise ConnectionClosed(f"peer {self.peer_id} closed before answering hello")
         if frame.get("t") == "error":
-            raise WireError(f"peer {self.peer_id} refused us: {frame.get('message')}")
-        answered = HelloReply.parse(frame).node_id
+            message = str(frame.get("message"))
+            # The peer said why (another cluster, or we are not a member): logged here too
+            # and shown by status, since this side is the one whose operator must act.
+            identity.refused(self.peer_id, message, by_us=False,
+                             not_member=NOT_MEMBER_MARK in message)
+            raise WireError(f"peer {self.peer_id} refused us: {message}")
+        reply = HelloReply.parse(frame)
+        answered = reply.node_id
         if answered != self.peer_id:
             # Misconfiguration (wrong address for this id): keep retrying, loudly.
             log.error("peer_identity_mismatch peer=%d address=%s answered=%r; check --peers",
                       self.peer_id, self.address, answered)
             raise WireError(f"{self.address} is not node {self.peer_id}")
+        problem = identity.heard(self.peer_id, reply.cluster_id, reply.cluster_firm)
+        if problem is not None:
+            identity.refused(self.peer_id, problem, by_us=True)
+            raise WireError(problem)
+        identity.connected(self.peer_id)
         self.connected = True
         self.connects += 1
         log.info("peer_connected node=%d peer=%d address=%s", self.self_id, self.peer_id,

@@ -27,6 +27,7 @@ import trio
 
 from raft.node.config import ConfigError, NodeConfig
 from raft.node.errors import NodeFailed
+from raft.node.identity import IdState
 from raft.node.logfmt import make_formatter
 from raft.node.looplag import slow_step_instruments
 from raft.node.server import Node
@@ -37,6 +38,16 @@ log = logging.getLogger("raftlog.node")
 
 GC_YOUNG_THRESHOLD = 10_000  # allocations between young collections (Python's default: 700)
 GIL_SWITCH_INTERVAL_S = 0.001  # Python's default: 0.005
+
+
+def cluster_line(node: Node) -> str:
+    """Which cluster the data belongs to, as the start line says it (raft/node/identity.py)."""
+    ident = node.transport.identity
+    if ident.state is IdState.FIRM:
+        return f"cluster {ident.cluster_id}"
+    if ident.state is IdState.TENTATIVE:
+        return f"cluster {ident.cluster_id} (proposed: agreed once every founder has started)"
+    return "cluster id not known yet (taken from the founder or the first peer that has one)"
 
 
 def tune_interpreter() -> None:
@@ -153,7 +164,7 @@ async def _serve_and_announce(config: NodeConfig, prog: str) -> int:
             print(f"{prog}: node {config.node_id} listening on {node.address}; data in "
                   f"{config.node_dir}; peers {peers or '(none)'}; term {core.term}, log "
                   f"{log_storage.start_offset}..{log_storage.dirty_offset} (flushed "
-                  f"{log_storage.flushed_offset})"
+                  f"{log_storage.flushed_offset}); {cluster_line(node)}"
                   f"{'; waiting to be added (--join)' if config.join else ''}. SIGTERM or "
                   f"Ctrl-C stops it cleanly.", file=sys.stderr, flush=True)
             print(f"{prog}: {features_line(config)}", file=sys.stderr, flush=True)

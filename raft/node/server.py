@@ -35,6 +35,7 @@ from raft.node.auth import Session
 from raft.node.errors import NodeFailed
 from raft.node.gate import Gate, remote_of
 from raft.node.group import RaftGroup
+from raft.node.identity import not_member_message
 from raft.node.metrics import SUBSCRIPTION_SERIES_MAX, NodeMetrics
 from raft.node.peer import PeerLink
 from raft.node.transport import PeerTransport
@@ -75,6 +76,7 @@ class Node:
         self.transport = PeerTransport(config, rng, tls=lambda: self.gate.tls)
         self.group = RaftGroup(config, self.transport, log_storage=log_storage, rng=rng)
         self.group.on_fatal = self.abort
+        self.group.identity = self.transport.identity  # one cluster id, for links and group
         self.group.on_membership_change = self._sync_links
         self.group.metrics = self.metrics
         self.metrics_address: str | None = None  # where /metrics is served, once running
@@ -202,10 +204,12 @@ class Node:
             if self.config.metrics_listen:
                 self.metrics_address = self.metrics.start_http(self.config.metrics_listen)
             log.info("node_started node=%d address=%s peers=%s term=%d dirty=%d flushed=%d "
-                     "tls=%s auth=%s metrics=%s", self.node_id, self.address,
+                     "tls=%s auth=%s metrics=%s cluster_id=%s(%s)", self.node_id, self.address,
                      self.peer_addresses, group.core.term, group.log.dirty_offset,
                      group.log.flushed_offset, self.gate.tls is not None,
-                     self.gate.auth.enabled, self.metrics_address)
+                     self.gate.auth.enabled, self.metrics_address,
+                     self.transport.identity.cluster_id or "none",
+                     self.transport.identity.state.value)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.metrics.run_loop_probe)
                 self.transport.start(nursery, *self._wanted_members())
@@ -305,8 +309,10 @@ class Node:
         session = self._check_hello(hello, identity, remote)
         # The frame limit lets a client refuse an oversized request itself instead of having
         # it cut off mid-send.
+        cluster = (self.transport.identity.hello_fields() if hello.role is Speaker.PEER
+                   else (None, False))
         reply = HelloReply(self.node_id, self.config.max_frame_bytes,
-                           None if session is None else session.principal)
+                           None if session is None else session.principal, *cluster)
         await conn.stream.send_all(encode_frame(reply.to_frame()))
         self.metrics.connections.labels(conn.role).dec()
         conn.role, conn.session = hello.role.value, session
@@ -322,12 +328,22 @@ class Node:
             peer_id = hello.node_id
             assert peer_id is not None  # Hello.parse requires it of a peer
             self.gate.check_peer(peer_id, identity, remote)
+            cluster = self.transport.identity
             if peer_id == self.node_id or peer_id not in self.peer_addresses:
+                why = not_member_message(self.node_id, peer_id,
+                                         sorted({*self.peer_addresses, self.node_id}))
                 if self.gate.tls is not None:
                     log.warning("peer_refused node=%d remote=%s claimed=%d: not a member",
                                 self.node_id, remote, peer_id)
-                raise WireError(f"node {peer_id} is not a peer of node {self.node_id} "
-                                f"(peers: {sorted(self.peer_addresses)}); check --peers")
+                cluster.refused(peer_id, why, by_us=True, not_member=True)
+                raise WireError(why)
+            problem = cluster.heard(peer_id, hello.cluster_id, hello.cluster_firm)
+            if problem is not None:
+                # Another cluster's node: not one Raft message from it (it could make a
+                # follower truncate committed entries, or elect a foreign leader).
+                cluster.refused(peer_id, problem, by_us=True)
+                raise WireError(problem)
+            cluster.connected(peer_id)
         else:
             session = self.gate.authenticate(hello.token, identity, remote)
         if self._closing:

@@ -23,6 +23,7 @@ import trio
 
 from raft.core.messages import Message
 from raft.node.config import NodeConfig
+from raft.node.identity import ClusterIdentity
 from raft.node.peer import PeerLink
 from raft.node.tls import NodeTLS
 from raft.protocol.raft_frames import BatchEncodings
@@ -45,6 +46,8 @@ class PeerTransport:
         self._encodings = BatchEncodings()  # one encoding per batch for all followers
         self._link_nursery: trio.Nursery | None = None
         self._link_scopes: dict[int, trio.CancelScope] = {}
+        # The node's cluster id, which every link's hello carries (raft/node/identity.py).
+        self.identity = ClusterIdentity(config.node_id)
 
     # -- the address book --------------------------------------------------------------------------
     def set_peer_address(self, peer_id: int, address: str) -> None:
@@ -88,7 +91,7 @@ class PeerTransport:
             backoff_min_s=config.reconnect_min_ms / 1000,
             backoff_max_s=config.reconnect_max_ms / 1000,
             rng=random.Random(self._rng.getrandbits(64)), encodings=self._encodings,
-            tls=self._tls)
+            tls=self._tls, identity=self.identity)
         self.links[peer_id] = link
         scope = trio.CancelScope()
         self._link_scopes[peer_id] = scope

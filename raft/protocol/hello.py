@@ -46,14 +46,19 @@ class Hello:
     node_id: int | None = None  # a peer's own id
     # A client's bearer token: a secret, so never in a repr (a log line or an error).
     token: str | None = field(default=None, repr=False)
+    # A peer's cluster id (raft/node/identity.py; None: it has none yet, or an older version)
+    # and whether it is firm (a tentative one is only a founder's proposal).
+    cluster_id: str | None = None
+    cluster_firm: bool = False
 
     @classmethod
     def client(cls, token: str | None = None) -> Hello:
         return cls(Speaker.CLIENT, None, token or None)
 
     @classmethod
-    def peer(cls, node_id: int) -> Hello:
-        return cls(Speaker.PEER, node_id)
+    def peer(cls, node_id: int, cluster_id: str | None = None,
+             cluster_firm: bool = False) -> Hello:
+        return cls(Speaker.PEER, node_id, None, cluster_id, cluster_firm)
 
     @classmethod
     def parse(cls, frame: dict[str, Any]) -> Hello:
@@ -62,7 +67,8 @@ class Hello:
                             f"{frame.get('t')!r}")
         role = Speaker(get_str(frame, "role", choices=_SPEAKERS, where=HELLO))
         if role is Speaker.PEER:
-            return cls(role, get_int(frame, "node_id", where=HELLO))
+            cid, firm = _cluster_fields(frame)
+            return cls(role, get_int(frame, "node_id", where=HELLO), None, cid, firm)
         token = frame.get("token")
         if token is not None and (not isinstance(token, str) or not token
                                   or len(token) > MAX_TOKEN_CHARS):
@@ -76,6 +82,7 @@ class Hello:
             out["node_id"] = self.node_id
         if self.token:
             out["token"] = self.token
+        _put_cluster_fields(out, self.cluster_id, self.cluster_firm)
         return out
 
 
@@ -88,6 +95,8 @@ class HelloReply:
     node_id: int
     max_frame_bytes: int | None = None
     principal: str | None = None
+    cluster_id: str | None = None  # the answering node's (peer connections only)
+    cluster_firm: bool = False
 
     @classmethod
     def parse(cls, frame: dict[str, Any]) -> HelloReply:
@@ -97,9 +106,10 @@ class HelloReply:
             raise WireError(f"the node did not answer the hello ({frame!r})")
         limit = frame.get("max_frame_bytes")
         principal = frame.get("principal")
+        cid, firm = _cluster_fields(frame)
         return cls(get_int(frame, "node_id", default=0, where="hello reply"),
                    limit if type(limit) is int and limit > 0 else None,
-                   principal if isinstance(principal, str) else None)
+                   principal if isinstance(principal, str) else None, cid, firm)
 
     def to_frame(self) -> dict[str, Any]:
         out: dict[str, Any] = {"v": PROTOCOL_VERSION, "t": HELLO, "node_id": self.node_id}
@@ -107,4 +117,22 @@ class HelloReply:
             out["max_frame_bytes"] = self.max_frame_bytes
         if self.principal is not None:
             out["principal"] = self.principal
+        _put_cluster_fields(out, self.cluster_id, self.cluster_firm)
         return out
+
+
+MAX_CLUSTER_ID_CHARS = 64
+
+
+def _cluster_fields(frame: dict[str, Any]) -> tuple[str | None, bool]:
+    """Lenient: an older node sends neither field; anything malformed counts as no id."""
+    cid = frame.get("cluster_id")
+    if not isinstance(cid, str) or not cid or len(cid) > MAX_CLUSTER_ID_CHARS:
+        return None, False
+    return cid, frame.get("cluster_firm") is True
+
+
+def _put_cluster_fields(out: dict[str, Any], cid: str | None, firm: bool) -> None:
+    if cid:
+        out["cluster_id"] = cid
+        out["cluster_firm"] = firm

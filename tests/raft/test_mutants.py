@@ -42,6 +42,7 @@ import test_malformed_records  # noqa: E402
 import test_subscriptions_inproc  # noqa: E402
 import test_protocol_types  # noqa: E402
 import test_client_retry  # noqa: E402
+import test_cluster_identity  # noqa: E402
 # The security rules' killers live with the security tests (tests/security).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "security"))
 import test_security_unit  # noqa: E402
@@ -161,6 +162,13 @@ MUTANTS = [
            "if False:",
            (test_membership_safety
             .test_a_leader_makes_no_membership_change_before_committing_in_its_term,)),
+    # Cluster identity (raft/node/identity.py): the runtime's connect-time rule.
+    Mutant("a node accepts a peer of another cluster",
+           "raft.node.identity", "ClusterIdentity.heard",
+           "            if firm and cid != self.cluster_id:",
+           "            if False:",
+           (test_cluster_identity.test_a_node_refuses_a_peer_hello_of_another_cluster,
+            test_cluster_identity.test_firm_ids_that_differ_refuse_each_other_naming_both)),
     # Disk loss and corruption (raft/core/incarnation.py, raft/core/repair.py).
     Mutant("a node that lost its disk votes before it is re-added",
            "raft.core.election", "Elections._handle_vote",

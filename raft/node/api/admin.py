@@ -38,6 +38,9 @@ def status_map(ctx: ApiContext) -> dict[str, Any]:
         {**peers.peer_addresses, peers.node_id: peers.address}.items())}
     st["leader_addr"] = peers.address_of(core.leader_id)
     st["links"] = peers.link_status()
+    # Which cluster this node's data belongs to, and peers refused at connect (another
+    # cluster's, or this node not a member): raft/node/identity.py.
+    st.update(ctx.group.identity.status())
     st["loop_lag"] = ctx.group.loop_lag.snapshot().to_dict()
     if ctx.group.retention is not None:
         # Log start, bytes retained, what holds retention back and what a valve skipped.
