@@ -232,14 +232,22 @@ class LocalCluster:
             self.leader()), "a leader to be elected", timeout)
 
     def wait_caught_up(self, node_id: int, timeout: float = 60.0) -> None:
-        """Until `node_id` has flushed everything the leader has."""
+        """Until `node_id` has flushed everything the leader had when the wait began, and
+        committed as far. A fixed target: under a steady write load the leader's log end moves
+        on between two status calls, and a node that keeps pace a few milliseconds behind has
+        caught up, whatever the load does to those milliseconds."""
+        target: list[tuple[int, int]] = []
+
         def done() -> bool:
-            leader = self.leader()
-            if leader is None:
-                return False
-            lst, st = self.status_of(leader), self.status_of(node_id)
-            return bool(lst and st and st["flushed_offset"] >= lst["dirty_offset"]
-                        and st["commit_index"] >= lst["commit_index"])
+            if not target:
+                leader = self.leader()
+                lst = self.status_of(leader) if leader is not None else None
+                if not lst:
+                    return False
+                target.append((lst["dirty_offset"], lst["commit_index"]))
+            st = self.status_of(node_id)
+            dirty, commit = target[0]
+            return bool(st and st["flushed_offset"] >= dirty and st["commit_index"] >= commit)
         wait_for(done, f"node {node_id} to catch up", timeout)
 
     def node_log(self, node_id: int) -> str:
