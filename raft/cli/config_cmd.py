@@ -14,29 +14,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import tomllib
 from typing import Any
 
 from raft.cli.args import json_flag, servers_arg
 from raft.cli.client_settings import resolve_client
-from raft.node.config import (ConfigError, NodeConfig, _parse_raft_options, check_keys,
-                              raft_default)
+from raft.node.config import (check_keys, ConfigError, NodeConfig, _parse_raft_options,
+                              raft_default, read_toml)
 
 _CLI_ONLY = ("func", "command", "verbose", "sub_verbose", "config", "json", "servers",
              "servers_source", "timeout", "config_command", "profile", "profile_name",
              "client_sources", "timeout_default", "timeout_from_profile")
-
-
-def _read_toml(path: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except OSError as e:
-        raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
 
 
 def effective(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -44,7 +31,7 @@ def effective(args: argparse.Namespace) -> list[dict[str, Any]]:
     flags = {k: v for k, v in vars(args).items() if k not in _CLI_ONLY}
     raft_flags = _parse_raft_options(flags["raft"]) if flags.get("raft") else {}
     fields = [f for f in dataclasses.fields(NodeConfig) if not f.name.startswith("_")]
-    file_values: dict[str, Any] = _read_toml(args.config) if args.config else {}
+    file_values: dict[str, Any] = read_toml(args.config) if args.config else {}
     if args.config:
         check_keys(file_values, {f.name for f in fields}, args.config)
     rows: list[dict[str, Any]] = []

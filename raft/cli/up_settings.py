@@ -12,12 +12,11 @@ over the port): `--server-arg=--metrics-listen=127.0.0.1:910{id}` gives each its
 from __future__ import annotations
 
 import argparse
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raft.node.config import ConfigError, NodeConfig
+from raft.node.config import ConfigError, NodeConfig, read_toml
 
 if TYPE_CHECKING:
     from raft.cli.localcluster import LocalCluster
@@ -47,15 +46,7 @@ def check_config_file(path: str) -> str:
     """The file's absolute path (the printed restart command works from any directory), after
     refusing what `up` sets for each node. Its other keys are checked with each node's
     settings."""
-    try:
-        with open(path, "rb") as f:
-            values = tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"--config {path} does not exist") from None
-    except OSError as e:
-        raise ConfigError(f"--config {path} cannot be read: {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"--config {path} is not valid TOML: {e}") from None
+    values = read_toml(path, f"--config {path}")
     managed = [k for k in UP_SETS if k in values]
     if managed:
         raise ConfigError(f"--config {path} sets {', '.join(managed)}, which `up` sets for each "

@@ -123,6 +123,21 @@ FLAG_HELP = {
 }
 
 
+
+def read_toml(path: str, name: str | None = None) -> dict[str, Any]:
+    """A TOML settings file as a dict, or a ConfigError that names it (`name`, default
+    "config file PATH") and says what is wrong: missing, unreadable, or not TOML."""
+    name = name or f"config file {path}"
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{name} does not exist") from None
+    except OSError as e:
+        raise ConfigError(f"{name} cannot be read: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{name} is not valid TOML: {e}") from None
+
 @dataclass(slots=True)
 class NodeConfig:
     """Everything one node needs. `peers` lists every voter, this node included."""
@@ -445,15 +460,7 @@ class NodeConfig:
     def from_toml(cls, path: str | os.PathLike[str],
                   overrides: dict[str, Any] | None = None) -> "NodeConfig":
         """Load a TOML file; `overrides` (e.g. flags given on the command line) win."""
-        try:
-            with open(path, "rb") as f:
-                values = tomllib.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
-        except OSError as e:
-            raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+        values = read_toml(path)
         values.update({k: v for k, v in (overrides or {}).items() if v is not None})
         return cls.from_dict(values, source=str(path))
 
