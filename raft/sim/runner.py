@@ -13,6 +13,7 @@ from raft.core.raft import RaftConfig
 from raft.core.ready import ProduceAnswer
 from raft.core.retention import RetentionPolicy
 from raft.sim.checkers import Checkers, Violation, data_records
+from raft.sim.liveness import NodeLiveness
 from raft.sim.loop import EventLoop
 from raft.sim.nemesis import DISK_LOSS, KINDS, Nemesis
 from raft.sim.network import Network
@@ -48,6 +49,19 @@ class SimConfig:
     keep_trace: bool = False
     # RetentionPolicy fields (small limits) for every node; None = keep everything.
     retention: dict[str, Any] | None = None
+    # Quiescence (raft/core/quiesce.py) with the node-level failure detector that backs it
+    # (raft/sim/liveness.py). False: quiesce_ticks = 0 and no detector, the runs as before.
+    quiesce: bool = True
+    liveness_ping_us: int = 20_000
+    liveness_down_us: int = 100_000
+    # After convergence: a quiet phase (no clients, no faults) in which every node must
+    # quiesce within `quiesce_within_ticks` ticks and then send no Raft message for
+    # `quiet_window_us`; then the quiet leader's node crashes and another node must lead
+    # within `failover_within_us` (the liveness that node liveness has to give back).
+    quiet_phase: bool = True
+    quiesce_within_ticks: int = 40
+    quiet_window_us: int = 1_000_000
+    failover_within_us: int = 1_000_000
 
 
 @dataclass
@@ -58,6 +72,7 @@ class SimResult:
     stats: dict[str, Any]
     trace_tail: list[str]
     profile: str = "mixed"
+    quiesce: bool = True
 
     @property
     def ok(self) -> bool:
@@ -71,7 +86,9 @@ class SimResult:
             lines.append("  last events:")
             lines.extend("    " + t for t in self.trace_tail[-25:])
             lines.append(f"  replay: python -m raft.sim --seed {self.seed} "
-                         f"--nodes {self.stats.get('nodes')} --profile {self.profile}")
+                         f"--nodes {self.stats.get('nodes')} --profile {self.profile}"
+                         + ("" if self.quiesce or self.profile == "noquiesce"
+                            else " --no-quiesce"))
         return "\n".join(lines)
 
 
@@ -90,7 +107,7 @@ class Simulation:
         all_ids = list(range(1, cfg.nodes + cfg.spare_nodes + 1))
         knobs = {"election_ticks": 10, "heartbeat_ticks": 1, "max_append_bytes": 4096,
                  "recovery_chunk_bytes": 2048, "follower_flush_bytes": 8192,
-                 **cfg.raft}
+                 **({} if cfg.quiesce else {"quiesce_ticks": 0}), **cfg.raft}
         retention = (RetentionPolicy(**cfg.retention).validate() if cfg.retention is not None
                      else None)
         self.nodes: dict[int, SimNode] = {}
@@ -107,6 +124,12 @@ class Simulation:
                                log=self.trace_tail)
         self.consumers = SubscriptionConsumers(self, self.subs,
                                                random.Random(self.rng.getrandbits(64)))
+        self.liveness: NodeLiveness | None = None
+        if cfg.quiesce:
+            self.liveness = NodeLiveness(self.loop, self.network, self.nodes,
+                                         random.Random(self.rng.getrandbits(64)),
+                                         cfg.liveness_ping_us, cfg.liveness_down_us)
+        self.quiet_stats: dict[str, Any] = {}
 
     # -- wiring ----------------------------------------------------------------------------
     def _send(self, msg: m.Message) -> None:
@@ -119,6 +142,8 @@ class Simulation:
     def _deliver(self, msg: m.Message) -> None:
         self.trace.update(f"{self.loop.now}:{type(msg).__name__}:{msg.src}>{msg.dst}:"
                           f"{msg.term}".encode())
+        if self.liveness is not None:
+            self.liveness.heard(msg.dst, msg.src)
         self.nodes[msg.dst].receive(msg)
 
     def _answer(self, node_id: int, a: ProduceAnswer) -> None:
@@ -135,6 +160,8 @@ class Simulation:
                 self.checkers.on_ready(self.loop.now, node, self.nodes)
                 self.subs.on_ready(node)
         elif what == "start":
+            if getattr(self, "liveness", None) is not None:  # (not yet while building)
+                self.liveness.on_start(node.node_id)
             self.subs.on_start(node)
             self.checkers.on_restart(node) if self.loop.now else None
             if node.restarts:
@@ -199,6 +226,8 @@ class Simulation:
         self.workload.start(cfg.clients)
         self.consumers.start(cfg.subscriptions)
         self.nemesis.schedule(0, cfg.fault_time_us)
+        if self.liveness is not None:
+            self.liveness.start()
         try:
             self.loop.run_until(cfg.fault_time_us)
             self.workload.stopped = True
@@ -206,20 +235,76 @@ class Simulation:
             healed_at = self.loop.now
             # Let in-flight requests finish, then demand convergence within the bound.
             self.loop.run_until(healed_at + cfg.converge_within_us, stop=self.converged)
+            if self.converged() and cfg.quiet_phase:
+                self._quiet_phase()
         except Exception as e:  # noqa: BLE001 (a core invariant failure is a finding, not a crash)
             self.checkers.fail(self.loop.now, "core raised",
                                f"{type(e).__name__}: {e}")
             return self._result()
         if not self.converged():
-            states = {i: (n.core.role.value if n.core else "down",
-                          n.core.term if n.core else -1, n.log.dirty_offset,
-                          n.log.flushed_offset, n.core.commit_index if n.core else -1)
-                      for i, n in self.nodes.items()}
             self.checkers.fail(self.loop.now, "liveness",
                                f"no single leader with every node converged "
-                               f"{cfg.converge_within_us} us after healing: {states}")
+                               f"{cfg.converge_within_us} us after healing: {self._states()}")
         self._final_checks()
         return self._result()
+
+    def _states(self) -> dict[int, tuple]:
+        return {i: (n.core.role.value if n.core else "down", n.core.term if n.core else -1,
+                    n.log.dirty_offset, n.log.flushed_offset,
+                    n.core.commit_index if n.core else -1,
+                    "quiesced" if n.core is not None and n.core.quiesced else "")
+                for i, n in self.nodes.items()}
+
+    def _all_quiesced(self) -> bool:
+        return all(n.core is not None and n.core.quiesced for n in self.nodes.values()
+                   if n.up)
+
+    def _quiet_phase(self) -> None:
+        """The cluster converged and nothing more comes in. (a) With quiescence on, every node
+        quiesces within a bound and then sends no Raft message at all (the node-level pings
+        go on). (b) The leader's node crashes while its group is quiet: the others must elect
+        a leader within a bound, told only by node liveness (quiescence on) or by their
+        election timers (off). Then it restarts and the cluster must converge again."""
+        cfg, loop, q = self.cfg, self.loop, self.quiet_stats
+        if cfg.quiesce:
+            start = loop.now
+            bound = start + cfg.quiesce_within_ticks * cfg.tick_us
+            loop.run_until(bound, stop=self._all_quiesced)
+            if not self._all_quiesced():
+                self.checkers.fail(loop.now, "idle groups quiesce",
+                                   f"not every node quiesced within {cfg.quiesce_within_ticks} "
+                                   f"ticks of converging: {self._states()}")
+                return
+            q["quiesce_ms"] = (loop.now - start) / 1000
+            sent = self.network.sent
+            loop.run_until(loop.now + cfg.quiet_window_us)
+            q["quiet_messages"] = self.network.sent - sent
+            if self.network.sent != sent or not self._all_quiesced():
+                self.checkers.fail(loop.now, "quiesced groups send nothing",
+                                   f"{self.network.sent - sent} Raft messages in "
+                                   f"{cfg.quiet_window_us} us of quiet; {self._states()}")
+                return
+        (leader,) = self.leaders()
+        old = self.nodes[leader]
+        assert old.core is not None
+        term = old.core.term
+        old.crash()
+        self.trace_tail.append(f"{loop.now:>10} us  quiet phase: crash leader {leader}")
+        crashed_at = loop.now
+
+        def new_leader() -> bool:
+            return any(n.core is not None and n.core.term > term for n in self.nodes.values()
+                       if n.is_leader)
+
+        loop.run_until(crashed_at + cfg.failover_within_us, stop=new_leader)
+        if not new_leader():
+            self.checkers.fail(loop.now, "a quiet group's leader crash is noticed",
+                               f"no new leader {cfg.failover_within_us} us after the quiet "
+                               f"leader {leader} crashed: {self._states()}")
+            return
+        q["failover_ms"] = (loop.now - crashed_at) / 1000
+        old.start()
+        loop.run_until(loop.now + cfg.converge_within_us, stop=self.converged)
 
     def _result(self) -> SimResult:
         cfg = self.cfg
@@ -237,9 +322,13 @@ class Simulation:
                  "retention_checked": self.checkers.retention_checked,
                  "state_transfers": self.checkers.state_transfers,
                  "disk_losses": self.nemesis.disk_losses,
-                 "sub_entries": self.subs.entries, **self.consumers.stats()}
+                 "sub_entries": self.subs.entries, **self.consumers.stats(),
+                 **self.quiet_stats}
+        if self.liveness is not None:
+            stats.update(pings=self.liveness.pings, peer_down=self.liveness.reported_down,
+                         quiet_ticks=sum(n.quiet_ticks for n in self.nodes.values()))
         return SimResult(cfg.seed, list(self.checkers.violations), self.trace.hexdigest(),
-                         stats, list(self.trace_tail), cfg.profile)
+                         stats, list(self.trace_tail), cfg.profile, cfg.quiesce)
 
     def _final_checks(self) -> None:
         now = self.loop.now
@@ -305,6 +394,9 @@ PROFILES: dict[str, dict[str, Any]] = {
                  "faults": (DISK_LOSS, DISK_LOSS, DISK_LOSS, "crash", "crash_leader",
                             "partition", "pause"),
                  "retention": {"max_bytes": 3000, "max_age_ms": 300, "valve_age_ms": 200}},
+    # The mixed profile without quiescence or node liveness (the core's timers alone), as
+    # every profile ran before them; `--no-quiesce` does the same for any profile.
+    "noquiesce": {"quiesce": False},
 }
 
 
