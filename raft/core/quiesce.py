@@ -14,7 +14,7 @@ When a leader quiesces (`_quiesce_blocker` names what stops it):
   waiting, its no-op committed); no leadership transfer, no learner, no member being re-added,
   no damage in its log, no storage work running; and every follower whose node is not reported
   down has matched and flushed the leader's last offset, with nothing in flight, not probing,
-  busy, recovering or under repair; and the voters not reported down are a majority.
+  busy or under repair; and the voters not reported down are a majority.
 It then sends `Heartbeat(quiesce=True)` (commit index = its last offset). A follower whose log
 ends there, flushed and committed, with no storage work, held reply or damage, goes quiet and
 answers `HeartbeatReply(quiesced=True)`; otherwise it answers as usual and the leader asks again
@@ -26,15 +26,18 @@ never goes quiet and it never misses a heartbeat it expects.
 
 Wake-ups (the group goes back to ticking as today):
 - leader: a proposal, a membership change or a transfer request; any message except a follower's
-  quiesced answer, a reply older than the quiescing round, or one of a lower term; a reply that
+  quiesced answer, a reply older than the quiescing round (dropped), one of a lower term or a
+  vote request from a node that is no voter of ours (both answered as always); a reply that
   shows a follower is no longer caught up; a follower's node reported up again after it was down
   (it may have lost what it had unflushed and must be checked); the live voters no longer being
   a majority (`peer_down`: then check-quorum steps it down as it always does, 2 election
   timeouts later, unless followers answer); `wake()`. A woken leader heartbeats at once and
   starts a fresh check-quorum window.
-- follower: any message from its leader newer than the quiescing heartbeat; any message from
-  another node of this term or a newer one (a vote request, a transfer's TimeoutNow); its leader's
-  node reported down; `wake()`. A woken follower starts its normal, randomised election timer
+- follower: any message from its leader newer than the quiescing heartbeat (older ones are
+  dropped: the round superseded them); any message from another node of this term or a newer
+  one (a voter's vote request, a transfer's TimeoutNow) but a vote request from a non-voter (a
+  removed node that still campaigns: the lease ignores it, as always); its leader's node
+  reported down; `wake()`. A woken follower starts its normal, randomised election timer
   from zero. Woken by anything but its leader it also pings the leader (a HeartbeatReply with
   seq 0), which wakes the leader, whose heartbeats then keep the follower's timer from running
   out: a spurious wake-up costs one round trip, not an election.
@@ -203,8 +206,10 @@ class Quiescence:
             return f"has matched {pr.match_index} and flushed {pr.flushed_offset} of {last}"
         if pr.inflight or pr.probe_sent or pr.state != ProgressState.REPLICATE:
             return "has requests in flight or is being probed"
-        if pr.busy or pr.recovering or pr.repair_at >= 0:
-            return "is busy, recovering or under repair"
+        # (Not `recovering`: that flag is only updated when a chunk is sent, and stays set when
+        # the last chunk's flush report, not another request, caught the follower up.)
+        if pr.busy or pr.repair_at >= 0:
+            return "is busy or under repair"
         return ""
 
     def _live_quorum(self) -> bool:
@@ -308,29 +313,36 @@ class Quiescence:
             self._send(self._heartbeat_reply(leader, 0))
 
     # -- messages ----------------------------------------------------------------------------------
-    def _quiet_step(self, msg: m.Message) -> None:
+    def _quiet_step(self, msg: m.Message) -> bool:
         """Before a quiesced core handles `msg`: wake it unless `msg` changes nothing that
-        matters (a lower term's, a probe, a quiesced answer, a reply or request older than the
-        quiescing round, our leader's quiescing heartbeat itself)."""
+        matters (a lower term's, a probe, a quiesced answer, our leader's quiescing heartbeat
+        itself, a vote request from a node that is no voter of ours: the term rules and the
+        lease answer those as always). True: drop `msg` unhandled, it is older than the
+        quiescing round (a request or reply the round has already superseded; Raft tolerates
+        losing any message, and answering it would only make a quiet group send)."""
         if msg.term < self.term or isinstance(msg, (m.BootstrapProbe, m.BootstrapProbeReply)):
-            return
+            return False
+        if isinstance(msg, m.RequestVote) and msg.src not in self.config.voters:
+            return False
         same = msg.term == self.term
         lead = self.leader
         if lead is not None:
             if same and isinstance(msg, (m.AppendEntriesReply, m.HeartbeatReply)) and msg.seq:
-                if isinstance(msg, m.HeartbeatReply) and msg.quiesced:
-                    return
                 if msg.seq < lead.quiesce_seq:
-                    return  # older than the round (the leader re-checks after handling it)
+                    return True
+                if isinstance(msg, m.HeartbeatReply) and msg.quiesced:
+                    return False
             self._wake_leader()
-            return
+            return False
         if (same and msg.src == self.leader_id
                 and isinstance(msg, (m.AppendEntries, m.Heartbeat))):
-            if (isinstance(msg, m.Heartbeat) and msg.quiesce) or msg.seq < self._quiesce_seq:
-                return
-            self._wake_follower(ping=False)
-            return
+            if msg.seq < self._quiesce_seq:
+                return True
+            if not (isinstance(msg, m.Heartbeat) and msg.quiesce):
+                self._wake_follower(ping=False)
+            return False
         self._wake_follower(ping=True)
+        return False
 
     def _after_quiet_step(self) -> None:
         """A quiesced leader that handled a message: still nothing to do, or wake."""

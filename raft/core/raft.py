@@ -178,7 +178,8 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         if msg.dst != self.node_id:
             return
         if self._quiesced:
-            self._quiet_step(msg)
+            if self._quiet_step(msg):
+                return  # older than the quiescing round: dropped (raft/core/quiesce.py)
             self._step(msg)
             self._after_quiet_step()
             return

@@ -130,10 +130,14 @@ class Simulation:
                                          random.Random(self.rng.getrandbits(64)),
                                          cfg.liveness_ping_us, cfg.liveness_down_us)
         self.quiet_stats: dict[str, Any] = {}
+        self.sent_between: dict[tuple[int, int], int] = {}  # Raft messages per (src, dst)
+        self._quiet_members: set[int] = set()
 
     # -- wiring ----------------------------------------------------------------------------
     def _send(self, msg: m.Message) -> None:
         self.checkers.on_send(self.loop.now, msg, self.nodes)
+        pair = (msg.src, msg.dst)
+        self.sent_between[pair] = self.sent_between.get(pair, 0) + 1
         self.network.send(msg)
 
     def note_new_identity(self, node_id: int, incarnation: int) -> None:
@@ -256,8 +260,14 @@ class Simulation:
                 for i, n in self.nodes.items()}
 
     def _all_quiesced(self) -> bool:
-        return all(n.core is not None and n.core.quiesced for n in self.nodes.values()
-                   if n.up)
+        """Every member of the configuration in force is quiesced (spare nodes never added and
+        removed nodes are no part of the group)."""
+        return all(n.core is not None and n.core.quiesced
+                   for i, n in self.nodes.items() if i in self._quiet_members)
+
+    def _member_messages(self) -> int:
+        return sum(n for (src, dst), n in self.sent_between.items()
+                   if src in self._quiet_members and dst in self._quiet_members)
 
     def _quiet_phase(self) -> None:
         """The cluster converged and nothing more comes in. (a) With quiescence on, every node
@@ -266,6 +276,7 @@ class Simulation:
         a leader within a bound, told only by node liveness (quiescence on) or by their
         election timers (off). Then it restarts and the cluster must converge again."""
         cfg, loop, q = self.cfg, self.loop, self.quiet_stats
+        self._quiet_members = set(self.members())
         if cfg.quiesce:
             start = loop.now
             bound = start + cfg.quiesce_within_ticks * cfg.tick_us
@@ -276,12 +287,12 @@ class Simulation:
                                    f"ticks of converging: {self._states()}")
                 return
             q["quiesce_ms"] = (loop.now - start) / 1000
-            sent = self.network.sent
+            sent = self._member_messages()
             loop.run_until(loop.now + cfg.quiet_window_us)
-            q["quiet_messages"] = self.network.sent - sent
-            if self.network.sent != sent or not self._all_quiesced():
+            q["quiet_messages"] = self._member_messages() - sent
+            if q["quiet_messages"] or not self._all_quiesced():
                 self.checkers.fail(loop.now, "quiesced groups send nothing",
-                                   f"{self.network.sent - sent} Raft messages in "
+                                   f"{q['quiet_messages']} Raft messages between members in "
                                    f"{cfg.quiet_window_us} us of quiet; {self._states()}")
                 return
         (leader,) = self.leaders()
@@ -293,8 +304,8 @@ class Simulation:
         crashed_at = loop.now
 
         def new_leader() -> bool:
-            return any(n.core is not None and n.core.term > term for n in self.nodes.values()
-                       if n.is_leader)
+            return any(n.core is not None and n.core.term > term
+                       for i, n in self.nodes.items() if n.is_leader and i in self._quiet_members)
 
         loop.run_until(crashed_at + cfg.failover_within_us, stop=new_leader)
         if not new_leader():
