@@ -287,6 +287,11 @@ class Simulation:
                                    f"ticks of converging: {self._states()}")
                 return
             q["quiesce_ms"] = (loop.now - start) / 1000
+            # Requests already on their way when the last member went quiet (a quiescing
+            # heartbeat resent while the first answer was slow) are still answered: count from
+            # when the longest network delay has passed.
+            faults = self.network.faults
+            loop.run_until(loop.now + faults.max_delay_us + faults.slow_delay_us)
             sent = self._member_messages()
             loop.run_until(loop.now + cfg.quiet_window_us)
             q["quiet_messages"] = self._member_messages() - sent
