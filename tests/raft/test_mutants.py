@@ -105,7 +105,7 @@ MUTANTS = [
            "            self.term += 1\n            term = self.term\n",
            (test_core.test_prevote_keeps_a_rejoining_node_from_disrupting,)),
     Mutant("a pre-vote request bumps the receiver's term",
-           "raft.core.raft", "RaftCore.step",
+           "raft.core.raft", "RaftCore._step",
            "                if msg.pre_vote:\n                    self._handle_pre_vote(msg)",
            "                if msg.pre_vote:\n                    self._become_follower(msg.term, None)\n"
            "                    self._handle_pre_vote(msg)",
