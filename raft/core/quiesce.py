@@ -144,8 +144,10 @@ class Quiescence:
         if node_id not in self._peers_down:
             return
         self._peers_down.discard(node_id)
-        if self._quiesced and self.leader is not None and node_id in self.leader.progress:
-            self._wake_leader()
+        if self.leader is not None:
+            self.leader.quiesce_acked.discard(node_id)  # (a round under way asks it again)
+            if self._quiesced and node_id in self.leader.progress:
+                self._wake_leader()
 
     def peers_down(self) -> frozenset[int]:
         return frozenset(self._peers_down)
@@ -343,6 +345,20 @@ class Quiescence:
             return False
         self._wake_follower(ping=True)
         return False
+
+    def _round_step(self, msg: m.Message) -> None:
+        """Leader with a quiescing round under way, not quiet yet: a follower that answered
+        quiesced and now says anything else (a restart's vote request, a woken follower's ping)
+        is asked again, and heartbeated meanwhile, instead of being left without heartbeats."""
+        lead = self.leader
+        assert lead is not None
+        if msg.src not in lead.quiesce_acked or msg.term < self.term:
+            return
+        if isinstance(msg, (m.AppendEntriesReply, m.HeartbeatReply)) and msg.seq:
+            if msg.seq < lead.quiesce_seq or (isinstance(msg, m.HeartbeatReply)
+                                              and msg.quiesced):
+                return
+        lead.quiesce_acked.discard(msg.src)
 
     def _after_quiet_step(self) -> None:
         """A quiesced leader that handled a message: still nothing to do, or wake."""

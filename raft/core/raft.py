@@ -183,6 +183,8 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
             self._step(msg)
             self._after_quiet_step()
             return
+        if self.leader is not None and self.leader.quiesce_seq >= 0:
+            self._round_step(msg)
         self._step(msg)
 
     def _step(self, msg: m.Message) -> None:

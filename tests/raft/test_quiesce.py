@@ -373,3 +373,23 @@ def test_heartbeats_without_the_new_fields_decode_and_the_fields_round_trip() ->
     for msg in (m.Heartbeat(1, 2, 3, 4, 5, quiesce=True),
                 m.HeartbeatReply(2, 1, 3, 5, 4, 3, 4, 3, quiesced=True)):
         assert message_from_wire(message_to_wire(msg)) == msg
+
+
+def test_a_follower_that_restarts_during_a_quiescing_round_is_heartbeated_again() -> None:
+    """It answered quiesced, then restarted (faster than the failure detector noticed) while
+    the leader still waited for another follower: its vote requests take it off the answered
+    list, so the leader heartbeats it again instead of leaving it to campaign."""
+    c = Cluster(3, quiesce_ticks=Q)
+    leader = c.elect()
+    a, b = followers(c, leader)
+    c.propose(leader, [b"x"])
+    c.deliver()
+    c.cores[b].cfg.quiesce_ticks = 0  # it never answers quiesced: the round stays open
+    c.tick(Q + 2)
+    lead = c.cores[leader].leader
+    assert lead is not None and lead.quiesce_acked == {a} and not c.cores[leader].quiesced
+    c.crash(a)
+    term = c.cores[leader].term
+    c.tick(3 * E)
+    assert c.cores[leader].role == Role.LEADER and c.cores[leader].term == term
+    assert c.cores[a].leader_id == leader and c.cores[a].term == term
