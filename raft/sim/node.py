@@ -127,6 +127,10 @@ class SimNode:
             inbox, self.inbox = self.inbox, []
             for msg in inbox:
                 self.receive(msg)
+            if self.up and self.flush_again and not self.flushing:
+                # A flush that completed while paused was never reported to the core (replies
+                # held for it stayed held until some later write's flush): report it now.
+                self._start_flush()
 
     # -- inputs ----------------------------------------------------------------------------
     def _tick(self, epoch: int) -> None:

@@ -31,6 +31,7 @@ class SimConfig:
     # learners (promoted once caught up) and removes members.
     spare_nodes: int = 0
     clients: int = 3
+    client_think_us: tuple[int, int] = (500, 10_000)  # a client's pause between writes
     # Consumers of subscriptions (raft/sim/subscription_model.py), one per subscription.
     subscriptions: int = 2
     fault_time_us: int = 2_000_000
@@ -118,7 +119,8 @@ class Simulation:
                 lambda nid: RaftConfig(node_id=nid, voters=ids, **knobs),
                 self._send, self._answer, self._node_event, tick_us=cfg.tick_us,
                 persist_hard_state=cfg.persist_hard_state, retention=retention)
-        self.workload = Workload(self, random.Random(self.rng.getrandbits(64)))
+        self.workload = Workload(self, random.Random(self.rng.getrandbits(64)),
+                                 think_us=cfg.client_think_us)
         self.nemesis = Nemesis(self, random.Random(self.rng.getrandbits(64)),
                                mean_gap_us=cfg.mean_fault_gap_us, kinds=cfg.faults,
                                log=self.trace_tail)
@@ -131,6 +133,8 @@ class Simulation:
                                          cfg.liveness_ping_us, cfg.liveness_down_us)
         self.quiet_stats: dict[str, Any] = {}
         self.sent_between: dict[tuple[int, int], int] = {}  # Raft messages per (src, dst)
+        self.quiesced_count = 0  # times a node's core went quiet (during faults too)
+        self._was_quiet: set[int] = set()
         self._quiet_members: set[int] = set()
 
     # -- wiring ----------------------------------------------------------------------------
@@ -161,6 +165,11 @@ class Simulation:
     def _node_event(self, node: SimNode, what: str) -> None:
         if what == "ready":
             if node.core is not None:
+                if node.core.quiesced and node.node_id not in self._was_quiet:
+                    self.quiesced_count += 1
+                    self._was_quiet.add(node.node_id)
+                elif not node.core.quiesced:
+                    self._was_quiet.discard(node.node_id)
                 self.checkers.on_ready(self.loop.now, node, self.nodes)
                 self.subs.on_ready(node)
         elif what == "start":
@@ -342,6 +351,7 @@ class Simulation:
                  **self.quiet_stats}
         if self.liveness is not None:
             stats.update(pings=self.liveness.pings, peer_down=self.liveness.reported_down,
+                         quiesced=self.quiesced_count,
                          quiet_ticks=sum(n.quiet_ticks for n in self.nodes.values()))
         return SimResult(cfg.seed, list(self.checkers.violations), self.trace.hexdigest(),
                          stats, list(self.trace_tail), cfg.profile, cfg.quiesce)
@@ -410,6 +420,11 @@ PROFILES: dict[str, dict[str, Any]] = {
                  "faults": (DISK_LOSS, DISK_LOSS, DISK_LOSS, "crash", "crash_leader",
                             "partition", "pause"),
                  "retention": {"max_bytes": 3000, "max_age_ms": 300, "valve_age_ms": 200}},
+    # Sparse writes (a client pauses 50-400 ms between writes) among every fault: groups go
+    # quiet between writes and again and again meet crashes, leader kills, partitions, pauses
+    # and loss while quiet, so every wake-up path and node liveness are exercised mid-run.
+    "idle": {"clients": 2, "subscriptions": 1, "client_think_us": (50_000, 400_000),
+             "mean_fault_gap_us": 120_000},
     # The mixed profile without quiescence or node liveness (the core's timers alone), as
     # every profile ran before them; `--no-quiesce` does the same for any profile.
     "noquiesce": {"quiesce": False},
