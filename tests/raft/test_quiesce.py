@@ -393,3 +393,41 @@ def test_a_follower_that_restarts_during_a_quiescing_round_is_heartbeated_again(
     c.tick(3 * E)
     assert c.cores[leader].role == Role.LEADER and c.cores[leader].term == term
     assert c.cores[a].leader_id == leader and c.cores[a].term == term
+
+
+def test_the_groups_of_a_dead_node_elect_once_each_and_not_all_in_one_tick() -> None:
+    """Many quiet groups led from one node (what a node of a multi-Raft cluster holds): its
+    death reaches every group's followers at once through peer_down, yet their timeouts stay
+    randomised and pre-vote first, so the groups elect about once each (issue 26's target:
+    <= 1.1 elections per partition) and their campaigns spread over the timeout window."""
+    groups = []
+    for seed in range(40):
+        c = Cluster(3, seed=seed + 1, quiesce_ticks=Q)
+        leader = c.elect()
+        c.propose(leader, [b"v"])
+        c.deliver()
+        settle(c)
+        groups.append((c, leader, c.cores[leader].term))
+    first_campaign: list[int] = []  # per group: ticks after the report until a term moved
+    elections = 0
+    for c, leader, term in groups:
+        c.down.add(leader)
+        for f in followers(c, leader):
+            c.cores[f].peer_down(leader)
+        campaigned = None
+        for t in range(1, 4 * E):
+            c.tick()
+            if campaigned is None and max(c.cores[f].term for f in followers(c, leader)) > term:
+                campaigned = t
+            if any(c.cores[f].role == Role.LEADER for f in followers(c, leader)):
+                break
+        else:
+            raise AssertionError("a group of the dead node elected no leader")
+        assert campaigned is not None
+        first_campaign.append(campaigned)
+        elections += max(c.cores[f].term for f in followers(c, leader)) - term
+    print(f"elections per group {elections / len(groups):.3f}, first campaigns at ticks "
+          f"{sorted(first_campaign)}")
+    assert elections / len(groups) <= 1.1, elections
+    assert len(set(first_campaign)) >= 5, sorted(first_campaign)  # spread, not one tick
+    assert min(first_campaign) >= E  # a full randomised timeout after the report, as usual
