@@ -20,8 +20,10 @@ ends there, flushed and committed, with no storage work, held reply or damage, g
 answers `HeartbeatReply(quiesced=True)`; otherwise it answers as usual and the leader asks again
 at the next heartbeat. Once every follower not reported down has answered quiesced, the leader
 is quiesced too: `core.quiesced` is True and `tick()` does nothing (the runtime may skip it).
-Until then it keeps ticking (check-quorum included) and re-asks the followers that did not
-answer; an older follower that does not know the field never answers quiesced, so its leader
+Until then it keeps ticking (check-quorum included, counting a follower that answered as
+heard from) and re-asks the followers that did not answer; a follower that answered and then
+says anything else (a restart's vote request, a woken follower's ping) is asked again, and
+heartbeated meanwhile; an older follower that does not know the field never answers quiesced, so its leader
 never goes quiet and it never misses a heartbeat it expects.
 
 Wake-ups (the group goes back to ticking as today):
