@@ -42,7 +42,8 @@ Wake-ups (the group goes back to ticking as today):
   reported down; `wake()`. A woken follower starts its normal, randomised election timer
   from zero. Woken by anything but its leader it also pings the leader (a HeartbeatReply with
   seq 0), which wakes the leader, whose heartbeats then keep the follower's timer from running
-  out: a spurious wake-up costs one round trip, not an election.
+  out: a spurious wake-up costs one round trip, not an election. A follower whose leader's
+  node is reported up again after being reported down (a detector flap) pings it too.
 - either: a tick that finds storage recorded new damage since (the scrubber), any role change.
 Proposals to a quiesced follower are answered NOT_LEADER as always and wake nothing.
 
@@ -150,6 +151,10 @@ class Quiescence:
             self.leader.quiesce_acked.discard(node_id)  # (a round under way asks it again)
             if self._quiesced and node_id in self.leader.progress:
                 self._wake_leader()
+        elif node_id == self.leader_id and self.role == Role.FOLLOWER:
+            # Our leader was only thought dead (a detector flap): wake it, so it heartbeats
+            # us before our timer, started when it was reported down, runs out.
+            self._send(self._heartbeat_reply(node_id, 0))
 
     def peers_down(self) -> frozenset[int]:
         return frozenset(self._peers_down)

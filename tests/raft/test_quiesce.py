@@ -431,3 +431,21 @@ def test_the_groups_of_a_dead_node_elect_once_each_and_not_all_in_one_tick() -> 
     assert elections / len(groups) <= 1.1, elections
     assert len(set(first_campaign)) >= 5, sorted(first_campaign)  # spread, not one tick
     assert min(first_campaign) >= E  # a full randomised timeout after the report, as usual
+
+
+def test_a_leader_reported_down_by_mistake_is_pinged_when_reported_up_again() -> None:
+    """A detector flap: the follower woke and started its timer; when its leader's node is
+    heard from again it pings the leader, whose heartbeats then keep it from campaigning."""
+    c, leader = quiet_cluster()
+    a, _ = followers(c, leader)
+    term = c.cores[leader].term
+    before = len(c.sent)
+    c.cores[a].peer_down(leader)
+    c.process(a)
+    c.cores[a].peer_up(leader)
+    c.process(a)
+    c.deliver()
+    assert not c.cores[leader].quiesced
+    c.tick(3 * E)
+    assert all(c.cores[i].term == term for i in c.ids) and c.cores[leader].role == Role.LEADER
+    assert not any(isinstance(x, m.RequestVote) for x in c.sent[before:])
