@@ -88,7 +88,7 @@ class RaftGroup:
                  rng: random.Random) -> None:
         self.config = config
         self.node_id = config.node_id
-        self._outbox = GroupOutbox(links)
+        self._outbox = GroupOutbox(links, 0)
         self.log: LogStorage | None = log_storage
         self.owns_log = log_storage is None
         self._io_mode = IoMode.WORKER_THREAD  # the log's own, once it is open

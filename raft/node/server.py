@@ -357,7 +357,7 @@ class Node:
             if frame["t"] != "raft":
                 raise WireError(f'peer connections carry only "raft" frames, got '
                                 f'{frame["t"]!r}')
-            msgs = messages_from_frame(frame)
+            msgs = [msg for group, msg in messages_from_frame(frame) if group == 0]
             if self.core is not None and not self._closing:
                 await self.group.deliver_frame(msgs, from_peer=conn.peer_id)
 
