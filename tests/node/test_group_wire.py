@@ -153,3 +153,36 @@ def test_a_heartbeat_seq_is_lowered_only_below_its_own_groups_queued_appends() -
     one.send(_hb(9))  # group 1 has no append queued: another group's append is no reason
     two.send(_hb(9))
     assert [(g, x.seq) for g, x in link._next_frame()] == [(1, 9), (2, 4)]
+
+
+# -- routing a frame's messages to the node's groups ----------------------------------------------
+
+class _FakeGroup:
+    """What the registry routes to: a core (any), `closing`, and `deliver_frame`."""
+
+    def __init__(self) -> None:
+        self.core = object()
+        self.closing = False
+        self.got: list[tuple[int, list[m.Message]]] = []
+
+    async def deliver_frame(self, msgs: list[m.Message], *, from_peer: int) -> None:
+        self.got.append((from_peer, msgs))
+
+
+def test_a_frame_is_routed_to_each_group_in_order_and_unknown_groups_are_counted() -> None:
+    import trio
+
+    from raft.node.registry import GroupRegistry
+
+    registry = GroupRegistry(2)
+    groups = {g: _FakeGroup() for g in (0, 1, 3)}
+    for g, group in groups.items():
+        registry.add(g, group, api=None)  # type: ignore[arg-type]
+    frame = [(1, _hb(1)), (1, _hb(2)), (0, _hb(3)), (9, _hb(4)), (9, _hb(5)), (1, _hb(6)),
+             (3, _ae(7)), (0, _hb(8))]
+    trio.run(lambda: registry.deliver_frame(frame, from_peer=1))
+    seen = {g: [x.seq for _, msgs in group.got for x in msgs] for g, group in groups.items()}
+    assert seen == {0: [3, 8], 1: [1, 2, 6], 3: [7]}
+    assert all(peer == 1 for group in groups.values() for peer, _ in group.got)
+    assert registry.unknown_group_messages == 2
+    assert registry.ids() == [0, 1, 3] and registry.api(9) is None
