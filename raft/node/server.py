@@ -42,6 +42,7 @@ from raft.node.config import ConfigError, NodeConfig, format_address
 from raft.node.api.admin import status_map
 from raft.node.api.fetch import visible_hw
 from raft.node.auth import Session
+from raft.node.connection_errors import discard_input, send_error, split_connection_errors
 from raft.node.errors import NodeFailed
 from raft.node.gate import Gate, remote_of
 from raft.node.group import RaftGroup
@@ -52,10 +53,10 @@ from raft.node.peer import PeerLink
 from raft.node.registry import GroupRegistry
 from raft.node.transport import PeerTransport
 from raft.protocol.fields import get_int
-from raft.protocol.framing import ConnectionClosed, FrameTooLarge, WireError, encode_frame
+from raft.protocol.framing import FrameTooLarge, WireError, encode_frame
 from raft.protocol.hello import CLIENT_HELLO_EXAMPLE, Hello, HelloReply, Speaker
 from raft.protocol.raft_frames import messages_from_frame
-from raft.protocol.replies import ErrorReply, Reply, error_frame
+from raft.protocol.replies import ErrorReply, Reply
 from raft.protocol.requests import SINGLE_GROUP, Produce
 from raft.protocol.streams import FrameReader
 from raft.core.types import ErrorCode, Role
@@ -67,9 +68,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("raftlog.node")
 
 HELLO_TIMEOUT_S = 10.0
-# How long a refused oversized frame's body is read and dropped so the refusal arrives.
-DISCARD_TIMEOUT_S = 5.0
-DISCARD_IDLE_S = 0.5  # ... and how long a client that stopped sending is waited for
 
 
 class Node:
@@ -360,7 +358,7 @@ class Node:
         try:
             await self._connection(stream)
         except BaseException as exc:
-            fatal = _split_connection_errors(exc, self.node_id)
+            fatal = split_connection_errors(exc, self.node_id)
             if fatal is not None:
                 raise fatal from None
 
@@ -378,15 +376,15 @@ class Node:
                 except trio.TooSlowError:
                     if conn.stream is raw and self.gate.tls is not None:
                         return  # still in the TLS handshake: a frame would be garbage to it
-                    await _send_error(conn.stream, WireError(
+                    await send_error(conn.stream, WireError(
                         f"no hello within {HELLO_TIMEOUT_S:.0f} s; open with "
                         f"{CLIENT_HELLO_EXAMPLE}"))
                 except WireError as e:
                     log.info("bad_frame node=%d code=%s error=%s", self.node_id, e.code.name, e)
                     self.metrics.count_error(e.code.name)
-                    await _send_error(conn.stream, e)
+                    await send_error(conn.stream, e)
                     if isinstance(e, FrameTooLarge):
-                        await _discard_input(conn.stream, e.size)
+                        await discard_input(conn.stream, e.size)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
@@ -577,55 +575,3 @@ class _Incoming:
     request: Any = None
     ctx: api.ApiContext | None = None  # the request's group's
     refusal: ErrorReply | None = None
-
-
-_NETWORK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, WireError,
-                   ConnectionClosed)
-
-
-def _split_connection_errors(exc: BaseException, node_id: int) -> BaseException | None:
-    """What must propagate out of a connection task (None: the connection just ends).
-    Network errors end quietly; other bugs are logged and end only that connection."""
-    if isinstance(exc, BaseExceptionGroup):
-        fatal = exc.split(lambda e: not isinstance(e, Exception) or isinstance(e, AssertionError))[0]
-        benign = exc.split(lambda e: isinstance(e, Exception) and not isinstance(e, AssertionError))[0]
-        if benign is not None:
-            _, unexpected = benign.split(_NETWORK_ERRORS)
-            if unexpected is not None:
-                log.error("connection_task_failed node=%d", node_id, exc_info=unexpected)
-        return fatal
-    if not isinstance(exc, Exception) or isinstance(exc, AssertionError):
-        return exc
-    if not isinstance(exc, _NETWORK_ERRORS):
-        log.error("connection_task_failed node=%d", node_id, exc_info=exc)
-    return None
-
-
-async def _discard_input(stream: trio.abc.Stream, limit: int) -> None:
-    """After refusing an oversized frame: stop sending and read (and drop) what the client is
-    still sending, bounded in bytes and time, before closing. Closing with unread data would
-    reset the connection, and a reset can destroy the TOO_LARGE answer before the client
-    reads it. A client that has stopped sending (it sent only the header, or is waiting for
-    the answer) is let go after a short pause, not held for the whole bound."""
-    try:
-        if isinstance(stream, trio.abc.HalfCloseableStream):
-            await stream.send_eof()
-        with trio.move_on_after(DISCARD_TIMEOUT_S):
-            while limit > 0:
-                with trio.move_on_after(DISCARD_IDLE_S) as idle:
-                    data = await stream.receive_some(1 << 16)
-                if idle.cancelled_caught or not data:
-                    return
-                limit -= len(data)
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        pass
-
-
-async def _send_error(stream: trio.abc.SendStream, err: WireError) -> None:
-    """Best effort: the error frame before hanging up (the peer may already be gone)."""
-    try:
-        with trio.move_on_after(2.0):
-            await stream.send_all(encode_frame(
-                error_frame(err.code, str(err), err.request_id)))
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        pass
