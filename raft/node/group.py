@@ -21,8 +21,8 @@ nothing quorum-acked.
 Messages leave through the group's own `GroupOutbox` (raft.node.outbox: the rules about this
 group's stream to each peer, tagged with the group id) onto the node's peer links, which all of
 its groups share; the group never sees a connection. The core does not know its group id: only
-the driver and the envelope on the wire do. When the configuration in force changes, the group tells the node
-(`on_membership_change`), which keeps links to what all of its groups need.
+the driver and the envelope on the wire do. When the configuration in force changes, the group
+tells the node (`on_membership_change`), which keeps links to what all of its groups need.
 
 Blocking storage work runs as the log says (`LogStorage.io_mode`): in a worker thread for LMDB,
 inline for the in-memory log. Process-wide tuning (GC, the GIL switch interval) is not a group's

@@ -90,7 +90,7 @@ class GroupRegistry:
     def __len__(self) -> int:
         return len(self._entries)
 
-    # -- lifecycle -----------------------------------------------------------------------------------
+    # -- lifecycle ---------------------------------------------------------------------------
     def add(self, group_id: int, group: RaftGroup, api: Any) -> None:
         """Register a group whose core runs (start_core done): it is routed to from now on, and
         its tasks start now if the node runs (else when it starts: `attach`)."""

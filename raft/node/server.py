@@ -106,7 +106,7 @@ class Node:
         self._accept_scope: trio.CancelScope | None = None
         self._run_scope = trio.CancelScope()
 
-    # -- the group and the peers, as tests and tools see them -------------------------------------
+    # -- making groups -----------------------------------------------------------------------------
     def _new_group(self, group_id: int, log_storage: LogStorage | None,
                    voters: list[int] | None, rng: random.Random) -> RaftGroup:
         group = RaftGroup(self.config, self.transport, log_storage=log_storage, rng=rng,
@@ -161,11 +161,13 @@ class Node:
             raise ValueError("group 0 is the node's own group and stops with the node "
                              "(request_shutdown)")
         group = await self.registry.remove(group_id)
-        if group.failure is None and group.log is not None:
-            await group.final_flush()
-            if group.owns_log:
-                group.log.close()
-        self._sync_links()
+        try:
+            if group.failure is None and group.log is not None:
+                await group.final_flush()  # NodeFailed if the disk refuses it: the caller's
+                if group.owns_log:
+                    group.log.close()
+        finally:
+            self._sync_links()  # links follow the groups that remain
         log.info("group_removed node=%d group=%d", self.node_id, group_id)
 
     # -- the group and the peers, as tests and tools see them -------------------------------------
