@@ -249,3 +249,30 @@ async def test_frames_per_node_pair_do_not_grow_with_the_number_of_groups() -> N
             assert eight[pair] <= 2 * one[pair], (one, eight)
 
 
+
+
+@trio_test
+async def test_a_group_on_lmdb_flushes_in_worker_threads_and_is_removed_cleanly(tmp_path) -> None:
+    """With durable logs (flushes and metadata saves in worker threads), an added group commits,
+    and removing it waits for its storage work, flushes and leaves its log intact."""
+    from storage import open_log
+
+    async with running_cluster(3, storage="lmdb", tmp_path=tmp_path) as cluster:
+        await cluster.wait_leader()
+        logs = {}
+        for node in cluster.nodes:
+            path = tmp_path / f"node-{node.node_id}-group-1"
+            path.mkdir()
+            logs[node.node_id] = open_log(path)
+            await node.add_group(1, VOTERS, logs[node.node_id])
+        try:
+            offset = await produce(cluster, 1, b"g1-durable")
+            for node in cluster.nodes:
+                assert await group_values(node, 1, offset) == [b"g1-durable"]
+            for node in cluster.nodes:
+                await node.remove_group(1)
+                assert logs[node.node_id].flushed_offset >= offset
+            await produce(cluster, 0, b"g0-after")  # group 0 goes on
+        finally:
+            for log_storage in logs.values():
+                log_storage.close()
