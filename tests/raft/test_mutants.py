@@ -43,6 +43,8 @@ import test_subscriptions_inproc  # noqa: E402
 import test_protocol_types  # noqa: E402
 import test_client_retry  # noqa: E402
 import test_cluster_identity  # noqa: E402
+import test_group_wire  # noqa: E402
+import test_multigroup_inproc  # noqa: E402
 # The security rules' killers live with the security tests (tests/security).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "security"))
 import test_security_unit  # noqa: E402
@@ -441,6 +443,31 @@ MUTANTS = [
            "and (not self.reached or server is not None)",
            "and True",
            (test_client_retry.test_first_contact_fails_at_once_but_a_client_that_reached_a_node_waits_for_it,)),
+    # Many groups per node (raft/protocol/raft_frames.py, raft/node/peer.py, raft/node/registry.py,
+    # raft/node/server.py): the group id in each message's envelope routes it, and one group's
+    # stream rules never reach another group's messages on the shared link.
+    Mutant("a peer message's group id is ignored when decoding (everything is group 0)",
+           "raft.protocol.raft_frames", "group_message_from_wire",
+           "    group = obj.get(GROUP_KEY, 0)\n",
+           "    group = 0\n",
+           (test_group_wire.test_group_ids_round_trip_through_both_encoders_in_order,)),
+    Mutant("a restarted stream withdraws the queued appends of every group on the link",
+           "raft.node.peer", "PeerLink.withdraw",
+           "kept = deque(item for item in self._bulk if item[3] is not sender)",
+           "kept = deque(item for item in self._bulk if False)",
+           (test_group_wire.test_a_restarted_stream_withdraws_only_its_own_groups_appends,)),
+    Mutant("peer messages of any group are delivered to group 0",
+           "raft.node.registry", "GroupRegistry.deliver_frame",
+           "            entry = self._entries.get(group_id)\n",
+           "            entry = self._entries.get(0)\n",
+           (test_group_wire
+            .test_a_frame_is_routed_to_each_group_in_order_and_unknown_groups_are_counted,)),
+    Mutant("a client request for a group the node does not run is served by group 0",
+           "raft.node.server", "Node._read_request",
+           "        ctx = self.registry.api(request.group)\n",
+           "        ctx = self.registry.api(0)\n",
+           (test_multigroup_inproc
+            .test_a_request_for_a_group_the_node_does_not_run_names_the_groups_it_runs,)),
     Mutant("a forced new cluster writes its configuration in a term it already knows",
            "raft.core.force_new", "plan_force_new_cluster",
            "term = max(facts.term, facts.last_term, lost_term) + 1",
