@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from controller_helpers import founded, run
 from raft.controller.bootstrap import bootstrap, bootstrap_commands
@@ -280,3 +282,17 @@ def test_reconcile_starts_stops_and_deletes_only_what_the_metadata_says() -> Non
     assert plan.delete == (4,)  # topic x was deleted: drop its data
     assert plan.unknown == (99,)  # not allocated in this metadata yet: leave it alone
     assert reconcile(meta, 1, running=[1, 2, 3]).empty
+
+
+_leaf = st.one_of(st.none(), st.booleans(), st.integers(-3, 12), st.text(max_size=3))
+_shapes = st.recursive(_leaf, lambda inner: st.lists(inner, max_size=4), max_leaves=16)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.fixed_dictionaries({"v": st.just(1), "applied": _shapes, "next_group_id": _shapes,
+                              "nodes": _shapes, "topics": _shapes, "tombstones": _shapes}))
+def test_any_snapshot_map_loads_or_is_refused_with_a_value_error(raw) -> None:
+    try:
+        ClusterMetadata.from_snapshot(raw)
+    except ValueError as e:
+        assert "malformed" in str(e)
