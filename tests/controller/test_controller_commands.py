@@ -122,7 +122,8 @@ def test_decoding_arbitrary_bytes_never_fails_otherwise(data) -> None:
         pass
 
 
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(), st.text(max_size=5),
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(),
+                     st.text(max_size=5),
                      st.binary(max_size=5))
 _values = st.recursive(_scalars, lambda inner: st.one_of(
     st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),

@@ -206,4 +206,5 @@ def test_deletes_leave_a_skew_that_only_the_planner_undoes() -> None:
 def test_same_inputs_give_the_same_plan() -> None:
     a, la = skewed()
     b, lb = skewed()
-    assert rebalance.plan_rebalance(a, {1, 2, 3, 4}, la) == rebalance.plan_rebalance(b, {4, 3, 2, 1}, lb)
+    assert (rebalance.plan_rebalance(a, {1, 2, 3, 4}, la)
+            == rebalance.plan_rebalance(b, {4, 3, 2, 1}, lb))
