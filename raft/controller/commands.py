@@ -305,10 +305,15 @@ _BY_TYPE: dict[str, Any] = {c.T.value: c for c in (
 
 # -- bytes -------------------------------------------------------------------------------------
 def encode_command(command: Command) -> bytes:
-    """The CONTROL payload for `command` (storage.batch.BatchKind.CONTROL in group 0's log)."""
+    """The CONTROL payload for `command` (storage.batch.BatchKind.CONTROL in group 0's log).
+    MalformedCommand if the command holds what decoding would refuse (a zero retention, a node
+    id out of range): the proposer hears it at once instead of committing an entry that every
+    node then refuses."""
     body = {"ctl": CTL_NAME, "v": COMMAND_VERSION, "op": command.T.value}
     body.update(command._fields())
-    return msgpack.packb(body, use_bin_type=True)
+    payload = msgpack.packb(body, use_bin_type=True)
+    decode_command(payload)  # the same checks every node makes when it applies the entry
+    return payload
 
 
 def decode_command(payload: bytes | memoryview) -> Command:

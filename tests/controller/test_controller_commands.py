@@ -140,3 +140,14 @@ def test_decoding_arbitrary_fields_never_fails_otherwise(op, fields) -> None:
         decode_command(_entry(op, **fields))
     except (MalformedCommand, UnsupportedCommand):
         pass
+
+
+@pytest.mark.parametrize("command,field", [
+    (CreateTopic("t", ((1,),), TopicSettings(retention_bytes=0)), "retention_bytes"),
+    (MoveReplicas("t", -1, (1,)), "partition"),
+    (RegisterNode(0, "h:1"), "node_id"),
+    (CreateTopic("t", ((),)), "replicas"),
+])
+def test_the_proposer_hears_at_once_what_every_node_would_refuse(command, field) -> None:
+    with pytest.raises(MalformedCommand, match=field):
+        encode_command(command)
