@@ -349,6 +349,11 @@ class ClusterMetadata:
         t = self.topics.get(topic)
         return t.partitions[index] if t is not None and 0 <= index < len(t.partitions) else None
 
+    def settings_of(self, group: int, defaults: TopicSettings = TopicSettings()) -> TopicSettings:
+        """The settings in force for a data group: its topic's, else `defaults` (the node's
+        cluster-wide retention flags). KeyError for a group that is not live."""
+        return self.topics[self.groups[group].topic].settings.resolved(defaults)
+
     def is_deleted(self, group: int) -> bool:
         """Whether `group` was a data partition that no longer exists (drop its data). A group
         id not allocated yet is not deleted: this node's metadata may be behind."""

@@ -177,6 +177,8 @@ def test_settings_merge_and_reset_to_the_default() -> None:
     assert {e.kind for e in r.effects} == {EffectKind.SETTINGS_CHANGED}
     defaults = TopicSettings(retention_bytes=1 << 30, retention_ms=1, max_record_bytes=1)
     assert meta.topics["t"].settings.resolved(defaults) == TopicSettings(1 << 30, 9, 1000)
+    assert meta.settings_of(meta.partition("t", 0).group, defaults) == TopicSettings(1 << 30, 9,
+                                                                                     1000)
 
 
 def test_a_move_reports_the_replica_change() -> None:
