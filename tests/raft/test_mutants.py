@@ -51,6 +51,10 @@ import test_security_unit  # noqa: E402
 # The staged-load service's rules are killed by its own tests (tests/spark, no Spark needed).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "spark"))
 import test_load_service  # noqa: E402
+# The controller's rules (group ids, placement, the planner's bounds) are killed by its tests.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "controller"))
+import test_controller_state  # noqa: E402
+import test_placement  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -479,6 +483,32 @@ MUTANTS = [
            "keep = facts.first_damaged - 1",
            "keep = keep",
            (test_force_new_cluster.test_a_damaged_batch_and_what_follows_it_are_dropped_loudly,)),
+    Mutant("the controller reuses a deleted topic's group ids",
+           "raft.controller.state", "ClusterMetadata._allocate_group",
+           "gid = self.next_group_id",
+           "gid = max(self.groups, default=0) + 1",
+           (test_controller_state.test_group_ids_are_never_reused_after_a_delete,)),
+    Mutant("a group id the node's metadata has not allocated yet counts as deleted",
+           "raft.controller.state", "ClusterMetadata.is_deleted",
+           "FIRST_DATA_GROUP <= group < self.next_group_id and ",
+           "FIRST_DATA_GROUP <= group and ",
+           (test_controller_state.test_reconcile_starts_stops_and_deletes_only_what_the_metadata_says,)),
+    Mutant("placement ignores the replicas nodes already hold",
+           "raft.controller.placement", "current_load",
+           "                replicas[n] += 1",
+           "                pass",
+           (test_placement.test_placement_counts_the_replicas_nodes_already_hold,)),
+    Mutant("the rebalance planner moves replicas without bound",
+           "raft.controller.rebalance", "plan_rebalance",
+           "while len(moves) < max_moves:",
+           "while True:",
+           (test_placement.test_the_rebalance_plan_is_bounded,)),
+    Mutant("the rebalance planner transfers leadership without bound",
+           "raft.controller.rebalance", "_transfers",
+           "if len(out) >= limit:",
+           "if False:",
+           (test_placement.test_the_rebalance_plan_is_bounded,
+            test_placement.test_a_returning_node_gets_leadership_back_a_few_at_a_time)),
 ]
 
 
