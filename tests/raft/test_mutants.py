@@ -19,6 +19,7 @@ import importlib
 import inspect
 import pathlib
 import sys
+import tempfile
 import textwrap
 import types
 from collections.abc import Callable
@@ -49,6 +50,18 @@ import test_security_unit  # noqa: E402
 # The staged-load service's rules are killed by its own tests (tests/spark, no Spark needed).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "spark"))
 import test_load_service  # noqa: E402
+# The store's group commit across logs is killed by the storage tests (tests/storage).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
+import test_store  # noqa: E402
+
+
+def _in_tmp(test: Callable[..., None], *args: object) -> Callable[[], None]:
+    """A killer that takes a fresh temporary directory (as pytest's tmp_path) on every run."""
+    def run() -> None:
+        with tempfile.TemporaryDirectory(prefix="raftlog-mutant-") as d:
+            test(*args, pathlib.Path(d))
+    run.__name__ = test.__name__
+    return run
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,22 @@ class Mutant:
 
 
 MUTANTS = [
+    Mutant("a store flush credits a log with its dirty offset, not what its transaction held",
+           "storage.lmdb_log", "LmdbLog._flush_apply",
+           "self._flushed = part.end",
+           "self._flushed = self._dirty",
+           (_in_tmp(test_store.test_a_store_flush_credits_each_log_only_what_its_transaction_held),)),
+    Mutant("a store flush credits one log with another log's flushed offset",
+           "storage.lmdb_store", "LmdbStore._flush",
+           "out[part.log.group_id] = part.log._flush_apply(part)",
+           "out[parts[-1].log.group_id] = part.log._flush_apply(part)",
+           (_in_tmp(test_store.test_a_store_flush_credits_each_log_only_what_its_transaction_held),)),
+    Mutant("the in-memory store flush credits one log with another log's flushed offset",
+           "storage.memory", "MemoryStore.flush",
+           "out[log.group_id] = log._flush_apply(plan)",
+           "out[plans[-1][0].group_id] = log._flush_apply(plan)",
+           (_in_tmp(test_store.test_a_store_flush_gives_every_log_its_own_flushed_offset,
+                    "memory"),)),
     Mutant("commit entries of an earlier term directly (no current-term rule)",
            "raft.core.leader", "LeaderSide._maybe_commit",
            "candidate <= self.log.dirty_offset and \\\n"
