@@ -33,6 +33,7 @@ from raft.node.api.admin import status_map
 from raft.node.api.fetch import visible_hw
 from raft.node.auth import Session
 from raft.node.errors import NodeFailed
+from raft.node.flusher import NodeFlusher
 from raft.node.gate import Gate, remote_of
 from raft.node.group import RaftGroup
 from raft.node.identity import not_member_message
@@ -79,6 +80,9 @@ class Node:
         self.group.identity = self.transport.identity  # one cluster id, for links and group
         self.group.on_membership_change = self._sync_links
         self.group.metrics = self.metrics
+        # One flusher for the node: group commit across its groups (raft.node.flusher).
+        self.flusher = NodeFlusher(self.metrics)
+        self.group.flusher = self.flusher
         self.metrics_address: str | None = None  # where /metrics is served, once running
         self.api = api.ApiContext(config=config, group=self.group, peers=self.transport)
         self._shutdown_requested = trio.Event()
@@ -215,6 +219,7 @@ class Node:
                 self.transport.start(nursery, *self._wanted_members())
                 async with trio.open_nursery() as driver:
                     self._before_serving()
+                    driver.start_soon(self.flusher.run)
                     group.start(driver)
                     async with trio.open_nursery() as conn_nursery:
                         self._accept_scope = trio.CancelScope()
