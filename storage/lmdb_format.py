@@ -18,6 +18,23 @@ flipped bit is found instead of read as a different term or vote):
 - `format`: 2. A log written before format 2 (no `format` record but data) keeps format 1 for
   its batch records (no header CRC) and reads its unsealed records as they are.
 
+Many logs in one environment (storage/lmdb_store.py; the store layout, introduced with
+issue 26): group 0 is the log described above, in DBs `log` and `meta`, byte for byte (a
+directory written by a single-log node IS a store holding group 0; it opens without migration and
+without a write). Groups >= 1 live in two more DBs, `glog` and `gmeta`, created with the first of
+them: the same records under keys prefixed with the group's 8-byte big-endian id (`glog`:
+prefix + base offset; `gmeta`: prefix + record name). Each such log records its own `format`
+(2): the record format does not change, so no version is bumped; the store layout is told by
+the DBs present (no `glog`: one log). A raftlog from before the store opens such a directory as
+its group 0 only and ignores the other groups: do not downgrade a node that holds partitions.
+Why prefixed keys and not a named DB per group: LMDB's own documentation of
+mdb_env_set_maxdbs says a moderate number of named DBs is cheap but a huge number gets
+expensive (every transaction costs 7-120 words per slot, every mdb_dbi_open searches the opened
+slots linearly), and `max_dbs` is fixed when the environment opens, so a node could not add
+partitions past it without reopening. A prefix costs 8 bytes per key and keeps one B-tree per
+kind of record; one log's keys stay contiguous, so its scans, cuts and drops are range
+operations (storage/lmdb_space.py bounds every cursor move to them).
+
 Why an open cuts instead of refusing: a missing batch (a gap, or the log ending before its
 recorded tail) or a batch header that fails its CRC is what a damaged disk leaves; the open cuts
 the log before it (those batches are re-fetched from the leader like a crashed node's tail),
