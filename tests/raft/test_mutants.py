@@ -53,6 +53,7 @@ import test_load_service  # noqa: E402
 # The store's group commit across logs is killed by the storage tests (tests/storage).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
 import test_store  # noqa: E402
+import test_flusher  # noqa: E402  (tests/node, on the path above)
 
 
 def _in_tmp(test: Callable[..., None], *args: object) -> Callable[[], None]:
@@ -60,6 +61,14 @@ def _in_tmp(test: Callable[..., None], *args: object) -> Callable[[], None]:
     def run() -> None:
         with tempfile.TemporaryDirectory(prefix="raftlog-mutant-") as d:
             test(*args, pathlib.Path(d))
+    run.__name__ = test.__name__
+    return run
+
+
+def _with_memory_store(test: Callable[..., None], *args: object) -> Callable[[], None]:
+    """A killer that takes a fresh MemoryStore (as its `store` fixture) on every run."""
+    def run() -> None:
+        test(test_flusher.open_store(None), *args)
     run.__name__ = test.__name__
     return run
 
@@ -85,6 +94,11 @@ MUTANTS = [
            "out[part.log.group_id] = part.log._flush_apply(part)",
            "out[parts[-1].log.group_id] = part.log._flush_apply(part)",
            (_in_tmp(test_store.test_a_store_flush_credits_each_log_only_what_its_transaction_held),)),
+    Mutant("the node's flusher tells every group the highest offset of its flush",
+           "raft.node.flusher", "NodeFlusher._flush_round",
+           "g.on_flushed(flushed[g.log.group_id])",
+           "g.on_flushed(max(flushed.values()))",
+           (_with_memory_store(test_flusher.test_groups_asking_together_share_one_fsync, 8),)),
     Mutant("the in-memory store flush credits one log with another log's flushed offset",
            "storage.memory", "MemoryStore.flush",
            "out[log.group_id] = log._flush_apply(plan)",
