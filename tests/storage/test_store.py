@@ -317,8 +317,8 @@ GROUPS = (0, 1, 2)
 
 
 class StoreMachine(RuleBasedStateMachine):
-    """Appends, store flushes of any subset, suffix truncations and crashes across three logs,
-    against a model: per log, its batches and how many of them are flushed."""
+    """Appends, store flushes of any subset, suffix truncations, drops and crashes across three
+    logs, against a model: per log, its batches and how many of them are flushed."""
 
     impl = "memory"
 
@@ -381,6 +381,14 @@ class StoreMachine(RuleBasedStateMachine):
         self.logs[g].truncate_suffix(after)
         self.model[g] = [b for b in self.model[g] if b.last_offset <= after]
         self.flushed[g] = min(self.flushed[g], after)
+
+    @rule(g=st.sampled_from(GROUPS))
+    def drop_and_recreate(self, g: int) -> None:
+        """A topic deleted and created again: the new log starts empty, the others are as
+        they were."""
+        self.store.drop_log(g)
+        self.logs[g] = self.store.open_log(g)
+        self.model[g], self.flushed[g] = [], -1
 
     @rule()
     def crash(self) -> None:
