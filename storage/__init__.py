@@ -16,6 +16,7 @@ from storage.api import (
     DiskFull,
     LogInconsistent,
     LogStorage,
+    LogStore,
     Meta,
     OffsetOutOfRange,
     StorageError,
@@ -27,12 +28,12 @@ from storage.memory import MemoryLog, MemoryStore
 
 __all__ = [
     "DEFAULT_MAX_TAIL_BYTES", "Batch", "BatchKind", "CorruptBatch", "DataDirLocked", "DiskFull",
-    "LogInconsistent", "LogStorage", "MemoryLog", "MemoryStore", "Meta", "OffsetOutOfRange",
-    "StorageError", "StorageIOError", "TailFull", "open_log", "open_store",
+    "LogInconsistent", "LogStorage", "LogStore", "MemoryLog", "MemoryStore", "Meta",
+    "OffsetOutOfRange", "StorageError", "StorageIOError", "TailFull", "open_log", "open_store",
 ]
 
 
-def open_store(path: str | os.PathLike[str] | None, **opts: Any) -> Any:
+def open_store(path: str | os.PathLike[str] | None, **opts: Any) -> LogStore:
     """The node's store: an LmdbStore on directory `path` (created if missing, locked while
     open), or a MemoryStore for None. Options as for open_log. Its logs: `open_log(group_id)`;
     `group_ids()` says which it holds; `flush(logs)` writes many logs in one fsynced commit."""

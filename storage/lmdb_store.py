@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import lmdb
 
 from storage import lmdb_format as fmt
-from storage.api import DEFAULT_MAX_TAIL_BYTES, DiskFull, IoMode, StorageError
+from storage.api import DEFAULT_MAX_TAIL_BYTES, DiskFull, IoMode, LogStore, StorageError
 from storage.dirlock import lock_dir, unlock_dir
 from storage.lmdb_space import GROUP, KeySpace, group_prefix
 
@@ -55,7 +55,7 @@ T = TypeVar("T")
 __all__ = ["DEFAULT_MAP_SIZE", "DEFAULT_MAX_MAP_SIZE", "DEFAULT_VERIFY_TAIL_BYTES", "LmdbStore"]
 
 
-class LmdbStore:
+class LmdbStore(LogStore):
     """The node's LMDB environment and the logs in it (see the module docstring)."""
 
     def __init__(self, path: str | os.PathLike[str], *,
@@ -179,7 +179,7 @@ class LmdbStore:
             self._write_locked(f"dropping the log of group {group_id}", space.clear, self.env)
         log.info("log_dropped path=%s group=%d", self.path, group_id)
 
-    def flush(self, logs: Iterable[LmdbLog]) -> dict[int, int]:
+    def flush(self, logs: Iterable[LmdbLog]) -> dict[int, int]:  # type: ignore[override]
         """Write every given log's dirty tail (as of now) in ONE write transaction, committed
         with ONE fsync; return each log's flushed offset by group id. Batches appended while
         this runs stay in their tails. On any failure nothing was written and no log changed."""

@@ -35,6 +35,7 @@ from storage.api import (
     DEFAULT_MAX_TAIL_BYTES,
     IoMode,
     LogStorage,
+    LogStore,
     Meta,
     OffsetOutOfRange,
     ScrubSlice,
@@ -488,7 +489,7 @@ class MemoryLog(LogStorage):
             self._store._opened.discard(self.group_id)
 
 
-class MemoryStore:
+class MemoryStore(LogStore):
     """Many MemoryLogs behind LmdbStore's API (see the module docstring). The logs themselves
     model their durable state; the store adds one commit for a flush of many logs, dropping a
     log durably, and a crash of everything at once."""
@@ -530,7 +531,7 @@ class MemoryStore:
             self.commits += 1
         self._opened.discard(group_id)
 
-    def flush(self, logs: Iterable[MemoryLog]) -> dict[int, int]:
+    def flush(self, logs: Iterable[MemoryLog]) -> dict[int, int]:  # type: ignore[override]
         """Every given log's dirty tail in one commit; each log's flushed offset by group id. A
         flush fault injected on any of them (MemoryLog.fail_next) fails the whole commit and
         changes no log, as the one LMDB transaction does."""

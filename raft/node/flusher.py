@@ -97,7 +97,7 @@ class NodeFlusher:
         for group in asking:
             if group.log is None:
                 continue
-            store = group.log.store  # type: ignore[attr-defined]
+            store = group.log.store
             by_store.setdefault(id(store), (store, []))[1].append(group)
         for store, groups in by_store.values():
             logs = [g.log for g in groups]
@@ -124,7 +124,7 @@ class NodeFlusher:
             self.flushes += 1
             self._count_fsyncs(store)
             if self.metrics is not None:
-                after = sum(flushed[lg.group_id] for lg in logs)  # type: ignore[attr-defined]
+                after = sum(flushed[lg.group_id] for lg in logs)
                 self.metrics.flush_done(time.perf_counter() - started, after - before)
             for g in groups:
                 g.on_flushed(flushed[g.log.group_id])  # type: ignore[union-attr]
