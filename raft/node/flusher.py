@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("raftlog.node")
 
-# With a full disk, a flush is retried this often until space returns.
+# With a full disk, a flush is retried this often until space returns (the same pause as
+# raft.node.group.DISK_FULL_RETRY_S for metadata saves).
 DISK_FULL_RETRY_S = 1.0
 
 
