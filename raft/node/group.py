@@ -1,14 +1,16 @@
 """One Raft group's driver: feeds the sans-IO core and carries out what its Ready asks.
 
-Tasks (started into the node's driver nursery by `start`):
-- a tick task (`tick_ms`);
+Tasks (started by `start` into the group's own nursery, which the node's group registry,
+raft.node.registry, runs under the node and can stop on its own):
+- no tick task: the node's one ticker (raft.node.registry) calls `tick` for every group at once,
+  so the heartbeats of all the groups a node leads leave in one frame per peer;
 - the loads task: now and then the leader applies committed load entries (a budget per round,
   in bounded slices) and aborts idle staged loads;
 - the Ready loop, woken by an event whenever an input reached the core (no polling);
-- the flusher: one `log.flush()` at a time in a worker thread; appends continue meanwhile and the
-  next flush takes everything appended since (group commit);
+- flushing is the node's (raft.node.flusher.NodeFlusher, given as `flusher`): the group asks, the
+  node's one flush writes every asking group's tail in one transaction and one fsync (group
+  commit across groups), then calls `on_flushed` with this group's own flushed offset;
 - the catch-up sampler (raft.node.catchup) behind `status`;
-- the event-loop lag monitor (raft.node.looplag), shown by `status` as `loop_lag`.
 - the scrubber (raft.node.scrubber), re-reading the flushed log at `scrub_rate`.
 
 Driver contract (raft/core/ready.py), in the order the Ready loop applies it: persist `hard_state`
@@ -18,13 +20,17 @@ the batch, and the commit index counts only flushed offsets, so a SIGKILL at any
 nothing quorum-acked.
 
 Messages leave through the group's own `GroupOutbox` (raft.node.outbox: the rules about this
-group's stream to each peer) onto the node's peer links, which all of its groups share; the group
-never sees a connection. When the configuration in force changes, the group tells the node
-(`on_membership_change`), which keeps links to what all of its groups need.
+group's stream to each peer, tagged with the group id) onto the node's peer links, which all of
+its groups share; the group never sees a connection. The core does not know its group id: only
+the driver and the envelope on the wire do. When the configuration in force changes, the group
+tells the node (`on_membership_change`), which keeps links to what all of its groups need.
 
 Blocking storage work runs as the log says (`LogStorage.io_mode`): in a worker thread for LMDB,
 inline for the in-memory log. Process-wide tuning (GC, the GIL switch interval) is not a group's
 business: raft.node.serve sets it where the process starts.
+
+Group 0 is the node's own group (the one a single-group node runs): it keeps the cluster identity
+in its metadata. Other groups (`Node.add_group`) are given their voters and their log.
 
 Data directory: with no log passed in, the group opens `<data_dir>/node-<id>/` via
 `storage.open_log` (see raft.node.config). In-process tests pass a log (MemoryLog or LmdbLog) instead.
@@ -47,9 +53,9 @@ from raft.core.messages import Message
 from raft.node.catchup import CatchupTracker
 from raft.node.config import ConfigError, NodeConfig
 from raft.node.errors import NodeFailed
+from raft.node.flusher import NodeFlusher
 from raft.node.identity import ClusterIdentity
 from raft.node.load_service import LoadService
-from raft.node.looplag import LoopLag
 from raft.node.outbox import GroupOutbox, Links
 from raft.node.retention import RetentionTask
 from raft.node.scrubber import Scrubber
@@ -85,10 +91,14 @@ class _Pending:
 
 class RaftGroup:
     def __init__(self, config: NodeConfig, links: Links, *, log_storage: LogStorage | None,
-                 rng: random.Random) -> None:
+                 rng: random.Random, group_id: int = 0,
+                 voters: list[int] | None = None) -> None:
         self.config = config
         self.node_id = config.node_id
-        self._outbox = GroupOutbox(links)
+        self.group_id = group_id
+        # The founding voters of a group other than 0 (group 0's come from --peers).
+        self._voters = None if voters is None else sorted(voters)
+        self._outbox = GroupOutbox(links, group_id)
         self.log: LogStorage | None = log_storage
         self.owns_log = log_storage is None
         self._io_mode = IoMode.WORKER_THREAD  # the log's own, once it is open
@@ -102,13 +112,12 @@ class RaftGroup:
         self.on_membership_change: Callable[[], None] = lambda: None
         self._known_config: ClusterConfig | None = None
         self.catchup = CatchupTracker(self)
-        # One trio loop per node and one group per node today: the group owns the monitor.
-        self.loop_lag = LoopLag()
         self.scrubber = Scrubber(self, config.scrub_rate, config.scrub_slice_kib * 1024)
         self.closing = False
         self._meta = Meta()
         self._wake = trio.Event()
-        self._flush_wanted = trio.Event()
+        # The node's flusher (Node sets it; a group started without one runs its own).
+        self.flusher: NodeFlusher | None = None
         self._hw_changed = trio.Event()
         self._state_changed = trio.Event()
         self._last_hw = -1
@@ -152,12 +161,15 @@ class RaftGroup:
         assert self.log is not None
         self._meta = self.log.load_meta()
         voters = sorted(self.config.peers)
-        if self.config.join:
+        if self._voters is not None:
+            voters = self._voters
+        elif self.config.join:
             # Not a member until the cluster adds it: the others decide, via the log.
             voters = sorted(p for p in self.config.peers if p != self.node_id)
-        self.identity.load(self._meta.extra, fresh=self._meta.is_empty(),
-                           founder=None if self.config.join else min(voters),
-                           save=self._save_identity)
+        if self.group_id == 0:  # the cluster id lives in group 0's metadata
+            self.identity.load(self._meta.extra, fresh=self._meta.is_empty(),
+                               founder=None if self.config.join else min(voters),
+                               save=self._save_identity)
         try:
             # quiesce_ticks=0 until this runtime feeds node liveness to the core (peer_down /
             # peer_up from a node-pair failure detector, docs/DESIGN.md "Quiescence and node
@@ -192,10 +204,10 @@ class RaftGroup:
         """Start the driver tasks; cancelling `nursery` stops them (a running save_meta/flush
         thread is waited for, not abandoned)."""
         nursery.start_soon(self.catchup.run_sampler)
-        nursery.start_soon(self.loop_lag.run)
-        nursery.start_soon(self._tick_loop)
         nursery.start_soon(self._ready_loop)
-        nursery.start_soon(self._flush_loop)
+        if self.flusher is None:
+            self.flusher = NodeFlusher(self.metrics)
+            nursery.start_soon(self.flusher.run)
         nursery.start_soon(self._loads_loop)
         if self.retention.policy.active:
             nursery.start_soon(self.retention.run)
@@ -336,23 +348,19 @@ class RaftGroup:
             return fn(*args)
         return await trio.to_thread.run_sync(fn, *args)
 
-    async def _tick_loop(self) -> None:
-        interval = self.config.tick_ms / 1000
-        deadline = trio.current_time()
-        while True:
-            deadline += interval
-            now = trio.current_time()
-            if deadline < now - 10 * interval:  # we were stalled: do not replay missed ticks
-                deadline = now
-            await trio.sleep_until(deadline)
-            try:
-                self.core.tick()
-            except Exception as e:
-                self.fail(e, "tick")
-                return
-            if self.core.standing() is Standing.MEMBER:
-                self.identity.became_member()
-            self.kick()
+    def tick(self) -> None:
+        """One Raft tick. The node's ticker (raft.node.registry) calls this for all of its
+        groups in one go, so what they send in a tick leaves in one frame per peer."""
+        if self.core is None or self.failure is not None:
+            return
+        try:
+            self.core.tick()
+        except Exception as e:
+            self.fail(e, "tick")
+            return
+        if self.group_id == 0 and self.core.standing() is Standing.MEMBER:
+            self.identity.became_member()
+        self.kick()
 
     async def _loads_loop(self) -> None:
         """The leader keeps its load index applied (at most LOAD_CATCH_UP_BYTES per round, a
@@ -421,7 +429,7 @@ class RaftGroup:
         for msg in rd.messages:
             self._outbox.send(msg)
         if rd.flush:
-            self._flush_wanted.set()
+            self.flusher.request(self)
         for answer in rd.answers:
             pending = self._pending.get(answer.request_id)
             if pending is not None:
@@ -456,41 +464,30 @@ class RaftGroup:
         state = (self.core.role, self.core.term, self.core.leader_id)
         if state != self._last_state:
             if self._last_state:
-                log.info("state_changed node=%d role=%s term=%d leader=%s", self.node_id,
-                         state[0].value, state[1], state[2])
+                log.info("state_changed node=%d group=%d role=%s term=%d leader=%s",
+                         self.node_id, self.group_id, state[0].value, state[1], state[2])
             self._last_state = state
             if self.metrics is not None:
                 self.metrics.observe_state(self.node_id, *state, self.core.voted_for)
             self._state_changed.set()
             self._state_changed = trio.Event()
 
-    async def _flush_loop(self) -> None:
-        while True:
-            await self._flush_wanted.wait()
-            self._flush_wanted = trio.Event()
-            before, started = self.log.flushed_offset, time.perf_counter()
-            try:
-                flushed = await self._run_io(self.log.flush)
-            except DiskFull as e:
-                # Nothing was written (storage changes the disk first): the tail is still in
-                # memory and the next flush takes it. Not a crash.
-                self._note_disk_full(e, "flush")
-                await trio.sleep(DISK_FULL_RETRY_S)
-                self._flush_wanted.set()
-                continue
-            except Exception as e:
-                self.fail(e, "flush")
-                return
-            self._note_disk_ok("flush")
-            if self.metrics is not None:
-                self.metrics.flush_done(time.perf_counter() - started, flushed - before)
-            try:
-                # A truncation may have raced the flush; never report more than the log holds.
-                self.core.flushed(min(flushed, self.log.flushed_offset))
-            except Exception as e:
-                self.fail(e, "flushed")
-                return
-            self.kick()
+    # -- what the node's flusher reports (raft.node.flusher) --------------------------------------
+    def on_flushed(self, flushed: int) -> None:
+        """The node's flush made this group's log durable up to `flushed`."""
+        self._note_disk_ok("flush")
+        try:
+            # A truncation may have raced the flush; never report more than the log holds.
+            self.core.flushed(min(flushed, self.log.flushed_offset))
+        except Exception as e:
+            self.fail(e, "flushed")
+            return
+        self.kick()
+
+    def on_flush_disk_full(self, e: DiskFull) -> None:
+        """Nothing was written (storage changes the disk first): the tail is still in memory
+        and the flusher's retry takes it. Not a crash: the leader refuses writes meanwhile."""
+        self._note_disk_full(e, "flush")
 
     def _expire_loads(self) -> None:
         try:

@@ -66,6 +66,9 @@ class NodeMetrics:
         self.fsync_latency = Histogram("raftlog_fsync_latency_seconds", "Duration of one log "
                                        "flush (write and fsync)", buckets=LATENCY_BUCKETS,
                                        registry=reg)
+        self.fsyncs = Counter("raftlog_fsyncs", "Fsynced storage commits of this node: one per "
+                              "flush of any number of groups' logs (group commit across "
+                              "groups), metadata save or log cut", registry=reg)
         self.flush_records = Histogram("raftlog_flush_batch_records", "Records made durable by "
                                        "one flush (group commit size)", buckets=RECORDS_BUCKETS,
                                        registry=reg)
@@ -89,6 +92,10 @@ class NodeMetrics:
                                          "refused by a TLS node", registry=reg)
         self.auth_failures = Counter("raftlog_auth_failures", "Client hellos refused as "
                                      "UNAUTHENTICATED", registry=reg)
+        self.unknown_group_messages = Counter(
+            "raftlog_peer_messages_unknown_group", "Raft messages from a peer for a group this "
+            "node does not run (dropped: the group is not created here yet, or was removed)",
+            ["peer"], registry=reg)
         for kind in ("client", "peer", "handshake"):
             self.connections.labels(kind)
         self._produce = {}  # acks -> (latency child) cached: label lookups take a lock
@@ -103,6 +110,10 @@ class NodeMetrics:
             ProcessCollector(registry=reg)  # CPU, memory, open files (Linux /proc)
         except Exception:  # no /proc: skip process metrics
             pass
+
+    def unknown_group(self, peer: int, count: int) -> None:
+        """`count` messages from `peer` were for a group this node does not run."""
+        self.unknown_group_messages.labels(str(peer)).inc(count)
 
     # -- wiring (the node) -----------------------------------------------------------------------
     def bind(self, state: Callable[[], dict[str, Any] | None]) -> None:
@@ -361,8 +372,13 @@ def _link_families(links: dict[str, Any]) -> Iterator[Metric]:
     dropped = CounterMetricFamily("raftlog_peer_dropped_messages", "Raft messages dropped for "
                                   "the peer (queue full or link down; Raft resends)",
                                   labels=["peer"])
+    frames = CounterMetricFamily("raftlog_peer_frames_sent", "Raft frames written to the peer "
+                                 "(one frame carries the messages of all groups queued then)",
+                                 labels=["peer"])
     for peer, link in sorted(links.items()):
         connected.add_metric([str(peer)], 1.0 if link.get("connected") else 0.0)
         dropped.add_metric([str(peer)], link.get("dropped", 0))
+        frames.add_metric([str(peer)], link.get("frames", 0))
     yield connected
     yield dropped
+    yield frames

@@ -1,9 +1,11 @@
 """One group's outgoing messages: what only makes sense within one group's stream to a peer.
 
 A peer link (raft.node.peer) is a pipe between two nodes: it moves whatever it is given, in two
-lanes, for any group, and knows nothing of Raft. The rules below reason about one group's
-messages, so they live here, next to the group (raft.node.group owns one `GroupOutbox`), in one
-`PeerStream` per peer:
+lanes, for all of the node's groups, and knows nothing of Raft. The rules below reason about one
+group's messages, so they live here, next to the group (raft.node.group owns one
+`GroupOutbox(links, group_id)`), in one `PeerStream` per (peer, group): each stream tags its
+messages with its group id (the envelope the peer routes them by) and withdraws or adjusts only
+its own messages, never another group's on the same link:
 
 - The lane. AppendEntries (replication and catch-up data) go in the bulk lane, in order;
   everything else (heartbeats, replies, votes, TimeoutNow: small, and what keeps leadership
@@ -46,10 +48,11 @@ class Links(Protocol):
 class PeerStream:
     """One group's messages to one peer, on that peer's link."""
 
-    __slots__ = ("link", "_queued")
+    __slots__ = ("link", "group_id", "_queued")
 
-    def __init__(self, link: PeerLink) -> None:
+    def __init__(self, link: PeerLink, group_id: int) -> None:
         self.link = link
+        self.group_id = group_id
         # This group's appends queued on the link, oldest first (each leaves in this order,
         # or all are dropped together).
         self._queued: deque[AppendEntries] = deque()
@@ -59,11 +62,11 @@ class PeerStream:
         as on a lost connection: Raft retries)."""
         if type(msg) is AppendEntries:
             self._withdraw_superseded(msg)
-            if not self.link.enqueue(msg, BULK, self):
+            if not self.link.enqueue(self.group_id, msg, BULK, self):
                 return False
             self._queued.append(msg)
             return True
-        return self.link.enqueue(msg, CONTROL, self)
+        return self.link.enqueue(self.group_id, msg, CONTROL, self)
 
     def _withdraw_superseded(self, msg: AppendEntries) -> None:
         """See the module docstring: a restarted stream makes the queued appends obsolete."""
@@ -96,8 +99,9 @@ class PeerStream:
 class GroupOutbox:
     """Where one group's Ready messages go: each to its stream to the destination."""
 
-    def __init__(self, links: Links) -> None:
+    def __init__(self, links: Links, group_id: int) -> None:
         self._links = links
+        self.group_id = group_id
         self._streams: dict[int, PeerStream] = {}
 
     def send(self, msg: Message) -> None:
@@ -108,7 +112,9 @@ class GroupOutbox:
         if stream is None or stream.link is not link:
             if link is None:  # not (or no longer) a peer: forget our stream to it
                 self._streams.pop(msg.dst, None)
-                log.debug("message_to_unknown_peer node=%d dst=%d", msg.src, msg.dst)
+                log.debug("message_to_unknown_peer node=%d group=%d dst=%d", msg.src,
+                          self.group_id, msg.dst)
                 return
-            stream = self._streams[msg.dst] = PeerStream(link)  # a new link starts empty
+            # A new link starts empty.
+            stream = self._streams[msg.dst] = PeerStream(link, self.group_id)
         stream.send(msg)

@@ -1,10 +1,15 @@
 """One outgoing connection to one peer: bounded queues, batching, reconnect with backoff.
 
-A link is a pipe between two nodes. It carries messages for any of the node's groups and
-knows nothing of Raft: each message comes with its lane and its sender (one group's stream to
-this peer, raft.node.outbox.PeerStream), which the link tells when the message leaves or is
-dropped. The rules about one group's stream (which lane, superseded appends, heartbeat sequence
-numbers) are the sender's.
+A link is a pipe between two nodes. It carries messages for all of the node's groups and
+knows nothing of Raft: each message comes with its group id, its lane and its sender (one
+group's stream to this peer, raft.node.outbox.PeerStream), which the link tells when the message
+leaves or is dropped. The rules about one group's stream (which lane, superseded appends,
+heartbeat sequence numbers) are the sender's, so they never reach across groups.
+
+One link per node pair, whatever the number of groups: a frame carries the queued messages of
+every group (each in its group's envelope, raft.protocol.raft_frames), so the heartbeats that
+the node's groups produce in one tick (raft.node.registry ticks them all at once) leave in one
+frame per peer, and frames per node pair do not grow with the number of groups.
 
 Why a bounded queue that drops: Raft tolerates lost messages (heartbeats repeat, appends are
 retried from the follower's reported position), while an unbounded queue to a dead or slow peer
@@ -43,7 +48,8 @@ from raft.node.identity import NOT_MEMBER_MARK, ClusterIdentity
 from raft.node.tls import NodeTLS, PeerIdentityError, dial_tls, handshake_failure
 from raft.protocol.framing import LEN_SIZE, ConnectionClosed, WireError, encode_frame
 from raft.protocol.hello import Hello, HelloReply
-from raft.protocol.raft_frames import BatchEncodings, encode_raft_frame_pieces, message_wire_size
+from raft.protocol.raft_frames import (BatchEncodings, GroupMessage, encode_raft_frame_pieces,
+                                       message_wire_size)
 from raft.protocol.streams import FrameReader
 
 log = logging.getLogger("raftlog.peer")
@@ -105,9 +111,9 @@ class PeerLink:
         self._max_frame = max_frame_bytes
         # A frame carries several messages; keep each well under the limit.
         self._frame_budget = max(64 * 1024, max_frame_bytes // 2)
-        # (message, encoded size, sender), in order.
-        self._bulk: deque[tuple[Message, int, Sender]] = deque()
-        self._control: deque[tuple[Message, int, Sender]] = deque()  # first out
+        # (group id, message, encoded size, sender), in order.
+        self._bulk: deque[tuple[int, Message, int, Sender]] = deque()
+        self._control: deque[tuple[int, Message, int, Sender]] = deque()  # first out
         self._queued_bytes = 0  # of the bulk lane (the control lane is bounded in messages)
         self._queue_messages = queue_messages
         self._queue_bytes = queue_bytes
@@ -119,13 +125,15 @@ class PeerLink:
         self._session_scope: trio.CancelScope | None = None
         self.connected = False
         self.sent_messages = 0
+        self.sent_frames = 0  # raft frames written: what coalescing across groups keeps low
         self.dropped_messages = 0
         self.superseded_messages = 0  # queued messages a sender withdrew (see withdraw)
         self.connects = 0
 
     # -- called by the node -------------------------------------------------------------------
-    def enqueue(self, msg: Message, lane: Lane, sender: Sender) -> bool:
-        """Queue a message from `sender` on `lane`; False (and counted) when that lane is full.
+    def enqueue(self, group: int, msg: Message, lane: Lane, sender: Sender) -> bool:
+        """Queue a message of `group` from `sender` on `lane`; False (and counted) when that
+        lane is full.
         A full bulk lane never costs a heartbeat or a reply its place. Bounds are the link's,
         whoever the sender: bulk in messages and bytes (one message always fits an empty
         lane), control in messages."""
@@ -145,7 +153,7 @@ class PeerLink:
                             self.dropped_messages, len(self._bulk) + len(self._control),
                             self._queued_bytes)
             return False
-        queue.append((msg, size, sender))
+        queue.append((group, msg, size, sender))
         if lane is BULK:
             self._queued_bytes += size
         self._has_data.set()
@@ -153,14 +161,16 @@ class PeerLink:
 
     def withdraw(self, sender: Sender) -> int:
         """Drop (counted as dropped and superseded) every bulk message `sender` has queued:
-        it decided they are obsolete (raft.node.outbox: a restarted stream). Returns how many."""
+        it decided they are obsolete (raft.node.outbox: a restarted stream). Only that
+        sender's: other groups' messages (other senders) on this link are not its to drop.
+        Returns how many."""
         if not self._bulk:
             return 0
-        kept = deque(item for item in self._bulk if item[2] is not sender)
+        kept = deque(item for item in self._bulk if item[3] is not sender)
         gone = len(self._bulk) - len(kept)
         if gone:
             self._bulk = kept
-            self._queued_bytes = sum(item[1] for item in kept)
+            self._queued_bytes = sum(item[2] for item in kept)
             self.dropped_messages += gone
             self.superseded_messages += gone
         return gone
@@ -177,6 +187,7 @@ class PeerLink:
         return {"address": self.address, "connected": self.connected,
                 "queued": len(self._bulk) + len(self._control),
                 "queued_bytes": self._queued_bytes, "sent": self.sent_messages,
+                "frames": self.sent_frames,
                 "dropped": self.dropped_messages, "superseded": self.superseded_messages,
                 "connects": self.connects}
 
@@ -233,7 +244,7 @@ class PeerLink:
 
     def _drop_queue(self) -> None:
         self.dropped_messages += len(self._bulk) + len(self._control)
-        for sender in {item[2] for item in self._bulk} | {item[2] for item in self._control}:
+        for sender in {item[3] for item in self._bulk} | {item[3] for item in self._control}:
             sender.dropped()
         self._bulk.clear()
         self._control.clear()
@@ -306,31 +317,31 @@ class PeerLink:
                 log.warning("peer_error_frame peer=%d code=%s message=%r", self.peer_id,
                             frame.get("code"), frame.get("message"))
 
-    def _next_frame(self) -> list[Message]:
-        """The messages of the next frame: the queued control messages (up to the frame
-        budget) if there are any, else bulk messages up to the bulk frame bounds. Each
-        message's sender is told it leaves (and may adjust it) as it goes in."""
-        msgs: list[Message] = []
+    def _next_frame(self) -> list[GroupMessage]:
+        """The (group id, message) pairs of the next frame: the queued control messages (up
+        to the frame budget) if there are any, else bulk messages up to the bulk frame bounds.
+        Each message's sender is told it leaves (and may adjust it) as it goes in."""
+        msgs: list[GroupMessage] = []
         used = 0
         if self._control:
             while self._control:
-                msg, size, sender = self._control[0]
+                group, msg, size, sender = self._control[0]
                 if msgs and used + size > self._frame_budget:
                     break
                 self._control.popleft()
-                msgs.append(sender.leaving(msg, CONTROL))
+                msgs.append((group, sender.leaving(msg, CONTROL)))
                 used += size
             return msgs
         batches = 0
         budget = min(self._frame_budget, BULK_FRAME_BYTES)
         while self._bulk:
-            msg, size, sender = self._bulk[0]
+            group, msg, size, sender = self._bulk[0]
             n = len(msg.batches)  # type: ignore[attr-defined]  # bulk messages carry batches
             if msgs and (used + size > budget or batches + n > BULK_FRAME_BATCHES):
                 break
             self._bulk.popleft()
             self._queued_bytes -= size
-            msgs.append(sender.leaving(msg, BULK))
+            msgs.append((group, sender.leaving(msg, BULK)))
             used += size
             batches += n
         return msgs
@@ -356,6 +367,7 @@ class PeerLink:
                 for piece in pieces:
                     await stream.send_all(piece)
             self.sent_messages += len(msgs)
+            self.sent_frames += 1
 
 
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:

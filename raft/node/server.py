@@ -1,14 +1,24 @@
-"""The trio node: serves peers and clients on one port and runs its Raft group.
+"""The trio node: serves peers and clients on one port and runs its Raft groups.
 
 One trio program per node. What is whose:
 - here, the node: its lifecycle (start, graceful stop, abort), the listener (peers and clients
-  on the same address; the first frame, `hello`, says which), peer frames handed to the group,
-  and each client connection's request loop (pipelining limit, backpressure), routing requests
-  through the registry in raft.node.api;
-- raft.node.group.RaftGroup: one Raft group's driver (tick, Ready loop, flusher, the client
-  requests waiting for the core's answers). Today a node runs one group;
-- raft.node.transport.PeerTransport: the peer links and the address book, which all of a node's
-  groups share; the node keeps links to the union of what its groups' configurations name;
+  on the same address; the first frame, `hello`, says which), peer frames handed to the group
+  registry, and each client connection's request loop (pipelining limit, backpressure), routing
+  each request to its group (its `group` field; a group the node does not run is refused naming
+  the ones it does) and to its handler through the request table in raft.node.api; adding and
+  removing groups at run time (`add_group` / `remove_group`, what the controller's reconciler
+  calls). Node-level, whatever the number of groups: the event-loop lag monitor
+  (raft.node.looplag), the metrics registry, the cluster identity (raft.node.identity, kept in
+  group 0's metadata and shared with the links);
+- raft.node.registry.GroupRegistry: the groups by id, each group's tasks in a nursery of its own,
+  the node's one ticker (every group ticks in the same step, so their heartbeats to a peer leave
+  in one frame), and routing peer messages by their group id (unknown groups: dropped, counted);
+- raft.node.group.RaftGroup: one Raft group's driver (Ready loop, flusher, the client requests
+  waiting for the core's answers). Group 0 is the node's own group, the one it ran before it ran
+  many: `node.group`, `node.core` and `node.log` are group 0's;
+- raft.node.transport.PeerTransport: the peer links (one per peer, carrying every group's
+  messages) and the address book, which all of a node's groups share; the node keeps links to
+  the union of what its groups' configurations name;
 - raft.node.gate.Gate: what a connection passes before its hello is served (TLS, the peer's
   certificate, the client's authentication); the node checks each client request's permission
   with it before dispatch;
@@ -23,7 +33,7 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -32,29 +42,33 @@ from raft.node.config import ConfigError, NodeConfig, format_address
 from raft.node.api.admin import status_map
 from raft.node.api.fetch import visible_hw
 from raft.node.auth import Session
+from raft.node.connection_errors import discard_input, send_error, split_connection_errors
 from raft.node.errors import NodeFailed
+from raft.node.flusher import NodeFlusher
 from raft.node.gate import Gate, remote_of
 from raft.node.group import RaftGroup
 from raft.node.identity import not_member_message
+from raft.node.looplag import LoopLag
 from raft.node.metrics import SUBSCRIPTION_SERIES_MAX, NodeMetrics
 from raft.node.peer import PeerLink
+from raft.node.registry import GroupRegistry
 from raft.node.transport import PeerTransport
 from raft.protocol.fields import get_int
-from raft.protocol.framing import ConnectionClosed, FrameTooLarge, WireError, encode_frame
+from raft.protocol.framing import FrameTooLarge, WireError, encode_frame
 from raft.protocol.hello import CLIENT_HELLO_EXAMPLE, Hello, HelloReply, Speaker
 from raft.protocol.raft_frames import messages_from_frame
-from raft.protocol.replies import ErrorReply, Reply, error_frame
+from raft.protocol.replies import ErrorReply, Reply
 from raft.protocol.requests import SINGLE_GROUP, Produce
 from raft.protocol.streams import FrameReader
 from raft.core.types import ErrorCode, Role
 from storage.api import LogStorage
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 log = logging.getLogger("raftlog.node")
 
 HELLO_TIMEOUT_S = 10.0
-# How long a refused oversized frame's body is read and dropped so the refusal arrives.
-DISCARD_TIMEOUT_S = 5.0
-DISCARD_IDLE_S = 0.5  # ... and how long a client that stopped sending is waited for
 
 
 class Node:
@@ -71,16 +85,22 @@ class Node:
         self.node_id = config.node_id
         # One generator for the core and the links (each link draws its own from it).
         rng = rng or random.Random(int.from_bytes(os.urandom(8), "big"))
+        self._rng = rng
         self.metrics = NodeMetrics()
         self.gate = Gate(config, self.metrics)
         self.transport = PeerTransport(config, rng, tls=lambda: self.gate.tls)
-        self.group = RaftGroup(config, self.transport, log_storage=log_storage, rng=rng)
-        self.group.on_fatal = self.abort
-        self.group.identity = self.transport.identity  # one cluster id, for links and group
-        self.group.on_membership_change = self._sync_links
-        self.group.metrics = self.metrics
+        # One flusher for the node: group commit across its groups (raft.node.flusher).
+        self.flusher = NodeFlusher(self.metrics)
+        # One trio loop per node: one monitor, whatever the number of groups.
+        self.loop_lag = LoopLag()
+        self.registry = GroupRegistry(self.node_id, self.metrics)
+        # Group 0, the node's own: its voters come from --peers and it opens the node's data
+        # directory unless a log is passed in.
+        self.group = self._new_group(0, log_storage, None, rng)
+        self.group.metrics = self.metrics  # the node's role/term series are group 0's today
         self.metrics_address: str | None = None  # where /metrics is served, once running
-        self.api = api.ApiContext(config=config, group=self.group, peers=self.transport)
+        self.api = self._context(self.group)
+        self._running = False
         self._shutdown_requested = trio.Event()
         self._stopped = trio.Event()
         self._active_requests = 0
@@ -88,6 +108,72 @@ class Node:
         self._requests_idle.set()
         self._accept_scope: trio.CancelScope | None = None
         self._run_scope = trio.CancelScope()
+
+    # -- making groups -----------------------------------------------------------------------------
+    def _new_group(self, group_id: int, log_storage: LogStorage | None,
+                   voters: list[int] | None, rng: random.Random) -> RaftGroup:
+        group = RaftGroup(self.config, self.transport, log_storage=log_storage, rng=rng,
+                          group_id=group_id, voters=voters)
+        group.on_fatal = self.abort  # fail-stop is the process's, whichever group found it
+        group.identity = self.transport.identity  # one cluster id, for links and groups
+        group.on_membership_change = self._sync_links
+        group.flusher = self.flusher
+        return group
+
+    def _context(self, group: RaftGroup) -> api.ApiContext:
+        return api.ApiContext(config=self.config, group=group, peers=self.transport,
+                              loop_lag=self.loop_lag)
+
+    # -- groups at run time ------------------------------------------------------------------------
+    async def add_group(self, group_id: int, voters: list[int],
+                        log_storage: LogStorage) -> RaftGroup:
+        """Start running Raft group `group_id` on this node, founded with `voters` (node ids;
+        this node among them, or a learner added later through the group's log) on
+        `log_storage` (its own log: the node's data directory holds group 0's). The group
+        elects, replicates and serves client requests naming its id from now on; the node
+        keeps links to its members. What the controller's reconciler calls for each replica
+        it places here."""
+        if not self._running or self._closing:
+            raise RuntimeError(f"node {self.node_id} is not running: add groups once it has "
+                               f"started (await nursery.start(node.run)) and before it stops")
+        if group_id in self.registry:
+            raise ValueError(f"group {group_id} already runs on node {self.node_id}")
+        if log_storage is None:
+            raise ValueError(f"group {group_id}: pass its log storage (the data directory "
+                             f"holds group 0's log)")
+        unknown = sorted(set(voters) - {self.node_id, *self.peer_addresses})
+        if not voters or unknown:
+            raise ValueError(f"group {group_id}: voters {sorted(voters)} must be a non-empty "
+                             f"set of known nodes; unknown: {unknown}; known: "
+                             f"{sorted({self.node_id, *self.peer_addresses})}")
+        group = self._new_group(group_id, log_storage, list(voters),
+                                random.Random(self._rng.getrandbits(64)))
+        await group.open_log()
+        group.start_core()
+        self.registry.add(group_id, group, self._context(group))
+        self._sync_links()
+        log.info("group_added node=%d group=%d voters=%s", self.node_id, group_id,
+                 sorted(voters))
+        return group
+
+    async def remove_group(self, group_id: int) -> None:
+        """Stop running group `group_id` on this node: its tasks end (the node and its other
+        groups go on), its waiting requests are answered SHUTTING_DOWN, its log is flushed
+        (closed too if the group opened it), and peer messages and client requests for it are
+        refused from now on. Group 0 is the node's own group and stops with the node."""
+        if group_id == 0:
+            raise ValueError("group 0 is the node's own group and stops with the node "
+                             "(request_shutdown)")
+        group = await self.registry.remove(group_id)
+        self.flusher.forget(group)  # its final flush below is its last
+        try:
+            if group.failure is None and group.log is not None:
+                await group.final_flush()  # NodeFailed if the disk refuses it: the caller's
+                if group.owns_log:
+                    group.log.close()
+        finally:
+            self._sync_links()  # links follow the groups that remain
+        log.info("group_removed node=%d group=%d", self.node_id, group_id)
 
     # -- the group and the peers, as tests and tools see them -------------------------------------
     @property
@@ -167,7 +253,7 @@ class Node:
         configurations in force) and the addresses those configurations carry."""
         members: set[int] = set()
         addresses: dict[int, str] = {}
-        for group in (self.group,):  # one group per node today
+        for group in self.registry.groups():
             cfg = group.membership()
             members.update(cfg.members)
             addresses.update(cfg.addresses)
@@ -181,16 +267,22 @@ class Node:
     async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
         with self._run_scope:
             await self._run(task_status)
-        failure = self.group.failure
+        failure = next((g.failure for g in (self.group, *self._all_groups())
+                        if g.failure is not None), None)
         if failure is not None:
             raise NodeFailed(f"node {self.node_id} stopped: {type(failure).__name__}: "
                              f"{failure}") from failure
+
+    def _all_groups(self) -> list[RaftGroup]:
+        """Every group still registered (group 0 first)."""
+        return list(self.registry.groups())
 
     async def _run(self, task_status: trio.TaskStatus[Node]) -> None:
         group = self.group
         await group.open_log()
         try:
             group.start_core()
+            self.registry.add(0, group, self.api)
             host, port = self.config.listen_address
             try:
                 listeners = await trio.open_tcp_listeners(port, host=host)
@@ -212,10 +304,14 @@ class Node:
                      self.transport.identity.state.value)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.metrics.run_loop_probe)
+                nursery.start_soon(self.loop_lag.run)
                 self.transport.start(nursery, *self._wanted_members())
                 async with trio.open_nursery() as driver:
                     self._before_serving()
-                    group.start(driver)
+                    driver.start_soon(self.flusher.run)
+                    # Each group's tasks in a nursery of its own, and the node's one ticker.
+                    self.registry.attach(driver, self.config.tick_ms / 1000)
+                    self._running = True
                     async with trio.open_nursery() as conn_nursery:
                         self._accept_scope = trio.CancelScope()
                         conn_nursery.start_soon(self._accept, listeners, conn_nursery)
@@ -224,16 +320,21 @@ class Node:
                         await self._graceful_stop()
                         conn_nursery.cancel_scope.cancel()
                     # Stopping the driver waits for a running save_meta/flush thread (those
-                    # are not abandoned on cancel), so the final flush below runs alone.
+                    # are not abandoned on cancel), so the final flushes below run alone.
                     driver.cancel_scope.cancel()
+                for other in self._all_groups():  # group 0 last: the node's own metadata
+                    if other is not group:
+                        await other.final_flush()
                 await group.final_flush()
                 nursery.cancel_scope.cancel()
         finally:
+            self._running = False
             with trio.CancelScope(shield=True):
                 await self.metrics.stop_http()
-            group.mark_closed()
-            if group.owns_log and group.log is not None:
-                group.log.close()
+            for other in {group, *self._all_groups()}:
+                other.mark_closed()
+                if other.owns_log and other.log is not None:
+                    other.log.close()
             self._stopped.set()
             log.info("node_stopped node=%d", self.node_id)
 
@@ -249,8 +350,12 @@ class Node:
         log.info("node_stopping node=%d role=%s", self.node_id, self.core.role.value)
         assert self._accept_scope is not None
         self._accept_scope.cancel()  # closes the listeners
-        await self.group.hand_over_leadership()
-        self.group.begin_shutdown()
+        groups = self._all_groups()
+        async with trio.open_nursery() as handovers:  # each bounded; all at once
+            for group in groups:
+                handovers.start_soon(group.hand_over_leadership)
+        for group in groups:
+            group.begin_shutdown()
         with trio.move_on_after(2.0):
             await self._requests_idle.wait()
 
@@ -261,7 +366,7 @@ class Node:
         try:
             await self._connection(stream)
         except BaseException as exc:
-            fatal = _split_connection_errors(exc, self.node_id)
+            fatal = split_connection_errors(exc, self.node_id)
             if fatal is not None:
                 raise fatal from None
 
@@ -279,15 +384,15 @@ class Node:
                 except trio.TooSlowError:
                     if conn.stream is raw and self.gate.tls is not None:
                         return  # still in the TLS handshake: a frame would be garbage to it
-                    await _send_error(conn.stream, WireError(
+                    await send_error(conn.stream, WireError(
                         f"no hello within {HELLO_TIMEOUT_S:.0f} s; open with "
                         f"{CLIENT_HELLO_EXAMPLE}"))
                 except WireError as e:
                     log.info("bad_frame node=%d code=%s error=%s", self.node_id, e.code.name, e)
                     self.metrics.count_error(e.code.name)
-                    await _send_error(conn.stream, e)
+                    await send_error(conn.stream, e)
                     if isinstance(e, FrameTooLarge):
-                        await _discard_input(conn.stream, e.size)
+                        await discard_input(conn.stream, e.size)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
@@ -357,9 +462,9 @@ class Node:
             if frame["t"] != "raft":
                 raise WireError(f'peer connections carry only "raft" frames, got '
                                 f'{frame["t"]!r}')
-            msgs = messages_from_frame(frame)
+            items = messages_from_frame(frame)
             if self.core is not None and not self._closing:
-                await self.group.deliver_frame(msgs, from_peer=conn.peer_id)
+                await self.registry.deliver_frame(items, from_peer=conn.peer_id)
 
     async def _serve_client(self, conn: _Conn) -> None:
         """Read requests and answer each in its own task: read, route, run, reply.
@@ -386,9 +491,9 @@ class Node:
             raise failure
 
     async def _read_request(self, conn: _Conn) -> _Incoming | None:
-        """The next request, parsed into its type and routed (None at EOF). A type the node
-        does not know, a permission the client lacks or a group the node does not run is
-        answered with an error reply; a malformed frame raises WireError (hang up)."""
+        """The next request, parsed into its type and routed to its group (None at EOF). A
+        type the node does not know, a permission the client lacks or a group the node does
+        not run is answered with an error reply; a malformed frame raises WireError (hang up)."""
         assert conn.reader is not None
         frame = await conn.reader.receive()
         if frame is None:
@@ -410,12 +515,15 @@ class Node:
         except WireError as e:
             e.request_id = rid
             raise
-        if request.group != SINGLE_GROUP:  # the topics work routes to the group here
+        ctx = self.registry.api(request.group)
+        if ctx is None:
+            groups = self.registry.ids()
             return _Incoming(t, rid, started, refusal=ErrorReply(
                 ErrorCode.BAD_REQUEST,
-                f"group {request.group} does not exist: this node runs the single group "
-                f"{SINGLE_GROUP}; leave out the group field"))
-        return _Incoming(t, rid, started, execute, request)
+                f"group {request.group} does not run on node {self.node_id}: it runs groups "
+                f"{groups}; send the request to a node that runs it, or leave out the group "
+                f"field for group {SINGLE_GROUP}", {"groups": groups}))
+        return _Incoming(t, rid, started, execute, request, ctx)
 
     async def _answer(self, conn: _Conn, incoming: _Incoming, limiter: trio.Semaphore,
                       scope: trio.CancelScope) -> None:
@@ -445,7 +553,7 @@ class Node:
     async def _execute(self, incoming: _Incoming) -> Reply:
         assert incoming.execute is not None
         try:
-            return await incoming.execute(self.api, incoming.request)
+            return await incoming.execute(incoming.ctx, incoming.request)
         except Exception as e:
             log.exception("request_failed node=%d id=%d", self.node_id, incoming.rid)
             return ErrorReply(ErrorCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
@@ -473,56 +581,5 @@ class _Incoming:
     started: float
     execute: api.Handler | None = None
     request: Any = None
+    ctx: api.ApiContext | None = None  # the request's group's
     refusal: ErrorReply | None = None
-
-
-_NETWORK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, WireError,
-                   ConnectionClosed)
-
-
-def _split_connection_errors(exc: BaseException, node_id: int) -> BaseException | None:
-    """What must propagate out of a connection task (None: the connection just ends).
-    Network errors end quietly; other bugs are logged and end only that connection."""
-    if isinstance(exc, BaseExceptionGroup):
-        fatal = exc.split(lambda e: not isinstance(e, Exception) or isinstance(e, AssertionError))[0]
-        benign = exc.split(lambda e: isinstance(e, Exception) and not isinstance(e, AssertionError))[0]
-        if benign is not None:
-            _, unexpected = benign.split(_NETWORK_ERRORS)
-            if unexpected is not None:
-                log.error("connection_task_failed node=%d", node_id, exc_info=unexpected)
-        return fatal
-    if not isinstance(exc, Exception) or isinstance(exc, AssertionError):
-        return exc
-    if not isinstance(exc, _NETWORK_ERRORS):
-        log.error("connection_task_failed node=%d", node_id, exc_info=exc)
-    return None
-
-
-async def _discard_input(stream: trio.abc.Stream, limit: int) -> None:
-    """After refusing an oversized frame: stop sending and read (and drop) what the client is
-    still sending, bounded in bytes and time, before closing. Closing with unread data would
-    reset the connection, and a reset can destroy the TOO_LARGE answer before the client
-    reads it. A client that has stopped sending (it sent only the header, or is waiting for
-    the answer) is let go after a short pause, not held for the whole bound."""
-    try:
-        if isinstance(stream, trio.abc.HalfCloseableStream):
-            await stream.send_eof()
-        with trio.move_on_after(DISCARD_TIMEOUT_S):
-            while limit > 0:
-                with trio.move_on_after(DISCARD_IDLE_S) as idle:
-                    data = await stream.receive_some(1 << 16)
-                if idle.cancelled_caught or not data:
-                    return
-                limit -= len(data)
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        pass
-
-
-async def _send_error(stream: trio.abc.SendStream, err: WireError) -> None:
-    """Best effort: the error frame before hanging up (the peer may already be gone)."""
-    try:
-        with trio.move_on_after(2.0):
-            await stream.send_all(encode_frame(
-                error_frame(err.code, str(err), err.request_id)))
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        pass

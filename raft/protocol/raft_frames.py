@@ -1,11 +1,18 @@
 """Raft peer frames: the core's messages (raft.core.messages) on the wire.
 
-`{"v":1,"t":"raft","msgs":[m, ...]}` where each `m` is a map `{"k": <kind>, ...}` with the fields
-of a `raft.core.messages` dataclass; batches travel as `Batch.encode()` bytes and are CRC checked on
-receipt. Peer frames use the framing of every other frame (raft.protocol.framing); they live in
-the protocol package, not the runtime, because a peer message is as much a wire format as a
-client request, and a later peer link carrying frames for many groups needs them without the
-node around them.
+`{"v":1,"t":"raft","msgs":[m, ...]}` where each `m` is a map `{"k": <kind>, "g": <group>, ...}`
+with the fields of a `raft.core.messages` dataclass; batches travel as `Batch.encode()` bytes and
+are CRC checked on receipt. Peer frames use the framing of every other frame
+(raft.protocol.framing); they live in the protocol package, not the runtime, because a peer
+message is as much a wire format as a client request.
+
+Groups. A node runs many Raft groups over one peer link per node pair, so one frame carries
+messages of many groups. The consensus core knows nothing of group ids (as in etcd-io/raft): the
+id travels in an envelope around the message, the key "g" of its map (an integer >= 0). "g" is
+left out for group 0, so a single-group node's frames are byte for byte what they were before
+groups existed, and a frame from such a node decodes as group 0. Encoding takes and decoding
+yields (group id, message) pairs (`GroupMessage`); what a node does with a group it does not run
+is the runtime's business (raft.node.registry).
 """
 
 from __future__ import annotations
@@ -68,6 +75,10 @@ _SCHEMAS: dict[type, tuple[_Field, ...]] = {cls: _schema(cls) for cls in _KIND_O
 # The "where" of message_from_wire's errors, built once rather than for every message received.
 _WHERE: dict[type, str] = {cls: f"raft message {kind}" for cls, kind in _KIND_OF.items()}
 
+# The envelope: a message and the id of the Raft group it belongs to.
+GroupMessage = tuple[int, m.Message]
+GROUP_KEY = "g"
+
 
 class BatchEncodings:
     """Encoded bytes of recently sent batches, shared by a node's peer links.
@@ -104,11 +115,14 @@ class BatchEncodings:
         return data
 
 
-def message_to_wire(msg: m.Message,
-                    encodings: BatchEncodings | None = None) -> dict[str, Any]:
-    """A raft message as a msgpack-ready map (batches as their encoded bytes)."""
+def message_to_wire(msg: m.Message, encodings: BatchEncodings | None = None,
+                    group: int = 0) -> dict[str, Any]:
+    """A raft message as a msgpack-ready map (batches as their encoded bytes), in the envelope
+    of `group` ("g", left out for group 0: see the module docstring)."""
     cls = type(msg)
     out: dict[str, Any] = {"k": _KIND_OF[cls]}
+    if group:
+        out[GROUP_KEY] = group
     for f in _SCHEMAS[cls]:
         value = getattr(msg, f.name)
         if f.kind == "batches":
@@ -173,10 +187,24 @@ def message_from_wire(obj: Any) -> m.Message:
     return cls(**values)
 
 
-def raft_frame(msgs: Iterable[m.Message],
+def group_message_from_wire(obj: Any) -> GroupMessage:
+    """Parse one message map and its envelope: (group id, message). A map without "g" is
+    group 0 (what a single-group node sends); a "g" that is not an integer >= 0 is a WireError
+    naming the field."""
+    if not isinstance(obj, dict):
+        raise WireError(f"raft message must be a map, got {type_name(obj)}")
+    group = obj.get(GROUP_KEY, 0)
+    if isinstance(group, bool) or not isinstance(group, int) or group < 0:
+        raise WireError(f'raft message field "{GROUP_KEY}" (group id) must be an integer >= 0, '
+                        f'got {group!r} ({type_name(group)}); leave it out for group 0')
+    return group, message_from_wire(obj)
+
+
+def raft_frame(items: Iterable[GroupMessage],
                encodings: BatchEncodings | None = None) -> dict[str, Any]:
+    """A raft frame of (group id, message) pairs as a msgpack-ready map."""
     return {"v": PROTOCOL_VERSION, "t": "raft",
-            "msgs": [message_to_wire(x, encodings) for x in msgs]}
+            "msgs": [message_to_wire(x, encodings, g) for g, x in items]}
 
 
 # -- the fast raft frame encoder ----------------------------------------------------------------
@@ -203,25 +231,27 @@ def _array_header(n: int) -> bytes:
 _PACKED_NAMES = {cls: {f.name: msgpack.packb(f.name) for f in fields}
                  for cls, fields in _SCHEMAS.items()}
 _PACKED_KINDS = {cls: msgpack.packb("k") + msgpack.packb(kind) for cls, kind in _KIND_OF.items()}
+_PACKED_GROUP_KEY = msgpack.packb(GROUP_KEY)
 
 
 # Encoded batches at least this large are written as they are, not copied into a joined piece.
 ZERO_COPY_BYTES = 64 * 1024
 
 
-def encode_raft_frame(msgs: list[m.Message],
+def encode_raft_frame(items: list[GroupMessage],
                       encodings: BatchEncodings | None = None) -> tuple[bytes, bytes]:
-    """A raft frame as (length prefix, body); see the comment above for why not packb."""
-    prefix, *pieces = encode_raft_frame_pieces(msgs, encodings)
+    """A raft frame of (group id, message) pairs as (length prefix, body); see the comment
+    above for why not packb."""
+    prefix, *pieces = encode_raft_frame_pieces(items, encodings)
     return prefix, b"".join(pieces)
 
 
-def encode_raft_frame_pieces(msgs: list[m.Message],
+def encode_raft_frame_pieces(items: list[GroupMessage],
                              encodings: BatchEncodings | None = None) -> list[bytes]:
-    """A whole raft frame (length prefix included) as pieces to write in order: small parts
-    joined, encoded batches of ZERO_COPY_BYTES or more left as they are (written straight
-    from the encoding, no copy into a frame buffer)."""
-    parts = _frame_parts(msgs, encodings)
+    """A whole raft frame of (group id, message) pairs (length prefix included) as pieces to
+    write in order: small parts joined, encoded batches of ZERO_COPY_BYTES or more left as
+    they are (written straight from the encoding, no copy into a frame buffer)."""
+    parts = _frame_parts(items, encodings)
     out: list[bytes] = []
     small: list[bytes] = []
     for part in parts:
@@ -237,21 +267,24 @@ def encode_raft_frame_pieces(msgs: list[m.Message],
     return [pack_length(sum(len(x) for x in out)), *out]
 
 
-def _frame_parts(msgs: list[m.Message], encodings: BatchEncodings | None) -> list[bytes]:
+def _frame_parts(items: list[GroupMessage], encodings: BatchEncodings | None) -> list[bytes]:
     # One Packer per frame: packb builds a Packer per call (about 85% of packing a small value),
     # and a frame packs each field of each message. Not shared between frames: the client
     # encodes from several threads and a Packer is not thread-safe.
     pack = msgpack.Packer(use_bin_type=True).pack
-    parts = [_map_header(3), _FRAME_HEAD, _MSGS_KEY, _array_header(len(msgs))]
-    for msg in msgs:
+    parts = [_map_header(3), _FRAME_HEAD, _MSGS_KEY, _array_header(len(items))]
+    for group, msg in items:
         cls = type(msg)
         if not getattr(msg, "batches", None):
-            parts.append(pack(message_to_wire(msg)))
+            parts.append(pack(message_to_wire(msg, None, group)))
             continue
         fields = _SCHEMAS[cls]
         names = _PACKED_NAMES[cls]
-        parts.append(_map_header(len(fields) + 1))
+        # The envelope costs one small packed prefix per message of a group other than 0.
+        parts.append(_map_header(len(fields) + (2 if group else 1)))
         parts.append(_PACKED_KINDS[cls])
+        if group:
+            parts.append(_PACKED_GROUP_KEY + pack(group))
         for f in fields:
             value = getattr(msg, f.name)
             parts.append(names[f.name])
@@ -266,11 +299,12 @@ def _frame_parts(msgs: list[m.Message], encodings: BatchEncodings | None) -> lis
     return parts
 
 
-def messages_from_frame(frame: dict[str, Any]) -> list[m.Message]:
+def messages_from_frame(frame: dict[str, Any]) -> list[GroupMessage]:
+    """A raft frame's (group id, message) pairs, in the order they were sent."""
     msgs = frame.get("msgs")
     if not isinstance(msgs, list):
         raise WireError(f'raft frame field "msgs" must be an array, got {type_name(msgs)}')
-    return [message_from_wire(x) for x in msgs]
+    return [group_message_from_wire(x) for x in msgs]
 
 
 def message_wire_size(msg: m.Message) -> int:

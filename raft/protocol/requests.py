@@ -5,10 +5,11 @@ Each request class has `T` (its type tag), `parse(frame, limits)` for the node a
 for clients; fields have the wire's names. `Limits` carries the node settings a parse depends on
 (default and largest timeouts, the frame limit), so the protocol needs nothing of the node.
 
-Group: every request that touches a log carries `group`, the Raft group it is for. Today a node
-runs one group (`SINGLE_GROUP`); the field is read from the frame when present and written only
-when it is not the single group, so the wire is unchanged until the topics work fills it in.
-The node routes by it (raft/node/server.py refuses a group it does not serve).
+Group: every request that touches a log carries `group`, the Raft group it is for. A node runs
+group 0 (`SINGLE_GROUP`, the one a single-group node runs) and may run more (issue 26); the field
+is read from the frame when present and written only when it is not group 0, so single-group
+clients' frames are unchanged. The node routes by it (raft/node/server.py; a group it does not
+run is refused naming the ones it runs).
 """
 
 from __future__ import annotations

@@ -22,7 +22,12 @@ def _link(queue_messages: int = 100,
     link = PeerLink(1, 2, "127.0.0.1:1", max_frame_bytes=16 << 20,
                     queue_messages=queue_messages, queue_bytes=queue_bytes, backoff_min_s=0.05,
                     backoff_max_s=1.0, rng=random.Random(1))
-    return link, PeerStream(link)
+    return link, PeerStream(link, 0)
+
+
+def _frame(link: PeerLink) -> list[m.Message]:
+    """The messages of the link's next frame (without their group ids)."""
+    return [msg for _, msg in link._next_frame()]
 
 
 def _ae(seq: int, nbatches: int = 1, size: int = 10) -> m.AppendEntries:
@@ -36,16 +41,16 @@ def test_control_messages_go_first_and_a_heartbeat_never_claims_to_follow_queued
     stream.send(_ae(6))
     stream.send(m.Heartbeat(1, 2, 1, 0, 7))
     stream.send(m.RequestVoteReply(1, 2, 1, True))
-    first = link._next_frame()
+    first = _frame(link)
     assert [type(x) for x in first] == [m.Heartbeat, m.RequestVoteReply]
     assert first[0].seq == 4  # below the first append still queued (seq 5)
-    assert [x.seq for x in link._next_frame() + link._next_frame()] == [5, 6]
+    assert [x.seq for x in _frame(link) + _frame(link)] == [5, 6]
 
 
 def test_a_heartbeat_behind_no_queued_append_keeps_its_seq() -> None:
     link, stream = _link()
     stream.send(m.Heartbeat(1, 2, 1, 0, 9))
-    (hb,) = link._next_frame()
+    (hb,) = _frame(link)
     assert hb.seq == 9
 
 
@@ -53,14 +58,14 @@ def test_bulk_frames_are_bounded_in_bytes_and_batches_but_carry_at_least_one_app
     link, stream = _link()
     for seq in range(1, 4):
         stream.send(_ae(seq, nbatches=peer.BULK_FRAME_BATCHES // 2 + 1))
-    assert [len(link._next_frame()) for _ in range(3)] == [1, 1, 1]
+    assert [len(_frame(link)) for _ in range(3)] == [1, 1, 1]
     big = _ae(9, nbatches=1, size=peer.BULK_FRAME_BYTES * 2)
     stream.send(big)
     stream.send(_ae(10))
-    assert link._next_frame() == [big]
+    assert _frame(link) == [big]
     for seq in range(11, 20):
         stream.send(_ae(seq))
-    assert [x.seq for x in link._next_frame()] == [10, *range(11, 20)]  # small ones share
+    assert [x.seq for x in _frame(link)] == [10, *range(11, 20)]  # small ones share
 
 
 def test_a_full_bulk_lane_does_not_cost_a_heartbeat_its_place() -> None:
@@ -83,21 +88,21 @@ def test_a_restarted_stream_drops_the_appends_it_supersedes() -> None:
     again.prev_offset = first.prev_offset  # starts over
     stream.send(again)
     assert link.superseded_messages == 2
-    assert [x.seq for x in link._next_frame()] == [3]
+    assert [x.seq for x in _frame(link)] == [3]
 
 
 def test_one_link_carries_several_streams_and_each_stream_keeps_its_own_rules() -> None:
     """The link is a node-pair pipe: a second sender's appends are neither withdrawn by the
     first one's restart nor taken as the first one's when its heartbeat overtakes them."""
     link, a = _link()
-    b = PeerStream(link)
+    b = PeerStream(link, 1)
     b.send(_ae(5))
     a.send(m.Heartbeat(1, 2, 1, 0, 9))  # a has nothing queued: its seq stands
-    (hb,) = link._next_frame()
+    (hb,) = _frame(link)
     assert hb.seq == 9
     a.send(_ae(1, nbatches=2))
     again = _ae(2)
     again.prev_offset = _ae(1).prev_offset  # a starts over: only a's append is obsolete
     a.send(again)
     assert link.superseded_messages == 1
-    assert [x.seq for x in link._next_frame()] == [5, 2]
+    assert [x.seq for x in _frame(link)] == [5, 2]

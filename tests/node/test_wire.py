@@ -71,12 +71,13 @@ any_message = st.one_of([_strategy_for(cls) for cls in m.MESSAGE_TYPES])
 @settings(max_examples=150, deadline=None)
 @given(st.lists(any_message, max_size=6))
 def test_raft_frame_round_trip(msgs: list) -> None:
-    frame = encode_frame(raft_frame(msgs))
+    items = [(0, x) for x in msgs]  # group 0: a single-group node's frames
+    frame = encode_frame(raft_frame(items))
     (n,) = struct.unpack(">I", frame[:4])
     assert n == len(frame) - 4
     decoded = decode_body(frame[4:])
     assert decoded["t"] == "raft" and decoded["v"] == 1
-    assert messages_from_frame(decoded) == msgs
+    assert messages_from_frame(decoded) == items
 
 
 @settings(max_examples=150, deadline=None)
@@ -87,11 +88,12 @@ def test_fast_raft_frame_encoder_writes_the_same_document(msgs: list, extra: int
     many = [Batch.create(bytes([i]) * i, 1).placed(i, 1) for i in range(extra)]
     many.append(Batch.create(b"z" * ZERO_COPY_BYTES, 1).placed(extra, 1))  # left unjoined
     msgs = [*msgs, m.AppendEntries(1, 2, 3, -1, 0, many, 0, False, 7)]
-    prefix, body = encode_raft_frame(msgs, BatchEncodings())
+    items = [(0, x) for x in msgs]
+    prefix, body = encode_raft_frame(items, BatchEncodings())
     assert struct.unpack(">I", prefix)[0] == len(body)
-    assert b"".join(encode_raft_frame_pieces(msgs)) == prefix + body
-    assert decode_body(body) == decode_body(encode_frame(raft_frame(msgs))[4:])
-    assert messages_from_frame(decode_body(body)) == msgs
+    assert b"".join(encode_raft_frame_pieces(items)) == prefix + body
+    assert decode_body(body) == decode_body(encode_frame(raft_frame(items))[4:])
+    assert messages_from_frame(decode_body(body)) == items
 
 
 def test_every_message_type_has_a_tag() -> None:
@@ -271,7 +273,7 @@ def _link(address: str, **kw) -> "PeerLink":
 def _stream(link: "PeerLink") -> "PeerStream":
     """What a group queues through (raft.node.outbox): the link alone takes no raft messages."""
     from raft.node.outbox import PeerStream
-    return PeerStream(link)
+    return PeerStream(link, 0)
 
 
 def _hb(seq: int) -> m.Heartbeat:
@@ -309,7 +311,7 @@ async def test_peer_link_delivers_in_batches_and_reconnects() -> None:
         hellos.append(await reader.receive())
         await stream.send_all(encode_frame({"t": "hello", "node_id": 2}))
         while (frame := await reader.receive()) is not None:
-            received.extend(messages_from_frame(frame))
+            received.extend(msg for _, msg in messages_from_frame(frame))
             got_some.set()
             if first:  # the peer "restarts" after its first frame
                 await stream.aclose()

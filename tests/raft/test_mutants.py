@@ -19,6 +19,7 @@ import importlib
 import inspect
 import pathlib
 import sys
+import tempfile
 import textwrap
 import types
 from collections.abc import Callable
@@ -44,12 +45,39 @@ import test_subscriptions_inproc  # noqa: E402
 import test_protocol_types  # noqa: E402
 import test_client_retry  # noqa: E402
 import test_cluster_identity  # noqa: E402
+import test_group_wire  # noqa: E402
+import test_multigroup_inproc  # noqa: E402
 # The security rules' killers live with the security tests (tests/security).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "security"))
 import test_security_unit  # noqa: E402
 # The staged-load service's rules are killed by its own tests (tests/spark, no Spark needed).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "spark"))
 import test_load_service  # noqa: E402
+# The controller's rules (group ids, placement, the planner's bounds) are killed by its tests.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "controller"))
+import test_controller_state  # noqa: E402
+import test_placement  # noqa: E402
+# The store's group commit across logs is killed by the storage tests (tests/storage).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
+import test_store  # noqa: E402
+import test_flusher  # noqa: E402  (tests/node, on the path above)
+
+
+def _in_tmp(test: Callable[..., None], *args: object) -> Callable[[], None]:
+    """A killer that takes a fresh temporary directory (as pytest's tmp_path) on every run."""
+    def run() -> None:
+        with tempfile.TemporaryDirectory(prefix="raftlog-mutant-") as d:
+            test(*args, pathlib.Path(d))
+    run.__name__ = test.__name__
+    return run
+
+
+def _with_memory_store(test: Callable[..., None], *args: object) -> Callable[[], None]:
+    """A killer that takes a fresh MemoryStore (as its `store` fixture) on every run."""
+    def run() -> None:
+        test(test_flusher.open_store(None), *args)
+    run.__name__ = test.__name__
+    return run
 
 
 @dataclass(frozen=True)
@@ -63,6 +91,27 @@ class Mutant:
 
 
 MUTANTS = [
+    Mutant("a store flush credits a log with its dirty offset, not what its transaction held",
+           "storage.lmdb_log", "LmdbLog._flush_apply",
+           "self._flushed = part.end",
+           "self._flushed = self._dirty",
+           (_in_tmp(test_store.test_a_store_flush_credits_each_log_only_what_its_transaction_held),)),
+    Mutant("a store flush credits one log with another log's flushed offset",
+           "storage.lmdb_store", "LmdbStore._flush",
+           "out[part.log.group_id] = part.log._flush_apply(part)",
+           "out[parts[-1].log.group_id] = part.log._flush_apply(part)",
+           (_in_tmp(test_store.test_a_store_flush_credits_each_log_only_what_its_transaction_held),)),
+    Mutant("the node's flusher tells every group the highest offset of its flush",
+           "raft.node.flusher", "NodeFlusher._flush_round",
+           "g.on_flushed(flushed[g.log.group_id])",
+           "g.on_flushed(max(flushed.values()))",
+           (_with_memory_store(test_flusher.test_groups_asking_together_share_one_fsync, 8),)),
+    Mutant("the in-memory store flush credits one log with another log's flushed offset",
+           "storage.memory", "MemoryStore.flush",
+           "out[log.group_id] = log._flush_apply(plan)",
+           "out[plans[-1][0].group_id] = log._flush_apply(plan)",
+           (_in_tmp(test_store.test_a_store_flush_gives_every_log_its_own_flushed_offset,
+                    "memory"),)),
     Mutant("commit entries of an earlier term directly (no current-term rule)",
            "raft.core.leader", "LeaderSide._maybe_commit",
            "candidate <= self.log.dirty_offset and \\\n"
@@ -442,6 +491,31 @@ MUTANTS = [
            "and (not self.reached or server is not None)",
            "and True",
            (test_client_retry.test_first_contact_fails_at_once_but_a_client_that_reached_a_node_waits_for_it,)),
+    # Many groups per node (raft/protocol/raft_frames.py, raft/node/peer.py, raft/node/registry.py,
+    # raft/node/server.py): the group id in each message's envelope routes it, and one group's
+    # stream rules never reach another group's messages on the shared link.
+    Mutant("a peer message's group id is ignored when decoding (everything is group 0)",
+           "raft.protocol.raft_frames", "group_message_from_wire",
+           "    group = obj.get(GROUP_KEY, 0)\n",
+           "    group = 0\n",
+           (test_group_wire.test_group_ids_round_trip_through_both_encoders_in_order,)),
+    Mutant("a restarted stream withdraws the queued appends of every group on the link",
+           "raft.node.peer", "PeerLink.withdraw",
+           "kept = deque(item for item in self._bulk if item[3] is not sender)",
+           "kept = deque(item for item in self._bulk if False)",
+           (test_group_wire.test_a_restarted_stream_withdraws_only_its_own_groups_appends,)),
+    Mutant("peer messages of any group are delivered to group 0",
+           "raft.node.registry", "GroupRegistry.deliver_frame",
+           "            entry = self._entries.get(group_id)\n",
+           "            entry = self._entries.get(0)\n",
+           (test_group_wire
+            .test_a_frame_is_routed_to_each_group_in_order_and_unknown_groups_are_counted,)),
+    Mutant("a client request for a group the node does not run is served by group 0",
+           "raft.node.server", "Node._read_request",
+           "        ctx = self.registry.api(request.group)\n",
+           "        ctx = self.registry.api(0)\n",
+           (test_multigroup_inproc
+            .test_a_request_for_a_group_the_node_does_not_run_names_the_groups_it_runs,)),
     Mutant("a forced new cluster writes its configuration in a term it already knows",
            "raft.core.force_new", "plan_force_new_cluster",
            "term = max(facts.term, facts.last_term, lost_term) + 1",
@@ -481,6 +555,32 @@ MUTANTS = [
            "                if not self._live_quorum():",
            "                if False:",
            (test_quiesce.test_a_quiet_leader_that_lost_its_majority_wakes_and_steps_down,)),
+    Mutant("the controller reuses a deleted topic's group ids",
+           "raft.controller.state", "ClusterMetadata._allocate_group",
+           "gid = self.next_group_id",
+           "gid = max(self.groups, default=0) + 1",
+           (test_controller_state.test_group_ids_are_never_reused_after_a_delete,)),
+    Mutant("a group id the node's metadata has not allocated yet counts as deleted",
+           "raft.controller.state", "ClusterMetadata.is_deleted",
+           "FIRST_DATA_GROUP <= group < self.next_group_id and ",
+           "FIRST_DATA_GROUP <= group and ",
+           (test_controller_state.test_reconcile_starts_stops_and_deletes_only_what_the_metadata_says,)),
+    Mutant("placement ignores the replicas nodes already hold",
+           "raft.controller.placement", "current_load",
+           "                replicas[n] += 1",
+           "                pass",
+           (test_placement.test_placement_counts_the_replicas_nodes_already_hold,)),
+    Mutant("the rebalance planner moves replicas without bound",
+           "raft.controller.rebalance", "plan_rebalance",
+           "while len(moves) < max_moves:",
+           "while True:",
+           (test_placement.test_the_rebalance_plan_is_bounded,)),
+    Mutant("the rebalance planner transfers leadership without bound",
+           "raft.controller.rebalance", "_transfers",
+           "if len(out) >= limit:",
+           "if False:",
+           (test_placement.test_the_rebalance_plan_is_bounded,
+            test_placement.test_a_returning_node_gets_leadership_back_a_few_at_a_time)),
 ]
 
 

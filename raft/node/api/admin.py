@@ -41,7 +41,8 @@ def status_map(ctx: ApiContext) -> dict[str, Any]:
     # Which cluster this node's data belongs to, and peers refused at connect (another
     # cluster's, or this node not a member): raft/node/identity.py.
     st.update(ctx.group.identity.status())
-    st["loop_lag"] = ctx.group.loop_lag.snapshot().to_dict()
+    if ctx.loop_lag is not None:  # the node's, whatever the group
+        st["loop_lag"] = ctx.loop_lag.snapshot().to_dict()
     if ctx.group.retention is not None:
         # Log start, bytes retained, what holds retention back and what a valve skipped.
         st["retention"] = ctx.group.retention.report()

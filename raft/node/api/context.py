@@ -2,8 +2,8 @@
 
 A handler takes the typed request (raft.protocol parsed it) and returns a typed reply
 (raft.protocol.replies); the request id is the connection's business. Handlers get an
-`ApiContext`, not the node: the Raft group the request is for, the node's
-settings, the address book (where this node and its peers listen, link status) and the error
+`ApiContext`, not the node: the Raft group the request is for (the node keeps one context per
+group it runs and routes each request by its `group` field), the node's settings, the address book (where this node and its peers listen, link status) and the error
 helper that fills in the leader's address. The context is also the `LoadHost` that
 raft.node.load_service expects.
 """
@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from raft.node.config import NodeConfig
 from raft.node.errors import advised_error
 from raft.node.group import RaftGroup
+from raft.node.looplag import LoopLag
 from raft.protocol.replies import ErrorReply, Reply
 from raft.protocol.requests import Limits
 from raft.core.ready import ProduceAnswer
@@ -41,6 +42,8 @@ class ApiContext:
     config: NodeConfig
     group: RaftGroup
     peers: AddressBook
+    # The node's event-loop lag monitor (one trio loop per node, whatever its groups).
+    loop_lag: LoopLag | None = None
     # What bounds a request's fields on this node (raft.protocol parses with it).
     limits: Limits = field(init=False)
 

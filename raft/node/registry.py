@@ -1,0 +1,192 @@
+"""The Raft groups a node runs, by group id: their tasks, their one ticker, and peer routing.
+
+A node runs many groups (issue 26: each partition of a topic is a group) over one peer link per
+node pair. The consensus core does not know group ids; the runtime does, here:
+
+- `add` / `remove` start and stop one group's tasks (raft.node.group.RaftGroup.start) in a
+  nursery of its own under the node's, so one group can be stopped (a topic deleted, a replica
+  moved away) while the node and its other groups go on. The node calls these
+  (`Node.add_group` / `Node.remove_group`), and so will the controller's reconciler.
+- One ticker for the node, not one timer task per group: each tick calls `tick` on every group
+  in one step, so whatever the groups send in a tick (above all the leaders' heartbeats) is
+  queued before any peer link writes, and leaves in one frame per peer. Frames per node pair
+  then grow with the nodes, not with the groups.
+- Peer frames are routed by the group id of each message's envelope
+  (raft.protocol.raft_frames): each group gets its messages in the order they came; messages
+  for a group this node does not run (not created here yet, or already removed) are dropped and
+  counted (`unknown_group_messages`, the metric raftlog_peer_messages_unknown_group_total, and
+  a rate-limited log line naming the group and the sender). Raft tolerates lost messages; a
+  group that starts later catches up from its leader.
+- Client requests are routed by their `group` field (the node asks `api`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from raft.node.group import RaftGroup
+from raft.protocol.raft_frames import GroupMessage
+
+if TYPE_CHECKING:
+    from raft.node.metrics import NodeMetrics
+
+log = logging.getLogger("raftlog.node")
+
+# At most one log line per this many seconds about messages for groups the node does not run
+# (a removed topic's peers keep sending until they remove it too).
+UNKNOWN_GROUP_LOG_EVERY_S = 10.0
+
+
+@dataclass(slots=True, eq=False)
+class _Entry:
+    """One registered group: the group, what its client requests see, its tasks' scope."""
+
+    group: RaftGroup
+    api: Any  # raft.node.api.ApiContext (kept opaque: the registry routes, it does not serve)
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    started: bool = False
+    done: trio.Event = field(default_factory=trio.Event)
+
+
+class GroupRegistry:
+    """The node's groups by id; see the module docstring."""
+
+    def __init__(self, node_id: int, metrics: NodeMetrics | None = None) -> None:
+        self.node_id = node_id
+        self._metrics = metrics
+        self._entries: dict[int, _Entry] = {}
+        self._nursery: trio.Nursery | None = None
+        self.ticks = 0  # ticks of the node's ticker so far (tests count frames per tick)
+        self.unknown_group_messages = 0
+        self._unknown_logged_at: float | None = None
+        self._unknown_since_log = 0
+
+    # -- the groups --------------------------------------------------------------------------------
+    def get(self, group_id: int) -> RaftGroup | None:
+        """The group `group_id` if this node runs it."""
+        entry = self._entries.get(group_id)
+        return None if entry is None else entry.group
+
+    def api(self, group_id: int) -> Any:
+        """What a client request for `group_id` is served with (None: not a group of ours)."""
+        entry = self._entries.get(group_id)
+        return None if entry is None else entry.api
+
+    def ids(self) -> list[int]:
+        return sorted(self._entries)
+
+    def groups(self) -> Iterator[RaftGroup]:
+        """The registered groups, by id."""
+        return iter([self._entries[g].group for g in sorted(self._entries)])
+
+    def __contains__(self, group_id: int) -> bool:
+        return group_id in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def add(self, group_id: int, group: RaftGroup, api: Any) -> None:
+        """Register a group whose core runs (start_core done): it is routed to from now on, and
+        its tasks start now if the node runs (else when it starts: `attach`)."""
+        if isinstance(group_id, bool) or not isinstance(group_id, int) or group_id < 0:
+            raise ValueError(f"a group id is an integer >= 0, got {group_id!r}")
+        if group_id in self._entries:
+            raise ValueError(f"group {group_id} already runs on node {self.node_id}; remove it "
+                             f"first")
+        if group.core is None:
+            raise ValueError(f"group {group_id}: start its core before adding it")
+        entry = self._entries[group_id] = _Entry(group, api)
+        if self._nursery is not None:
+            self._start(entry)
+
+    def attach(self, nursery: trio.Nursery, tick_s: float) -> None:
+        """The node runs: start the registered groups' tasks and the ticker in `nursery`."""
+        self._nursery = nursery
+        for entry in self._entries.values():
+            self._start(entry)
+        nursery.start_soon(self._run_ticker, tick_s)
+
+    def _start(self, entry: _Entry) -> None:
+        assert self._nursery is not None and not entry.started
+        entry.started = True
+
+        async def run_group() -> None:
+            try:
+                with entry.scope:
+                    async with trio.open_nursery() as nursery:
+                        entry.group.start(nursery)
+            finally:
+                entry.done.set()
+
+        self._nursery.start_soon(run_group)
+
+    async def remove(self, group_id: int) -> RaftGroup:
+        """Stop routing to, ticking and running group `group_id`, and wait until its tasks have
+        ended (a running flush or metadata save is waited for, not abandoned). Its waiting
+        client requests are answered SHUTTING_DOWN. The log is the caller's to flush and
+        close."""
+        entry = self._entries.pop(group_id, None)
+        if entry is None:
+            raise KeyError(f"group {group_id} does not run on node {self.node_id}; it runs "
+                           f"{self.ids()}")
+        entry.group.begin_shutdown()
+        entry.scope.cancel()
+        if entry.started:
+            await entry.done.wait()
+        entry.group.mark_closed()
+        return entry.group
+
+    async def _run_ticker(self, interval: float) -> None:
+        """One Raft tick for every group at a time (see the module docstring)."""
+        deadline = trio.current_time()
+        while True:
+            deadline += interval
+            now = trio.current_time()
+            if deadline < now - 10 * interval:  # we were stalled: do not replay missed ticks
+                deadline = now
+            await trio.sleep_until(deadline)
+            self.ticks += 1
+            for entry in list(self._entries.values()):
+                if entry.started:
+                    entry.group.tick()
+
+    # -- peer frames -----------------------------------------------------------------------------
+    async def deliver_frame(self, items: list[GroupMessage], *, from_peer: int) -> None:
+        """Hand each group its messages of one peer frame, in the order they came (a run of
+        consecutive messages of one group at a time)."""
+        i, n = 0, len(items)
+        while i < n:
+            group_id = items[i][0]
+            j = i + 1
+            while j < n and items[j][0] == group_id:
+                j += 1
+            entry = self._entries.get(group_id)
+            if entry is None:
+                self._unknown_group(group_id, from_peer, j - i)
+            elif not entry.group.closing:
+                await entry.group.deliver_frame([msg for _, msg in items[i:j]],
+                                                from_peer=from_peer)
+            i = j
+
+    def _unknown_group(self, group_id: int, from_peer: int, count: int) -> None:
+        self.unknown_group_messages += count
+        self._unknown_since_log += count
+        if self._metrics is not None:
+            self._metrics.unknown_group(from_peer, count)
+        now = trio.current_time()
+        if (self._unknown_logged_at is None
+                or now - self._unknown_logged_at >= UNKNOWN_GROUP_LOG_EVERY_S):
+            log.warning("peer_message_for_unknown_group node=%d group=%d from=%d dropped=%d "
+                        "dropped_total=%d groups=%s: dropped; normal briefly while a group is "
+                        "created or removed on its nodes, else check that the nodes agree on "
+                        "which groups (partitions) this node runs", self.node_id, group_id,
+                        from_peer, self._unknown_since_log, self.unknown_group_messages,
+                        self.ids())
+            self._unknown_logged_at = now
+            self._unknown_since_log = 0
