@@ -9,13 +9,13 @@ exactly `count` records, each `[key, value, headers]`:
 is accepted (bin8/16/32, fixarray/array16/array32); nothing may follow the array.
 
 `check_records` is that rule as a structural walk over the bytes: it reads the type bytes and
-lengths and skips over keys and values without copying them. A walk in Python costs about
-0.2 us a record, which for batches of many small records was most of what the leader spent on a
-produce beyond its pre-rule cost; so a batch of many records is first offered to
-`_plainly_valid`, which decodes it with msgpack's C unpacker and checks the decoded shape with
-C-level passes (about 0.08 us a record). It only ever accepts; whatever it does not accept goes
-to the walk, which alone refuses, so the reasons and the rule live in one place. Every path that appends a payload
-a client supplied (produce, staged Spark loads) calls it before the batch reaches the log, so a
+lengths and skips over keys and values without copying them. The walk costs about 0.2 us a
+record in Python: 0.5 ms of leader CPU for a 256 KiB produce of 100 B records
+(docs/PERFORMANCE.md, "Issue 24 and 25 before/after"). So a batch of many records is first
+offered to `_plainly_valid`, which decodes it with msgpack's C unpacker and checks the decoded
+shape in C-level passes (about 0.08 us a record). It only ever accepts; whatever it does not
+accept goes to the walk, which alone refuses and says why. Every path that appends a payload a
+client supplied (produce, staged Spark loads) calls it before the batch reaches the log, so a
 malformed payload is refused (BAD_REQUEST) instead of committed. Readers decode with
 `decode_records`, which applies the same rule first: a batch that breaks it (one written before
 nodes checked, or by a faulty client library) raises MalformedRecords, which readers report with
