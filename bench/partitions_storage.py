@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from storage.batch import Batch
-from storage.lmdb_store import LmdbStore
+from storage import open_store as open_lmdb_store
 from storage.records import encode_values
 
 MB = 1_000_000
@@ -39,7 +39,7 @@ PARTITIONS = (1, 8, 64)
 def measure(base_dir: str | None, partitions: int, mode: str, seconds: float,
             mbps: float) -> dict[str, float]:
     d = tempfile.mkdtemp(prefix="raftlog-partitions-bench-", dir=base_dir)
-    store = LmdbStore(d, max_tail_bytes=1 << 30)
+    store = open_lmdb_store(d, max_tail_bytes=1 << 30)
     try:
         logs = [store.open_log(g) for g in range(partitions)]
         payload = encode_values([os.urandom(RECORD)] * PER_BATCH)

@@ -39,9 +39,11 @@ def open_store(path: str | os.PathLike[str] | None, **opts: Any) -> LogStore:
     `group_ids()` says which it holds; `flush(logs)` writes many logs in one fsynced commit."""
     if path is None:
         return MemoryStore(**{k: v for k, v in opts.items() if k == "max_tail_bytes"})
-    from storage.lmdb_store import LmdbStore  # lmdb is imported only when it is wanted
+    # lmdb is imported only when it is wanted
+    from storage.lmdb_log import LmdbLog
+    from storage.lmdb_store import LmdbStore
 
-    return LmdbStore(path, **opts)
+    return LmdbStore(path, log_type=LmdbLog, **opts)
 
 
 def open_log(path: str | os.PathLike[str] | None, **opts: Any) -> LogStorage:

@@ -117,7 +117,8 @@ class LmdbLog(LmdbDamage, LogStorage):
         """Open (or create) the single-log directory `path`: a store holding group 0, owned by
         this log."""
         store = LmdbStore(path, max_tail_bytes=max_tail_bytes, map_size=map_size,
-                          max_map_size=max_map_size, verify_tail_bytes=verify_tail_bytes)
+                          max_map_size=max_map_size, verify_tail_bytes=verify_tail_bytes,
+                          log_type=type(self))
         try:
             store._attach_log(self, 0)
         except BaseException:

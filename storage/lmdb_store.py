@@ -28,7 +28,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import lmdb
 
@@ -37,8 +37,9 @@ from storage.api import DEFAULT_MAX_TAIL_BYTES, DiskFull, IoMode, LogStore, Stor
 from storage.dirlock import lock_dir, unlock_dir
 from storage.lmdb_space import GROUP, KeySpace, group_prefix
 
-if TYPE_CHECKING:
-    from storage.lmdb_log import LmdbLog
+# A storage.lmdb_log.LmdbLog. That module builds on this one (a log is loaded from a store's key
+# space), so this one names the class only through the `log_type` a store is opened with.
+LmdbLog = Any
 
 log = logging.getLogger("raftlog.storage")
 
@@ -61,7 +62,11 @@ class LmdbStore(LogStore):
     def __init__(self, path: str | os.PathLike[str], *,
                  max_tail_bytes: int = DEFAULT_MAX_TAIL_BYTES,
                  map_size: int = DEFAULT_MAP_SIZE, max_map_size: int = DEFAULT_MAX_MAP_SIZE,
-                 verify_tail_bytes: int = DEFAULT_VERIFY_TAIL_BYTES) -> None:
+                 verify_tail_bytes: int = DEFAULT_VERIFY_TAIL_BYTES,
+                 log_type: type | None = None) -> None:
+        # The class of the logs open_log makes (storage.lmdb_log.LmdbLog: storage.open_store and
+        # LmdbLog(path) pass it).
+        self._log_type = log_type
         self.path = os.fspath(path)
         self._max_tail_bytes = max_tail_bytes
         self._verify_tail_bytes = verify_tail_bytes
@@ -129,9 +134,10 @@ class LmdbStore(LogStore):
     def open_log(self, group_id: int) -> LmdbLog:
         """Group `group_id`'s log (created empty if absent), checked as LmdbLog's open checks it.
         A log is opened once per store: a second open of an open group is refused."""
-        from storage.lmdb_log import LmdbLog  # (lmdb_log imports this module)
-
-        opened = LmdbLog.__new__(LmdbLog)
+        if self._log_type is None:
+            raise StorageError(f"the store at {self.path} was opened without a log type; open "
+                               f"it with storage.open_store(path)")
+        opened = self._log_type.__new__(self._log_type)
         self._attach_log(opened, group_id)
         return opened
 

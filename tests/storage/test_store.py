@@ -23,7 +23,7 @@ from storage import open_store
 from storage.api import DiskFull, Meta, StorageIOError
 from storage.batch import HEADER_SIZE, Batch
 from storage.lmdb_log import LmdbLog
-from storage.lmdb_store import LmdbStore
+from storage import open_store as open_lmdb_store
 from storage.memory import MemoryStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -190,7 +190,7 @@ def test_a_store_flush_credits_each_log_only_what_its_transaction_held(tmp_path:
     """Appends made while a store flush commits stay dirty: no log is told its dirty offset is
     flushed, and no log is credited another's offset (the mutants in tests/raft/test_mutants.py
     switch either rule off)."""
-    store = LmdbStore(tmp_path)
+    store = open_lmdb_store(tmp_path)
     a, b, c = (store.open_log(g) for g in (0, 1, 2))
     fill(a, 3, b"a")
     fill(b, 6, b"b")
@@ -218,7 +218,7 @@ def test_a_store_flush_credits_each_log_only_what_its_transaction_held(tmp_path:
     assert (a.dirty_offset, c.dirty_offset) == (4, 4)
     assert a.unflushed_bytes == 2 * batch(0).size and c.unflushed_bytes == 4 * batch(0).size
     store.close()
-    store = LmdbStore(tmp_path)  # what was credited is exactly what is on disk
+    store = open_lmdb_store(tmp_path)  # what was credited is exactly what is on disk
     assert [store.open_log(g).dirty_offset for g in (0, 1, 2)] == [2, 5, 0]
     store.close()
 
@@ -251,7 +251,7 @@ def test_a_directory_written_by_a_single_log_opens_as_group_0_unchanged(tmp_path
     log.close()
     before = (_dump(tmp_path, b"log"), _dump(tmp_path, b"meta"))
     assert _names(tmp_path) == {b"log", b"meta"}
-    store = LmdbStore(tmp_path)
+    store = open_lmdb_store(tmp_path)
     assert store.group_ids() == [0]
     g0 = store.open_log(0)
     assert (g0.dirty_offset, g0.incarnation, g0.load_meta().term) == (2, incarnation, 2)
@@ -261,7 +261,7 @@ def test_a_directory_written_by_a_single_log_opens_as_group_0_unchanged(tmp_path
     assert (_dump(tmp_path, b"log"), _dump(tmp_path, b"meta")) == before
     assert _names(tmp_path) == {b"log", b"meta"}
     # Groups >= 1 live elsewhere; group 0's DBs keep today's keys exactly.
-    store = LmdbStore(tmp_path)
+    store = open_lmdb_store(tmp_path)
     other = store.open_log(9)
     fill(other, 4, b"n")
     store.flush([other, store.open_log(0)])
@@ -274,7 +274,7 @@ def test_a_directory_written_by_a_single_log_opens_as_group_0_unchanged(tmp_path
 
 
 def test_damage_in_one_logs_records_is_found_and_cut_for_that_log_only(tmp_path: Path) -> None:
-    store = LmdbStore(tmp_path)
+    store = open_lmdb_store(tmp_path)
     logs = {g: store.open_log(g) for g in (0, 1, 2, 3)}
     for g, log in logs.items():
         fill(log, 6, bytes([97 + g]))
@@ -290,7 +290,7 @@ def test_damage_in_one_logs_records_is_found_and_cut_for_that_log_only(tmp_path:
     with store._write_lock:
         store._write_locked("rot (test)", rot)
     store.close()
-    store = LmdbStore(tmp_path)
+    store = open_lmdb_store(tmp_path)
     logs = {g: store.open_log(g) for g in (0, 1, 2, 3)}
     assert logs[2].dirty_offset == 2 and logs[2].lost_position == (5, 1)
     assert any("offset 3" in f for f in logs[2].open_findings)
@@ -302,7 +302,7 @@ def test_damage_in_one_logs_records_is_found_and_cut_for_that_log_only(tmp_path:
 
 
 def test_map_growth_serves_every_log_of_the_store(tmp_path: Path) -> None:
-    store = LmdbStore(tmp_path, map_size=1 << 16)
+    store = open_lmdb_store(tmp_path, map_size=1 << 16)
     logs = [store.open_log(g) for g in range(4)]
     for log in logs:
         log.append([batch(i, 1, 1, size=4096) for i in range(20)])
