@@ -57,7 +57,7 @@ from raft.protocol.framing import FrameTooLarge, WireError, encode_frame
 from raft.protocol.hello import CLIENT_HELLO_EXAMPLE, Hello, HelloReply, Speaker
 from raft.protocol.raft_frames import messages_from_frame
 from raft.protocol.replies import ErrorReply, Reply
-from raft.protocol.requests import SINGLE_GROUP, Produce
+from raft.protocol.requests import DEFAULT_TOPIC, SINGLE_GROUP, Produce
 from raft.protocol.streams import FrameReader
 from raft.core.types import ErrorCode, Role
 from storage.api import LogStorage
@@ -509,15 +509,37 @@ class Node:
         except WireError as e:
             e.request_id = rid
             raise
-        ctx = self.registry.api(request.group)
+        group_id = request.group
+        if group_id is None:
+            group_id, refusal = self._resolve(request)
+            if refusal is not None:
+                return _Incoming(t, rid, started, refusal=refusal)
+        ctx = self.registry.api(group_id)
         if ctx is None:
             groups = self.registry.ids()
             return _Incoming(t, rid, started, refusal=ErrorReply(
                 ErrorCode.BAD_REQUEST,
-                f"group {request.group} does not run on node {self.node_id}: it runs groups "
+                f"group {group_id} does not run on node {self.node_id}: it runs groups "
                 f"{groups}; send the request to a node that runs it, or leave out the group "
-                f"field for group {SINGLE_GROUP}", {"groups": groups}))
+                f"field and name the topic and partition", {"groups": groups}))
         return _Incoming(t, rid, started, execute, request, ctx)
+
+    def _resolve(self, request: Any) -> tuple[int, ErrorReply | None]:
+        """The group of a request addressed by topic and partition. Until the controller runs
+        in the node, the node's own group is the default topic's only partition."""
+        topic = getattr(request, "topic", DEFAULT_TOPIC)
+        partition = getattr(request, "topic_partition", None)
+        if partition is None:
+            partition = getattr(request, "partition", 0)
+        if topic != DEFAULT_TOPIC:
+            return SINGLE_GROUP, ErrorReply(
+                ErrorCode.UNKNOWN_TOPIC, f"unknown topic {topic!r}; topics: {DEFAULT_TOPIC}",
+                {"topic": topic, "topics": [DEFAULT_TOPIC]})
+        if partition != 0:
+            return SINGLE_GROUP, ErrorReply(
+                ErrorCode.UNKNOWN_TOPIC, f"topic {topic!r} has no partition {partition}; it "
+                f"has 1 partition (0)", {"topic": topic, "partitions": 1})
+        return SINGLE_GROUP, None
 
     async def _answer(self, conn: _Conn, incoming: _Incoming, limiter: trio.Semaphore,
                       scope: trio.CancelScope) -> None:
