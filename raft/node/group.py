@@ -7,8 +7,9 @@ raft.node.registry, runs under the node and can stop on its own):
 - the loads task: now and then the leader applies committed load entries (a budget per round,
   in bounded slices) and aborts idle staged loads;
 - the Ready loop, woken by an event whenever an input reached the core (no polling);
-- the flusher: one `log.flush()` at a time in a worker thread; appends continue meanwhile and the
-  next flush takes everything appended since (group commit);
+- flushing is the node's (raft.node.flusher.NodeFlusher, given as `flusher`): the group asks, the
+  node's one flush writes every asking group's tail in one transaction and one fsync (group
+  commit across groups), then calls `on_flushed` with this group's own flushed offset;
 - the catch-up sampler (raft.node.catchup) behind `status`;
 - the scrubber (raft.node.scrubber), re-reading the flushed log at `scrub_rate`.
 
@@ -52,6 +53,7 @@ from raft.core.messages import Message
 from raft.node.catchup import CatchupTracker
 from raft.node.config import ConfigError, NodeConfig
 from raft.node.errors import NodeFailed
+from raft.node.flusher import NodeFlusher
 from raft.node.identity import ClusterIdentity
 from raft.node.load_service import LoadService
 from raft.node.outbox import GroupOutbox, Links
@@ -114,7 +116,8 @@ class RaftGroup:
         self.closing = False
         self._meta = Meta()
         self._wake = trio.Event()
-        self._flush_wanted = trio.Event()
+        # The node's flusher (Node sets it; a group started without one runs its own).
+        self.flusher: NodeFlusher | None = None
         self._hw_changed = trio.Event()
         self._state_changed = trio.Event()
         self._last_hw = -1
@@ -199,7 +202,9 @@ class RaftGroup:
         thread is waited for, not abandoned)."""
         nursery.start_soon(self.catchup.run_sampler)
         nursery.start_soon(self._ready_loop)
-        nursery.start_soon(self._flush_loop)
+        if self.flusher is None:
+            self.flusher = NodeFlusher(self.metrics)
+            nursery.start_soon(self.flusher.run)
         nursery.start_soon(self._loads_loop)
         if self.retention.policy.active:
             nursery.start_soon(self.retention.run)
@@ -421,7 +426,7 @@ class RaftGroup:
         for msg in rd.messages:
             self._outbox.send(msg)
         if rd.flush:
-            self._flush_wanted.set()
+            self.flusher.request(self)
         for answer in rd.answers:
             pending = self._pending.get(answer.request_id)
             if pending is not None:
@@ -464,33 +469,22 @@ class RaftGroup:
             self._state_changed.set()
             self._state_changed = trio.Event()
 
-    async def _flush_loop(self) -> None:
-        while True:
-            await self._flush_wanted.wait()
-            self._flush_wanted = trio.Event()
-            before, started = self.log.flushed_offset, time.perf_counter()
-            try:
-                flushed = await self._run_io(self.log.flush)
-            except DiskFull as e:
-                # Nothing was written (storage changes the disk first): the tail is still in
-                # memory and the next flush takes it. Not a crash.
-                self._note_disk_full(e, "flush")
-                await trio.sleep(DISK_FULL_RETRY_S)
-                self._flush_wanted.set()
-                continue
-            except Exception as e:
-                self.fail(e, "flush")
-                return
-            self._note_disk_ok("flush")
-            if self.metrics is not None:
-                self.metrics.flush_done(time.perf_counter() - started, flushed - before)
-            try:
-                # A truncation may have raced the flush; never report more than the log holds.
-                self.core.flushed(min(flushed, self.log.flushed_offset))
-            except Exception as e:
-                self.fail(e, "flushed")
-                return
-            self.kick()
+    # -- what the node's flusher reports (raft.node.flusher) --------------------------------------
+    def on_flushed(self, flushed: int) -> None:
+        """The node's flush made this group's log durable up to `flushed`."""
+        self._note_disk_ok("flush")
+        try:
+            # A truncation may have raced the flush; never report more than the log holds.
+            self.core.flushed(min(flushed, self.log.flushed_offset))
+        except Exception as e:
+            self.fail(e, "flushed")
+            return
+        self.kick()
+
+    def on_flush_disk_full(self, e: DiskFull) -> None:
+        """Nothing was written (storage changes the disk first): the tail is still in memory
+        and the flusher's retry takes it. Not a crash: the leader refuses writes meanwhile."""
+        self._note_disk_full(e, "flush")
 
     def _expire_loads(self) -> None:
         try:

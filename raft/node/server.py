@@ -44,6 +44,7 @@ from raft.node.api.fetch import visible_hw
 from raft.node.auth import Session
 from raft.node.connection_errors import discard_input, send_error, split_connection_errors
 from raft.node.errors import NodeFailed
+from raft.node.flusher import NodeFlusher
 from raft.node.gate import Gate, remote_of
 from raft.node.group import RaftGroup
 from raft.node.identity import not_member_message
@@ -88,6 +89,8 @@ class Node:
         self.metrics = NodeMetrics()
         self.gate = Gate(config, self.metrics)
         self.transport = PeerTransport(config, rng, tls=lambda: self.gate.tls)
+        # One flusher for the node: group commit across its groups (raft.node.flusher).
+        self.flusher = NodeFlusher(self.metrics)
         # One trio loop per node: one monitor, whatever the number of groups.
         self.loop_lag = LoopLag()
         self.registry = GroupRegistry(self.node_id, self.metrics)
@@ -114,6 +117,7 @@ class Node:
         group.on_fatal = self.abort  # fail-stop is the process's, whichever group found it
         group.identity = self.transport.identity  # one cluster id, for links and groups
         group.on_membership_change = self._sync_links
+        group.flusher = self.flusher
         return group
 
     def _context(self, group: RaftGroup) -> api.ApiContext:
@@ -161,6 +165,7 @@ class Node:
             raise ValueError("group 0 is the node's own group and stops with the node "
                              "(request_shutdown)")
         group = await self.registry.remove(group_id)
+        self.flusher.forget(group)  # its final flush below is its last
         try:
             if group.failure is None and group.log is not None:
                 await group.final_flush()  # NodeFailed if the disk refuses it: the caller's
@@ -303,6 +308,7 @@ class Node:
                 self.transport.start(nursery, *self._wanted_members())
                 async with trio.open_nursery() as driver:
                     self._before_serving()
+                    driver.start_soon(self.flusher.run)
                     # Each group's tasks in a nursery of its own, and the node's one ticker.
                     self.registry.attach(driver, self.config.tick_ms / 1000)
                     self._running = True
