@@ -60,6 +60,7 @@ import test_placement  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
 import test_store  # noqa: E402
 import test_flusher  # noqa: E402  (tests/node, on the path above)
+import test_reconciler  # noqa: E402  (tests/node: the node's topics)
 
 
 def _in_tmp(test: Callable[..., None], *args: object) -> Callable[[], None]:
@@ -552,6 +553,16 @@ MUTANTS = [
            "if False:",
            (test_placement.test_the_rebalance_plan_is_bounded,
             test_placement.test_a_returning_node_gets_leadership_back_a_few_at_a_time)),
+    Mutant("the node's reconciler never drops a deleted topic's data",
+           "raft.node.reconciler", "Reconciler.reconcile_once",
+           "await self._io(host.store.drop_log, group_id)",
+           "pass",
+           (test_reconciler.test_the_reconciler_starts_stops_and_drops_what_the_metadata_says,)),
+    Mutant("a request for (topic, partition) is routed ignoring the partition",
+           "raft.node.topics", "resolve",
+           "p = t.partitions[partition]",
+           "p = t.partitions[0]",
+           (test_reconciler.test_resolve_sends_a_partition_to_its_own_group,)),
 ]
 
 
