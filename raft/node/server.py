@@ -9,13 +9,16 @@ One trio program per node. What is whose:
   removing groups at run time (`add_group` / `remove_group`, what the controller's reconciler
   calls). Node-level, whatever the number of groups: the event-loop lag monitor
   (raft.node.looplag), the metrics registry, the cluster identity (raft.node.identity, kept in
-  group 0's metadata and shared with the links);
+  the default topic's metadata and shared with the links);
 - raft.node.registry.GroupRegistry: the groups by id, each group's tasks in a nursery of its own,
   the node's one ticker (every group ticks in the same step, so their heartbeats to a peer leave
   in one frame), and routing peer messages by their group id (unknown groups: dropped, counted);
-- raft.node.group.RaftGroup: one Raft group's driver (Ready loop, flusher, the client requests
-  waiting for the core's answers). Group 0 is the node's own group, the one it ran before it ran
-  many: `node.group`, `node.core` and `node.log` are group 0's;
+- raft.node.group.RaftGroup: one Raft group's driver (Ready loop, the client requests waiting
+  for the core's answers). From boot the node runs the controller (group 0,
+  `node.controller_group`) and the default topic's partition (group 1, the store's legacy key
+  space): `node.group`, `node.core` and `node.log` are the default topic's;
+- raft.node.topic_runtime.TopicRuntime (`node.topics`): the controller's metadata, the
+  reconciler that starts and stops partition groups, (topic, partition) routing;
 - raft.node.transport.PeerTransport: the peer links (one per peer, carrying every group's
   messages) and the address book, which all of a node's groups share; the node keeps links to
   the union of what its groups' configurations name;
