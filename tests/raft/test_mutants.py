@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import pytest
 
 import test_core
+import test_quiesce
 import test_retention
 import test_disk_loss_rules
 import test_force_new_cluster
@@ -154,7 +155,7 @@ MUTANTS = [
            "            self.term += 1\n            term = self.term\n",
            (test_core.test_prevote_keeps_a_rejoining_node_from_disrupting,)),
     Mutant("a pre-vote request bumps the receiver's term",
-           "raft.core.raft", "RaftCore.step",
+           "raft.core.raft", "RaftCore._step",
            "                if msg.pre_vote:\n                    self._handle_pre_vote(msg)",
            "                if msg.pre_vote:\n                    self._become_follower(msg.term, None)\n"
            "                    self._handle_pre_vote(msg)",
@@ -527,6 +528,34 @@ MUTANTS = [
            "keep = facts.first_damaged - 1",
            "keep = keep",
            (test_force_new_cluster.test_a_damaged_batch_and_what_follows_it_are_dropped_loudly,)),
+    # Quiescence (raft/core/quiesce.py): liveness rules, killed by scripted scenarios.
+    Mutant("a quiesced follower never wakes when its leader's node is reported down",
+           "raft.core.quiesce", "Quiescence.peer_down",
+           "            elif node_id == self.leader_id:",
+           "            elif False:",
+           (test_quiesce.test_a_follower_whose_leaders_node_is_down_elects_a_new_leader,)),
+    Mutant("a leader quiesces with a lagging follower",
+           "raft.core.quiesce", "Quiescence._follower_not_quiet",
+           "if pr.match_index != last or pr.flushed_offset != last:",
+           "if False:",
+           (functools.partial(test_quiesce.test_each_condition_alone_keeps_the_leader_awake,
+                              *test_quiesce.CONDITIONS[0]),)),
+    Mutant("a follower keeps its lease for a leader reported down",
+           "raft.core.election", "Elections._in_lease",
+           "\n                and self.leader_id not in self._peers_down)",
+           ")",
+           (test_quiesce.test_a_follower_whose_leader_is_reported_down_grants_a_pre_vote,)),
+    Mutant("a leader goes quiet before every live follower answered quiesced",
+           "raft.core.quiesce", "Quiescence._maybe_quiesced",
+           "        if any(p not in lead.quiesce_acked and p not in self._peers_down\n"
+           "               for p in lead.progress):\n            return\n",
+           "",
+           (test_quiesce.test_a_follower_that_never_answers_quiesced_keeps_its_leader_heartbeating,)),
+    Mutant("a quiet leader that lost its majority stays quiet",
+           "raft.core.quiesce", "Quiescence.peer_down",
+           "                if not self._live_quorum():",
+           "                if False:",
+           (test_quiesce.test_a_quiet_leader_that_lost_its_majority_wakes_and_steps_down,)),
     Mutant("the controller reuses a deleted topic's group ids",
            "raft.controller.state", "ClusterMetadata._allocate_group",
            "gid = self.next_group_id",
