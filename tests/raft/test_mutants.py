@@ -47,6 +47,9 @@ import test_client_retry  # noqa: E402
 import test_cluster_identity  # noqa: E402
 import test_group_wire  # noqa: E402
 import test_multigroup_inproc  # noqa: E402
+# The record rule's fast path is killed by the record tests (tests/storage).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
+import test_records  # noqa: E402
 # The security rules' killers live with the security tests (tests/security).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "security"))
 import test_security_unit  # noqa: E402
@@ -412,6 +415,16 @@ MUTANTS = [
            "    if i != size:\n",
            "    if False:\n",
            (test_malformed_records.test_a_malformed_produce_is_refused_and_nothing_is_appended,)),
+    Mutant("the record rule's fast path accepts records of 2 or 4 items",
+           "storage.records", "_plainly_valid",
+           "zip(*items, strict=True)",
+           "zip(*items)",
+           (test_records.test_the_fast_path_accepts_no_near_miss,)),
+    Mutant("the record rule's fast path accepts values that are no bin",
+           "storage.records", "_plainly_valid",
+           "if set(map(type, values)) != _BYTES:",
+           "if False:",
+           (test_records.test_the_fast_path_accepts_no_near_miss,)),
     # -- retention and state transfer ---------------------------------------------------------
     Mutant("retention is not bounded by the commit index",
            "raft.core.retention", "core_holds",
@@ -616,8 +629,8 @@ def mutated(mutant: Mutant) -> Callable[..., object]:
 
 
 def bindings(mutant: Mutant) -> list[tuple[object, str]]:
-    """Where to patch: the class attribute, or for a module-level function every core module
-    that imported it by name (the simulation's checkers keep the original)."""
+    """Where to patch: the class attribute, or for a module-level function its own module and
+    every core module that imported it by name (the simulation's checkers keep the original)."""
     module = importlib.import_module(mutant.module)
     *path, name = mutant.qualname.split(".")
     if path:
@@ -628,8 +641,9 @@ def bindings(mutant: Mutant) -> list[tuple[object, str]]:
     original = getattr(module, name)
     out: list[tuple[object, str]] = []
     for modname, mod in list(sys.modules.items()):
-        if (isinstance(mod, types.ModuleType) and modname.startswith("raft.")
-                and not modname.startswith(("raft.sim", "raft.cli", "raft.client"))
+        if (isinstance(mod, types.ModuleType)
+                and (modname == mutant.module or modname.startswith("raft.")
+                     and not modname.startswith(("raft.sim", "raft.cli", "raft.client")))
                 and getattr(mod, name, None) is original):
             out.append((mod, name))
     return out
