@@ -2,7 +2,8 @@
 
 `open_store(path)` is how a node gets its storage: one environment hosting the log of every Raft
 group it holds (a path gives the LMDB store, None the in-memory twin for simulation and tests).
-`open_log(path)` is the single-log case: the store's group 0, owned by the log.
+`open_log(path)` is the single-log case: the store's LEGACY_GROUP (the default topic's
+partition, in the key space a data directory written before topics holds), owned by the log.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from storage.api import (
     DEFAULT_MAX_TAIL_BYTES,
+    LEGACY_GROUP,
     DataDirLocked,
     DiskFull,
     LogInconsistent,
@@ -27,7 +29,7 @@ from storage.batch import Batch, BatchKind, CorruptBatch
 from storage.memory import MemoryLog, MemoryStore
 
 __all__ = [
-    "DEFAULT_MAX_TAIL_BYTES", "Batch", "BatchKind", "CorruptBatch", "DataDirLocked", "DiskFull",
+    "DEFAULT_MAX_TAIL_BYTES", "LEGACY_GROUP", "Batch", "BatchKind", "CorruptBatch", "DataDirLocked", "DiskFull",
     "LogInconsistent", "LogStorage", "LogStore", "MemoryLog", "MemoryStore", "Meta",
     "OffsetOutOfRange", "StorageError", "StorageIOError", "TailFull", "open_log", "open_store",
 ]

@@ -29,6 +29,12 @@ from storage.batch import DISK_LOSS_DOC, Batch
 from storage.damage import Damage
 
 DEFAULT_MAX_TAIL_BYTES = 256 * 1024 * 1024
+# The group whose log is the store's legacy key space (LMDB DBs `log` and `meta`, what a data
+# directory written before topics holds, and what `LmdbLog(path)` / a lone MemoryLog open): the
+# default topic's partition (issue 26, docs/MULTIRAFT.md), so such a directory keeps its data as
+# the default topic. Every other group, the controller (group 0) included, lives under a key
+# prefix.
+LEGACY_GROUP = 1
 
 
 class StorageError(Exception):
@@ -151,8 +157,9 @@ class LogStorage(abc.ABC):
     # What the open found wrong and repaired or cut (one line each, for `status`); set by every
     # implementation's open.
     open_findings: list[str]
-    # The Raft group whose log this is, within its store (0 for a log opened on its own).
-    group_id: int = 0
+    # The Raft group whose log this is, within its store (LEGACY_GROUP for a log opened on its
+    # own).
+    group_id: int = LEGACY_GROUP
 
     @property
     @abc.abstractmethod

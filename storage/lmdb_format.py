@@ -19,14 +19,15 @@ flipped bit is found instead of read as a different term or vote):
   its batch records (no header CRC) and reads its unsealed records as they are.
 
 Many logs in one environment (storage/lmdb_store.py; the store layout, introduced with
-issue 26): group 0 is the log described above, in DBs `log` and `meta`, byte for byte (a
-directory written by a single-log node IS a store holding group 0; it opens without migration and
-without a write). Groups >= 1 live in two more DBs, `glog` and `gmeta`, created with the first of
+issue 26): group LEGACY_GROUP (1, the default topic's partition) is the log described above, in
+DBs `log` and `meta`, byte for byte (a directory written by a single-log node IS a store holding
+that group; it opens without migration and without a write). Every other group (the
+controller, group 0, and partitions >= 2) lives in two more DBs, `glog` and `gmeta`, created with the first of
 them: the same records under keys prefixed with the group's 8-byte big-endian id (`glog`:
 prefix + base offset; `gmeta`: prefix + record name). Each such log records its own `format`
 (2): the record format does not change, so no version is bumped; the store layout is told by
 the DBs present (no `glog`: one log). A raftlog from before the store opens such a directory as
-its group 0 only and ignores the other groups: do not downgrade a node that holds partitions.
+its legacy group only and ignores the other groups: do not downgrade a node that holds partitions.
 Why prefixed keys and not a named DB per group: LMDB's own documentation of
 mdb_env_set_maxdbs says a moderate number of named DBs is cheap but a huge number gets
 expensive (every transaction costs 7-120 words per slot, every mdb_dbi_open searches the opened

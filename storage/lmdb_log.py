@@ -31,10 +31,10 @@ Threading rules (a flush runs in a worker thread while the owning thread appends
 One owner per directory: an exclusive flock on `<dir>/LOCK` while open (storage/dirlock.py).
 
 Many logs per directory: a log lives in its store's environment (storage/lmdb_store.py), in a key
-space of its own (storage/lmdb_space.py: group 0 in DBs `log`/`meta`, other groups under a key
+space of its own (storage/lmdb_space.py: LEGACY_GROUP (1) in DBs `log`/`meta`, other groups under a key
 prefix in `glog`/`gmeta`). `_write_lock` is the store's; every cursor move goes through the key
 space, so a log never reads, cuts or counts another log's keys. `LmdbLog(path)` opens a store
-holding group 0 and owns it (closing the log closes the store). A flush is the one-log case of
+holding LEGACY_GROUP and owns it (closing the log closes the store). A flush is the one-log case of
 the store flush, split in three steps the store runs for many logs at once: `_flush_take`
 (snapshot the tail), `_flush_put` (inside the shared transaction), `_flush_apply` (after its
 commit: drop the written prefix of the tail, move the flushed offset to exactly its end).
@@ -66,6 +66,7 @@ import lmdb
 from storage import lmdb_format as fmt
 from storage.api import (
     DEFAULT_MAX_TAIL_BYTES,
+    LEGACY_GROUP,
     IoMode,
     LogInconsistent,
     LogStorage,
@@ -114,13 +115,13 @@ class LmdbLog(LmdbDamage, LogStorage):
                  map_size: int = DEFAULT_MAP_SIZE,
                  max_map_size: int = DEFAULT_MAX_MAP_SIZE,
                  verify_tail_bytes: int = DEFAULT_VERIFY_TAIL_BYTES) -> None:
-        """Open (or create) the single-log directory `path`: a store holding group 0, owned by
-        this log."""
+        """Open (or create) the single-log directory `path`: a store holding LEGACY_GROUP (the
+        default topic's partition, in the legacy key space), owned by this log."""
         store = LmdbStore(path, max_tail_bytes=max_tail_bytes, map_size=map_size,
                           max_map_size=max_map_size, verify_tail_bytes=verify_tail_bytes,
                           log_type=type(self))
         try:
-            store._attach_log(self, 0)
+            store._attach_log(self, LEGACY_GROUP)
         except BaseException:
             store.close()
             raise

@@ -1,12 +1,13 @@
 """Where one log lives inside the node's LMDB environment: two DB handles and a key prefix.
 
-Group 0 owns the DBs `log` and `meta` with an empty prefix (today's format 2 layout, unchanged).
-Every other group shares the DBs `glog` and `gmeta`, its keys prefixed with its 8-byte big-endian
+Group LEGACY_GROUP (1, the default topic's partition, storage.api) owns the DBs `log` and `meta`
+with an empty prefix (today's format 2 layout, unchanged). Every other group (the controller,
+group 0, too) shares the DBs `glog` and `gmeta`, its keys prefixed with its 8-byte big-endian
 group id (storage/lmdb_format.py's docstring has the layout and why not a named DB per group).
 
 A shared DB means a cursor can walk out of a log's keys into its neighbour's: every cursor move
 a log makes goes through the helpers here, which stop at the log's own key range. With an empty
-prefix they are the plain cursor moves, so group 0 behaves exactly as before.
+prefix they are the plain cursor moves, so the legacy group behaves exactly as before.
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ is written by `flush(logs)` in ONE write transaction, committed with ONE fsync (
 across logs); each log's flushed offset then moves to exactly what that transaction held for it.
 The environment also gives one directory lock, one map (grown as a whole) and one file to back up.
 
-Layout (storage/lmdb_format.py): group 0 keeps today's DBs `log` and `meta`, so a data directory
-written by a single-log node opens as group 0 unchanged; groups >= 1 share `glog` and `gmeta`,
-keys prefixed with the 8-byte big-endian group id (storage/lmdb_space.py).
+Layout (storage/lmdb_format.py): group LEGACY_GROUP (1, the default topic's partition) keeps
+today's DBs `log` and `meta`, so a data directory written by a single-log node opens as that group
+unchanged; every other group (the controller, group 0, included) shares `glog` and `gmeta`, keys
+prefixed with the 8-byte big-endian group id (storage/lmdb_space.py).
 
 Threading (extends storage/lmdb_log.py's rules to many logs):
 - `_write_lock` is the store's and every log's write lock: one LMDB writer at a time, which is
@@ -33,7 +34,7 @@ from typing import Any, TypeVar
 import lmdb
 
 from storage import lmdb_format as fmt
-from storage.api import DEFAULT_MAX_TAIL_BYTES, DiskFull, IoMode, LogStore, StorageError
+from storage.api import DEFAULT_MAX_TAIL_BYTES, LEGACY_GROUP, DiskFull, IoMode, LogStore, StorageError
 from storage.dirlock import lock_dir, unlock_dir
 from storage.lmdb_space import GROUP, KeySpace, group_prefix
 
@@ -94,7 +95,7 @@ class LmdbStore(LogStore):
         try:
             self._log_db = self.env.open_db(b"log")
             self._meta_db = self.env.open_db(b"meta")
-            # glog/gmeta are created with the first group >= 1: a single-log directory keeps
+            # glog/gmeta are created with the first other group: a single-log directory keeps
             # exactly the DBs it had.
             self._glog_db: Any = None
             self._gmeta_db: Any = None
@@ -120,8 +121,8 @@ class LmdbStore(LogStore):
         return True
 
     def _space(self, group_id: int) -> KeySpace:
-        if group_id == 0:
-            return KeySpace(0, self._log_db, self._meta_db)
+        if group_id == LEGACY_GROUP:
+            return KeySpace(LEGACY_GROUP, self._log_db, self._meta_db)
         prefix = group_prefix(group_id)
         self._open_group_dbs(create=True)
         return KeySpace(group_id, self._glog_db, self._gmeta_db, prefix)
@@ -159,7 +160,7 @@ class LmdbStore(LogStore):
         found: list[int] = []
         with self._write_lock, self.env.begin(buffers=True) as txn:
             if txn.cursor(db=self._meta_db).first():
-                found.append(0)
+                found.append(LEGACY_GROUP)
             if self._gmeta_db is not None:
                 cur = txn.cursor(db=self._gmeta_db)
                 ok = cur.first()
@@ -179,7 +180,7 @@ class LmdbStore(LogStore):
             held = self._logs.pop(group_id, None)
             if held is not None:
                 held._closed_by_store()
-            if group_id != 0 and not self._open_group_dbs(create=False):
+            if group_id != LEGACY_GROUP and not self._open_group_dbs(create=False):
                 return
             space = self._space(group_id)
             self._write_locked(f"dropping the log of group {group_id}", space.clear, self.env)

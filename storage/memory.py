@@ -21,7 +21,7 @@ flip_bits also hits a running log's flushed copy (a bit that rots while the node
 Many logs: `MemoryStore` is the in-memory twin of storage/lmdb_store.py's LmdbStore (open_log,
 drop_log, group_ids, flush of many logs as one commit, `commits`), with `crash()` for the whole
 store: every log loses exactly what is past its own flushed offset. A MemoryLog made on its own
-belongs to a one-log store of its own (group 0), created when first asked for (`store`).
+belongs to a one-log store of its own (LEGACY_GROUP, the default topic's partition), created when first asked for (`store`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from collections.abc import Iterable, Sequence
 
 from storage.api import (
     DEFAULT_MAX_TAIL_BYTES,
+    LEGACY_GROUP,
     IoMode,
     LogStorage,
     LogStore,
@@ -55,7 +56,7 @@ _INCARNATIONS = itertools.count(0x5EED_0001)
 class MemoryLog(LogStorage):
     def __init__(self, max_tail_bytes: int = DEFAULT_MAX_TAIL_BYTES,
                  incarnation: int | None = None, *, store: MemoryStore | None = None,
-                 group_id: int = 0) -> None:
+                 group_id: int = LEGACY_GROUP) -> None:
         self._store = store
         self.group_id = group_id
         self._max_tail_bytes = max_tail_bytes

@@ -165,6 +165,37 @@ class PermissionDeniedError(RaftlogError):
         return self.details.get("permission")
 
 
+class UnknownTopicError(RaftlogError):
+    """UNKNOWN_TOPIC: no topic of that name (the message and `topics` name those that exist),
+    or no such partition of it (`partitions`: how many it has). Clients refresh their metadata
+    once before raising it: a topic just created may not have reached the node asked."""
+
+    code = "UNKNOWN_TOPIC"
+
+    @property
+    def topic(self) -> str | None:
+        return self.details.get("topic")
+
+    @property
+    def topics(self) -> list[str] | None:
+        return self.details.get("topics")
+
+    @property
+    def partitions(self) -> int | None:
+        return self.details.get("partitions")
+
+
+class TopicExistsError(RaftlogError):
+    """TOPIC_EXISTS: topic_create of a name already taken; `topic` is the existing topic's
+    map when known."""
+
+    code = "TOPIC_EXISTS"
+
+    @property
+    def topic(self) -> dict[str, Any] | None:
+        return self.details.get("topic")
+
+
 class UndecodableBatchError(RaftlogError):
     """Raised by a Consumer (client side; no node sends it) at a committed batch whose payload
     is not valid records. The records before it were handed out; iterating again reads on
@@ -197,7 +228,7 @@ _BY_CODE: dict[str, type[RaftlogError]] = {
                         DiskFullError, BadRequestError, UnavailableError,
                         InvalidSubscriptionName, UnknownSubscription, SubscriptionLeased,
                         PositionPastHighWatermark, PositionBehind, AuthenticationError,
-                        PermissionDeniedError)}
+                        PermissionDeniedError, UnknownTopicError, TopicExistsError)}
 
 
 def error_from_reply(err: dict[str, Any]) -> RaftlogError:
@@ -212,5 +243,6 @@ __all__ = [
     "OffsetOutOfRangeError", "RaftlogError", "SubscriptionPositionRemoved", "RequestTimeout", "ShuttingDownError",
     "TooLargeError", "UnavailableError", "UndecodableBatchError", "error_from_reply",
     "InvalidSubscriptionName", "PositionBehind", "PositionPastHighWatermark",
-    "SubscriptionError", "SubscriptionLeased", "UnknownSubscription",
+    "SubscriptionError", "SubscriptionLeased", "UnknownSubscription", "TopicExistsError",
+    "UnknownTopicError",
 ]

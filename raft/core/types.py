@@ -50,6 +50,9 @@ class ErrorCode(IntEnum):
     # for codes other work adds.
     UNAUTHENTICATED = 20  # no valid token or client certificate (or plaintext to a TLS node)
     FORBIDDEN = 21  # authenticated, but the principal lacks the permission the message names
+    # Topics (issue 26, raft/controller/): the message names what exists.
+    UNKNOWN_TOPIC = 22  # no such topic (names the topics), or no such partition (names them)
+    TOPIC_EXISTS = 23  # topic_create of a name that is taken
 
 
 class InvariantViolation(AssertionError):

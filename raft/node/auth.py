@@ -77,6 +77,12 @@ REQUIRED: dict[str, Permission | None] = {
     "sub_list": Permission.CONSUME,
     "sub_reset": Permission.CONSUME,
     "sub_delete": Permission.ADMIN,
+    # Topics (issue 26): reading the metadata is what every client does first (producers and
+    # consumers alike); changing topics is an operator's act.
+    "metadata": None,
+    "topic_create": Permission.ADMIN,
+    "topic_alter": Permission.ADMIN,
+    "topic_delete": Permission.ADMIN,
 }
 
 TOKEN_PREFIX = "rl_"

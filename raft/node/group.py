@@ -58,6 +58,7 @@ from raft.node.identity import ClusterIdentity
 from raft.node.load_service import LoadService
 from raft.node.outbox import GroupOutbox, Links
 from raft.node.retention import RetentionTask
+from raft.core.retention import RetentionPolicy
 from raft.node.scrubber import Scrubber
 from raft.node.subscription_service import SubscriptionService
 from raft.core.incarnation import Standing
@@ -96,6 +97,12 @@ class RaftGroup:
         self.config = config
         self.node_id = config.node_id
         self.group_id = group_id
+        # The group whose metadata keeps the cluster id (the node sets it: the default topic's,
+        # which owns the legacy key space, so data directories from before topics keep theirs).
+        self.keeps_identity = False
+        # Whether the node's retention flags cut this group's log (the controller's is never
+        # cut this round: its metadata snapshot section is not registered per group yet).
+        self.retained = True
         # The founding voters of a group other than 0 (group 0's come from --peers).
         self._voters = None if voters is None else sorted(voters)
         self._outbox = GroupOutbox(links, group_id)
@@ -166,7 +173,7 @@ class RaftGroup:
         elif self.config.join:
             # Not a member until the cluster adds it: the others decide, via the log.
             voters = sorted(p for p in self.config.peers if p != self.node_id)
-        if self.group_id == 0:  # the cluster id lives in group 0's metadata
+        if self.keeps_identity:  # the cluster id lives in this group's metadata
             self.identity.load(self._meta.extra, fresh=self._meta.is_empty(),
                                founder=None if self.config.join else min(voters),
                                save=self._save_identity)
@@ -186,7 +193,8 @@ class RaftGroup:
             respect_retention=self.config.retention_respect_subscriptions)
         self._last_hw = self.core.high_watermark
         self._known_config = self.core.config
-        self.retention = RetentionTask(self, self.config.retention_policy())
+        self.retention = RetentionTask(self, self.config.retention_policy() if self.retained
+                                       else RetentionPolicy())
         self.subs.attach_retention(self.retention)  # before retention's first pass
 
     def _save_identity(self) -> None:
@@ -358,7 +366,7 @@ class RaftGroup:
         except Exception as e:
             self.fail(e, "tick")
             return
-        if self.group_id == 0 and self.core.standing() is Standing.MEMBER:
+        if self.keeps_identity and self.core.standing() is Standing.MEMBER:
             self.identity.became_member()
         self.kick()
 

@@ -9,13 +9,16 @@ One trio program per node. What is whose:
   removing groups at run time (`add_group` / `remove_group`, what the controller's reconciler
   calls). Node-level, whatever the number of groups: the event-loop lag monitor
   (raft.node.looplag), the metrics registry, the cluster identity (raft.node.identity, kept in
-  group 0's metadata and shared with the links);
+  the default topic's metadata and shared with the links);
 - raft.node.registry.GroupRegistry: the groups by id, each group's tasks in a nursery of its own,
   the node's one ticker (every group ticks in the same step, so their heartbeats to a peer leave
   in one frame), and routing peer messages by their group id (unknown groups: dropped, counted);
-- raft.node.group.RaftGroup: one Raft group's driver (Ready loop, flusher, the client requests
-  waiting for the core's answers). Group 0 is the node's own group, the one it ran before it ran
-  many: `node.group`, `node.core` and `node.log` are group 0's;
+- raft.node.group.RaftGroup: one Raft group's driver (Ready loop, the client requests waiting
+  for the core's answers). From boot the node runs the controller (group 0,
+  `node.controller_group`) and the default topic's partition (group 1, the store's legacy key
+  space): `node.group`, `node.core` and `node.log` are the default topic's;
+- raft.node.topic_runtime.TopicRuntime (`node.topics`): the controller's metadata, the
+  reconciler that starts and stops partition groups, (topic, partition) routing;
 - raft.node.transport.PeerTransport: the peer links (one per peer, carrying every group's
   messages) and the address book, which all of a node's groups share; the node keeps links to
   the union of what its groups' configurations name;
@@ -52,16 +55,17 @@ from raft.node.looplag import LoopLag
 from raft.node.metrics import SUBSCRIPTION_SERIES_MAX, NodeMetrics
 from raft.node.peer import PeerLink
 from raft.node.registry import GroupRegistry
+from raft.node.topic_runtime import DEFAULT_GROUP, TopicRuntime
 from raft.node.transport import PeerTransport
 from raft.protocol.fields import get_int
 from raft.protocol.framing import FrameTooLarge, WireError, encode_frame
 from raft.protocol.hello import CLIENT_HELLO_EXAMPLE, Hello, HelloReply, Speaker
 from raft.protocol.raft_frames import messages_from_frame
 from raft.protocol.replies import ErrorReply, Reply
-from raft.protocol.requests import SINGLE_GROUP, Produce
+from raft.protocol.requests import CONTROLLER_GROUP, Produce
 from raft.protocol.streams import FrameReader
 from raft.core.types import ErrorCode, Role
-from storage.api import LogStorage
+from storage.api import IoMode, LogStorage
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -94,10 +98,18 @@ class Node:
         # One trio loop per node: one monitor, whatever the number of groups.
         self.loop_lag = LoopLag()
         self.registry = GroupRegistry(self.node_id, self.metrics)
-        # Group 0, the node's own: its voters come from --peers and it opens the node's data
-        # directory unless a log is passed in.
-        self.group = self._new_group(0, log_storage, None, rng)
-        self.group.metrics = self.metrics  # the node's role/term series are group 0's today
+        # Two groups from boot (issue 26): the default topic's partition, whose log is the
+        # store's legacy key space (the data directory's unless a log is passed in; it keeps
+        # the cluster id), and the controller, group 0, whose log comes from the same store.
+        # Both take their voters from --peers (or join). `node.group`, `node.core` and
+        # `node.log` are the default topic's.
+        self.group = self._new_group(DEFAULT_GROUP, log_storage, None, rng)
+        self.group.keeps_identity = True
+        self.group.metrics = self.metrics  # the node's role/term series are the default's
+        self.controller_group = self._new_group(CONTROLLER_GROUP, None, None,
+                                                random.Random(rng.getrandbits(64)))
+        self.controller_group.retained = False  # see raft.node.controller: never cut yet
+        self.topics = TopicRuntime(self)
         self.metrics_address: str | None = None  # where /metrics is served, once running
         self.api = self._context(self.group)
         self._running = False
@@ -122,11 +134,11 @@ class Node:
 
     def _context(self, group: RaftGroup) -> api.ApiContext:
         return api.ApiContext(config=self.config, group=group, peers=self.transport,
-                              loop_lag=self.loop_lag)
+                              loop_lag=self.loop_lag, cluster=getattr(self, "topics", None))
 
     # -- groups at run time ------------------------------------------------------------------------
-    async def add_group(self, group_id: int, voters: list[int],
-                        log_storage: LogStorage) -> RaftGroup:
+    async def add_group(self, group_id: int, voters: list[int], log_storage: LogStorage, *,
+                        owns_log: bool = False) -> RaftGroup:
         """Start running Raft group `group_id` on this node, founded with `voters` (node ids;
         this node among them, or a learner added later through the group's log) on
         `log_storage` (its own log: the node's data directory holds group 0's). The group
@@ -148,6 +160,7 @@ class Node:
                              f"{sorted({self.node_id, *self.peer_addresses})}")
         group = self._new_group(group_id, log_storage, list(voters),
                                 random.Random(self._rng.getrandbits(64)))
+        group.owns_log = owns_log  # the reconciler's groups: closed when removed
         await group.open_log()
         group.start_core()
         self.registry.add(group_id, group, self._context(group))
@@ -161,9 +174,9 @@ class Node:
         groups go on), its waiting requests are answered SHUTTING_DOWN, its log is flushed
         (closed too if the group opened it), and peer messages and client requests for it are
         refused from now on. Group 0 is the node's own group and stops with the node."""
-        if group_id == 0:
-            raise ValueError("group 0 is the node's own group and stops with the node "
-                             "(request_shutdown)")
+        if group_id in (CONTROLLER_GROUP, DEFAULT_GROUP):
+            raise ValueError(f"group {group_id} (the controller, or the default topic's "
+                             f"partition) runs as long as the node (request_shutdown)")
         group = await self.registry.remove(group_id)
         self.flusher.forget(group)  # its final flush below is its last
         try:
@@ -179,6 +192,11 @@ class Node:
     @property
     def core(self) -> Any:
         return self.group.core
+
+    @property
+    def controller(self) -> RaftGroup:
+        """The controller's group (group 0); its metadata is `node.topics.metadata`."""
+        return self.controller_group
 
     @property
     def log(self) -> LogStorage | None:
@@ -277,12 +295,27 @@ class Node:
         """Every group still registered (group 0 first)."""
         return list(self.registry.groups())
 
+    async def _open_controller_log(self) -> None:
+        """The controller's log, from the store the default topic's log lives in."""
+        ctl = self.controller_group
+        store = self.group.log.store
+        if store.io_mode is IoMode.INLINE:
+            ctl.log = store.open_log(CONTROLLER_GROUP)
+        else:
+            ctl.log = await trio.to_thread.run_sync(store.open_log, CONTROLLER_GROUP)
+        ctl.owns_log = True
+        await ctl.open_log()
+
     async def _run(self, task_status: trio.TaskStatus[Node]) -> None:
-        group = self.group
+        group, ctl = self.group, self.controller_group
         await group.open_log()
         try:
+            await self._open_controller_log()
             group.start_core()
-            self.registry.add(0, group, self.api)
+            ctl.start_core()
+            self.topics.controller.open()
+            self.registry.add(CONTROLLER_GROUP, ctl, self._context(ctl))
+            self.registry.add(DEFAULT_GROUP, group, self.api)
             host, port = self.config.listen_address
             try:
                 listeners = await trio.open_tcp_listeners(port, host=host)
@@ -312,6 +345,7 @@ class Node:
                     # Each group's tasks in a nursery of its own, and the node's one ticker.
                     self.registry.attach(driver, self.config.tick_ms / 1000)
                     self._running = True
+                    self.topics.start(driver)  # the controller, the reconciler
                     async with trio.open_nursery() as conn_nursery:
                         self._accept_scope = trio.CancelScope()
                         conn_nursery.start_soon(self._accept, listeners, conn_nursery)
@@ -322,7 +356,7 @@ class Node:
                     # Stopping the driver waits for a running save_meta/flush thread (those
                     # are not abandoned on cancel), so the final flushes below run alone.
                     driver.cancel_scope.cancel()
-                for other in self._all_groups():  # group 0 last: the node's own metadata
+                for other in self._all_groups():  # the default last: it keeps the cluster id
                     if other is not group:
                         await other.final_flush()
                 await group.final_flush()
@@ -331,7 +365,9 @@ class Node:
             self._running = False
             with trio.CancelScope(shield=True):
                 await self.metrics.stop_http()
-            for other in {group, *self._all_groups()}:
+            # The default's log last: opened from a data directory it owns the store.
+            others = [g for g in dict.fromkeys([ctl, *self._all_groups()]) if g is not group]
+            for other in [*others, group]:
                 other.mark_closed()
                 if other.owns_log and other.log is not None:
                     other.log.close()
@@ -515,14 +551,18 @@ class Node:
         except WireError as e:
             e.request_id = rid
             raise
-        ctx = self.registry.api(request.group)
+        routed = self.topics.route(t, request)  # by (topic, partition), or its group
+        if routed.refusal is not None:
+            return _Incoming(t, rid, started, refusal=routed.refusal)
+        group_id = routed.group
+        ctx = self.registry.api(group_id)
         if ctx is None:
             groups = self.registry.ids()
             return _Incoming(t, rid, started, refusal=ErrorReply(
                 ErrorCode.BAD_REQUEST,
-                f"group {request.group} does not run on node {self.node_id}: it runs groups "
+                f"group {group_id} does not run on node {self.node_id}: it runs groups "
                 f"{groups}; send the request to a node that runs it, or leave out the group "
-                f"field for group {SINGLE_GROUP}", {"groups": groups}))
+                f"field and name the topic and partition", {"groups": groups}))
         return _Incoming(t, rid, started, execute, request, ctx)
 
     async def _answer(self, conn: _Conn, incoming: _Incoming, limiter: trio.Semaphore,

@@ -4,7 +4,9 @@
 - streams.py / blocking.py: frames over a trio stream / a blocking socket;
 - fields.py: field checks that name what a sender got wrong;
 - requests.py, subscription_requests.py: the client requests as typed values (parse, to_frame),
-  each ready to carry the Raft group it is for;
+  each addressed to a topic partition (or an explicit Raft group);
+- topic_requests.py: `metadata` and the topic admin requests (`topic_create`, `topic_alter`,
+  `topic_delete`), the controller's;
 - replies.py: replies as typed values and frames;
 - errors.py: the retryable and the certainly-not-written error codes;
 - raft_frames.py: the peers' Raft message frames.
@@ -28,13 +30,15 @@ from raft.protocol.load_requests import (LOAD_TYPES, LoadAbort, LoadBegin, LoadC
                                          parse_load)
 from raft.protocol.replies import (ErrorReply, FetchOk, OkReply, ProduceOk, Reply,
                                    error_frame, error_reply, ok_reply)
-from raft.protocol.requests import (SINGLE_GROUP, AddNode, Fetch, Limits, Produce, RemoveNode,
-                                    Status, TransferLeader)
+from raft.protocol.requests import (CONTROLLER_GROUP, DEFAULT_TOPIC, SINGLE_GROUP, AddNode,
+                                    Fetch, Limits, Produce, RemoveNode, Status, TransferLeader)
 from raft.protocol.subscription_requests import (SUB_TYPES, CommitItem, SubCommitMany, SubList,
                                                  SubRequest)
+from raft.protocol.topic_requests import (TOPIC_TYPES, Metadata, TopicAlter, TopicCreate,
+                                          TopicDelete, TopicRequest)
 
 Request = (Produce | Fetch | Status | TransferLeader | AddNode | RemoveNode | SubRequest
-           | SubList | SubCommitMany | LoadRequest)
+           | SubList | SubCommitMany | LoadRequest | TopicRequest)
 
 # Request type -> its parser. The staged-load types (LOAD_TYPES) are parsed by parse_load: a bad
 # field there is a refusal the load service answers, not a WireError (load_requests.py).
@@ -48,6 +52,10 @@ PARSERS: dict[str, Callable[[dict[str, Any], Limits], Any]] = {
     **{t: partial(SubRequest.parse_as, t) for t in SUB_TYPES},
     SubList.T: SubList.parse,
     SubCommitMany.T: SubCommitMany.parse,
+    Metadata.T: Metadata.parse,
+    TopicCreate.T: TopicCreate.parse,
+    TopicAlter.T: TopicAlter.parse,
+    TopicDelete.T: TopicDelete.parse,
 }
 
 
@@ -58,7 +66,8 @@ def parse_request(t: str, frame: dict[str, Any], limits: Limits) -> Any:
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES", "LEN_SIZE", "NOT_WRITTEN", "PARSERS", "PROTOCOL_VERSION",
-    "RETRYABLE", "SINGLE_GROUP", "AddNode", "CommitItem", "ConnectionClosed", "ErrorReply",
+    "RETRYABLE", "SINGLE_GROUP", "CONTROLLER_GROUP", "DEFAULT_TOPIC", "TOPIC_TYPES", "Metadata",
+    "TopicAlter", "TopicCreate", "TopicDelete", "TopicRequest", "AddNode", "CommitItem", "ConnectionClosed", "ErrorReply",
     "Fetch", "FetchOk", "FrameDecoder", "FrameTooLarge", "LOAD_TYPES", "Limits", "LoadAbort",
     "LoadBegin", "LoadCommit", "LoadRefused", "LoadRequest", "LoadStage", "LoadStatus",
     "OkReply", "Produce", "ProduceOk", "RemoveNode", "Reply", "Request", "Status", "SubCommitMany",

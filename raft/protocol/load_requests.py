@@ -6,7 +6,12 @@ always answered a malformed load request with a BAD_REQUEST *reply* (the connect
 open) and only after its leader check, so a client talking to a follower learns where the
 leader is first. `parse_load` therefore turns a bad field into a `LoadRefused` value that
 carries the refusal; the service answers it where the old field checks stood. Only a bad
-`group` (a field every request shares) raises, as it does for every request.
+`group`, `topic` or `topic_partition` (fields every request shares) raises, as it does for
+every request.
+
+Topic partition: a load writes to one partition of a topic, named by `topic` and
+`topic_partition` (defaults "default" and 0, written only when not the defaults). Not
+`partition`, which in `load_stage` and `load_commit`'s attempts is the Spark task's partition.
 
 What stays with the service: whether the load is open (LOAD_CLOSED) and the records rule on
 a staged payload (storage.records.check_records), which need the node's state.
@@ -20,13 +25,15 @@ from typing import Any, ClassVar
 
 from raft.protocol.fields import get_bytes, get_int, get_str
 from raft.protocol.framing import WireError
-from raft.protocol.requests import SINGLE_GROUP, group_of, request_frame
+from raft.protocol.requests import (DEFAULT_TOPIC, group_of, partition_of, request_frame,
+                                    topic_of)
 from raft.core.types import Acks, ErrorCode
 
 I32_MAX, I64_MAX = 2**31 - 1, 2**63 - 1
 MAX_LOAD_ID_BYTES = 256
 DEFAULT_STAGE_TIMEOUT_MS = 30_000
 DEFAULT_ABORT_REASON = "aborted by the client"
+TOPIC_PARTITION_KEY = "topic_partition"  # the wire name of a load's topic partition
 
 Attempt = tuple[int, int, int, int]  # (partition, attempt, batches, rows)
 
@@ -44,14 +51,17 @@ class LoadBegin:
 
     T: ClassVar[str] = "load_begin"
     load_id: str
-    group: int = SINGLE_GROUP
+    group: int | None = None
+    topic: str = DEFAULT_TOPIC
+    topic_partition: int = 0  # the topic's partition ("partition" is Spark's, see above)
 
     @classmethod
     def parse(cls, frame: dict[str, Any]) -> LoadBegin:
         return cls(_load_id(frame))
 
     def to_frame(self, rid: int) -> dict[str, Any]:
-        return request_frame(self.T, rid, {"load_id": self.load_id}, self.group)
+        return request_frame(self.T, rid, {"load_id": self.load_id}, self.group,
+                             self.topic, self.topic_partition, TOPIC_PARTITION_KEY)
 
 
 @dataclass(slots=True)
@@ -68,7 +78,9 @@ class LoadStage:
     payload: bytes
     acks: Acks = Acks.LEADER
     timeout_ms: int = DEFAULT_STAGE_TIMEOUT_MS
-    group: int = SINGLE_GROUP
+    group: int | None = None
+    topic: str = DEFAULT_TOPIC
+    topic_partition: int = 0  # the topic's partition ("partition" is Spark's, see above)
 
     @classmethod
     def parse(cls, frame: dict[str, Any]) -> LoadStage:
@@ -97,7 +109,8 @@ class LoadStage:
             "load_id": self.load_id, "gen": self.gen, "partition": self.partition,
             "attempt": self.attempt, "seq": self.seq, "count": self.count,
             "payload": self.payload, "acks": self.acks.value, "timeout_ms": self.timeout_ms,
-        }, self.group)
+        }, self.group,
+                             self.topic, self.topic_partition, TOPIC_PARTITION_KEY)
 
 
 @dataclass(slots=True)
@@ -108,7 +121,9 @@ class LoadCommit:
     load_id: str
     gen: int
     attempts: list[Attempt]
-    group: int = SINGLE_GROUP
+    group: int | None = None
+    topic: str = DEFAULT_TOPIC
+    topic_partition: int = 0  # the topic's partition ("partition" is Spark's, see above)
 
     @classmethod
     def parse(cls, frame: dict[str, Any]) -> LoadCommit:
@@ -123,7 +138,8 @@ class LoadCommit:
     def to_frame(self, rid: int) -> dict[str, Any]:
         return request_frame(self.T, rid, {"load_id": self.load_id, "gen": self.gen,
                                            "attempts": [list(a) for a in self.attempts]},
-                             self.group)
+                             self.group,
+                             self.topic, self.topic_partition, TOPIC_PARTITION_KEY)
 
 
 @dataclass(slots=True)
@@ -134,7 +150,9 @@ class LoadAbort:
     load_id: str
     gen: int
     reason: str = DEFAULT_ABORT_REASON
-    group: int = SINGLE_GROUP
+    group: int | None = None
+    topic: str = DEFAULT_TOPIC
+    topic_partition: int = 0  # the topic's partition ("partition" is Spark's, see above)
 
     @classmethod
     def parse(cls, frame: dict[str, Any]) -> LoadAbort:
@@ -144,7 +162,8 @@ class LoadAbort:
 
     def to_frame(self, rid: int) -> dict[str, Any]:
         return request_frame(self.T, rid, {"load_id": self.load_id, "gen": self.gen,
-                                           "reason": self.reason}, self.group)
+                                           "reason": self.reason}, self.group,
+                             self.topic, self.topic_partition, TOPIC_PARTITION_KEY)
 
 
 @dataclass(slots=True)
@@ -154,7 +173,9 @@ class LoadStatus:
 
     T: ClassVar[str] = "load_status"
     load_id: str | None = None
-    group: int = SINGLE_GROUP
+    group: int | None = None
+    topic: str = DEFAULT_TOPIC
+    topic_partition: int = 0  # the topic's partition ("partition" is Spark's, see above)
 
     @classmethod
     def parse(cls, frame: dict[str, Any]) -> LoadStatus:
@@ -163,7 +184,8 @@ class LoadStatus:
 
     def to_frame(self, rid: int) -> dict[str, Any]:
         fields = {} if self.load_id is None else {"load_id": self.load_id}
-        return request_frame(self.T, rid, fields, self.group)
+        return request_frame(self.T, rid, fields, self.group,
+                             self.topic, self.topic_partition, TOPIC_PARTITION_KEY)
 
 
 @dataclass(slots=True)
@@ -174,7 +196,9 @@ class LoadRefused:
     t: str
     code: ErrorCode
     message: str
-    group: int = SINGLE_GROUP
+    group: int | None = None
+    topic: str = DEFAULT_TOPIC
+    topic_partition: int = 0  # the topic's partition ("partition" is Spark's, see above)
 
 
 LoadRequest = LoadBegin | LoadStage | LoadCommit | LoadAbort | LoadStatus | LoadRefused
@@ -188,9 +212,11 @@ def parse_load(t: str, frame: dict[str, Any]) -> LoadRequest:
     """The typed load request of a frame of load type `t` (KeyError for other types); a bad
     field gives a LoadRefused, a bad group raises WireError."""
     group = group_of(frame, t)
+    topic = topic_of(frame, t)
+    topic_partition = partition_of(frame, t, TOPIC_PARTITION_KEY)
     try:
         req = _PARSERS[t](frame)
     except WireError as e:
-        return LoadRefused(t, e.code, str(e), group)
-    req.group = group
+        return LoadRefused(t, e.code, str(e), group, topic, topic_partition)
+    req.group, req.topic, req.topic_partition = group, topic, topic_partition
     return req

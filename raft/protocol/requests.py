@@ -5,11 +5,13 @@ Each request class has `T` (its type tag), `parse(frame, limits)` for the node a
 for clients; fields have the wire's names. `Limits` carries the node settings a parse depends on
 (default and largest timeouts, the frame limit), so the protocol needs nothing of the node.
 
-Group: every request that touches a log carries `group`, the Raft group it is for. A node runs
-group 0 (`SINGLE_GROUP`, the one a single-group node runs) and may run more (issue 26); the field
-is read from the frame when present and written only when it is not group 0, so single-group
-clients' frames are unchanged. The node routes by it (raft/node/server.py; a group it does not
-run is refused naming the ones it runs).
+Topic and partition (issue 26): every request that touches a partition's log carries `topic`
+(default `DEFAULT_TOPIC`, "default") and `partition` (default 0); each is written on the wire only
+when it is not the default, so the frames of clients that predate topics are unchanged. The node
+resolves (topic, partition) to the partition's Raft group through its applied controller
+metadata. `group` names a Raft group directly (for tests and internal tools): None (the default,
+never written) means "resolve topic/partition"; when a frame carries it, it wins. Group 0 is the
+controller (`CONTROLLER_GROUP`); the default topic's partition is a group >= 1.
 """
 
 from __future__ import annotations
@@ -19,10 +21,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from raft.protocol.fields import get_bytes, get_int, get_opt_int, get_str
-from raft.protocol.framing import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION
+from raft.protocol.framing import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION, WireError
 from raft.core.types import Acks
 
-SINGLE_GROUP = 0
+SINGLE_GROUP = 0  # kept for callers of the single-group era: the group a frame without one had
+CONTROLLER_GROUP = 0  # the controller's Raft group (raft/controller/)
+DEFAULT_TOPIC = "default"  # the topic of requests that name none (raft.controller.state)
+MAX_TOPIC_NAME_CHARS = 249  # Kafka's bound; the characters are the controller's rule
+MAX_PARTITION = 2**31 - 1
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 DEFAULT_FETCH_MAX_BYTES = 1 << 20
 # Room for the reply envelope around fetched payloads.
@@ -62,19 +68,45 @@ def acks_named(name: str | Acks) -> Acks:
     return acks
 
 
-def group_of(frame: dict[str, Any], where: str) -> int:
-    """The request's Raft group (SINGLE_GROUP when the frame names none)."""
-    g = frame.get("group")
-    if g is None:
-        return SINGLE_GROUP
+def group_of(frame: dict[str, Any], where: str) -> int | None:
+    """The Raft group a frame names explicitly (None: resolve its topic and partition)."""
+    if frame.get("group") is None:
+        return None
     return get_int(frame, "group", minimum=0, maximum=I64_MAX, where=where)
 
 
-def request_frame(t: str, rid: int, fields: dict[str, Any], group: int = SINGLE_GROUP
-           ) -> dict[str, Any]:
+def topic_name(value: Any, where: str, key: str = "topic") -> str:
+    """A topic name field: a string of 1..249 characters (which characters is the controller's
+    rule, answered as a verdict, not a hang-up)."""
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_TOPIC_NAME_CHARS:
+        got = f"{len(value)} characters" if isinstance(value, str) else type(value).__name__
+        raise WireError(f'{where} field "{key}" must be a topic name (a string of 1..'
+                        f'{MAX_TOPIC_NAME_CHARS} characters), got {got}')
+    return value
+
+
+def topic_of(frame: dict[str, Any], where: str) -> str:
+    """The request's topic (DEFAULT_TOPIC when the frame names none)."""
+    value = frame.get("topic")
+    return DEFAULT_TOPIC if value is None else topic_name(value, where)
+
+
+def partition_of(frame: dict[str, Any], where: str, key: str = "partition") -> int:
+    """The request's partition of its topic (0 when the frame names none)."""
+    return get_int(frame, key, default=0, minimum=0, maximum=MAX_PARTITION, where=where)
+
+
+def request_frame(t: str, rid: int, fields: dict[str, Any], group: int | None = None,
+                  topic: str = DEFAULT_TOPIC, partition: int = 0,
+                  partition_key: str = "partition") -> dict[str, Any]:
+    """A request frame; group, topic and partition only when they are not the defaults."""
     out = {"v": PROTOCOL_VERSION, "t": t, "id": rid, **fields}
-    if group != SINGLE_GROUP:
+    if group is not None:
         out["group"] = group
+    if topic != DEFAULT_TOPIC:
+        out["topic"] = topic
+    if partition:
+        out[partition_key] = partition
     return out
 
 
@@ -90,7 +122,9 @@ class Produce:
     producer_id: int = 0
     sequence: int = -1
     timestamp_ms: int | None = None  # the leader's clock when None
-    group: int = SINGLE_GROUP
+    group: int | None = None  # explicit Raft group (tests, tools); None: by topic/partition
+    topic: str = DEFAULT_TOPIC
+    partition: int = 0
 
     @classmethod
     def parse(cls, frame: dict[str, Any], limits: Limits) -> Produce:
@@ -123,8 +157,14 @@ class Produce:
         if not (type(timestamp_ms) is int and I64_MIN <= timestamp_ms <= I64_MAX):
             timestamp_ms = get_int(frame, "timestamp_ms", default=int(time.time() * 1000),
                                    minimum=I64_MIN, maximum=I64_MAX, where=w)
-        group = SINGLE_GROUP if get("group") is None else group_of(frame, w)
-        return cls(payload, count, acks, timeout_ms, producer_id, sequence, timestamp_ms, group)
+        group = None if get("group") is None else group_of(frame, w)
+        topic = get("topic")
+        topic = DEFAULT_TOPIC if topic is None else topic_name(topic, w)
+        partition = get("partition")
+        if partition is not None:
+            partition = partition_of(frame, w)
+        return cls(payload, count, acks, timeout_ms, producer_id, sequence, timestamp_ms, group,
+                   topic, partition or 0)
 
     def to_frame(self, rid: int) -> dict[str, Any]:
         # The client's hot path: one dict, built in place (no request_frame copy), and the
@@ -139,8 +179,12 @@ class Produce:
             out["sequence"] = self.sequence
         if self.timestamp_ms is not None:
             out["timestamp_ms"] = self.timestamp_ms
-        if self.group != SINGLE_GROUP:
+        if self.group is not None:
             out["group"] = self.group
+        if self.topic != DEFAULT_TOPIC:
+            out["topic"] = self.topic
+        if self.partition:
+            out["partition"] = self.partition
         return out
 
 
@@ -152,7 +196,9 @@ class Fetch:
     offset: int
     max_bytes: int = DEFAULT_FETCH_MAX_BYTES
     max_wait_ms: int = 0
-    group: int = SINGLE_GROUP
+    group: int | None = None
+    topic: str = DEFAULT_TOPIC
+    partition: int = 0
 
     @classmethod
     def parse(cls, frame: dict[str, Any], limits: Limits) -> Fetch:
@@ -166,26 +212,32 @@ class Fetch:
         max_wait_ms = min(limits.max_fetch_wait_ms,
                           get_int(frame, "max_wait_ms", default=0, minimum=0, maximum=I64_MAX,
                                   where=w))
-        return cls(offset, max_bytes, max_wait_ms, group_of(frame, w))
+        return cls(offset, max_bytes, max_wait_ms, group_of(frame, w), topic_of(frame, w),
+                   partition_of(frame, w))
 
     def to_frame(self, rid: int) -> dict[str, Any]:
         return request_frame(self.T, rid, {"offset": self.offset, "max_bytes": self.max_bytes,
-                                    "max_wait_ms": self.max_wait_ms}, self.group)
+                                           "max_wait_ms": self.max_wait_ms}, self.group,
+                             self.topic, self.partition)
 
 
 @dataclass(slots=True)
 class Status:
-    """The node's view of the group, its peers and links."""
+    """The node's view of one partition's group (the default topic's unless named), its peers
+    and links, and a line per group it runs (`partitions`) and the controller's state."""
 
     T: ClassVar[str] = "status"
-    group: int = SINGLE_GROUP
+    group: int | None = None
+    topic: str = DEFAULT_TOPIC
+    partition: int = 0
 
     @classmethod
     def parse(cls, frame: dict[str, Any], limits: Limits) -> Status:
-        return cls(group_of(frame, "status"))
+        w = "status"
+        return cls(group_of(frame, w), topic_of(frame, w), partition_of(frame, w))
 
     def to_frame(self, rid: int) -> dict[str, Any]:
-        return request_frame(self.T, rid, {}, self.group)
+        return request_frame(self.T, rid, {}, self.group, self.topic, self.partition)
 
 
 @dataclass(slots=True)
@@ -195,13 +247,15 @@ class TransferLeader:
     T: ClassVar[str] = "transfer_leader"
     to: int | None = None
     timeout_ms: int | None = None
-    group: int = SINGLE_GROUP
+    group: int | None = None
+    topic: str = DEFAULT_TOPIC
+    partition: int = 0
 
     @classmethod
     def parse(cls, frame: dict[str, Any], limits: Limits) -> TransferLeader:
         w = "transfer_leader"
         return cls(get_opt_int(frame, "to", where=w), limits.timeout_ms(frame, w),
-                   group_of(frame, w))
+                   group_of(frame, w), topic_of(frame, w), partition_of(frame, w))
 
     def to_frame(self, rid: int) -> dict[str, Any]:
         fields: dict[str, Any] = {}
@@ -209,7 +263,7 @@ class TransferLeader:
             fields["to"] = self.to
         if self.timeout_ms is not None:
             fields["timeout_ms"] = self.timeout_ms
-        return request_frame(self.T, rid, fields, self.group)
+        return request_frame(self.T, rid, fields, self.group, self.topic, self.partition)
 
 
 @dataclass(slots=True)
@@ -219,7 +273,7 @@ class AddNode:
     T: ClassVar[str] = "add_node"
     node_id: int
     address: str
-    group: int = SINGLE_GROUP
+    group: int | None = None
 
     @classmethod
     def parse(cls, frame: dict[str, Any], limits: Limits) -> AddNode:
@@ -238,7 +292,7 @@ class RemoveNode:
 
     T: ClassVar[str] = "remove_node"
     node_id: int
-    group: int = SINGLE_GROUP
+    group: int | None = None
 
     @classmethod
     def parse(cls, frame: dict[str, Any], limits: Limits) -> RemoveNode:
@@ -256,7 +310,7 @@ class RawRequest:
 
     t: str
     fields: dict[str, Any]
-    group: int = SINGLE_GROUP
+    group: int | None = None
 
     def to_frame(self, rid: int) -> dict[str, Any]:
         return request_frame(self.t, rid, self.fields, self.group)

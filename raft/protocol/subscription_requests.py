@@ -13,7 +13,8 @@ from typing import Any, ClassVar
 
 from raft.protocol.fields import get_int, get_str
 from raft.protocol.framing import WireError
-from raft.protocol.requests import I64_MAX, SINGLE_GROUP, Limits, group_of, request_frame
+from raft.protocol.requests import (DEFAULT_TOPIC, I64_MAX, Limits, group_of, partition_of,
+                                    request_frame, topic_of)
 from raft.core.subscription_table import MAX_LEASE_MS, AutoReset
 
 AUTO_RESET_VALUES = ("", *(p.value for p in AutoReset))
@@ -74,7 +75,9 @@ class SubRequest:
     lease_ms: int = 0
     auto_reset: str = ""  # sub_open: "none", "earliest" or "latest"; "" = leave it as it is
     expect: int = -1  # sub_reset: apply only at this position (-1: unconditional)
-    group: int = SINGLE_GROUP
+    group: int | None = None
+    topic: str = DEFAULT_TOPIC  # the topic partition whose log keeps the subscription
+    partition: int = 0
 
     @classmethod
     def parse_as(cls, t: str, frame: dict[str, Any], limits: Limits) -> SubRequest:
@@ -100,6 +103,8 @@ class SubRequest:
             req.expect = get_int(frame, "expect", default=-1, minimum=-1, maximum=I64_MAX,
                                  where=t)
         req.group = group_of(frame, t)
+        req.topic = topic_of(frame, t)
+        req.partition = partition_of(frame, t)
         return req
 
     def to_frame(self, rid: int) -> dict[str, Any]:
@@ -119,7 +124,7 @@ class SubRequest:
             fields["auto_reset"] = self.auto_reset
         if spec.expect and self.expect >= 0:
             fields["expect"] = self.expect
-        return request_frame(self.t, rid, fields, self.group)
+        return request_frame(self.t, rid, fields, self.group, self.topic, self.partition)
 
 
 @dataclass(slots=True)
@@ -131,7 +136,9 @@ class SubList:
     after: str = ""
     limit: int = LIST_DEFAULT_LIMIT
     timeout_ms: int | None = None
-    group: int = SINGLE_GROUP
+    group: int | None = None
+    topic: str = DEFAULT_TOPIC  # the topic partition whose log keeps the subscription
+    partition: int = 0
 
     @classmethod
     def parse(cls, frame: dict[str, Any], limits: Limits) -> SubList:
@@ -140,14 +147,15 @@ class SubList:
                    get_str(frame, "after", default="", where=w),
                    get_int(frame, "limit", default=LIST_DEFAULT_LIMIT, minimum=1,
                            maximum=LIST_MAX_LIMIT, where=w),
-                   limits.timeout_ms(frame, w), group_of(frame, w))
+                   limits.timeout_ms(frame, w), group_of(frame, w), topic_of(frame, w),
+                   partition_of(frame, w))
 
     def to_frame(self, rid: int) -> dict[str, Any]:
         fields: dict[str, Any] = {"prefix": self.prefix, "after": self.after,
                                   "limit": self.limit}
         if self.timeout_ms is not None:
             fields["timeout_ms"] = self.timeout_ms
-        return request_frame(self.T, rid, fields, self.group)
+        return request_frame(self.T, rid, fields, self.group, self.topic, self.partition)
 
 
 @dataclass(slots=True)
@@ -174,7 +182,9 @@ class SubCommitMany:
     items: list[CommitItem] | None
     count: int
     timeout_ms: int | None = None
-    group: int = SINGLE_GROUP
+    group: int | None = None
+    topic: str = DEFAULT_TOPIC  # the topic partition whose log keeps the subscription
+    partition: int = 0
 
     @classmethod
     def parse(cls, frame: dict[str, Any], limits: Limits) -> SubCommitMany:
@@ -183,7 +193,8 @@ class SubCommitMany:
         if not isinstance(items, list):
             raise WireError(f'{w} field "commits" must be a list of maps {{"name", "position", '
                             f'"consumer", "lease_ms"}}, got {type(items).__name__}')
-        req = cls(None, len(items), limits.timeout_ms(frame, w), group_of(frame, w))
+        req = cls(None, len(items), limits.timeout_ms(frame, w), group_of(frame, w),
+                  topic_of(frame, w), partition_of(frame, w))
         if not 1 <= len(items) <= MAX_COMMIT_ITEMS:
             return req
         parsed = []
@@ -204,4 +215,4 @@ class SubCommitMany:
         fields: dict[str, Any] = {"commits": [i.to_map() for i in self.items or ()]}
         if self.timeout_ms is not None:
             fields["timeout_ms"] = self.timeout_ms
-        return request_frame(self.T, rid, fields, self.group)
+        return request_frame(self.T, rid, fields, self.group, self.topic, self.partition)

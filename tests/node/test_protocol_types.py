@@ -13,7 +13,7 @@ from raft.protocol.framing import (FrameDecoder, FrameTooLarge, WireError, decod
 from raft.protocol.hello import Hello, HelloReply
 from raft.protocol.load_requests import (LoadAbort, LoadBegin, LoadCommit, LoadRefused,
                                          LoadStage, LoadStatus, parse_load)
-from raft.protocol.requests import SINGLE_GROUP, Fetch, Produce, TransferLeader, acks_named
+from raft.protocol.requests import DEFAULT_TOPIC, Fetch, Produce, TransferLeader, acks_named
 from raft.protocol.subscription_requests import CommitItem, SubCommitMany, SubList, SubRequest
 from raft.core.types import Acks, ErrorCode
 
@@ -44,8 +44,10 @@ def test_a_request_parses_back_to_what_its_frame_was_made_from(request_: object)
 def test_parse_fills_the_node_defaults() -> None:
     req = _through_the_wire({"t": "produce", "id": 1, "payload": b"x", "count": 1})
     assert isinstance(req, Produce)
-    assert (req.acks, req.timeout_ms, req.producer_id, req.sequence, req.group) == (
-        Acks.QUORUM, LIMITS.default_timeout_ms, 0, -1, SINGLE_GROUP)
+    # No group named: the node resolves the default topic's partition 0 (issue 26).
+    assert (req.acks, req.timeout_ms, req.producer_id, req.sequence, req.group, req.topic,
+            req.partition) == (Acks.QUORUM, LIMITS.default_timeout_ms, 0, -1, None,
+                               DEFAULT_TOPIC, 0)
     assert isinstance(req.timestamp_ms, int)
     fetch = _through_the_wire({"t": "fetch", "id": 1, "offset": 0, "max_bytes": 1 << 40,
                                "max_wait_ms": 10**9})

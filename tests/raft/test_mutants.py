@@ -64,6 +64,7 @@ import test_placement  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
 import test_store  # noqa: E402
 import test_flusher  # noqa: E402  (tests/node, on the path above)
+import test_reconciler  # noqa: E402  (tests/node: the node's topics)
 
 
 def _in_tmp(test: Callable[..., None], *args: object) -> Callable[[], None]:
@@ -523,10 +524,10 @@ MUTANTS = [
            "            entry = self._entries.get(0)\n",
            (test_group_wire
             .test_a_frame_is_routed_to_each_group_in_order_and_unknown_groups_are_counted,)),
-    Mutant("a client request for a group the node does not run is served by group 0",
+    Mutant("a client request for a group the node does not run is served by the default topic",
            "raft.node.server", "Node._read_request",
-           "        ctx = self.registry.api(request.group)\n",
-           "        ctx = self.registry.api(0)\n",
+           "        ctx = self.registry.api(group_id)\n",
+           "        ctx = self.registry.api(DEFAULT_GROUP)\n",
            (test_multigroup_inproc
             .test_a_request_for_a_group_the_node_does_not_run_names_the_groups_it_runs,)),
     Mutant("a forced new cluster writes its configuration in a term it already knows",
@@ -594,6 +595,16 @@ MUTANTS = [
            "if False:",
            (test_placement.test_the_rebalance_plan_is_bounded,
             test_placement.test_a_returning_node_gets_leadership_back_a_few_at_a_time)),
+    Mutant("the node's reconciler never drops a deleted topic's data",
+           "raft.node.reconciler", "Reconciler.reconcile_once",
+           "await self._io(host.store.drop_log, group_id)",
+           "pass",
+           (test_reconciler.test_the_reconciler_starts_stops_and_drops_what_the_metadata_says,)),
+    Mutant("a request for (topic, partition) is routed ignoring the partition",
+           "raft.node.topics", "resolve",
+           "p = t.partitions[partition]",
+           "p = t.partitions[0]",
+           (test_reconciler.test_resolve_sends_a_partition_to_its_own_group,)),
 ]
 
 

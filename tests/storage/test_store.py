@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from hypothesis.stateful import run_state_machine_as_test
 
 from storage import open_store
-from storage.api import DiskFull, Meta, StorageIOError
+from storage.api import LEGACY_GROUP, DiskFull, Meta, StorageIOError
 from storage.batch import HEADER_SIZE, Batch
 from storage.lmdb_log import LmdbLog
 from storage import open_store as open_lmdb_store
@@ -242,7 +242,7 @@ def _names(path: Path) -> set[bytes]:
         env.close()
 
 
-def test_a_directory_written_by_a_single_log_opens_as_group_0_unchanged(tmp_path: Path) -> None:
+def test_a_directory_written_by_a_single_log_opens_as_the_legacy_group_unchanged(tmp_path: Path) -> None:
     log = LmdbLog(tmp_path)
     log.append([batch(0, 2, 1), batch(2, 1, 2)])
     log.flush()
@@ -252,23 +252,27 @@ def test_a_directory_written_by_a_single_log_opens_as_group_0_unchanged(tmp_path
     before = (_dump(tmp_path, b"log"), _dump(tmp_path, b"meta"))
     assert _names(tmp_path) == {b"log", b"meta"}
     store = open_lmdb_store(tmp_path)
-    assert store.group_ids() == [0]
-    g0 = store.open_log(0)
+    # The legacy key space is the default topic's partition (issue 26), not the controller's.
+    assert store.group_ids() == [LEGACY_GROUP] and LEGACY_GROUP != 0
+    g0 = store.open_log(LEGACY_GROUP)
     assert (g0.dirty_offset, g0.incarnation, g0.load_meta().term) == (2, incarnation, 2)
     assert g0.open_findings == []
     store.close()
     # Opening wrote nothing: no migration, not even the group DBs.
     assert (_dump(tmp_path, b"log"), _dump(tmp_path, b"meta")) == before
     assert _names(tmp_path) == {b"log", b"meta"}
-    # Groups >= 1 live elsewhere; group 0's DBs keep today's keys exactly.
+    # Other groups (the controller, group 0, among them) live elsewhere; the legacy DBs keep
+    # today's keys exactly.
     store = open_lmdb_store(tmp_path)
-    other = store.open_log(9)
+    other, controller = store.open_log(9), store.open_log(0)
     fill(other, 4, b"n")
-    store.flush([other, store.open_log(0)])
+    fill(controller, 2, b"c")
+    store.flush([other, controller, store.open_log(LEGACY_GROUP)])
     store.close()
     assert (_dump(tmp_path, b"log"), _dump(tmp_path, b"meta")) == before
-    assert all(k.startswith((9).to_bytes(8, "big")) for k in _dump(tmp_path, b"glog"))
-    log = LmdbLog(tmp_path)  # and the single-log API still opens it as group 0
+    assert {k[:8] for k in _dump(tmp_path, b"glog")} == {(0).to_bytes(8, "big"),
+                                                          (9).to_bytes(8, "big")}
+    log = LmdbLog(tmp_path)  # and the single-log API still opens it as the legacy group
     assert log.read(0, 1 << 20) == [batch(0, 2, 1), batch(2, 1, 2)]
     log.close()
 
@@ -423,10 +427,10 @@ def test_many_logs_against_a_model(machine: type[StoreMachine]) -> None:
 
 
 def test_memory_store_of_a_lone_log() -> None:
-    """A MemoryLog made on its own belongs to a one-log store (group 0): the runtime flushes
-    every log through a store."""
+    """A MemoryLog made on its own belongs to a one-log store (LEGACY_GROUP, the default topic's
+    partition): the runtime flushes every log through a store."""
     from storage.memory import MemoryLog
 
     log = MemoryLog()
     fill(log, 2, b"q")
-    assert isinstance(log.store, MemoryStore) and log.store.flush([log]) == {0: 1}
+    assert isinstance(log.store, MemoryStore) and log.store.flush([log]) == {LEGACY_GROUP: 1}
