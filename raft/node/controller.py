@@ -11,7 +11,7 @@ the admin commands proposed through it (issue 26; docs/DESIGN.md "The controller
   metadata it has applied is empty, everything in its log is committed and applied, and it has
   not proposed them in this term. A later leader that proposes them again is harmless: the
   state machine keeps a registered node's address and refuses a second `default` topic
-  (tests/node/test_controller_unit.py checks the state is the same).
+  (tests/node/test_topics_inproc.py checks the state is the same).
 - Admin commands: the leader proposes one command as a CONTROL batch (quorum acks) and answers
   once the entry committed AND this node applied it, with the verdict its own apply reached.
 - Listeners (`on_applied`) hear of every applied step: the reconciler starts and stops groups.

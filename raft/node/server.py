@@ -3,9 +3,8 @@
 One trio program per node. What is whose:
 - here, the node: its lifecycle (start, graceful stop, abort), the listener (peers and clients
   on the same address; the first frame, `hello`, says which), peer frames handed to the group
-  registry, and each client connection's request loop (pipelining limit, backpressure), routing
-  each request to its group (its `group` field; a group the node does not run is refused naming
-  the ones it does) and to its handler through the request table in raft.node.api; adding and
+  registry, client connections handed to raft.node.client_requests (each connection's request
+  loop: pipelining limit, backpressure, routing each request to its group and handler); adding and
   removing groups at run time (`add_group` / `remove_group`, what the controller's reconciler
   calls). Node-level, whatever the number of groups: the event-loop lag monitor
   (raft.node.looplag), the metrics registry, the cluster identity (raft.node.identity, kept in
@@ -34,7 +33,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +43,7 @@ from raft.node.config import ConfigError, NodeConfig, format_address
 from raft.node.api.admin import status_map
 from raft.node.api.fetch import visible_hw
 from raft.node.auth import Session
+from raft.node.client_requests import ClientRequests
 from raft.node.connection_errors import discard_input, send_error, split_connection_errors
 from raft.node.errors import NodeFailed
 from raft.node.flusher import NodeFlusher
@@ -57,12 +56,10 @@ from raft.node.peer import PeerLink
 from raft.node.registry import GroupRegistry
 from raft.node.topic_runtime import DEFAULT_GROUP, TopicRuntime
 from raft.node.transport import PeerTransport
-from raft.protocol.fields import get_int
 from raft.protocol.framing import FrameTooLarge, WireError, encode_frame
 from raft.protocol.hello import CLIENT_HELLO_EXAMPLE, Hello, HelloReply, Speaker
 from raft.protocol.raft_frames import messages_from_frame
-from raft.protocol.replies import ErrorReply, Reply
-from raft.protocol.requests import CONTROLLER_GROUP, Produce
+from raft.protocol.requests import CONTROLLER_GROUP
 from raft.protocol.streams import FrameReader
 from raft.core.types import ErrorCode, Role
 from storage.api import IoMode, LogStorage
@@ -115,9 +112,7 @@ class Node:
         self._running = False
         self._shutdown_requested = trio.Event()
         self._stopped = trio.Event()
-        self._active_requests = 0
-        self._requests_idle = trio.Event()
-        self._requests_idle.set()
+        self.clients = ClientRequests(self)  # each client connection's request loop
         self._accept_scope: trio.CancelScope | None = None
         self._run_scope = trio.CancelScope()
 
@@ -393,7 +388,7 @@ class Node:
         for group in groups:
             group.begin_shutdown()
         with trio.move_on_after(2.0):
-            await self._requests_idle.wait()
+            await self.clients.idle.wait()
 
     # -- connections -------------------------------------------------------------------------------
     async def _handle_connection(self, stream: trio.SocketStream) -> None:
@@ -416,7 +411,7 @@ class Node:
                 try:
                     if await self._handshake(conn, remote_of(raw)):
                         await (self._serve_peer(conn) if conn.role == "peer"
-                               else self._serve_client(conn))
+                               else self.clients.serve(conn))
                 except trio.TooSlowError:
                     if conn.stream is raw and self.gate.tls is not None:
                         return  # still in the TLS handshake: a frame would be garbage to it
@@ -502,103 +497,6 @@ class Node:
             if self.core is not None and not self._closing:
                 await self.registry.deliver_frame(items, from_peer=conn.peer_id)
 
-    async def _serve_client(self, conn: _Conn) -> None:
-        """Read requests and answer each in its own task: read, route, run, reply.
-        Backpressure: with the connection's in-flight budget spent we stop reading, so the
-        client's TCP window fills instead of our memory."""
-        limiter = trio.Semaphore(self.config.max_inflight_per_connection)
-        conn.auth = self.gate.auth
-        failure: WireError | None = None
-        async with trio.open_nursery() as nursery:
-            try:
-                while True:
-                    await limiter.acquire()
-                    incoming = await self._read_request(conn)
-                    if incoming is None:
-                        break  # client half-closed: finish in-flight replies, then hang up
-                    nursery.start_soon(self._answer, conn, incoming, limiter,
-                                       nursery.cancel_scope)
-            except WireError as e:
-                failure = e  # raised outside the nursery: trio would wrap it in an ExceptionGroup
-                nursery.cancel_scope.cancel()
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                nursery.cancel_scope.cancel()  # the client is gone: nobody to answer
-        if failure is not None:
-            raise failure
-
-    async def _read_request(self, conn: _Conn) -> _Incoming | None:
-        """The next request, parsed into its type and routed to its group (None at EOF). A
-        type the node does not know, a permission the client lacks or a group the node does
-        not run is answered with an error reply; a malformed frame raises WireError (hang up)."""
-        assert conn.reader is not None
-        frame = await conn.reader.receive()
-        if frame is None:
-            return None
-        started = time.perf_counter()
-        t = frame["t"]
-        rid = get_int(frame, "id", where=f'request "{t}"')
-        execute = api.lookup(self.api, t)
-        if execute is None:
-            return _Incoming(t, rid, started, refusal=ErrorReply(
-                ErrorCode.BAD_REQUEST,
-                f'unknown request type {t!r}; known: {", ".join(sorted(api.REQUESTS))}'))
-        refusal = conn.auth.authorize(conn.session, t) if conn.auth.enabled else None
-        if refusal is not None:
-            return _Incoming(t, rid, started, refusal=ErrorReply(
-                refusal.code, refusal.message, {"permission": refusal.permission}))
-        try:
-            request = api.parse(self.api, t, frame)
-        except WireError as e:
-            e.request_id = rid
-            raise
-        routed = self.topics.route(t, request)  # by (topic, partition), or its group
-        if routed.refusal is not None:
-            return _Incoming(t, rid, started, refusal=routed.refusal)
-        group_id = routed.group
-        ctx = self.registry.api(group_id)
-        if ctx is None:
-            groups = self.registry.ids()
-            return _Incoming(t, rid, started, refusal=ErrorReply(
-                ErrorCode.BAD_REQUEST,
-                f"group {group_id} does not run on node {self.node_id}: it runs groups "
-                f"{groups}; send the request to a node that runs it, or leave out the group "
-                f"field and name the topic and partition", {"groups": groups}))
-        return _Incoming(t, rid, started, execute, request, ctx)
-
-    async def _answer(self, conn: _Conn, incoming: _Incoming, limiter: trio.Semaphore,
-                      scope: trio.CancelScope) -> None:
-        self._active_requests += 1
-        self._requests_idle = trio.Event() if self._active_requests == 1 else self._requests_idle
-        try:
-            if incoming.refusal is not None:
-                frame = incoming.refusal.to_frame(incoming.rid)
-                self.metrics.count_error(incoming.refusal.code.name)
-            else:
-                frame = (await self._execute(incoming)).to_frame(incoming.rid)
-                acks = incoming.request.acks if isinstance(incoming.request, Produce) else None
-                self.metrics.request_done(incoming.t, frame, incoming.started,
-                                          None if acks is None else acks.value)
-            data = encode_frame(frame)
-            try:
-                async with conn.send_lock:
-                    await conn.stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                scope.cancel()  # the client went away; drop its other requests too
-        finally:
-            limiter.release()
-            self._active_requests -= 1
-            if self._active_requests == 0:
-                self._requests_idle.set()
-
-    async def _execute(self, incoming: _Incoming) -> Reply:
-        assert incoming.execute is not None
-        try:
-            return await incoming.execute(incoming.ctx, incoming.request)
-        except Exception as e:
-            log.exception("request_failed node=%d id=%d", self.node_id, incoming.rid)
-            return ErrorReply(ErrorCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
-
-
 @dataclass(slots=True, eq=False)
 class _Conn:
     """One connection, as far as its handshake got."""
@@ -610,16 +508,3 @@ class _Conn:
     session: Session | None = None
     auth: Any = None  # the gate's authenticator while serving a client
     send_lock: trio.Lock = field(default_factory=trio.Lock)  # replies are written whole
-
-
-@dataclass(slots=True)
-class _Incoming:
-    """One client request, read and routed: run `execute` on `request`, or answer `refusal`."""
-
-    t: str
-    rid: int
-    started: float
-    execute: api.Handler | None = None
-    request: Any = None
-    ctx: api.ApiContext | None = None  # the request's group's
-    refusal: ErrorReply | None = None

@@ -18,7 +18,7 @@ makes the rest follow the controller:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
@@ -32,8 +32,8 @@ from raft.protocol.requests import CONTROLLER_GROUP
 from raft.core.types import ErrorCode, Role
 from storage.api import LEGACY_GROUP, LogStorage, LogStore
 
-if TYPE_CHECKING:
-    from raft.node.server import Node
+# The node: raft.node.server.Node, which imports this module (so it is not imported here).
+Node = Any
 
 log = logging.getLogger("raftlog.node")
 

@@ -400,7 +400,7 @@ MUTANTS = [
            "            if False:\n",
            (test_security_unit.test_an_unknown_token_is_refused,)),
     Mutant("requests are dispatched without the permission check",
-           "raft.node.server", "Node._read_request",
+           "raft.node.client_requests", "ClientRequests._read_request",
            "refusal = conn.auth.authorize(conn.session, t) if conn.auth.enabled else None",
            "refusal = None",
            (test_security_unit.test_a_node_refuses_a_forbidden_request_before_dispatch,)),
@@ -525,9 +525,9 @@ MUTANTS = [
            (test_group_wire
             .test_a_frame_is_routed_to_each_group_in_order_and_unknown_groups_are_counted,)),
     Mutant("a client request for a group the node does not run is served by the default topic",
-           "raft.node.server", "Node._read_request",
-           "        ctx = self.registry.api(group_id)\n",
-           "        ctx = self.registry.api(DEFAULT_GROUP)\n",
+           "raft.node.client_requests", "ClientRequests._read_request",
+           "        ctx = self._node.registry.api(group_id)\n",
+           "        ctx = self._node.registry.api(1)  # the default topic's group\n",
            (test_multigroup_inproc
             .test_a_request_for_a_group_the_node_does_not_run_names_the_groups_it_runs,)),
     Mutant("a forced new cluster writes its configuration in a term it already knows",

@@ -1,0 +1,146 @@
+"""A client connection's requests: read, route to their group, run, answer.
+
+Each request is answered in its own task, up to the connection's in-flight budget
+(`max_inflight_per_connection`); with the budget spent the loop stops reading, so the client's
+TCP window fills instead of the node's memory. A request is parsed into its type, checked
+against the connection's permissions, routed by (topic, partition) or its group
+(raft.node.topic_runtime), and run by its handler (raft.node.api) with its group's context. The
+node waits for `idle` on a graceful stop so in-flight answers go out before it closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from raft.core.types import ErrorCode
+from raft.node import api
+from raft.protocol.fields import get_int
+from raft.protocol.framing import WireError, encode_frame
+from raft.protocol.replies import ErrorReply, Reply
+from raft.protocol.requests import Produce
+
+log = logging.getLogger("raftlog.node")
+
+
+class ClientRequests:
+    """The request loop of every client connection of one node."""
+
+    def __init__(self, node: Any) -> None:  # raft.node.server.Node (which imports this)
+        self._node = node
+        self._active = 0  # requests being answered, over all connections
+        self.idle = trio.Event()  # set while none is
+        self.idle.set()
+
+    async def serve(self, conn: Any) -> None:
+        """Read requests and answer each in its own task: read, route, run, reply.
+        Backpressure: with the connection's in-flight budget spent we stop reading, so the
+        client's TCP window fills instead of our memory."""
+        limiter = trio.Semaphore(self._node.config.max_inflight_per_connection)
+        conn.auth = self._node.gate.auth
+        failure: WireError | None = None
+        async with trio.open_nursery() as nursery:
+            try:
+                while True:
+                    await limiter.acquire()
+                    incoming = await self._read_request(conn)
+                    if incoming is None:
+                        break  # client half-closed: finish in-flight replies, then hang up
+                    nursery.start_soon(self._answer, conn, incoming, limiter,
+                                       nursery.cancel_scope)
+            except WireError as e:
+                failure = e  # raised outside the nursery: trio would wrap it in an ExceptionGroup
+                nursery.cancel_scope.cancel()
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                nursery.cancel_scope.cancel()  # the client is gone: nobody to answer
+        if failure is not None:
+            raise failure
+
+    async def _read_request(self, conn: Any) -> _Incoming | None:
+        """The next request, parsed into its type and routed to its group (None at EOF). A
+        type the node does not know, a permission the client lacks or a group the node does
+        not run is answered with an error reply; a malformed frame raises WireError (hang up)."""
+        assert conn.reader is not None
+        frame = await conn.reader.receive()
+        if frame is None:
+            return None
+        started = time.perf_counter()
+        t = frame["t"]
+        rid = get_int(frame, "id", where=f'request "{t}"')
+        execute = api.lookup(self._node.api, t)
+        if execute is None:
+            return _Incoming(t, rid, started, refusal=ErrorReply(
+                ErrorCode.BAD_REQUEST,
+                f'unknown request type {t!r}; known: {", ".join(sorted(api.REQUESTS))}'))
+        refusal = conn.auth.authorize(conn.session, t) if conn.auth.enabled else None
+        if refusal is not None:
+            return _Incoming(t, rid, started, refusal=ErrorReply(
+                refusal.code, refusal.message, {"permission": refusal.permission}))
+        try:
+            request = api.parse(self._node.api, t, frame)
+        except WireError as e:
+            e.request_id = rid
+            raise
+        routed = self._node.topics.route(t, request)  # by (topic, partition), or its group
+        if routed.refusal is not None:
+            return _Incoming(t, rid, started, refusal=routed.refusal)
+        group_id = routed.group
+        ctx = self._node.registry.api(group_id)
+        if ctx is None:
+            groups = self._node.registry.ids()
+            return _Incoming(t, rid, started, refusal=ErrorReply(
+                ErrorCode.BAD_REQUEST,
+                f"group {group_id} does not run on node {self._node.node_id}: it runs groups "
+                f"{groups}; send the request to a node that runs it, or leave out the group "
+                f"field and name the topic and partition", {"groups": groups}))
+        return _Incoming(t, rid, started, execute, request, ctx)
+
+    async def _answer(self, conn: Any, incoming: _Incoming, limiter: trio.Semaphore,
+                      scope: trio.CancelScope) -> None:
+        self._active += 1
+        self.idle = trio.Event() if self._active == 1 else self.idle
+        try:
+            if incoming.refusal is not None:
+                frame = incoming.refusal.to_frame(incoming.rid)
+                self._node.metrics.count_error(incoming.refusal.code.name)
+            else:
+                frame = (await self._execute(incoming)).to_frame(incoming.rid)
+                acks = incoming.request.acks if isinstance(incoming.request, Produce) else None
+                self._node.metrics.request_done(incoming.t, frame, incoming.started,
+                                          None if acks is None else acks.value)
+            data = encode_frame(frame)
+            try:
+                async with conn.send_lock:
+                    await conn.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                scope.cancel()  # the client went away; drop its other requests too
+        finally:
+            limiter.release()
+            self._active -= 1
+            if self._active == 0:
+                self.idle.set()
+
+    async def _execute(self, incoming: _Incoming) -> Reply:
+        assert incoming.execute is not None
+        try:
+            return await incoming.execute(incoming.ctx, incoming.request)
+        except Exception as e:
+            log.exception("request_failed node=%d id=%d", self._node.node_id, incoming.rid)
+            return ErrorReply(ErrorCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
+
+
+@dataclass(slots=True)
+class _Incoming:
+    """One client request, read and routed: run `execute` on `request`, or answer `refusal`."""
+
+    t: str
+    rid: int
+    started: float
+    execute: api.Handler | None = None
+    request: Any = None
+    ctx: api.ApiContext | None = None  # the request's group's
+    refusal: ErrorReply | None = None
