@@ -98,6 +98,28 @@ class BlockingClient(BlockingSubscriptionCalls):
     def remove_node(self, node_id: int, **kwargs: Any) -> dict[str, Any]:
         return self._call(self._client.remove_node, node_id, **kwargs)
 
+    # -- topics (raft/client/topic_calls.py) ----------------------------------------------------
+    def cluster_metadata(self, **kwargs: Any) -> Any:
+        return self._call(self._client.cluster_metadata, **kwargs)
+
+    def list_topics(self) -> list[Any]:
+        return self._call(self._client.list_topics)
+
+    def topic(self, name: str, **kwargs: Any) -> Any:
+        return self._call(self._client.topic, name, **kwargs)
+
+    def describe_topic(self, name: str) -> dict[str, Any]:
+        return self._call(self._client.describe_topic, name)
+
+    def create_topic(self, name: str, partitions: int, replicas: int, **kwargs: Any) -> Any:
+        return self._call(self._client.create_topic, name, partitions, replicas, **kwargs)
+
+    def alter_topic(self, name: str, **kwargs: Any) -> Any:
+        return self._call(self._client.alter_topic, name, **kwargs)
+
+    def delete_topic(self, name: str, **kwargs: Any) -> dict[str, Any]:
+        return self._call(self._client.delete_topic, name, **kwargs)
+
     def consumer(self, subscription: str, **kwargs: Any) -> BlockingConsumer:
         """A `Consumer` of `subscription` (same keywords) to iterate with a plain `for`:
 

@@ -424,17 +424,19 @@ class Client(SubscriptionCalls, TopicCalls):
         return reply
 
     async def offset_for_time(self, timestamp_ms: int, *, address: str | None = None,
-                              timeout: float | None = None) -> int:
+                              timeout: float | None = None, topic: str | None = None,
+                              partition: int = 0) -> int:
         """The first offset to read for records stamped at or after `timestamp_ms`: the
         offset of the first record whose batch timestamp is >= it (high watermark + 1 when
         no committed record is that recent), like Kafka's offsetsForTimes.
 
         A binary search by batch timestamp with one-batch fetches (about log2 of the log's
-        batch count): no server index. The answer is exact when timestamps grow with
+        batch count) in one partition (`topic`, `partition`): no server index. The answer is exact when timestamps grow with
         offsets, as they do when the leader stamps batches (the default); batches a
         producer stamped itself out of order can move it to where the timestamps cross."""
         try:
-            head = await self.fetch(0, max_bytes=1, address=address, timeout=timeout)
+            head = await self.fetch(0, max_bytes=1, address=address, timeout=timeout,
+                                    topic=topic, partition=partition)
             lo, hi = head.start_offset, head.high_watermark + 1
         except OffsetOutOfRangeError as e:
             lo = e.start_offset if e.start_offset is not None else 0
@@ -444,7 +446,8 @@ class Client(SubscriptionCalls, TopicCalls):
         # x in [lo, hi] with f(x) >= timestamp_ms (f(hi) counts as infinite).
         while lo < hi:
             mid = (lo + hi) // 2
-            res = await self.fetch(mid, max_bytes=1, address=address, timeout=timeout)
+            res = await self.fetch(mid, max_bytes=1, address=address, timeout=timeout,
+                                   topic=topic, partition=partition)
             # An undecodable batch still has its timestamp and offsets: it counts like the
             # records it would hold.
             seen = sorted([*((r.offset, r.offset, r.timestamp_ms) for r in res.records),
@@ -456,7 +459,8 @@ class Client(SubscriptionCalls, TopicCalls):
             else:  # the records of a batch share its timestamp: skip the whole batch
                 lo = min(hi, older[-1][1] + 1)
         if lo < hw_end:  # lo may be a control entry's offset: name the record itself
-            res = await self.fetch(lo, max_bytes=1, address=address, timeout=timeout)
+            res = await self.fetch(lo, max_bytes=1, address=address, timeout=timeout,
+                                   topic=topic, partition=partition)
             firsts = [r.offset for r in res.records[:1]]
             firsts += [max(lo, u.first_offset) for u in res.undecodable]  # reported from there
             if firsts:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from raft.client.errors import RaftlogError, RequestTimeout
+from raft.client.errors import OffsetOutOfRangeError, RaftlogError, RequestTimeout
 from raft.client.metadata import DEFAULT_TOPIC, Metadata, TopicInfo
 from raft.protocol.topic_requests import Metadata as MetadataRequest
 from raft.protocol.topic_requests import TopicAlter, TopicCreate, TopicDelete
@@ -132,6 +132,34 @@ class TopicCalls:
         if not wait:
             return (await self.cluster_metadata()).topic(name)
         return await self.wait_for_leaders(name, deadline)
+
+    async def describe_topic(self, name: str) -> dict[str, Any]:
+        """A topic as `raftlog topic describe` shows it: {"name", "settings", "partitions":
+        [{"partition", "group", "leader", "leader_address", "replicas", "high_watermark",
+        "log_start"}]}, the offsets from each partition's leader (asked at the same time; a
+        partition whose leader does not answer has "error" instead)."""
+        info = await self.topic(name, refresh=True)
+        rows: list[dict[str, Any]] = [
+            {"partition": p.partition, "group": p.group, "leader": p.leader,
+             "leader_address": p.leader_address, "replicas": list(p.replicas)}
+            for p in info.partitions]
+
+        async def bounds(row: dict[str, Any]) -> None:
+            try:
+                res = await self.fetch(0, max_bytes=1, topic=name,  # type: ignore[attr-defined]
+                                       partition=row["partition"],
+                                       timeout=min(self.timeout, 5.0))
+                row["log_start"], row["high_watermark"] = res.start_offset, res.high_watermark
+            except OffsetOutOfRangeError as e:
+                row["log_start"] = e.start_offset
+                row["high_watermark"] = e.high_watermark
+            except RaftlogError as e:
+                row["error"] = f"{e.code}: {e.message}"
+
+        async with trio.open_nursery() as nursery:
+            for row in rows:
+                nursery.start_soon(bounds, row)
+        return {"name": info.name, "settings": dict(info.settings), "partitions": rows}
 
     async def delete_topic(self, name: str, *, timeout: float | None = None) -> dict[str, Any]:
         """Delete a topic and its data on every node (UnknownTopicError if there is none)."""
