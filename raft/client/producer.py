@@ -286,6 +286,8 @@ class Producer:
                 return
 
     async def _send_batch(self, lane: _Lane, batch: list[Delivery]) -> None:
+        if self.uses_topics and self.client.metadata.stale:
+            await self.client.refresh_metadata()  # every max_age: a grown topic is noticed
         seq = lane.sequence
         lane.sequence += 1
         try:
