@@ -22,13 +22,19 @@ from __future__ import annotations
 import abc
 import enum
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from storage.batch import DISK_LOSS_DOC, Batch
 from storage.damage import Damage
 
 DEFAULT_MAX_TAIL_BYTES = 256 * 1024 * 1024
+# The group whose log is the store's legacy key space (LMDB DBs `log` and `meta`, what a data
+# directory written before topics holds, and what `LmdbLog(path)` / a lone MemoryLog open): the
+# default topic's partition (issue 26, docs/MULTIRAFT.md), so such a directory keeps its data as
+# the default topic. Every other group, the controller (group 0) included, lives under a key
+# prefix.
+LEGACY_GROUP = 1
 
 
 class StorageError(Exception):
@@ -151,6 +157,14 @@ class LogStorage(abc.ABC):
     # What the open found wrong and repaired or cut (one line each, for `status`); set by every
     # implementation's open.
     open_findings: list[str]
+    # The Raft group whose log this is, within its store (LEGACY_GROUP for a log opened on its
+    # own).
+    group_id: int = LEGACY_GROUP
+
+    @property
+    @abc.abstractmethod
+    def store(self) -> LogStore:
+        """The store holding this log (LogStore): its flush is the store's, for one log."""
 
     # -- positions ------------------------------------------------------------------------
     @property
@@ -330,3 +344,40 @@ class LogStorage(abc.ABC):
     def last_term(self) -> int:
         """Term of the last entry (start_term when empty)."""
         return self.term_at(self.dirty_offset)
+
+
+class LogStore(abc.ABC):
+    """Many logs in one storage environment (one per node): storage.lmdb_store.LmdbStore and
+    storage.memory.MemoryStore. Every log keeps the LogStorage contract on its own; the store
+    adds the flush of many logs in one commit (docs/STORAGE-SAFETY.md, "One environment per
+    node")."""
+
+    # Durable commits so far (each one fsync on disk): raftlog_fsyncs_total.
+    commits: int = 0
+
+    @property
+    @abc.abstractmethod
+    def io_mode(self) -> IoMode:
+        """How `flush` is to be run (see IoMode)."""
+
+    @abc.abstractmethod
+    def open_log(self, group_id: int) -> LogStorage:
+        """Group `group_id`'s log, created empty if absent (refused while it is open)."""
+
+    @abc.abstractmethod
+    def drop_log(self, group_id: int) -> None:
+        """Delete the group's log, data and metadata, durably (one commit)."""
+
+    @abc.abstractmethod
+    def group_ids(self) -> list[int]:
+        """The groups whose logs the store holds, ascending."""
+
+    @abc.abstractmethod
+    def flush(self, logs: Iterable[LogStorage]) -> dict[int, int]:
+        """Every given log's dirty tail (as of now) in ONE commit (one fsync); each log's
+        flushed offset by group id, moved to exactly what that commit held for it. On failure
+        nothing was written and no log changed (DiskFull: retry later)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close every log of the store and the store itself (idempotent)."""

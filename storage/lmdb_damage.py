@@ -18,11 +18,9 @@ from storage import lmdb_format as fmt
 from storage.api import Meta, ScrubSlice
 from storage.batch import Batch, CorruptBatch
 from storage.damage import Damage, DamageSet
+from storage.lmdb_space import KeySpace
 
 log = logging.getLogger("raftlog.storage")
-
-_key = fmt.key
-_KEY = fmt.KEY
 
 
 class LmdbDamage:
@@ -33,6 +31,8 @@ class LmdbDamage:
     _write_lock: threading.Lock
     _env: lmdb.Environment
     _log_db: Any
+    _space: KeySpace
+    _where: str
     _fmt: int
     _start: int
     _flushed: int
@@ -41,7 +41,7 @@ class LmdbDamage:
     _floor: tuple[int, int] | None
     _check_open: Callable[[], None]
     _term_at_locked: Callable[[int], int]
-    _seek: Callable[[lmdb.Cursor, int], tuple[bytes, memoryview]]
+    _seek: Callable[[lmdb.Cursor, int], tuple[int, memoryview]]
     _write: Callable[..., Any]
 
     def _checked_locked(self, cur: lmdb.Cursor, base: int, value: memoryview) -> Batch | None:
@@ -57,13 +57,13 @@ class LmdbDamage:
                 last = h[0] + h[1] - 1
             else:  # the index knows where the next batch starts
                 last = self._flushed
-                if cur.next():
-                    last = min(last, _KEY.unpack(bytes(cur.key()))[0] - 1)
-                cur.set_key(_key(base))
+                if self._space.next(cur):
+                    last = min(last, self._space.offset(cur.key()) - 1)
+                cur.set_key(self._space.key(base))
             damage = Damage(base, last, self._term_at_locked(base), e.reason)
             if self._damage.add(damage):
                 log.warning("log_damage_found path=%s at=read: damaged batch at %s",
-                            self.path, damage.describe())
+                            self._where, damage.describe())
             return None
 
     # -- damage and repair -------------------------------------------------------------------
@@ -96,9 +96,8 @@ class LmdbDamage:
             used, nxt = 0, offset
             with self._env.begin(db=self._log_db, buffers=True) as txn:
                 cur = txn.cursor()
-                k, v = self._seek(cur, offset)
+                base, v = self._seek(cur, offset)
                 while used < max_bytes:
-                    base = _KEY.unpack(k)[0]
                     if base > self._flushed:
                         break
                     used += len(v)
@@ -108,9 +107,9 @@ class LmdbDamage:
                     if b is None and d is not None and not known:
                         found.append(d)
                     nxt = (b.last_offset if b is not None else d.last if d else base) + 1
-                    if not cur.next():
+                    if not self._space.next(cur):
                         break
-                    k, v = bytes(cur.key()), cur.value()
+                    base, v = self._space.offset(cur.key()), cur.value()
             wrapped = nxt > self._flushed
             return ScrubSlice(self._start if wrapped else nxt, used, tuple(found), wrapped)
 
@@ -125,11 +124,12 @@ class LmdbDamage:
                                                                b.term):
                     raise ValueError(f"offsets {b.base_offset}..{b.last_offset} (term {b.term}) "
                                      f"are not a damaged batch; nothing was written")
-            values = [(_key(b.base_offset), fmt.encode_value(b, self._fmt)) for b in batches]
+            values = [(self._space.key(b.base_offset), fmt.encode_value(b, self._fmt))
+                      for b in batches]
             self._write(f"repair of {len(values)} damaged batches",
                         lambda txn: txn.cursor(db=self._log_db).putmulti(values))
             for b in batches:
                 self._damage.remove(b.base_offset)
-                log.warning("log_damage_repaired path=%s offsets=%d..%d", self.path,
+                log.warning("log_damage_repaired path=%s offsets=%d..%d", self._where,
                             b.base_offset, b.last_offset)
 

@@ -18,6 +18,24 @@ flipped bit is found instead of read as a different term or vote):
 - `format`: 2. A log written before format 2 (no `format` record but data) keeps format 1 for
   its batch records (no header CRC) and reads its unsealed records as they are.
 
+Many logs in one environment (storage/lmdb_store.py; the store layout, introduced with
+issue 26): group LEGACY_GROUP (1, the default topic's partition) is the log described above, in
+DBs `log` and `meta`, byte for byte (a directory written by a single-log node IS a store holding
+that group; it opens without migration and without a write). Every other group (the
+controller, group 0, and partitions >= 2) lives in two more DBs, `glog` and `gmeta`, created with the first of
+them: the same records under keys prefixed with the group's 8-byte big-endian id (`glog`:
+prefix + base offset; `gmeta`: prefix + record name). Each such log records its own `format`
+(2): the record format does not change, so no version is bumped; the store layout is told by
+the DBs present (no `glog`: one log). A raftlog from before the store opens such a directory as
+its legacy group only and ignores the other groups: do not downgrade a node that holds partitions.
+Why prefixed keys and not a named DB per group: LMDB's own documentation of
+mdb_env_set_maxdbs says a moderate number of named DBs is cheap but a huge number gets
+expensive (every transaction costs 7-120 words per slot, every mdb_dbi_open searches the opened
+slots linearly), and `max_dbs` is fixed when the environment opens, so a node could not add
+partitions past it without reopening. A prefix costs 8 bytes per key and keeps one B-tree per
+kind of record; one log's keys stay contiguous, so its scans, cuts and drops are range
+operations (storage/lmdb_space.py bounds every cursor move to them).
+
 Why an open cuts instead of refusing: a missing batch (a gap, or the log ending before its
 recorded tail) or a batch header that fails its CRC is what a damaged disk leaves; the open cuts
 the log before it (those batches are re-fetched from the leader like a crashed node's tail),
@@ -43,6 +61,7 @@ import msgpack
 from storage.api import DiskFull, LogInconsistent, Meta, StorageError, StorageIOError
 from storage.batch import HEADER_SIZE, Batch, CorruptBatch
 from storage.damage import Damage
+from storage.lmdb_space import KeySpace
 
 log = logging.getLogger("raftlog.storage")
 
@@ -177,14 +196,14 @@ def _snapshot(d: Any) -> dict:
     return d
 
 
-def write_start(txn: lmdb.Transaction, meta_db: Any, start: int, term: int,
+def write_start(txn: lmdb.Transaction, space: KeySpace, start: int, term: int,
                 snapshot: dict | None) -> None:
     """The log start and the state there, in the caller's transaction (they change together)."""
-    txn.put(START_KEY, seal([start, term]), db=meta_db)
+    txn.put(space.meta_key(START_KEY), seal([start, term]), db=space.meta_db)
     if snapshot is None:
-        txn.delete(SNAPSHOT_KEY, db=meta_db)
+        txn.delete(space.meta_key(SNAPSHOT_KEY), db=space.meta_db)
     else:
-        txn.put(SNAPSHOT_KEY, seal(snapshot), db=meta_db)
+        txn.put(space.meta_key(SNAPSHOT_KEY), seal(snapshot), db=space.meta_db)
 
 
 def _position(d: Any) -> tuple[int, int]:
@@ -229,13 +248,13 @@ class Scan:
                 or self.tail != (self.last, self.last_term))
 
 
-def scan(txn: lmdb.Transaction, log_db: Any, meta_db: Any, path: str,
-         verify_tail_bytes: int) -> Scan:
+def scan(txn: lmdb.Transaction, space: KeySpace, path: str, verify_tail_bytes: int) -> Scan:
     """Read the metadata records and every batch header (checked, contiguous from the start,
     terms never going backwards), and fully verify the last `verify_tail_bytes` of batches."""
-    cur = txn.cursor(db=log_db)
-    raw_fmt = txn.get(FORMAT_KEY, db=meta_db)
-    has_data = cur.first() or txn.get(META_KEY, db=meta_db) is not None
+    cur = txn.cursor(db=space.log_db)
+    meta_db = space.meta_db
+    raw_fmt = txn.get(space.meta_key(FORMAT_KEY), db=meta_db)
+    has_data = space.first(cur) or txn.get(space.meta_key(META_KEY), db=meta_db) is not None
     if raw_fmt is not None:
         try:
             fmt = int(unseal(raw_fmt, legacy=False))
@@ -247,7 +266,7 @@ def scan(txn: lmdb.Transaction, log_db: Any, meta_db: Any, path: str,
     legacy = fmt < 2
 
     def record(name: str, what: str, convert: Any) -> Any:
-        raw = txn.get(name, db=meta_db)
+        raw = txn.get(space.meta_key(name), db=meta_db)
         if raw is None:
             return None
         try:
@@ -270,21 +289,20 @@ def scan(txn: lmdb.Transaction, log_db: Any, meta_db: Any, path: str,
         start = snapshot = None
     s.snapshot = snapshot
     s.start, s.start_term = start or (0, 0)
-    _scan_batches(s, cur, path)
-    _check_tail(s, cur, path)
-    _verify_recent(s, cur, verify_tail_bytes)
+    _scan_batches(s, cur, space, path)
+    _check_tail(s, cur, space, path)
+    _verify_recent(s, cur, space, verify_tail_bytes)
     return s
 
 
-def _scan_batches(s: Scan, cur: lmdb.Cursor, path: str) -> None:
+def _scan_batches(s: Scan, cur: lmdb.Cursor, space: KeySpace, path: str) -> None:
     started = last_report = time.monotonic()
     last, last_term = s.start - 1, s.start_term
     if s.start_lost:
-        s.cut_from = KEY.unpack(bytes(cur.key()))[0] if cur.first() else None
+        s.cut_from = space.offset(cur.key()) if space.first(cur) else None
         s.start, s.start_term, last, last_term = 0, 0, -1, 0
     else:
-        for k, v in (cur.iternext() if cur.first() else ()):
-            key_base = KEY.unpack(bytes(k))[0]
+        for key_base, v in (space.items(cur) if space.first(cur) else ()):
             h = head(v, s.fmt)
             if h is None or h[0] != key_base:
                 s.cut_from = key_base
@@ -321,13 +339,13 @@ def _scan_batches(s: Scan, cur: lmdb.Cursor, path: str) -> None:
     s.last, s.last_term = last, last_term
 
 
-def _check_tail(s: Scan, cur: lmdb.Cursor, path: str) -> None:
+def _check_tail(s: Scan, cur: lmdb.Cursor, space: KeySpace, path: str) -> None:
     """Metadata and log must agree: the stored log ends at the recorded flushed tail."""
     had: tuple[int, int] | None = None
     if s.cut_from is not None or s.start_lost:
         # (A cut past the recorded tail removes junk that was never flushed: nothing is lost.)
         had = s.tail if s.tail is None or s.tail[0] > s.last else None
-        if s.tail is None and cur.last():  # format 1: what the last stored batch says
+        if s.tail is None and space.last(cur):  # format 1: what the last stored batch says
             h = head(cur.value(), s.fmt)
             had = (h[0] + h[1] - 1, h[2]) if h else None
         if had is None and s.tail is None and s.cut_from is not None:
@@ -346,16 +364,17 @@ def _check_tail(s: Scan, cur: lmdb.Cursor, path: str) -> None:
         s.floor, s.floor_changed = had, True
 
 
-def _verify_recent(s: Scan, cur: lmdb.Cursor, budget: int) -> None:
+def _verify_recent(s: Scan, cur: lmdb.Cursor, space: KeySpace, budget: int) -> None:
     """Fully verify the newest flushed batches (those most likely still counted toward a commit
     in progress); older ones are the scrubber's."""
-    if budget <= 0 or not cur.last():
+    if budget <= 0 or not space.last(cur):
         return
     used = 0
     while used < budget:
-        base = KEY.unpack(bytes(cur.key()))[0]
+        base = space.offset(cur.key())
+        assert base is not None  # (the cursor never leaves the log's keys)
         if s.cut_from is not None and base >= s.cut_from:
-            if not cur.prev():
+            if not space.prev(cur):
                 return
             continue
         value = cur.value()
@@ -366,24 +385,21 @@ def _verify_recent(s: Scan, cur: lmdb.Cursor, budget: int) -> None:
             h = head(value, s.fmt)
             assert h is not None  # the header passed the scan
             s.damaged.append(Damage(base, base + h[1] - 1, h[2], e.reason))
-        if not cur.prev():
+        if not space.prev(cur):
             return
 
 
-def write_open_repairs(txn: lmdb.Transaction, log_db: Any, meta_db: Any, s: Scan,
-                       meta: Meta) -> None:
+def write_open_repairs(txn: lmdb.Transaction, space: KeySpace, s: Scan, meta: Meta) -> None:
     """Cut what the open found lost, and record the tail, the floor and the identity, in the
     open's one write transaction."""
     if s.cut_from is not None:
-        cur = txn.cursor(db=log_db)
-        if cur.set_range(key(s.cut_from)):
-            while cur.delete():
-                pass
+        space.delete_from(txn.cursor(db=space.log_db), s.cut_from)
+    meta_db, mk = space.meta_db, space.meta_key
     if s.new:
-        txn.put(FORMAT_KEY, seal(FORMAT), db=meta_db)
+        txn.put(mk(FORMAT_KEY), seal(FORMAT), db=meta_db)
     if s.start_lost:
-        write_start(txn, meta_db, 0, 0, None)
-    txn.put(TAIL_KEY, seal([s.last, s.last_term]), db=meta_db)
+        write_start(txn, space, 0, 0, None)
+    txn.put(mk(TAIL_KEY), seal([s.last, s.last_term]), db=meta_db)
     if s.floor is not None:
-        txn.put(FLOOR_KEY, seal(list(s.floor)), db=meta_db)
-    txn.put(META_KEY, seal(meta_to_record(meta, meta.incarnation)), db=meta_db)
+        txn.put(mk(FLOOR_KEY), seal(list(s.floor)), db=meta_db)
+    txn.put(mk(META_KEY), seal(meta_to_record(meta, meta.incarnation)), db=meta_db)

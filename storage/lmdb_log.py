@@ -30,6 +30,15 @@ Threading rules (a flush runs in a worker thread while the owning thread appends
 
 One owner per directory: an exclusive flock on `<dir>/LOCK` while open (storage/dirlock.py).
 
+Many logs per directory: a log lives in its store's environment (storage/lmdb_store.py), in a key
+space of its own (storage/lmdb_space.py: LEGACY_GROUP (1) in DBs `log`/`meta`, other groups under a key
+prefix in `glog`/`gmeta`). `_write_lock` is the store's; every cursor move goes through the key
+space, so a log never reads, cuts or counts another log's keys. `LmdbLog(path)` opens a store
+holding LEGACY_GROUP and owns it (closing the log closes the store). A flush is the one-log case of
+the store flush, split in three steps the store runs for many logs at once: `_flush_take`
+(snapshot the tail), `_flush_put` (inside the shared transaction), `_flush_apply` (after its
+commit: drop the written prefix of the tail, move the flushed offset to exactly its end).
+
 Opening checks every batch header and the metadata records against their checksums, that the
 batches run contiguously from the start record with terms never going backwards, that the log
 ends at the flushed tail recorded with it, and fully verifies the newest batches; what a damaged
@@ -48,8 +57,8 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import lmdb
@@ -57,7 +66,7 @@ import lmdb
 from storage import lmdb_format as fmt
 from storage.api import (
     DEFAULT_MAX_TAIL_BYTES,
-    DiskFull,
+    LEGACY_GROUP,
     IoMode,
     LogInconsistent,
     LogStorage,
@@ -69,24 +78,34 @@ from storage.api import (
 from storage.batch import Batch, CorruptBatch
 from storage.damage import DamageSet
 from storage.lmdb_damage import LmdbDamage
-from storage.dirlock import LOCK_FILE, lock_dir, unlock_dir  # (LOCK_FILE: for the CLI's up)
-
-# BENCH ONLY: RAFTLOG_BENCH_FSYNC_DELAY_MS adds a fixed delay to every fsynced transaction, to
-# show what deferred flushing buys on a slow (cloud) disk. Never set it in production.
-_BENCH_FSYNC_DELAY_S = float(os.environ.get("RAFTLOG_BENCH_FSYNC_DELAY_MS", "0") or 0) / 1000
+from storage.dirlock import LOCK_FILE  # (LOCK_FILE: for the CLI's up)
+from storage.lmdb_space import KeySpace
+from storage.lmdb_store import (
+    DEFAULT_MAP_SIZE,
+    DEFAULT_MAX_MAP_SIZE,
+    DEFAULT_VERIFY_TAIL_BYTES,
+    LmdbStore,
+)
 
 log = logging.getLogger("raftlog.storage")  # under the runtime's "raftlog" handler
 
-DEFAULT_MAP_SIZE = 64 << 20
-DEFAULT_MAX_MAP_SIZE = 1 << 40
-# How much of the newest flushed log an open verifies in full (the rest is the scrubber's).
-DEFAULT_VERIFY_TAIL_BYTES = 8 << 20
-
-_key = fmt.key
-_KEY = fmt.KEY
-
 T = TypeVar("T")
 __all__ = ["DEFAULT_MAP_SIZE", "DEFAULT_MAX_MAP_SIZE", "LOCK_FILE", "LmdbLog"]
+
+
+@dataclass(slots=True)
+class FlushPart:
+    """One log's share of a store flush: the tail prefix it writes, encoded, and what it
+    checks against the disk (the flushed offset as of the snapshot)."""
+
+    log: LmdbLog
+    n: int  # how many tail batches
+    encoded: list[tuple[bytes, bytes]]
+    first: int
+    end: int
+    end_term: int
+    flushed: int  # the flushed offset before
+    nbytes: int
 
 
 class LmdbLog(LmdbDamage, LogStorage):
@@ -96,11 +115,31 @@ class LmdbLog(LmdbDamage, LogStorage):
                  map_size: int = DEFAULT_MAP_SIZE,
                  max_map_size: int = DEFAULT_MAX_MAP_SIZE,
                  verify_tail_bytes: int = DEFAULT_VERIFY_TAIL_BYTES) -> None:
-        self.path = os.fspath(path)
+        """Open (or create) the single-log directory `path`: a store holding LEGACY_GROUP (the
+        default topic's partition, in the legacy key space), owned by this log."""
+        store = LmdbStore(path, max_tail_bytes=max_tail_bytes, map_size=map_size,
+                          max_map_size=max_map_size, verify_tail_bytes=verify_tail_bytes)
+        try:
+            store._attach_log(self, LEGACY_GROUP)
+        except BaseException:
+            store.close()
+            raise
+        self._owns_store = True
+
+    def _attach(self, store: LmdbStore, space: KeySpace, max_tail_bytes: int,
+                verify_tail_bytes: int) -> None:
+        """Load this log from `space` of `store` (the store holds its write lock)."""
+        self._store = store
+        self._owns_store = False
+        self._space = space
+        self.group_id = space.group_id
+        self.path = store.path
+        self._env = store.env  # (tests wrap this reference to inject write faults)
+        self._log_db, self._meta_db = space.log_db, space.meta_db
+        self._release_dir = store._release_dir
         self._max_tail_bytes = max_tail_bytes
-        self._max_map_size = max(max_map_size, map_size)
         self._lock = threading.RLock()
-        self._write_lock = threading.Lock()
+        self._write_lock = store._write_lock
         self._closed = False
         # Dirty batches, oldest first; their bases for bisect.
         self._tail: list[Batch] = []
@@ -114,34 +153,18 @@ class LmdbLog(LmdbDamage, LogStorage):
         self._damage = DamageSet()
         # What the open found wrong and repaired or cut (for the runtime's log and status).
         self.open_findings: list[str] = []
-        # The directory lock comes first: a second opener must not even open the environment.
-        fd = lock_dir(self.path)
-        # Released by close(), or when this object is collected without close() (nothing can
-        # write through an unreachable log), or by the kernel when the process dies.
-        self._release_dir = weakref.finalize(self, unlock_dir, fd)
-        try:
-            try:
-                self._env = lmdb.open(self.path, subdir=True, max_dbs=4, map_size=map_size,
-                                      lock=True, readahead=False, meminit=False)
-            except lmdb.Error as e:
-                raise StorageError(f"cannot open the LMDB log at {self.path}: {e}; check the "
-                                   f"path exists, is writable and is not on a full disk") from e
-            try:
-                self._log_db = self._env.open_db(b"log")
-                self._meta_db = self._env.open_db(b"meta")
-                self._load(verify_tail_bytes)
-            except BaseException:
-                self._env.close()
-                raise
-        except BaseException:
-            self._release_dir()
-            raise
+        self._load(verify_tail_bytes)
+
+    @property
+    def store(self) -> LmdbStore:
+        """The store this log lives in (its flush is the store's, for one log)."""
+        return self._store
 
     # -- opening -----------------------------------------------------------------------------
     def _load(self, verify_tail_bytes: int) -> None:
         started = time.monotonic()
         with self._env.begin(buffers=True) as txn:
-            s = fmt.scan(txn, self._log_db, self._meta_db, self.path, verify_tail_bytes)
+            s = fmt.scan(txn, self._space, self._where, verify_tail_bytes)
         self._fmt = s.fmt
         self._trailer = fmt.TRAILER if s.fmt >= 2 else 0
         meta = s.meta
@@ -154,11 +177,9 @@ class LmdbLog(LmdbDamage, LogStorage):
             meta = Meta(incarnation=fmt.new_incarnation())
         elif meta.incarnation == 0:  # written before incarnations existed
             meta.incarnation = fmt.new_incarnation()
-        if s.needs_write or s.identity_lost:  # before anything is served
-            with self._write_lock:
-                self._write("recording what the open found",
-                            lambda txn: fmt.write_open_repairs(txn, self._log_db, self._meta_db,
-                                                               s, meta))
+        if s.needs_write or s.identity_lost:  # before anything is served (write lock: held)
+            self._write("recording what the open found",
+                        lambda txn: fmt.write_open_repairs(txn, self._space, s, meta))
         self._meta = meta
         self._start, self._start_term = s.start, s.start_term
         self._snapshot, self._bytes = s.snapshot, s.nbytes
@@ -170,10 +191,15 @@ class LmdbLog(LmdbDamage, LogStorage):
             s.findings.append(f"damaged batch at {d.describe()}")
         self.open_findings = s.findings
         for finding in s.findings:
-            log.warning("log_damage_found path=%s at=open: %s", self.path, finding)
+            log.warning("log_damage_found path=%s at=open: %s", self._where, finding)
         if time.monotonic() - started >= fmt.PROGRESS_EVERY_S:
             log.info("opened_log path=%s batches=%d start=%d last_offset=%d elapsed_s=%.0f",
-                     self.path, s.batches, self._start, s.last, time.monotonic() - started)
+                     self._where, s.batches, self._start, s.last, time.monotonic() - started)
+
+    @property
+    def _where(self) -> str:
+        """The path, and the group when it is not 0 (for messages and logs)."""
+        return self.path if not self.group_id else f"{self.path} (group {self.group_id})"
 
     # -- positions ---------------------------------------------------------------------------
     @property
@@ -213,38 +239,16 @@ class LmdbLog(LmdbDamage, LogStorage):
     # -- LMDB write plumbing -------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
-            raise StorageError(f"the log at {self.path} is closed; reopen it with open_log()")
+            raise StorageError(f"the log at {self._where} is closed; reopen it with open_log()")
 
     def _write(self, what: str, body: Callable[[lmdb.Transaction], T]) -> T:
-        """Run `body` in one write transaction committed with fsync; grow the map on
-        MapFullError (doubling, up to max_map_size) and retry; map a full disk to DiskFull and
-        any other failure to StorageIOError. If it raises, the transaction was aborted and the
-        disk is unchanged. Caller holds _write_lock (and _lock for writes that shrink the log;
-        it is re-entrant, so _grow can take it again)."""
-        while True:
-            try:
-                with self._env.begin(write=True) as txn:
-                    out = body(txn)
-                if _BENCH_FSYNC_DELAY_S:
-                    time.sleep(_BENCH_FSYNC_DELAY_S)  # bench-only emulated slow disk
-                return out
-            except lmdb.MapFullError:
-                self._grow(what)
-            except (lmdb.Error, OSError) as e:
-                raise fmt.disk_error(self.path, what, e) from e
-
-    def _grow(self, what: str) -> None:
-        with self._lock:  # no read transaction may be open in this process while resizing
-            cur = self._env.info()["map_size"]
-            if cur >= self._max_map_size:
-                raise DiskFull(
-                    f"{what}: the LMDB map of {self.path} is full at its limit of "
-                    f"{self._max_map_size} bytes; raise max_map_size, truncate the log prefix "
-                    f"(retention) or move the data dir to a bigger disk. Nothing flushed before "
-                    f"is lost; unflushed batches stay in memory")
-            new = min(cur * 2, self._max_map_size)
-            self._env.set_mapsize(new)
-            log.info("lmdb_map_grown path=%s from=%d to=%d", self.path, cur, new)
+        """Run `body` in one fsynced write transaction of the store (LmdbStore._write_locked:
+        map growth, DiskFull, StorageIOError; if it raises, the disk is unchanged). Caller holds
+        _write_lock (and _lock for writes that shrink the log; it is re-entrant, so the map
+        growth can take it again)."""
+        if self.group_id:
+            what = f"{what} (group {self.group_id})"
+        return self._store._write_locked(what, body, self._env)
 
     # -- writes ------------------------------------------------------------------------------
     def append(self, batches: Sequence[Batch]) -> None:
@@ -279,56 +283,70 @@ class LmdbLog(LmdbDamage, LogStorage):
         """Write the tail as of now (only batches ending at or before `upto`, if given) in one
         fsynced transaction. Batches appended while this runs stay in the tail."""
         self._check_open()
-        with self._write_lock:
-            with self._lock:
-                n = len(self._tail)
-                if upto is not None:
-                    n = bisect.bisect_right(self._tail_bases, upto)
-                    while n and self._tail[n - 1].last_offset > upto:
-                        n -= 1
-                snap = self._tail[:n]
-                flushed = self._flushed  # only writers change it, and we hold _write_lock
-            if not snap:
-                return flushed
-            encoded = [(_key(b.base_offset), fmt.encode_value(b, self._fmt)) for b in snap]
-            first, end = snap[0].base_offset, snap[-1].last_offset
-            tail = fmt.seal([end, snap[-1].term])
+        return self._store._flush([(self, upto)])[self.group_id]
 
-            def put_all(txn: lmdb.Transaction) -> None:
-                cur = txn.cursor(db=self._log_db)
-                # Memory and disk must agree before we add to the disk: nothing stored past the
-                # flushed offset, and the last stored batch ends at it. Two cursor moves; they
-                # turn a disagreement into a refusal instead of an overlapping log.
-                if cur.set_range(_key(first)):
-                    stale = _KEY.unpack(bytes(cur.key()))[0]
-                    raise LogInconsistent(
-                        self.path, f"flushing offsets {first}..{end} found a stored batch at "
-                                   f"offset {stale}, past the flushed offset {flushed}",
-                        (first, end, stale))
-                if cur.last() and (h := fmt.head(cur.value(), self._fmt)) is not None:
-                    base, count, _ = h  # (a damaged header is the damage set's business)
-                    if base + count - 1 != flushed:
-                        raise LogInconsistent(
-                            self.path, f"the last stored batch ends at offset {base + count - 1}"
-                                       f", not at the flushed offset {flushed}",
-                            (base + count - 1, flushed))
-                elif not cur.last() and flushed != self._start - 1:
-                    raise LogInconsistent(
-                        self.path, f"no batch is stored, yet offsets up to {flushed} count as "
-                                   f"flushed", (flushed,))
-                cur.putmulti(encoded, dupdata=False, overwrite=True)
-                txn.put(fmt.TAIL_KEY, tail, db=self._meta_db)
+    def _flush_take(self, upto: int | None) -> FlushPart | None:
+        """The tail prefix a flush writes, encoded (None: nothing to write). Caller holds
+        _write_lock, so the flushed offset and the tail's prefix stay as they are until
+        `_flush_apply`."""
+        self._check_open()
+        with self._lock:
+            n = len(self._tail)
+            if upto is not None:
+                n = bisect.bisect_right(self._tail_bases, upto)
+                while n and self._tail[n - 1].last_offset > upto:
+                    n -= 1
+            snap = self._tail[:n]
+            flushed = self._flushed  # only writers change it, and the caller holds _write_lock
+        if not snap:
+            return None
+        key = self._space.key
+        return FlushPart(self, n, [(key(b.base_offset), fmt.encode_value(b, self._fmt))
+                                   for b in snap],
+                         snap[0].base_offset, snap[-1].last_offset, snap[-1].term, flushed,
+                         sum(b.size for b in snap))
 
-            self._write(f"flush of offsets {first}..{end}", put_all)
-            done = sum(b.size for b in snap)  # before the lock: readers wait on it
-            with self._lock:
-                # Nothing else removes tail entries while _write_lock is held, so the snapshot is
-                # still the tail's prefix.
-                del self._tail[:n]
-                del self._tail_bases[:n]
-                self._unflushed -= done
-                self._flushed = snap[-1].last_offset
-                return self._flushed
+    def _flush_put(self, txn: lmdb.Transaction, part: FlushPart) -> None:
+        """This log's share of the store flush's transaction: its batches and its tail record."""
+        space, first, end, flushed = self._space, part.first, part.end, part.flushed
+        cur = txn.cursor(db=space.log_db)
+        # Memory and disk must agree before we add to the disk: nothing stored past the
+        # flushed offset, and the last stored batch ends at it. Two cursor moves; they
+        # turn a disagreement into a refusal instead of an overlapping log.
+        if space.at_or_after(cur, first):
+            stale = space.offset(cur.key())
+            raise LogInconsistent(
+                self._where, f"flushing offsets {first}..{end} found a stored batch at "
+                             f"offset {stale}, past the flushed offset {flushed}",
+                (first, end, stale))
+        if space.last(cur):
+            h = fmt.head(cur.value(), self._fmt)
+            if h is not None:  # (a damaged header is the damage set's business)
+                base, count, _ = h
+                if base + count - 1 != flushed:
+                    raise LogInconsistent(
+                        self._where, f"the last stored batch ends at offset "
+                                     f"{base + count - 1}, not at the flushed offset {flushed}",
+                        (base + count - 1, flushed))
+        elif flushed != self._start - 1:
+            raise LogInconsistent(
+                self._where, f"no batch is stored, yet offsets up to {flushed} count as "
+                             f"flushed", (flushed,))
+        cur.putmulti(part.encoded, dupdata=False, overwrite=True)
+        txn.put(space.meta_key(fmt.TAIL_KEY), fmt.seal([end, part.end_term]),
+                db=space.meta_db)
+
+    def _flush_apply(self, part: FlushPart) -> int:
+        """After the commit that held `part`: the written prefix leaves the tail and the flushed
+        offset moves to exactly its end. Caller still holds _write_lock."""
+        with self._lock:
+            # Nothing else removes tail entries while _write_lock is held, so the snapshot is
+            # still the tail's prefix.
+            del self._tail[:part.n]
+            del self._tail_bases[:part.n]
+            self._unflushed -= part.nbytes
+            self._flushed = part.end
+            return self._flushed
 
     def truncate_suffix(self, after_offset: int) -> None:
         self._check_open()
@@ -345,16 +363,12 @@ class LmdbLog(LmdbDamage, LogStorage):
                 # Disk first (under _lock: readers wait, see the module docstring). If this
                 # raises, nothing below runs and memory still matches the untouched disk.
                 tail = fmt.seal([after_offset, self._term_at_locked(after_offset)])
+                space = self._space
 
                 def delete_after(txn: lmdb.Transaction) -> int:
-                    cur = txn.cursor(db=self._log_db)
-                    gone = 0
-                    if cur.set_range(_key(after_offset + 1)):
-                        while cur.key():  # (empty once the last key is deleted)
-                            gone += len(cur.value()) - self._trailer
-                            if not cur.delete():
-                                break
-                    txn.put(fmt.TAIL_KEY, tail, db=self._meta_db)
+                    gone = space.delete_from(txn.cursor(db=space.log_db), after_offset + 1,
+                                             self._trailer)
+                    txn.put(space.meta_key(fmt.TAIL_KEY), tail, db=space.meta_db)
                     return gone
 
                 self._bytes -= self._write(f"suffix truncation after {after_offset}",
@@ -410,9 +424,9 @@ class LmdbLog(LmdbDamage, LogStorage):
         gone = 0
         with self._env.begin(db=self._log_db, buffers=True) as txn:
             cur = txn.cursor()
-            if cur.set_range(_key(self._start)):
-                for k, v in cur:
-                    if _KEY.unpack(k)[0] >= offset:
+            if self._space.at_or_after(cur, self._start):
+                for base, v in self._space.items(cur):
+                    if base >= offset:
                         break
                     gone += len(v) - self._trailer
         self._start, self._start_term = offset, new_term
@@ -436,12 +450,8 @@ class LmdbLog(LmdbDamage, LogStorage):
             start, term, snap = self._start, self._start_term, self._snapshot
 
         def delete_before(txn: lmdb.Transaction) -> None:
-            fmt.write_start(txn, self._meta_db, start, term, snap)
-            cur = txn.cursor(db=self._log_db)
-            if cur.first():
-                while cur.key() and _KEY.unpack(cur.key())[0] < start:
-                    if not cur.delete():
-                        break
+            fmt.write_start(txn, self._space, start, term, snap)
+            self._space.delete_before(txn.cursor(db=self._log_db), start)
 
         self._write(f"prefix truncation to {start}", delete_before)
 
@@ -449,9 +459,10 @@ class LmdbLog(LmdbDamage, LogStorage):
         self._check_open()
         with self._write_lock, self._lock:
             def wipe(txn: lmdb.Transaction) -> None:
-                txn.drop(self._log_db, delete=False)
-                fmt.write_start(txn, self._meta_db, start_offset, start_term, snapshot)
-                txn.put(fmt.TAIL_KEY, fmt.seal([start_offset - 1, start_term]), db=self._meta_db)
+                self._space.clear_log(txn)
+                fmt.write_start(txn, self._space, start_offset, start_term, snapshot)
+                txn.put(self._space.meta_key(fmt.TAIL_KEY),
+                        fmt.seal([start_offset - 1, start_term]), db=self._meta_db)
 
             self._write(f"reset to offset {start_offset}", wipe)  # disk first
             self._tail.clear()
@@ -475,22 +486,21 @@ class LmdbLog(LmdbDamage, LogStorage):
             return known.first, known.last
         with self._env.begin(db=self._log_db, buffers=True) as txn:
             cur = txn.cursor()
-            k, v = self._seek(cur, offset)
+            base, v = self._seek(cur, offset)
             h = fmt.head(v, self._fmt)
             if h is None:
-                raise CorruptBatch(_KEY.unpack(k)[0], "its header fails its checksum")
+                raise CorruptBatch(base, "its header fails its checksum")
             return h[0], h[0] + h[1] - 1
 
-    @staticmethod
-    def _seek(cur: lmdb.Cursor, offset: int) -> tuple[bytes, memoryview]:
-        """Position `cur` on the batch holding `offset` (largest key <= offset)."""
-        want = _key(offset)
-        if cur.set_range(want):
-            if bytes(cur.key()) != want:
-                cur.prev()
-        else:
-            cur.last()
-        return bytes(cur.key()), cur.value()
+    def _seek(self, cur: lmdb.Cursor, offset: int) -> tuple[int, memoryview]:
+        """Position `cur` on the batch holding `offset` (largest key <= offset, which a
+        flushed offset in range always has); (its base offset, its record)."""
+        found = self._space.seek_le(cur, offset)
+        base = self._space.offset(cur.key()) if found else None
+        if base is None:
+            raise LogInconsistent(self._where, f"no stored batch holds flushed offset {offset}",
+                                  (offset,))
+        return base, cur.value()
 
     def read(self, offset: int, max_bytes: int, max_batches: int | None = None) -> list[Batch]:
         self._check_open()
@@ -505,9 +515,8 @@ class LmdbLog(LmdbDamage, LogStorage):
             if offset <= self._flushed:
                 with self._env.begin(db=self._log_db, buffers=True) as txn:
                     cur = txn.cursor()
-                    k, v = self._seek(cur, offset)
+                    base, v = self._seek(cur, offset)
                     while True:
-                        base = _KEY.unpack(k)[0]
                         if base > self._flushed:
                             break
                         size = len(v) - self._trailer  # what the batch counts as
@@ -521,9 +530,9 @@ class LmdbLog(LmdbDamage, LogStorage):
                             raise CorruptBatch(base, d.reason if d else "damaged")
                         out.append(b)
                         used += size
-                        if not cur.next():
+                        if not self._space.next(cur):
                             break
-                        k, v = bytes(cur.key()), cur.value()
+                        base, v = self._space.offset(cur.key()), cur.value()
                 i = 0
             else:
                 i = bisect.bisect_right(self._tail_bases, offset) - 1
@@ -560,22 +569,27 @@ class LmdbLog(LmdbDamage, LogStorage):
         raw = fmt.seal(fmt.meta_to_record(keep, keep.incarnation))
         with self._write_lock:
             self._write("saving term/vote metadata",
-                        lambda txn: txn.put(fmt.META_KEY, raw, db=self._meta_db))
+                        lambda txn: txn.put(self._space.meta_key(fmt.META_KEY), raw,
+                                            db=self._meta_db))
             with self._lock:
                 self._meta = copy.deepcopy(keep)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
-        """Idempotent. Waits for an in-flight flush; unflushed batches are dropped."""
-        with self._write_lock, self._lock:
-            if self._closed:
-                return
+        """Idempotent. Waits for an in-flight flush; unflushed batches are dropped. A log that
+        owns its store (LmdbLog(path)) closes the store too."""
+        if self._owns_store:
+            self._store.close()
+            return
+        with self._write_lock:
+            self._closed_by_store()
+            self._store._forget(self.group_id)
+
+    def _closed_by_store(self) -> None:
+        """Closed (the store closed or dropped it, or close()). Caller holds _write_lock."""
+        with self._lock:
             self._closed = True
-            try:
-                self._env.close()
-            finally:
-                self._release_dir()  # only after LMDB let go of the files
 
     def __repr__(self) -> str:
-        return (f"LmdbLog(path={self.path!r}, start={self._start}, flushed={self._flushed}, "
-                f"dirty={self._dirty})")
+        return (f"LmdbLog(path={self.path!r}, group={self.group_id}, start={self._start}, "
+                f"flushed={self._flushed}, dirty={self._dirty})")

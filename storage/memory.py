@@ -17,6 +17,11 @@ damaged disk would; the next crash() (the restart) then finds it exactly as Lmdb
 a damaged or missing batch cuts the log there and records the lost position, lost metadata gives
 the directory a new incarnation, a batch that fails its checksum is recorded as damaged.
 flip_bits also hits a running log's flushed copy (a bit that rots while the node runs).
+
+Many logs: `MemoryStore` is the in-memory twin of storage/lmdb_store.py's LmdbStore (open_log,
+drop_log, group_ids, flush of many logs as one commit, `commits`), with `crash()` for the whole
+store: every log loses exactly what is past its own flushed offset. A MemoryLog made on its own
+belongs to a one-log store of its own (LEGACY_GROUP, the default topic's partition), created when first asked for (`store`).
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ from __future__ import annotations
 import bisect
 import copy
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from storage.api import (
     DEFAULT_MAX_TAIL_BYTES,
+    LEGACY_GROUP,
     IoMode,
     LogStorage,
+    LogStore,
     Meta,
     OffsetOutOfRange,
     ScrubSlice,
@@ -48,7 +55,10 @@ _INCARNATIONS = itertools.count(0x5EED_0001)
 
 class MemoryLog(LogStorage):
     def __init__(self, max_tail_bytes: int = DEFAULT_MAX_TAIL_BYTES,
-                 incarnation: int | None = None) -> None:
+                 incarnation: int | None = None, *, store: MemoryStore | None = None,
+                 group_id: int = LEGACY_GROUP) -> None:
+        self._store = store
+        self.group_id = group_id
         self._max_tail_bytes = max_tail_bytes
         # Durable state: what survives crash().
         self._d_batches: list[Batch] = []
@@ -101,6 +111,15 @@ class MemoryLog(LogStorage):
         queue = self._faults.get(op)
         if queue:
             raise queue.pop(0)
+        self.store.commits += 1  # the "transaction" goes ahead: one fsync
+
+    @property
+    def store(self) -> MemoryStore:
+        """The store this log lives in (a one-log store of its own when made on its own)."""
+        if self._store is None:
+            self._store = MemoryStore(self._max_tail_bytes)
+            self._store._adopt(self)
+        return self._store
 
     # -- durable <-> live --------------------------------------------------------------------
     def _load_durable(self) -> None:
@@ -250,6 +269,14 @@ class MemoryLog(LogStorage):
         self._bytes += size
 
     def flush(self, upto: int | None = None) -> int:
+        plan = self._flush_plan(upto)
+        if plan is None:
+            return self._flushed
+        self._disk_write("flush")
+        return self._flush_apply(plan)
+
+    def _flush_plan(self, upto: int | None) -> tuple[int, int] | None:
+        """The live batches [i, j) a flush writes, or None when there is nothing to write."""
         # Invariant: the durable list holds exactly the live batches up to the flushed offset.
         i = bisect.bisect_right(self._bases, self._flushed)
         j = len(self._batches)
@@ -257,9 +284,11 @@ class MemoryLog(LogStorage):
             j = bisect.bisect_right(self._bases, upto)
             while j > i and self._batches[j - 1].last_offset > upto:
                 j -= 1
-        if j <= i:
-            return self._flushed
-        self._disk_write("flush")
+        return (i, j) if j > i else None
+
+    def _flush_apply(self, plan: tuple[int, int]) -> int:
+        """The planned batches are durable now; the flushed offset moves to exactly their end."""
+        i, j = plan
         new = self._batches[i:j]
         self._d_batches.extend(new)
         self._d_tail = (new[-1].last_offset, new[-1].term)
@@ -457,4 +486,82 @@ class MemoryLog(LogStorage):
                             copy.deepcopy(meta.extra), self._incarnation)
 
     def close(self) -> None:
-        pass
+        if self._store is not None:
+            self._store._opened.discard(self.group_id)
+
+
+class MemoryStore(LogStore):
+    """Many MemoryLogs behind LmdbStore's API (see the module docstring). The logs themselves
+    model their durable state; the store adds one commit for a flush of many logs, dropping a
+    log durably, and a crash of everything at once."""
+
+    def __init__(self, max_tail_bytes: int = DEFAULT_MAX_TAIL_BYTES) -> None:
+        self._max_tail_bytes = max_tail_bytes
+        self._logs: dict[int, MemoryLog] = {}  # every log the "disk" holds
+        self._opened: set[int] = set()
+        self.commits = 0  # durable changes committed (each one fsync in the LMDB store)
+
+    @property
+    def io_mode(self) -> IoMode:
+        return IoMode.INLINE
+
+    def _adopt(self, log: MemoryLog) -> None:
+        self._logs[log.group_id] = log
+        self._opened.add(log.group_id)
+
+    def open_log(self, group_id: int) -> MemoryLog:
+        """Group `group_id`'s log, created empty if absent; refused while it is open."""
+        if group_id < 0:
+            raise ValueError(f"group id {group_id} is out of range")
+        if group_id in self._opened:
+            raise StorageError(f"the log of group {group_id} is already open; use the open one")
+        log = self._logs.get(group_id)
+        if log is None:
+            log = MemoryLog(self._max_tail_bytes, store=self, group_id=group_id)
+            self._logs[group_id] = log
+        self._opened.add(group_id)
+        return log
+
+    def group_ids(self) -> list[int]:
+        return sorted(self._logs)
+
+    def drop_log(self, group_id: int) -> None:
+        """Delete the group's log, data and metadata (one commit); a later open_log starts it
+        empty with a new identity."""
+        if self._logs.pop(group_id, None) is not None:
+            self.commits += 1
+        self._opened.discard(group_id)
+
+    def flush(self, logs: Iterable[MemoryLog]) -> dict[int, int]:  # type: ignore[override]
+        """Every given log's dirty tail in one commit; each log's flushed offset by group id. A
+        flush fault injected on any of them (MemoryLog.fail_next) fails the whole commit and
+        changes no log, as the one LMDB transaction does."""
+        out: dict[int, int] = {}
+        plans: list[tuple[MemoryLog, tuple[int, int]]] = []
+        for log in dict.fromkeys(logs):
+            if self._logs.get(log.group_id) is not log:
+                raise ValueError(f"group {log.group_id}'s log is not held by this store")
+            plan = log._flush_plan(None)
+            if plan is None:
+                out[log.group_id] = log.flushed_offset
+            else:
+                plans.append((log, plan))
+        if not plans:
+            return out
+        for log, _ in plans:
+            queue = log._faults.get("flush")
+            if queue:
+                raise queue.pop(0)
+        self.commits += 1
+        for log, plan in plans:
+            out[log.group_id] = log._flush_apply(plan)
+        return out
+
+    def crash(self) -> None:
+        """A power cut: every log loses exactly what is past its own flushed offset."""
+        for log in self._logs.values():
+            log.crash()
+        self._opened.clear()
+
+    def close(self) -> None:
+        self._opened.clear()

@@ -7,8 +7,9 @@ raft.node.registry, runs under the node and can stop on its own):
 - the loads task: now and then the leader applies committed load entries (a budget per round,
   in bounded slices) and aborts idle staged loads;
 - the Ready loop, woken by an event whenever an input reached the core (no polling);
-- the flusher: one `log.flush()` at a time in a worker thread; appends continue meanwhile and the
-  next flush takes everything appended since (group commit);
+- flushing is the node's (raft.node.flusher.NodeFlusher, given as `flusher`): the group asks, the
+  node's one flush writes every asking group's tail in one transaction and one fsync (group
+  commit across groups), then calls `on_flushed` with this group's own flushed offset;
 - the catch-up sampler (raft.node.catchup) behind `status`;
 - the scrubber (raft.node.scrubber), re-reading the flushed log at `scrub_rate`.
 
@@ -52,10 +53,12 @@ from raft.core.messages import Message
 from raft.node.catchup import CatchupTracker
 from raft.node.config import ConfigError, NodeConfig
 from raft.node.errors import NodeFailed
+from raft.node.flusher import NodeFlusher
 from raft.node.identity import ClusterIdentity
 from raft.node.load_service import LoadService
 from raft.node.outbox import GroupOutbox, Links
 from raft.node.retention import RetentionTask
+from raft.core.retention import RetentionPolicy
 from raft.node.scrubber import Scrubber
 from raft.node.subscription_service import SubscriptionService
 from raft.core.incarnation import Standing
@@ -94,6 +97,12 @@ class RaftGroup:
         self.config = config
         self.node_id = config.node_id
         self.group_id = group_id
+        # The group whose metadata keeps the cluster id (the node sets it: the default topic's,
+        # which owns the legacy key space, so data directories from before topics keep theirs).
+        self.keeps_identity = False
+        # Whether the node's retention flags cut this group's log (the controller's is never
+        # cut this round: its metadata snapshot section is not registered per group yet).
+        self.retained = True
         # The founding voters of a group other than 0 (group 0's come from --peers).
         self._voters = None if voters is None else sorted(voters)
         self._outbox = GroupOutbox(links, group_id)
@@ -114,7 +123,8 @@ class RaftGroup:
         self.closing = False
         self._meta = Meta()
         self._wake = trio.Event()
-        self._flush_wanted = trio.Event()
+        # The node's flusher (Node sets it; a group started without one runs its own).
+        self.flusher: NodeFlusher | None = None
         self._hw_changed = trio.Event()
         self._state_changed = trio.Event()
         self._last_hw = -1
@@ -163,7 +173,7 @@ class RaftGroup:
         elif self.config.join:
             # Not a member until the cluster adds it: the others decide, via the log.
             voters = sorted(p for p in self.config.peers if p != self.node_id)
-        if self.group_id == 0:  # the cluster id lives in group 0's metadata
+        if self.keeps_identity:  # the cluster id lives in this group's metadata
             self.identity.load(self._meta.extra, fresh=self._meta.is_empty(),
                                founder=None if self.config.join else min(voters),
                                save=self._save_identity)
@@ -180,7 +190,8 @@ class RaftGroup:
             respect_retention=self.config.retention_respect_subscriptions)
         self._last_hw = self.core.high_watermark
         self._known_config = self.core.config
-        self.retention = RetentionTask(self, self.config.retention_policy())
+        self.retention = RetentionTask(self, self.config.retention_policy() if self.retained
+                                       else RetentionPolicy())
         self.subs.attach_retention(self.retention)  # before retention's first pass
 
     def _save_identity(self) -> None:
@@ -199,7 +210,9 @@ class RaftGroup:
         thread is waited for, not abandoned)."""
         nursery.start_soon(self.catchup.run_sampler)
         nursery.start_soon(self._ready_loop)
-        nursery.start_soon(self._flush_loop)
+        if self.flusher is None:
+            self.flusher = NodeFlusher(self.metrics)
+            nursery.start_soon(self.flusher.run)
         nursery.start_soon(self._loads_loop)
         if self.retention.policy.active:
             nursery.start_soon(self.retention.run)
@@ -350,7 +363,7 @@ class RaftGroup:
         except Exception as e:
             self.fail(e, "tick")
             return
-        if self.group_id == 0 and self.core.standing() is Standing.MEMBER:
+        if self.keeps_identity and self.core.standing() is Standing.MEMBER:
             self.identity.became_member()
         self.kick()
 
@@ -421,7 +434,7 @@ class RaftGroup:
         for msg in rd.messages:
             self._outbox.send(msg)
         if rd.flush:
-            self._flush_wanted.set()
+            self.flusher.request(self)
         for answer in rd.answers:
             pending = self._pending.get(answer.request_id)
             if pending is not None:
@@ -464,33 +477,22 @@ class RaftGroup:
             self._state_changed.set()
             self._state_changed = trio.Event()
 
-    async def _flush_loop(self) -> None:
-        while True:
-            await self._flush_wanted.wait()
-            self._flush_wanted = trio.Event()
-            before, started = self.log.flushed_offset, time.perf_counter()
-            try:
-                flushed = await self._run_io(self.log.flush)
-            except DiskFull as e:
-                # Nothing was written (storage changes the disk first): the tail is still in
-                # memory and the next flush takes it. Not a crash.
-                self._note_disk_full(e, "flush")
-                await trio.sleep(DISK_FULL_RETRY_S)
-                self._flush_wanted.set()
-                continue
-            except Exception as e:
-                self.fail(e, "flush")
-                return
-            self._note_disk_ok("flush")
-            if self.metrics is not None:
-                self.metrics.flush_done(time.perf_counter() - started, flushed - before)
-            try:
-                # A truncation may have raced the flush; never report more than the log holds.
-                self.core.flushed(min(flushed, self.log.flushed_offset))
-            except Exception as e:
-                self.fail(e, "flushed")
-                return
-            self.kick()
+    # -- what the node's flusher reports (raft.node.flusher) --------------------------------------
+    def on_flushed(self, flushed: int) -> None:
+        """The node's flush made this group's log durable up to `flushed`."""
+        self._note_disk_ok("flush")
+        try:
+            # A truncation may have raced the flush; never report more than the log holds.
+            self.core.flushed(min(flushed, self.log.flushed_offset))
+        except Exception as e:
+            self.fail(e, "flushed")
+            return
+        self.kick()
+
+    def on_flush_disk_full(self, e: DiskFull) -> None:
+        """Nothing was written (storage changes the disk first): the tail is still in memory
+        and the flusher's retry takes it. Not a crash: the leader refuses writes meanwhile."""
+        self._note_disk_full(e, "flush")
 
     def _expire_loads(self) -> None:
         try:

@@ -66,6 +66,9 @@ class NodeMetrics:
         self.fsync_latency = Histogram("raftlog_fsync_latency_seconds", "Duration of one log "
                                        "flush (write and fsync)", buckets=LATENCY_BUCKETS,
                                        registry=reg)
+        self.fsyncs = Counter("raftlog_fsyncs", "Fsynced storage commits of this node: one per "
+                              "flush of any number of groups' logs (group commit across "
+                              "groups), metadata save or log cut", registry=reg)
         self.flush_records = Histogram("raftlog_flush_batch_records", "Records made durable by "
                                        "one flush (group commit size)", buckets=RECORDS_BUCKETS,
                                        registry=reg)

@@ -44,6 +44,7 @@ from raft.node.api.fetch import visible_hw
 from raft.node.auth import Session
 from raft.node.connection_errors import discard_input, send_error, split_connection_errors
 from raft.node.errors import NodeFailed
+from raft.node.flusher import NodeFlusher
 from raft.node.gate import Gate, remote_of
 from raft.node.group import RaftGroup
 from raft.node.identity import not_member_message
@@ -51,16 +52,17 @@ from raft.node.looplag import LoopLag
 from raft.node.metrics import SUBSCRIPTION_SERIES_MAX, NodeMetrics
 from raft.node.peer import PeerLink
 from raft.node.registry import GroupRegistry
+from raft.node.topic_runtime import DEFAULT_GROUP, TopicRuntime
 from raft.node.transport import PeerTransport
 from raft.protocol.fields import get_int
 from raft.protocol.framing import FrameTooLarge, WireError, encode_frame
 from raft.protocol.hello import CLIENT_HELLO_EXAMPLE, Hello, HelloReply, Speaker
 from raft.protocol.raft_frames import messages_from_frame
 from raft.protocol.replies import ErrorReply, Reply
-from raft.protocol.requests import DEFAULT_TOPIC, SINGLE_GROUP, Produce
+from raft.protocol.requests import CONTROLLER_GROUP, DEFAULT_TOPIC, Produce
 from raft.protocol.streams import FrameReader
 from raft.core.types import ErrorCode, Role
-from storage.api import LogStorage
+from storage.api import IoMode, LogStorage
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -68,6 +70,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("raftlog.node")
 
 HELLO_TIMEOUT_S = 10.0
+# What a request naming the controller's group (0) explicitly may be: its status and the
+# controller's own requests; never a client's write or read of its log.
+CONTROLLER_REQUESTS = frozenset({"status", "metadata", "topic_create", "topic_alter",
+                                 "topic_delete", "transfer_leader"})
 
 
 class Node:
@@ -88,13 +94,23 @@ class Node:
         self.metrics = NodeMetrics()
         self.gate = Gate(config, self.metrics)
         self.transport = PeerTransport(config, rng, tls=lambda: self.gate.tls)
+        # One flusher for the node: group commit across its groups (raft.node.flusher).
+        self.flusher = NodeFlusher(self.metrics)
         # One trio loop per node: one monitor, whatever the number of groups.
         self.loop_lag = LoopLag()
         self.registry = GroupRegistry(self.node_id, self.metrics)
-        # Group 0, the node's own: its voters come from --peers and it opens the node's data
-        # directory unless a log is passed in.
-        self.group = self._new_group(0, log_storage, None, rng)
-        self.group.metrics = self.metrics  # the node's role/term series are group 0's today
+        # Two groups from boot (issue 26): the default topic's partition, whose log is the
+        # store's legacy key space (the data directory's unless a log is passed in; it keeps
+        # the cluster id), and the controller, group 0, whose log comes from the same store.
+        # Both take their voters from --peers (or join). `node.group`, `node.core` and
+        # `node.log` are the default topic's.
+        self.group = self._new_group(DEFAULT_GROUP, log_storage, None, rng)
+        self.group.keeps_identity = True
+        self.group.metrics = self.metrics  # the node's role/term series are the default's
+        self.controller_group = self._new_group(CONTROLLER_GROUP, None, None,
+                                                random.Random(rng.getrandbits(64)))
+        self.controller_group.retained = False  # see raft.node.controller: never cut yet
+        self.topics = TopicRuntime(self)
         self.metrics_address: str | None = None  # where /metrics is served, once running
         self.api = self._context(self.group)
         self._running = False
@@ -114,15 +130,16 @@ class Node:
         group.on_fatal = self.abort  # fail-stop is the process's, whichever group found it
         group.identity = self.transport.identity  # one cluster id, for links and groups
         group.on_membership_change = self._sync_links
+        group.flusher = self.flusher
         return group
 
     def _context(self, group: RaftGroup) -> api.ApiContext:
         return api.ApiContext(config=self.config, group=group, peers=self.transport,
-                              loop_lag=self.loop_lag)
+                              loop_lag=self.loop_lag, cluster=getattr(self, "topics", None))
 
     # -- groups at run time ------------------------------------------------------------------------
-    async def add_group(self, group_id: int, voters: list[int],
-                        log_storage: LogStorage) -> RaftGroup:
+    async def add_group(self, group_id: int, voters: list[int], log_storage: LogStorage, *,
+                        owns_log: bool = False) -> RaftGroup:
         """Start running Raft group `group_id` on this node, founded with `voters` (node ids;
         this node among them, or a learner added later through the group's log) on
         `log_storage` (its own log: the node's data directory holds group 0's). The group
@@ -144,6 +161,7 @@ class Node:
                              f"{sorted({self.node_id, *self.peer_addresses})}")
         group = self._new_group(group_id, log_storage, list(voters),
                                 random.Random(self._rng.getrandbits(64)))
+        group.owns_log = owns_log  # the reconciler's groups: closed when removed
         await group.open_log()
         group.start_core()
         self.registry.add(group_id, group, self._context(group))
@@ -157,10 +175,11 @@ class Node:
         groups go on), its waiting requests are answered SHUTTING_DOWN, its log is flushed
         (closed too if the group opened it), and peer messages and client requests for it are
         refused from now on. Group 0 is the node's own group and stops with the node."""
-        if group_id == 0:
-            raise ValueError("group 0 is the node's own group and stops with the node "
-                             "(request_shutdown)")
+        if group_id in (CONTROLLER_GROUP, DEFAULT_GROUP):
+            raise ValueError(f"group {group_id} (the controller, or the default topic's "
+                             f"partition) runs as long as the node (request_shutdown)")
         group = await self.registry.remove(group_id)
+        self.flusher.forget(group)  # its final flush below is its last
         try:
             if group.failure is None and group.log is not None:
                 await group.final_flush()  # NodeFailed if the disk refuses it: the caller's
@@ -272,12 +291,27 @@ class Node:
         """Every group still registered (group 0 first)."""
         return list(self.registry.groups())
 
+    async def _open_controller_log(self) -> None:
+        """The controller's log, from the store the default topic's log lives in."""
+        ctl = self.controller_group
+        store = self.group.log.store
+        if store.io_mode is IoMode.INLINE:
+            ctl.log = store.open_log(CONTROLLER_GROUP)
+        else:
+            ctl.log = await trio.to_thread.run_sync(store.open_log, CONTROLLER_GROUP)
+        ctl.owns_log = True
+        await ctl.open_log()
+
     async def _run(self, task_status: trio.TaskStatus[Node]) -> None:
-        group = self.group
+        group, ctl = self.group, self.controller_group
         await group.open_log()
         try:
+            await self._open_controller_log()
             group.start_core()
-            self.registry.add(0, group, self.api)
+            ctl.start_core()
+            self.topics.controller.open()
+            self.registry.add(CONTROLLER_GROUP, ctl, self._context(ctl))
+            self.registry.add(DEFAULT_GROUP, group, self.api)
             host, port = self.config.listen_address
             try:
                 listeners = await trio.open_tcp_listeners(port, host=host)
@@ -303,9 +337,11 @@ class Node:
                 self.transport.start(nursery, *self._wanted_members())
                 async with trio.open_nursery() as driver:
                     self._before_serving()
+                    driver.start_soon(self.flusher.run)
                     # Each group's tasks in a nursery of its own, and the node's one ticker.
                     self.registry.attach(driver, self.config.tick_ms / 1000)
                     self._running = True
+                    self.topics.start(driver)  # the controller, the reconciler
                     async with trio.open_nursery() as conn_nursery:
                         self._accept_scope = trio.CancelScope()
                         conn_nursery.start_soon(self._accept, listeners, conn_nursery)
@@ -316,7 +352,7 @@ class Node:
                     # Stopping the driver waits for a running save_meta/flush thread (those
                     # are not abandoned on cancel), so the final flushes below run alone.
                     driver.cancel_scope.cancel()
-                for other in self._all_groups():  # group 0 last: the node's own metadata
+                for other in self._all_groups():  # the default last: it keeps the cluster id
                     if other is not group:
                         await other.final_flush()
                 await group.final_flush()
@@ -325,7 +361,9 @@ class Node:
             self._running = False
             with trio.CancelScope(shield=True):
                 await self.metrics.stop_http()
-            for other in {group, *self._all_groups()}:
+            # The default's log last: opened from a data directory it owns the store.
+            others = [g for g in dict.fromkeys([ctl, *self._all_groups()]) if g is not group]
+            for other in [*others, group]:
                 other.mark_closed()
                 if other.owns_log and other.log is not None:
                     other.log.close()
@@ -511,9 +549,19 @@ class Node:
             raise
         group_id = request.group
         if group_id is None:
-            group_id, refusal = self._resolve(request)
-            if refusal is not None:
-                return _Incoming(t, rid, started, refusal=refusal)
+            topic = getattr(request, "topic", DEFAULT_TOPIC)
+            partition = getattr(request, "topic_partition", None)
+            resolved = self.topics.resolve(
+                topic, getattr(request, "partition", 0) if partition is None else partition)
+            if resolved.refusal is not None:
+                return _Incoming(t, rid, started, refusal=resolved.refusal)
+            group_id = resolved.group
+        elif group_id == CONTROLLER_GROUP and t not in CONTROLLER_REQUESTS:
+            return _Incoming(t, rid, started, refusal=ErrorReply(
+                ErrorCode.BAD_REQUEST,
+                f"group {CONTROLLER_GROUP} is the controller's log (the cluster's metadata): "
+                f"{t} is not served on it; leave out the group field and name a topic and "
+                f"partition (`metadata` lists them)"))
         ctx = self.registry.api(group_id)
         if ctx is None:
             groups = self.registry.ids()
@@ -523,23 +571,6 @@ class Node:
                 f"{groups}; send the request to a node that runs it, or leave out the group "
                 f"field and name the topic and partition", {"groups": groups}))
         return _Incoming(t, rid, started, execute, request, ctx)
-
-    def _resolve(self, request: Any) -> tuple[int, ErrorReply | None]:
-        """The group of a request addressed by topic and partition. Until the controller runs
-        in the node, the node's own group is the default topic's only partition."""
-        topic = getattr(request, "topic", DEFAULT_TOPIC)
-        partition = getattr(request, "topic_partition", None)
-        if partition is None:
-            partition = getattr(request, "partition", 0)
-        if topic != DEFAULT_TOPIC:
-            return SINGLE_GROUP, ErrorReply(
-                ErrorCode.UNKNOWN_TOPIC, f"unknown topic {topic!r}; topics: {DEFAULT_TOPIC}",
-                {"topic": topic, "topics": [DEFAULT_TOPIC]})
-        if partition != 0:
-            return SINGLE_GROUP, ErrorReply(
-                ErrorCode.UNKNOWN_TOPIC, f"topic {topic!r} has no partition {partition}; it "
-                f"has 1 partition (0)", {"topic": topic, "partitions": 1})
-        return SINGLE_GROUP, None
 
     async def _answer(self, conn: _Conn, incoming: _Incoming, limiter: trio.Semaphore,
                       scope: trio.CancelScope) -> None:

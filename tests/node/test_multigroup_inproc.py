@@ -1,4 +1,5 @@
-"""Many Raft groups per node (issue 26), in process: three nodes, each running groups 0..3 over one
+"""Many Raft groups per node (issue 26), in process: three nodes, each running the controller (group 0), the default topic and
+groups added by hand over one
 peer link per node pair (raft.node.registry). Each group elects its own leader and replicates its
 own log; a message for a group a node does not run is dropped and counted without harming the
 others; removing a group stops it on that node while the others keep committing; client requests
@@ -16,9 +17,15 @@ from raft.core import messages as m
 from raft.core.types import Role
 from raft.node.outbox import PeerStream
 from raft.node.server import Node
+from storage.api import LEGACY_GROUP
 from storage.memory import MemoryLog
 
 VOTERS = [1, 2, 3]
+# A node runs the controller (group 0) and the default topic's partition (DEFAULT) from boot;
+# the groups these tests add by hand take ids far above what the controller has allocated, so
+# its reconciler leaves them alone (raft.controller.reconcile: ids it has not allocated).
+DEFAULT = LEGACY_GROUP
+EXTRA = [101, 102, 103, 104, 105, 106, 107]
 
 
 async def add_groups(cluster: Cluster, groups: range | list[int]) -> None:
@@ -79,16 +86,17 @@ async def group_values(node: Node, g: int, upto: int) -> list[bytes]:
 async def test_each_group_elects_its_own_leader_and_replicates_its_own_log() -> None:
     async with running_cluster(3) as cluster:
         await cluster.wait_leader()
-        await add_groups(cluster, range(1, 4))
+        await add_groups(cluster, EXTRA[:3])
+        groups = [DEFAULT, *EXTRA[:3]]
         for node in cluster.nodes:
-            assert node.registry.ids() == [0, 1, 2, 3]
-            assert node.group is node.registry.get(0)  # node.group stays group 0
-        written: dict[int, list[tuple[int, bytes]]] = {g: [] for g in range(4)}
+            assert node.registry.ids() == [0, *groups]
+            assert node.group is node.registry.get(DEFAULT)  # node.group: the default topic's
+        written: dict[int, list[tuple[int, bytes]]] = {g: [] for g in groups}
         for i in range(3):
-            for g in range(4):
+            for g in groups:
                 value = f"g{g}-{i}".encode()
                 written[g].append((await produce(cluster, g, value), value))
-        for g in range(4):
+        for g in groups:
             last = written[g][-1][0]
             for node in cluster.nodes:  # every replica holds exactly its group's records
                 assert await group_values(node, g, last) == [v for _, v in written[g]]
@@ -98,8 +106,8 @@ async def test_each_group_elects_its_own_leader_and_replicates_its_own_log() -> 
 async def test_a_message_for_an_unknown_group_is_dropped_and_counted_and_harms_no_other() -> None:
     async with running_cluster(3) as cluster:
         await cluster.wait_leader()
-        await add_groups(cluster, [1])
-        leader1 = await group_leader(cluster, 1)
+        await add_groups(cluster, [101])
+        leader1 = await group_leader(cluster, 101)
         target = next(n for n in cluster.nodes if n is not leader1)
         # A heartbeat of a high term: delivered to any group, it would depose its leader.
         hb = m.Heartbeat(leader1.node_id, target.node_id, 10_000, 0, 1)
@@ -112,7 +120,7 @@ async def test_a_message_for_an_unknown_group_is_dropped_and_counted_and_harms_n
         sample = target.metrics.registry.get_sample_value(
             "raftlog_peer_messages_unknown_group_total", {"peer": str(leader1.node_id)})
         assert sample == 1
-        for g in (0, 1):  # no term of either group moved to the stray message's
+        for g in (DEFAULT, 101):  # no term of either group moved to the stray message's
             assert all(n.registry.get(g).core.term < 10_000 for n in cluster.nodes)
             await produce(cluster, g, f"g{g}-after".encode())
 
@@ -121,43 +129,44 @@ async def test_a_message_for_an_unknown_group_is_dropped_and_counted_and_harms_n
 async def test_removing_a_group_stops_it_on_that_node_while_the_others_keep_committing() -> None:
     async with running_cluster(3) as cluster:
         await cluster.wait_leader()
-        await add_groups(cluster, range(1, 4))
-        for g in range(4):
+        await add_groups(cluster, EXTRA[:3])
+        groups = [DEFAULT, *EXTRA[:3]]
+        for g in groups:
             await produce(cluster, g, f"g{g}-before".encode())
         node = cluster.node(2)
-        removed = node.registry.get(2)
-        await node.remove_group(2)
-        assert node.registry.ids() == [0, 1, 3] and removed.closing
+        removed = node.registry.get(102)
+        await node.remove_group(102)
+        assert node.registry.ids() == [0, DEFAULT, 101, 103] and removed.closing
         term = removed.core.term
-        # The other two replicas of group 2 keep sending to node 2, which drops and counts
-        # them; groups 0, 1 and 3 commit on all three nodes, group 2 on its other two.
+        # The other two replicas of group 102 keep sending to node 2, which drops and counts
+        # them; the other groups commit on all three nodes, group 102 on its other two.
         with trio.fail_after(DEADLINE_S):
             while node.registry.unknown_group_messages < 1:
                 await trio.sleep(0.02)
-        for g in range(4):
+        for g in groups:
             offset = await produce(cluster, g, f"g{g}-after".encode())
             for other in running(cluster, g):
                 assert (await group_values(other, g, offset))[-1] == f"g{g}-after".encode()
         assert removed.core.term == term  # nothing ticks or steps the removed group
         client = await RawClient.connect(node.address)
-        reply = await client.request("status", group=2)
+        reply = await client.request("status", group=102)
         await client.aclose()
-        assert reply["ok"] is False and reply["error"]["groups"] == [0, 1, 3]
+        assert reply["ok"] is False and reply["error"]["groups"] == [0, DEFAULT, 101, 103]
 
 
 @trio_test
 async def test_a_request_for_a_group_the_node_does_not_run_names_the_groups_it_runs() -> None:
     async with running_cluster(3) as cluster:
         await cluster.wait_leader()
-        await add_groups(cluster, [5])
+        await add_groups(cluster, [105])
         client = await RawClient.connect(cluster.nodes[0].address)
         try:
             reply = await client.request("fetch", offset=0, group=7)
             assert reply["ok"] is False
             error = reply["error"]
-            assert error["code"] == "BAD_REQUEST" and error["groups"] == [0, 5]
-            assert "group 7" in error["message"] and "[0, 5]" in error["message"]
-            ok = await client.request("status", group=5)  # the connection goes on
+            assert error["code"] == "BAD_REQUEST" and error["groups"] == [0, DEFAULT, 105]
+            assert "group 7" in error["message"] and "[0, 1, 105]" in error["message"]
+            ok = await client.request("status", group=105)  # the connection goes on
             assert ok["ok"] and ok["status"]["node_id"] == cluster.nodes[0].node_id
         finally:
             await client.aclose()
@@ -167,21 +176,23 @@ async def test_a_request_for_a_group_the_node_does_not_run_names_the_groups_it_r
 async def test_add_group_refuses_a_duplicate_and_unknown_voters_and_group_zero_stays() -> None:
     async with running_cluster(3) as cluster:
         node = cluster.nodes[0]
-        await node.add_group(1, VOTERS, MemoryLog())
-        for g, voters, fragment in ((1, VOTERS, "already runs"), (2, [1, 9], "unknown: [9]"),
-                                    (2, [], "non-empty")):
+        await node.add_group(101, VOTERS, MemoryLog())
+        for g, voters, fragment in ((101, VOTERS, "already runs"), (DEFAULT, VOTERS,
+                                                                     "already runs"),
+                                    (102, [1, 9], "unknown: [9]"), (102, [], "non-empty")):
             try:
                 await node.add_group(g, voters, MemoryLog())
             except ValueError as e:
                 assert fragment in str(e)
             else:
                 raise AssertionError(f"add_group({g}, {voters}) was accepted")
-        try:
-            await node.remove_group(0)
-        except ValueError as e:
-            assert "group 0" in str(e)
-        else:
-            raise AssertionError("group 0 was removed")
+        for g in (0, DEFAULT):  # the controller and the default topic run with the node
+            try:
+                await node.remove_group(g)
+            except ValueError as e:
+                assert f"group {g}" in str(e)
+            else:
+                raise AssertionError(f"group {g} was removed")
 
 
 # -- frames per node pair do not grow with the number of groups ----------------------------------
@@ -236,14 +247,15 @@ async def test_frames_per_node_pair_do_not_grow_with_the_number_of_groups() -> N
     group's did: frames per node pair stay within 2x of the one-group figure."""
     async with running_cluster(3) as cluster:
         await cluster.wait_leader()
-        await settled(cluster, range(1))
+        await settled(cluster, [0, DEFAULT])
         one = await frames_per_tick(cluster)
-        await add_groups(cluster, range(1, 8))
-        await settled(cluster, range(8))
+        await add_groups(cluster, EXTRA[:6])
+        await settled(cluster, [0, DEFAULT, *EXTRA[:6]])
         sent_before = sum(link.sent_messages for n in cluster.nodes for link in n.links.values())
         eight = await frames_per_tick(cluster)
         sent = sum(link.sent_messages for n in cluster.nodes for link in n.links.values())
         assert sent - sent_before > 8 * 50  # the 8 groups did send (heartbeats and replies)
+        # (One group before was two since issue 26: the controller and the default topic.)
         for pair in ((1, 2), (1, 3)):
             assert one[pair] > 0.5, one  # a heartbeat and its reply most ticks
             assert eight[pair] <= 2 * one[pair], (one, eight)
@@ -261,18 +273,18 @@ async def test_a_group_on_lmdb_flushes_in_worker_threads_and_is_removed_cleanly(
         await cluster.wait_leader()
         logs = {}
         for node in cluster.nodes:
-            path = tmp_path / f"node-{node.node_id}-group-1"
+            path = tmp_path / f"node-{node.node_id}-group-101"
             path.mkdir()
             logs[node.node_id] = open_log(path)
-            await node.add_group(1, VOTERS, logs[node.node_id])
+            await node.add_group(101, VOTERS, logs[node.node_id])
         try:
-            offset = await produce(cluster, 1, b"g1-durable")
+            offset = await produce(cluster, 101, b"g1-durable")
             for node in cluster.nodes:
-                assert await group_values(node, 1, offset) == [b"g1-durable"]
+                assert await group_values(node, 101, offset) == [b"g1-durable"]
             for node in cluster.nodes:
-                await node.remove_group(1)
+                await node.remove_group(101)
                 assert logs[node.node_id].flushed_offset >= offset
-            await produce(cluster, 0, b"g0-after")  # group 0 goes on
+            await produce(cluster, DEFAULT, b"g0-after")  # the default topic goes on
         finally:
             for log_storage in logs.values():
                 log_storage.close()

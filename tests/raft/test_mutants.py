@@ -19,6 +19,7 @@ import importlib
 import inspect
 import pathlib
 import sys
+import tempfile
 import textwrap
 import types
 from collections.abc import Callable
@@ -56,6 +57,28 @@ import test_load_service  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "controller"))
 import test_controller_state  # noqa: E402
 import test_placement  # noqa: E402
+# The store's group commit across logs is killed by the storage tests (tests/storage).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
+import test_store  # noqa: E402
+import test_flusher  # noqa: E402  (tests/node, on the path above)
+import test_reconciler  # noqa: E402  (tests/node: the node's topics)
+
+
+def _in_tmp(test: Callable[..., None], *args: object) -> Callable[[], None]:
+    """A killer that takes a fresh temporary directory (as pytest's tmp_path) on every run."""
+    def run() -> None:
+        with tempfile.TemporaryDirectory(prefix="raftlog-mutant-") as d:
+            test(*args, pathlib.Path(d))
+    run.__name__ = test.__name__
+    return run
+
+
+def _with_memory_store(test: Callable[..., None], *args: object) -> Callable[[], None]:
+    """A killer that takes a fresh MemoryStore (as its `store` fixture) on every run."""
+    def run() -> None:
+        test(test_flusher.open_store(None), *args)
+    run.__name__ = test.__name__
+    return run
 
 
 @dataclass(frozen=True)
@@ -69,6 +92,27 @@ class Mutant:
 
 
 MUTANTS = [
+    Mutant("a store flush credits a log with its dirty offset, not what its transaction held",
+           "storage.lmdb_log", "LmdbLog._flush_apply",
+           "self._flushed = part.end",
+           "self._flushed = self._dirty",
+           (_in_tmp(test_store.test_a_store_flush_credits_each_log_only_what_its_transaction_held),)),
+    Mutant("a store flush credits one log with another log's flushed offset",
+           "storage.lmdb_store", "LmdbStore._flush",
+           "out[part.log.group_id] = part.log._flush_apply(part)",
+           "out[parts[-1].log.group_id] = part.log._flush_apply(part)",
+           (_in_tmp(test_store.test_a_store_flush_credits_each_log_only_what_its_transaction_held),)),
+    Mutant("the node's flusher tells every group the highest offset of its flush",
+           "raft.node.flusher", "NodeFlusher._flush_round",
+           "g.on_flushed(flushed[g.log.group_id])",
+           "g.on_flushed(max(flushed.values()))",
+           (_with_memory_store(test_flusher.test_groups_asking_together_share_one_fsync, 8),)),
+    Mutant("the in-memory store flush credits one log with another log's flushed offset",
+           "storage.memory", "MemoryStore.flush",
+           "out[log.group_id] = log._flush_apply(plan)",
+           "out[plans[-1][0].group_id] = log._flush_apply(plan)",
+           (_in_tmp(test_store.test_a_store_flush_gives_every_log_its_own_flushed_offset,
+                    "memory"),)),
     Mutant("commit entries of an earlier term directly (no current-term rule)",
            "raft.core.leader", "LeaderSide._maybe_commit",
            "candidate <= self.log.dirty_offset and \\\n"
@@ -538,6 +582,16 @@ MUTANTS = [
            "if False:",
            (test_placement.test_the_rebalance_plan_is_bounded,
             test_placement.test_a_returning_node_gets_leadership_back_a_few_at_a_time)),
+    Mutant("the node's reconciler never drops a deleted topic's data",
+           "raft.node.reconciler", "Reconciler.reconcile_once",
+           "await self._io(host.store.drop_log, group_id)",
+           "pass",
+           (test_reconciler.test_the_reconciler_starts_stops_and_drops_what_the_metadata_says,)),
+    Mutant("a request for (topic, partition) is routed ignoring the partition",
+           "raft.node.topics", "resolve",
+           "p = t.partitions[partition]",
+           "p = t.partitions[0]",
+           (test_reconciler.test_resolve_sends_a_partition_to_its_own_group,)),
 ]
 
 

@@ -167,6 +167,9 @@ def test_metrics_parse_and_agree_with_status(auth: AuthCluster) -> None:
         assert gauge(samples, "raftlog_role", role=n["role"]) == 1
         assert gauge(samples, "raftlog_open_connections", kind="peer") >= 2
         assert gauge(samples, "raftlog_fsync_latency_seconds_count") > 0
+        # Every flush is a store commit; so are metadata saves (the node's fsyncs).
+        assert gauge(samples, "raftlog_fsyncs_total") >= gauge(
+            samples, "raftlog_fsync_latency_seconds_count")
         if n["role"] == "leader":
             assert gauge(samples, "raftlog_produce_latency_seconds_count", acks="quorum") > 0
             assert gauge(samples, "raftlog_elections_won_total") >= 1

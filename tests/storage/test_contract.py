@@ -13,6 +13,11 @@ Disk faults: `failed_op` makes one mutation fail on the disk (MemoryLog.fail_nex
 wrapped environment whose write transaction fails, tests/storage/lmdb_inject.py) with an I/O
 error or a full disk, and checks the log is exactly as before (disk first, then memory); the
 model is left as it was, so every later rule, crash included, checks that too.
+
+Stores: the same suite runs on logs a store opens (storage/lmdb_store.py, MemoryStore): group 0,
+and group 3 between neighbours 2 and 4 that hold flushed data of their own, so a cursor walking
+past the log's keys, or a cut, a reset or a crash reaching a neighbour, fails here (the
+neighbours are checked whole at every crash and at the end).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from hypothesis.stateful import (
 )
 from hypothesis.stateful import initialize, invariant, precondition, rule
 
-from storage import open_log
+from storage import open_log, open_store
 from storage.api import (
     DiskFull,
     LogStorage,
@@ -53,6 +58,7 @@ MAX_TAIL = 6000
 
 class LogMachine(RuleBasedStateMachine):
     impl = "memory"
+    group: int | None = None  # None: a log on its own; else this group of a store
 
     def __init__(self) -> None:
         super().__init__()
@@ -70,9 +76,39 @@ class LogMachine(RuleBasedStateMachine):
 
     # -- plumbing -------------------------------------------------------------------------
     def _open(self) -> LogStorage:
+        if self.group is not None:
+            return self._open_in_store()
         if self.impl == "memory":
             return MemoryLog(max_tail_bytes=MAX_TAIL)
         return open_log(self.dir, max_tail_bytes=MAX_TAIL, map_size=1 << 16)
+
+    def _open_in_store(self) -> LogStorage:
+        assert self.group is not None
+        if getattr(self, "store", None) is None:
+            self.store = open_store(self.dir, max_tail_bytes=MAX_TAIL, map_size=1 << 16)
+        fresh = not self.store.group_ids()
+        log = self.store.open_log(self.group)
+        self.neighbours = {}
+        for g in (self.group - 1, self.group + 1):
+            if g < 0:
+                continue
+            other = self.store.open_log(g)
+            if fresh:
+                other.append([Batch.create(bytes([g]) * 40, 2).placed(0, 1),
+                              Batch.create(bytes([g]) * 9, 1).placed(2, 2)])
+                self.store.flush([other])
+                other.save_meta(Meta(term=g + 7, voted_for=g))
+            self.neighbours[g] = other
+        if fresh:
+            self.neighbours_held = {g: (o.read(0, 1 << 20), o.load_meta())
+                                    for g, o in self.neighbours.items()}
+        self._check_neighbours()
+        return log
+
+    def _check_neighbours(self) -> None:
+        for g, other in self.neighbours.items():
+            assert (other.read(0, 1 << 20), other.load_meta()) == self.neighbours_held[g], g
+            assert other.damaged() == [] and other.open_findings == []
 
     @initialize()
     def setup(self) -> None:
@@ -83,7 +119,10 @@ class LogMachine(RuleBasedStateMachine):
         self.meta = Meta(incarnation=self.log.incarnation)
 
     def teardown(self) -> None:
-        if hasattr(self, "log"):
+        if getattr(self, "store", None) is not None:
+            self._check_neighbours()
+            self.store.close()
+        elif hasattr(self, "log"):
             self.log.close()
         if self.dir:
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -234,7 +273,7 @@ class LogMachine(RuleBasedStateMachine):
             return
         log = self.log
         db = log._log_db  # type: ignore[attr-defined]
-        key = b.base_offset.to_bytes(8, "big")
+        key = log._space.key(b.base_offset)  # type: ignore[attr-defined]
 
         def rot(txn: object) -> None:
             raw = bytearray(txn.get(key, db=db))  # type: ignore[attr-defined]
@@ -344,7 +383,14 @@ class LogMachine(RuleBasedStateMachine):
 
     @rule()
     def crash(self) -> None:
-        if self.impl == "memory":
+        if self.group is not None and self.impl == "memory":
+            self.store.crash()  # every log of the store at once
+            self.log = self._open()
+        elif self.group is not None:
+            self.store.close()  # no flush: dirty batches are dropped, as in a process crash
+            self.store = None
+            self.log = self._open()
+        elif self.impl == "memory":
             assert isinstance(self.log, MemoryLog)
             self.log.crash()
         else:
@@ -415,10 +461,29 @@ class LmdbMachine(LogMachine):
     impl = "lmdb"
 
 
+class MemoryStore0Machine(LogMachine):
+    impl, group = "memory", 0
+
+
+class MemoryStore3Machine(LogMachine):
+    impl, group = "memory", 3
+
+
+class LmdbStore0Machine(LogMachine):
+    impl, group = "lmdb", 0
+
+
+class LmdbStore3Machine(LogMachine):
+    impl, group = "lmdb", 3
+
+
 _SETTINGS = settings(max_examples=200, stateful_step_count=25, deadline=None,
                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 
-@pytest.mark.parametrize("machine", [MemoryMachine, LmdbMachine], ids=["memory", "lmdb"])
+@pytest.mark.parametrize("machine", [MemoryMachine, LmdbMachine, MemoryStore0Machine,
+                                     MemoryStore3Machine, LmdbStore0Machine, LmdbStore3Machine],
+                         ids=["memory", "lmdb", "memory-store-g0", "memory-store-g3",
+                              "lmdb-store-g0", "lmdb-store-g3"])
 def test_contract(machine: type[LogMachine]) -> None:
     run_state_machine_as_test(machine, settings=_SETTINGS)

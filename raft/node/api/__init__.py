@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from raft.node.api import admin, fetch, loads, membership, produce
+from raft.node.api import admin, fetch, loads, membership, produce, topics
 from raft.node.api import subscribe as subscriptions
 from raft.node.api.context import ApiContext, Handler
 from raft.protocol import PARSERS
@@ -25,6 +25,7 @@ _MODULES = (
     admin,
     membership,
     subscriptions,
+    topics,
 )
 
 

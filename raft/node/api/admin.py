@@ -52,6 +52,9 @@ def status_map(ctx: ApiContext) -> dict[str, Any]:
     if ctx.group.subs is not None:
         # Subscriptions (docs/SUBSCRIPTIONS.md): how many, how far the table applied the log.
         st["subscriptions"] = ctx.group.subs.status()
+    if ctx.cluster is not None:
+        # Issue 26: a line per group this node runs (`partitions`) and the controller's state.
+        st.update(ctx.cluster.status())
     return st
 
 

@@ -44,6 +44,9 @@ class ApiContext:
     peers: AddressBook
     # The node's event-loop lag monitor (one trio loop per node, whatever its groups).
     loop_lag: LoopLag | None = None
+    # The node's topics (raft.node.topic_runtime.TopicRuntime: the controller's metadata,
+    # routing, per-partition status); None for a context made without a node.
+    cluster: Any = None
     # What bounds a request's fields on this node (raft.protocol parses with it).
     limits: Limits = field(init=False)
 

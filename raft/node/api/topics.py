@@ -1,0 +1,132 @@
+"""`metadata` (any node, from the controller metadata it applied) and the topic admin requests
+`topic_create`, `topic_alter`, `topic_delete` (the controller's leader: it places the replicas,
+proposes the command and answers once the entry committed and was applied here, with the
+verdict its own apply reached). Other nodes answer NOT_LEADER naming the controller's leader.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raft.controller.commands import (Command, DeleteTopic, SetTopicSettings, TopicSettings)
+from raft.controller.placement import PlacementError, plan_create_topic, plan_grow_topic
+from raft.controller.state import ApplyResult, Refusal, topic_name_error
+from raft.node.api.context import ApiContext
+from raft.node.topics import metadata_map, topic_map, unknown_topic
+from raft.protocol.replies import OkReply, Reply
+from raft.protocol.topic_requests import Metadata, TopicAlter, TopicCreate, TopicDelete
+from raft.core.types import ErrorCode, Role
+
+_REFUSAL_CODES = {
+    Refusal.TOPIC_EXISTS: ErrorCode.TOPIC_EXISTS,
+    Refusal.UNKNOWN_TOPIC: ErrorCode.UNKNOWN_TOPIC,
+    Refusal.UNKNOWN_PARTITION: ErrorCode.UNKNOWN_TOPIC,
+}
+
+
+async def metadata(ctx: ApiContext, req: Metadata) -> Reply:
+    cluster = ctx.cluster
+    return OkReply(metadata_map(cluster.metadata, req.topics, cluster.leader_of,
+                                cluster.leader_of(0)))
+
+
+def _not_controller(ctx: ApiContext) -> Reply | None:
+    if ctx.closing:
+        return ctx.error(ErrorCode.SHUTTING_DOWN)
+    if ctx.group.core.role != Role.LEADER:
+        leader = ctx.group.core.leader_id
+        return ctx.error(ErrorCode.NOT_LEADER,
+                         f"topic requests go to the controller's leader (node {leader}); this "
+                         f"node does not lead the controller" if leader is not None else
+                         "the controller has no leader right now; retry shortly")
+    return None
+
+
+def _refused(ctx: ApiContext, result: ApplyResult) -> Reply:
+    assert result.refusal is not None
+    code = _REFUSAL_CODES.get(result.refusal, ErrorCode.BAD_REQUEST)
+    extra: dict[str, Any] = {"refusal": result.refusal.value}
+    if code is ErrorCode.UNKNOWN_TOPIC:
+        extra["topics"] = sorted(ctx.cluster.metadata.topics)
+    return ctx.error(code, result.reason, **extra)
+
+
+async def _propose(ctx: ApiContext, command: Command, timeout_ms: int) -> Reply | None:
+    """Propose `command`; None when it was applied ok, else the reply to answer."""
+    done = await ctx.cluster.controller.propose(command, timeout_ms / 1000)
+    if done.error is not None:
+        return ctx.error(done.error, done.message or None)
+    assert done.result is not None
+    return None if done.result.ok else _refused(ctx, done.result)
+
+
+def _topic_reply(ctx: ApiContext, name: str) -> Reply:
+    cluster = ctx.cluster
+    topic = cluster.metadata.topics.get(name)
+    if topic is None:  # deleted again meanwhile
+        return unknown_topic(cluster.metadata, name)
+    return OkReply({"topic": topic_map(topic, cluster.leader_of)})
+
+
+async def topic_create(ctx: ApiContext, req: TopicCreate) -> Reply:
+    refusal = _not_controller(ctx)
+    if refusal is not None:
+        return refusal
+    why = topic_name_error(req.name)
+    if why is not None:
+        return ctx.error(ErrorCode.BAD_REQUEST, why)
+    meta = ctx.cluster.metadata
+    if req.name in meta.topics:
+        return ctx.error(ErrorCode.TOPIC_EXISTS,
+                         f"topic {req.name!r} exists; alter it, or delete it first",
+                         topic=topic_map(meta.topics[req.name], ctx.cluster.leader_of))
+    try:
+        command = plan_create_topic(meta, req.name, req.partitions, req.replicas,
+                                    TopicSettings(**req.settings()))
+    except PlacementError as e:
+        return ctx.error(ErrorCode.BAD_REQUEST, str(e))
+    refused = await _propose(ctx, command, req.timeout_ms or ctx.config.default_timeout_ms)
+    return refused if refused is not None else _topic_reply(ctx, req.name)
+
+
+async def topic_alter(ctx: ApiContext, req: TopicAlter) -> Reply:
+    refusal = _not_controller(ctx)
+    if refusal is not None:
+        return refusal
+    meta = ctx.cluster.metadata
+    topic = meta.topics.get(req.name)
+    if topic is None:
+        return unknown_topic(meta, req.name)
+    timeout_ms = req.timeout_ms or ctx.config.default_timeout_ms
+    if req.partitions is not None and req.partitions != len(topic.partitions):
+        try:
+            command: Command = plan_grow_topic(meta, req.name, req.partitions)
+        except PlacementError as e:
+            return ctx.error(ErrorCode.BAD_REQUEST, str(e))
+        refused = await _propose(ctx, command, timeout_ms)
+        if refused is not None:
+            return refused
+    if req.settings():
+        refused = await _propose(ctx, SetTopicSettings(req.name,
+                                                       TopicSettings(**req.settings())),
+                                 timeout_ms)
+        if refused is not None:
+            return refused
+    return _topic_reply(ctx, req.name)
+
+
+async def topic_delete(ctx: ApiContext, req: TopicDelete) -> Reply:
+    refusal = _not_controller(ctx)
+    if refusal is not None:
+        return refusal
+    refused = await _propose(ctx, DeleteTopic(req.name),
+                             req.timeout_ms or ctx.config.default_timeout_ms)
+    return refused if refused is not None else OkReply({})
+
+
+HANDLERS = {
+    Metadata.T: metadata,
+    TopicCreate.T: topic_create,
+    TopicAlter.T: topic_alter,
+    TopicDelete.T: topic_delete,
+}

@@ -1,0 +1,197 @@
+"""Topics in the node (issue 26): the controller (group 0), the reconciler, routing of
+partition-addressed requests, membership mirrored into the controller, per-partition status.
+
+The node (raft.node.server.Node) runs two groups from boot: the controller, group 0, and the
+default topic's partition, storage.api.LEGACY_GROUP (1), whose log is the store's legacy key
+space (a data directory written before topics is the default topic). `TopicRuntime` holds what
+makes the rest follow the controller:
+- `controller` (raft.node.controller.ControllerService): the applied metadata, the bootstrap,
+  admin proposals;
+- `reconciler` (raft.node.reconciler.Reconciler): partition groups started, stopped, dropped;
+- membership: the default topic's group keeps a replica on every member node, as the single log
+  did, and `add_node` / `remove_node` change its configuration as before; the controller
+  group's leader mirrors that configuration into the controller group, one single-server
+  change at a time, and registers new members (RegisterNode), so cluster membership is the
+  controller's voters and every member follows the controller.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from raft.controller.commands import RegisterNode
+from raft.controller.state import DEFAULT_TOPIC, ClusterMetadata
+from raft.node.controller import ControllerService
+from raft.node.reconciler import Reconciler
+from raft.node.topics import Resolved, resolve, unknown_partition, unknown_topic
+from raft.protocol.requests import CONTROLLER_GROUP
+from raft.core.types import Role
+from storage.api import LEGACY_GROUP, LogStorage, LogStore
+
+if TYPE_CHECKING:
+    from raft.node.server import Node
+
+log = logging.getLogger("raftlog.node")
+
+DEFAULT_GROUP = LEGACY_GROUP  # the default topic's partition 0
+MIRROR_EVERY_TICKS = 10  # how often the controller's leader compares memberships
+
+
+class TopicRuntime:
+    """See the module docstring; one per node."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.node_id = node.node_id
+        self.controller = ControllerService(node.controller_group, self._founders)
+        self.reconciler = Reconciler(self)
+        self.controller.on_applied.append(self.reconciler.kick)
+
+    # -- what the reconciler needs (raft.node.reconciler.ReconcileHost) ---------------------------
+    @property
+    def metadata(self) -> ClusterMetadata:
+        return self.controller.metadata
+
+    @property
+    def store(self) -> LogStore:
+        assert self.node.group.log is not None
+        return self.node.group.log.store
+
+    def running_groups(self) -> list[int]:
+        return self.node.registry.ids()
+
+    def know_node(self, node_id: int, address: str) -> None:
+        if node_id != self.node_id and node_id not in self.node.peer_addresses:
+            self.node.set_peer_address(node_id, address)
+
+    async def add_group(self, group_id: int, voters: list[int], log_storage: LogStorage, *,
+                        owns_log: bool = False) -> Any:
+        return await self.node.add_group(group_id, voters, log_storage, owns_log=owns_log)
+
+    async def remove_group(self, group_id: int) -> None:
+        await self.node.remove_group(group_id)
+
+    # -- the tasks -----------------------------------------------------------------------------
+    def start(self, nursery: trio.Nursery) -> None:
+        nursery.start_soon(self.controller.run)
+        nursery.start_soon(self.reconciler.run)
+        nursery.start_soon(self._mirror_membership)
+
+    def _founders(self) -> dict[int, str]:
+        """The controller's voters and where they listen: who the bootstrap registers."""
+        core = self.node.controller_group.core
+        out = {}
+        for n in core.config.voters:
+            address = (self.node.address if n == self.node_id
+                       else self.node.peer_address(n) or core.config.addresses.get(n))
+            if address:
+                out[n] = address
+        return out
+
+    async def _mirror_membership(self) -> None:
+        """The controller's leader makes the controller's configuration follow the default
+        topic's (add_node / remove_node change that one): one change at a time, the next once
+        it committed; and registers members the metadata does not know."""
+        interval = MIRROR_EVERY_TICKS * self.node.config.tick_ms / 1000
+        while True:
+            await trio.sleep(interval)
+            try:
+                await self.mirror_once()
+            except Exception:  # a refused change is retried at the next round
+                log.exception("membership_mirror_failed node=%d", self.node_id)
+
+    async def mirror_once(self) -> None:
+        ctl, default = self.node.controller_group, self.node.group
+        if (ctl.core is None or default.core is None or ctl.core.role != Role.LEADER
+                or ctl.closing):
+            return
+        want, have = default.core.config, ctl.core.config
+        want_members, have_members = set(want.members), set(have.members)
+        timeout = self.node.config.default_timeout_ms / 1000
+        if want_members - have_members:
+            n = min(want_members - have_members)
+            address = want.addresses.get(n) or self.node.peer_address(n)
+            if address:
+                log.info("controller_membership_follow node=%d add_learner=%d", self.node_id, n)
+                await ctl.call_core(lambda rid: ctl.core.propose_config(
+                    rid, add_learner=n, address=address), timeout)
+            return
+        if have_members - want_members and want_members:
+            n = min(have_members - want_members)
+            log.info("controller_membership_follow node=%d remove=%d", self.node_id, n)
+            await ctl.call_core(lambda rid: ctl.core.propose_config(rid, remove=n), timeout)
+            return
+        meta = self.metadata
+        if not meta.nodes:
+            return  # not bootstrapped yet: the bootstrap registers the founders
+        for n in sorted(have.voters):
+            address = have.addresses.get(n) or self.node.peer_address(n)
+            if n not in meta.nodes and address:
+                await self.controller.propose(RegisterNode(n, address), timeout)
+                return
+
+    # -- routing -------------------------------------------------------------------------------
+    def leader_of(self, group_id: int) -> tuple[int | None, str | None]:
+        group = self.node.registry.get(group_id)
+        if group is None or group.core is None:
+            return None, None
+        leader = group.core.leader_id
+        return leader, self.node.peer_address(leader) if leader != self.node_id \
+            else self.node.address
+
+    def resolve(self, topic: str, partition: int) -> Resolved:
+        """The group a request for (topic, partition) goes to here, or the refusal."""
+        meta = self.metadata
+        if topic == DEFAULT_TOPIC and partition == 0:
+            return Resolved(DEFAULT_GROUP)  # from boot, before the controller's first commit
+        if not meta.topics:
+            if topic != DEFAULT_TOPIC:
+                return Resolved(None, unknown_topic(_with_default(meta), topic))
+            return Resolved(None, unknown_partition(_default_only(), partition))
+        return resolve(meta, topic, partition, lambda g: g in self.node.registry,
+                       self.node.peer_address)
+
+    # -- status ------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """`status`'s `partitions` (one line per group this node runs) and `controller`."""
+        meta = self.metadata
+        lines = []
+        for group_id in self.node.registry.ids():
+            if group_id == CONTROLLER_GROUP:
+                continue
+            group = self.node.registry.get(group_id)
+            core = group.core
+            p = meta.groups.get(group_id)
+            topic, index = ((p.topic, p.index) if p is not None
+                            else (DEFAULT_TOPIC, 0) if group_id == DEFAULT_GROUP
+                            else (None, None))
+            lines.append({"topic": topic, "partition": index, "group": group_id,
+                          "role": core.role.value, "leader": core.leader_id,
+                          "term": core.term, "commit_index": core.commit_index,
+                          "high_watermark": core.high_watermark,
+                          "log_start": group.log.start_offset})
+        ctl = self.node.controller_group.core
+        leader, address = self.leader_of(CONTROLLER_GROUP)
+        return {"partitions": lines,
+                "controller": {"leader": leader, "leader_address": address,
+                               "applied": meta.applied,
+                               "role": None if ctl is None else ctl.role.value,
+                               "topics": len(meta.topics)}}
+
+
+def _default_only() -> Any:
+    from raft.controller.state import Partition, Topic
+    from raft.controller.commands import TopicSettings
+    t = Topic(DEFAULT_TOPIC, -1, TopicSettings())
+    t.partitions.append(Partition(DEFAULT_TOPIC, 0, DEFAULT_GROUP, ()))
+    return t
+
+
+def _with_default(meta: ClusterMetadata) -> ClusterMetadata:
+    """Before the bootstrap applied, the default topic exists all the same."""
+    shown = ClusterMetadata()
+    shown.topics[DEFAULT_TOPIC] = _default_only()
+    return shown
