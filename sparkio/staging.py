@@ -38,7 +38,7 @@ from raft.protocol.errors import may_retry
 from raft.protocol.framing import WireError
 from raft.protocol.hello import HelloReply
 from raft.protocol.load_requests import LoadAbort, LoadBegin, LoadCommit, LoadStage, LoadStatus
-from raft.protocol.requests import Fetch, RawRequest, Status, acks_named
+from raft.protocol.requests import DEFAULT_TOPIC, Fetch, RawRequest, Status, acks_named
 from sparkio.security import ConnSecurity
 
 log = logging.getLogger("sparkio.staging")
@@ -223,8 +223,11 @@ class Session:
     def load_abort(self, load_id: str, gen: int, reason: str) -> dict:
         return self.call(LoadAbort(load_id, gen, reason))["load"]
 
-    def fetch(self, offset: int, max_bytes: int = 4 << 20, max_wait_ms: int = 0) -> dict:
-        return self.call(Fetch(offset, max_bytes, max_wait_ms))
+    def fetch(self, offset: int, max_bytes: int = 4 << 20, max_wait_ms: int = 0,
+              topic: str = DEFAULT_TOPIC, partition: int = 0) -> dict:
+        """Committed batches of one topic partition (the default topic's 0 unless named)."""
+        return self.call(Fetch(offset, max_bytes, max_wait_ms, topic=topic,
+                               partition=partition))
 
     def status(self) -> dict:
         return self.call(Status())["status"]
