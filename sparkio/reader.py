@@ -31,9 +31,8 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from raft.protocol.load_requests import LoadStatus
 from raft.protocol.requests import DEFAULT_TOPIC
-from raft.protocol.topic_requests import Metadata
 from sparkio.security import ConnSecurity
-from sparkio.staging import RaftlogError, Session, parse_servers
+from sparkio.staging import RaftlogError, Session, parse_servers, topic_partitions
 from sparkio.incremental import first_use_position, pin
 from storage.records import MalformedRecords, check_records, undecodable_message
 
@@ -90,16 +89,6 @@ def split(start: int, end: int, parts: int, topic_partition: int = 0) -> list[Of
 
 def default_parts(start: int, end: int) -> int:
     return max(1, min(64, -(-(end - start) // RANGE_PER_SPARK_PARTITION)))
-
-
-def topic_partitions(session: Session, topic: str) -> int:
-    """How many partitions `topic` has (ValueError naming the topics that exist)."""
-    reply = session.call(Metadata())
-    names = {t["name"]: len(t.get("partitions") or []) for t in reply.get("topics") or []}
-    if topic not in names:
-        raise ValueError(f"no topic {topic!r}; the cluster has "
-                         f"{', '.join(sorted(names)) or 'none'} (raftlog topic list)")
-    return names[topic]
 
 
 class RaftlogReader(DataSourceReader):

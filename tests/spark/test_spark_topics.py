@@ -45,3 +45,29 @@ def test_reading_a_topic_gives_a_spark_partition_per_topic_partition(spark,
     with pytest.raises(Exception, match="no topic 'nope'"):
         (spark.read.format("raftlog").option("servers", cluster.servers)
          .option("topic", "nope").load().collect())
+
+
+def test_writing_with_a_key_column_partitions_rows_like_the_producer(spark,
+                                                                     cluster: Cluster) -> None:
+    with BlockingClient(cluster.servers, timeout=60) as c:
+        wait_for(lambda: c.create_topic("spark-keyed", 4, 3) and True,
+                 "the topic to be created")
+    df = spark.range(300, numPartitions=3).selectExpr(
+        "concat('k', CAST(id % 17 AS STRING)) AS key", "concat('v', id) AS value")
+
+    def write(load_id: str, **opts: str) -> None:
+        w = (df.write.format("raftlog").option("servers", cluster.servers)
+             .option("topic", "spark-keyed").option("loadId", load_id).mode("append"))
+        for k, v in opts.items():
+            w = w.option(k, v)
+        w.save()
+
+    write("keyed-1", failOnce="1")  # a task retried: its first attempt's rows never show
+    write("keyed-1")  # a re-run of a committed load writes nothing
+    got = (spark.read.format("raftlog").option("servers", cluster.servers)
+           .option("topic", "spark-keyed").load()
+           .selectExpr("CAST(key AS STRING) AS k", "CAST(value AS STRING) AS v", "partition",
+                       "offset").collect())
+    assert sorted(r.v for r in got) == sorted(f"v{i}" for i in range(300))  # exactly once
+    for r in got:
+        assert r.partition == partition_for_key(r.k.encode(), 4)
