@@ -12,6 +12,11 @@ storage/dirlock.py). Every run leaves an audit record: in the forced configurati
 (replicated to the nodes re-added later) and as a JSON line in <node dir>/recover-audit.log.
 Start the node again with its usual command; re-add the others with `raftlog add-node` once
 each runs on an empty data directory.
+
+Topics (issue 26): the data directory holds the default topic's log (the legacy key space, the
+one the plan is shown for) and the controller's (group 0). The controller is forced the same way
+from its own flushed log, so the new cluster's controller can elect this node too; other
+topics' partitions keep their configurations (re-place them after re-adding the nodes).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from storage.api import DataDirLocked, LogStorage, Meta, StorageError
 from storage.batch import BatchKind
 
 AUDIT_FILE = "recover-audit.log"
+CONTROLLER_GROUP = 0  # the controller's log in the node's store (raft.node.controller)
 CONFIRM_WORD = "force"
 
 
@@ -78,6 +84,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
             raise ConfigError("not confirmed: nothing was changed. Run it again with --yes (or "
                               f"type {CONFIRM_WORD!r} when asked) to proceed")
         now_ms = int(time.time() * 1000)
+        controller = _force_controller(log, args.node_id, now_ms)
         apply_plan(log, plan, now_ms)
     finally:
         log.close()
@@ -87,10 +94,27 @@ def cmd_recover(args: argparse.Namespace) -> int:
             f"re-add each other node with `raftlog add-node --id N --address HOST:PORT` once "
             f"it runs on an empty data directory")
     if args.json:
-        print(json.dumps({"forced": True, **plan.audit, "message": done}))
+        print(json.dumps({"forced": True, **plan.audit, "message": done,
+                          "controller": controller}))
     else:
         print(f"raftlog recover: {done}", file=sys.stderr)
     return 0
+
+
+def _force_controller(log: LogStorage, node_id: int, now_ms: int) -> dict[str, Any] | None:
+    """Force the controller's log (group 0 of the same store) like the default topic's, so
+    this node alone can lead the controller of the new cluster; its audit (None: no
+    controller log in this directory, written before topics)."""
+    store = log.store
+    if CONTROLLER_GROUP not in store.group_ids():
+        return None
+    ctl = store.open_log(CONTROLLER_GROUP)
+    try:
+        plan = plan_force_new_cluster(read_facts(ctl, node_id))
+        apply_plan(ctl, plan, now_ms)
+        return dict(plan.audit)
+    finally:
+        ctl.close()
 
 
 def read_facts(log: LogStorage, node_id: int) -> NodeFacts:

@@ -9,13 +9,16 @@ One trio program per node. What is whose:
   removing groups at run time (`add_group` / `remove_group`, what the controller's reconciler
   calls). Node-level, whatever the number of groups: the event-loop lag monitor
   (raft.node.looplag), the metrics registry, the cluster identity (raft.node.identity, kept in
-  group 0's metadata and shared with the links);
+  the default topic's metadata and shared with the links);
 - raft.node.registry.GroupRegistry: the groups by id, each group's tasks in a nursery of its own,
   the node's one ticker (every group ticks in the same step, so their heartbeats to a peer leave
   in one frame), and routing peer messages by their group id (unknown groups: dropped, counted);
-- raft.node.group.RaftGroup: one Raft group's driver (Ready loop, flusher, the client requests
-  waiting for the core's answers). Group 0 is the node's own group, the one it ran before it ran
-  many: `node.group`, `node.core` and `node.log` are group 0's;
+- raft.node.group.RaftGroup: one Raft group's driver (Ready loop, the client requests waiting
+  for the core's answers). From boot the node runs the controller (group 0,
+  `node.controller_group`) and the default topic's partition (group 1, the store's legacy key
+  space): `node.group`, `node.core` and `node.log` are the default topic's;
+- raft.node.topic_runtime.TopicRuntime (`node.topics`): the controller's metadata, the
+  reconciler that starts and stops partition groups, (topic, partition) routing;
 - raft.node.transport.PeerTransport: the peer links (one per peer, carrying every group's
   messages) and the address book, which all of a node's groups share; the node keeps links to
   the union of what its groups' configurations name;
@@ -59,7 +62,7 @@ from raft.protocol.framing import FrameTooLarge, WireError, encode_frame
 from raft.protocol.hello import CLIENT_HELLO_EXAMPLE, Hello, HelloReply, Speaker
 from raft.protocol.raft_frames import messages_from_frame
 from raft.protocol.replies import ErrorReply, Reply
-from raft.protocol.requests import CONTROLLER_GROUP, DEFAULT_TOPIC, Produce
+from raft.protocol.requests import CONTROLLER_GROUP, Produce
 from raft.protocol.streams import FrameReader
 from raft.core.types import ErrorCode, Role
 from storage.api import IoMode, LogStorage
@@ -70,10 +73,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("raftlog.node")
 
 HELLO_TIMEOUT_S = 10.0
-# What a request naming the controller's group (0) explicitly may be: its status and the
-# controller's own requests; never a client's write or read of its log.
-CONTROLLER_REQUESTS = frozenset({"status", "metadata", "topic_create", "topic_alter",
-                                 "topic_delete", "transfer_leader"})
 
 
 class Node:
@@ -547,21 +546,10 @@ class Node:
         except WireError as e:
             e.request_id = rid
             raise
-        group_id = request.group
-        if group_id is None:
-            topic = getattr(request, "topic", DEFAULT_TOPIC)
-            partition = getattr(request, "topic_partition", None)
-            resolved = self.topics.resolve(
-                topic, getattr(request, "partition", 0) if partition is None else partition)
-            if resolved.refusal is not None:
-                return _Incoming(t, rid, started, refusal=resolved.refusal)
-            group_id = resolved.group
-        elif group_id == CONTROLLER_GROUP and t not in CONTROLLER_REQUESTS:
-            return _Incoming(t, rid, started, refusal=ErrorReply(
-                ErrorCode.BAD_REQUEST,
-                f"group {CONTROLLER_GROUP} is the controller's log (the cluster's metadata): "
-                f"{t} is not served on it; leave out the group field and name a topic and "
-                f"partition (`metadata` lists them)"))
+        routed = self.topics.route(t, request)  # by (topic, partition), or its group
+        if routed.refusal is not None:
+            return _Incoming(t, rid, started, refusal=routed.refusal)
+        group_id = routed.group
         ctx = self.registry.api(group_id)
         if ctx is None:
             groups = self.registry.ids()

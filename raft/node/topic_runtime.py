@@ -27,8 +27,9 @@ from raft.controller.state import DEFAULT_TOPIC, ClusterMetadata
 from raft.node.controller import ControllerService
 from raft.node.reconciler import Reconciler
 from raft.node.topics import Resolved, resolve, unknown_partition, unknown_topic
+from raft.protocol.replies import ErrorReply
 from raft.protocol.requests import CONTROLLER_GROUP
-from raft.core.types import Role
+from raft.core.types import ErrorCode, Role
 from storage.api import LEGACY_GROUP, LogStorage, LogStore
 
 if TYPE_CHECKING:
@@ -38,6 +39,10 @@ log = logging.getLogger("raftlog.node")
 
 DEFAULT_GROUP = LEGACY_GROUP  # the default topic's partition 0
 MIRROR_EVERY_TICKS = 10  # how often the controller's leader compares memberships
+# What a request naming the controller's group (0) explicitly may be: its status and the
+# controller's own requests; never a client's write or read of its log.
+CONTROLLER_REQUESTS = frozenset({"status", "metadata", "topic_create", "topic_alter",
+                                 "topic_delete", "transfer_leader"})
 
 
 class TopicRuntime:
@@ -141,6 +146,23 @@ class TopicRuntime:
         leader = group.core.leader_id
         return leader, self.node.peer_address(leader) if leader != self.node_id \
             else self.node.address
+
+    def route(self, t: str, request: Any) -> Resolved:
+        """The group a client request goes to: its explicit `group` (never the controller's
+        for a request that is not the controller's own), else its (topic, partition)."""
+        group_id = request.group
+        if group_id is None:
+            partition = getattr(request, "topic_partition", None)
+            return self.resolve(getattr(request, "topic", DEFAULT_TOPIC),
+                                getattr(request, "partition", 0) if partition is None
+                                else partition)
+        if group_id == CONTROLLER_GROUP and t not in CONTROLLER_REQUESTS:
+            return Resolved(None, ErrorReply(
+                ErrorCode.BAD_REQUEST,
+                f"group {CONTROLLER_GROUP} is the controller's log (the cluster's metadata): "
+                f"{t} is not served on it; leave out the group field and name a topic and "
+                f"partition (`metadata` lists them)"))
+        return Resolved(group_id)
 
     def resolve(self, topic: str, partition: int) -> Resolved:
         """The group a request for (topic, partition) goes to here, or the refusal."""

@@ -259,9 +259,13 @@ async def test_admin_requests_to_another_node_name_the_controller_leader() -> No
             "message"]
 
 
-@trio_test
-async def test_a_restarted_node_brings_its_partitions_back_from_its_store() -> None:
-    async with running_cluster(3) as cluster:
+@pytest.mark.parametrize("storage", ["memory", "lmdb"])
+def test_a_restarted_node_brings_its_partitions_back_from_its_store(storage, tmp_path) -> None:
+    trio.run(_restart_brings_partitions_back, storage, tmp_path)
+
+
+async def _restart_brings_partitions_back(storage: str, tmp_path) -> None:
+    async with running_cluster(3, storage=storage, tmp_path=tmp_path) as cluster:
         await metadata_everywhere(cluster, lambda m: "default" in m.topics)
         await create(cluster, "events", 3, 3)
         await all_partitions_led(cluster, "events")
@@ -277,6 +281,7 @@ async def test_a_restarted_node_brings_its_partitions_back_from_its_store() -> N
                 await trio.sleep(0.02)
         for p in range(3):
             assert await fetch_values(node, "events", p, offsets[p]) == [f"e{p}".encode()]
+        assert groups <= set(node.topics.store.group_ids())
 
 
 def test_a_controller_entry_this_build_does_not_know_stops_the_node_loudly() -> None:
@@ -299,3 +304,31 @@ async def _unknown_controller_entry() -> None:
         for node in cluster.nodes:
             failure = node.controller_group.failure
             assert failure is not None and "upgrade" in str(failure)
+
+
+@trio_test
+async def test_the_controller_follows_the_default_topics_membership() -> None:
+    """add_node / remove_node change the default topic's group (a replica on every member, as
+    the single log was); the controller's leader mirrors the change into the controller group,
+    so cluster membership is the controller's."""
+    new_id, new_address = 4, "127.0.0.1:1"  # nothing listens: it stays a learner
+    async with running_cluster(3) as cluster:
+        await metadata_everywhere(cluster, lambda m: "default" in m.topics)
+        leader = await cluster.wait_leader()
+        added = await request(leader, "add_node", node_id=new_id, address=new_address)
+        assert added["ok"], added
+
+        def controller_members() -> set[int]:
+            return set(cluster.nodes[0].controller_group.core.config.members)
+
+        with trio.fail_after(DEADLINE_S):
+            while new_id not in controller_members():
+                await trio.sleep(0.02)
+        ctl = cluster.nodes[0].controller_group.core.config
+        assert new_id in ctl.learners and ctl.addresses[new_id] == new_address
+        removed = await request(leader, "remove_node", node_id=new_id)
+        assert removed["ok"], removed
+        with trio.fail_after(DEADLINE_S):
+            while new_id in controller_members():
+                await trio.sleep(0.02)
+        assert controller_members() == {1, 2, 3}

@@ -511,10 +511,10 @@ MUTANTS = [
            "            entry = self._entries.get(0)\n",
            (test_group_wire
             .test_a_frame_is_routed_to_each_group_in_order_and_unknown_groups_are_counted,)),
-    Mutant("a client request for a group the node does not run is served by group 0",
+    Mutant("a client request for a group the node does not run is served by the default topic",
            "raft.node.server", "Node._read_request",
-           "        ctx = self.registry.api(request.group)\n",
-           "        ctx = self.registry.api(0)\n",
+           "        ctx = self.registry.api(group_id)\n",
+           "        ctx = self.registry.api(DEFAULT_GROUP)\n",
            (test_multigroup_inproc
             .test_a_request_for_a_group_the_node_does_not_run_names_the_groups_it_runs,)),
     # The partition-aware client (raft/client/producer.py, raft/client/client.py): a key's
