@@ -169,3 +169,27 @@ def test_status_summarises_partitions_per_node() -> None:
                                      "without_leader": 1, "topics": ["default", "orders"]}
     assert partition_rows({"a": st, "b": {"error": "x"}, "c": {"node_id": 3}}) == [
         ["2", "3", "1", "2", "1", "default, orders", "follower"]]
+
+
+def test_json_input_keys_pick_partitions_and_from_minus_n_is_per_partition(
+        fake: tuple[FakeCluster, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    _, servers = fake
+    import io
+    import os
+    lines = "".join(json.dumps({"key": f"id-{i % 6}", "value": f"j{i}"}) + "\n"
+                    for i in range(24))
+    r, w = os.pipe()
+    os.write(w, lines.encode())
+    os.close(w)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(os.fdopen(r, "rb")))
+    res = cli("produce", "--topic", "orders", "--input", "json", "--servers", servers)
+    assert res.returncode == 0, res.stderr
+    placed = [tuple(map(int, x.split("\t"))) for x in res.stdout.splitlines()]  # P<TAB>O
+    assert [p for p, _ in placed] == [partition_for_key(f"id-{i % 6}".encode(), 4)
+                                      for i in range(24)]
+    res = cli("consume", "--topic", "orders", "--from", "-2", "--servers", servers, "--json")
+    assert res.returncode == 0, res.stderr
+    got = [json.loads(x) for x in res.stdout.splitlines()]
+    for p in {p for p, _ in placed}:
+        last_two = sorted(o for q, o in placed if q == p)[-2:]
+        assert sorted(g["offset"] for g in got if g["partition"] == p) == last_two
