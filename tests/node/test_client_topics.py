@@ -321,3 +321,32 @@ def test_metadata_refreshes_are_shared_and_rate_bounded() -> None:
         assert cache.current is not None and cache.current.applied == len(calls)
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+@trio_test
+async def test_a_following_topic_consumer_gets_records_produced_after_it_started() -> None:
+    cluster = FakeCluster()
+    async with trio.open_nursery() as nursery:
+        servers = await start(nursery, cluster)
+        cluster.add_topic("default", 1)
+        cluster.add_topic("t", 3)
+        with trio.fail_after(DEADLINE_S):
+            async with Client(servers) as c:
+                got: list = []
+                reader = TopicConsumer(c, "t", start="end", max_wait=0.05)
+                await reader.open()  # positions fixed at the end before anything is written
+
+                async def read(n: int) -> None:
+                    async for r in reader:
+                        got.append(r)
+                        if len(got) == n:
+                            return
+
+                async with trio.open_nursery() as inner:
+                    inner.start_soon(read, 6)
+                    async with Producer(c, topic="t", linger=0) as p:
+                        for part in (2, 0, 1, 2, 0, 1):
+                            await p.send(f"p{part}".encode(), partition=part)
+        assert sorted(r.partition for r in got) == [0, 0, 1, 1, 2, 2]
+        assert all(r.value == f"p{r.partition}".encode() for r in got)
+        nursery.cancel_scope.cancel()
