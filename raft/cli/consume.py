@@ -57,10 +57,6 @@ OFFSETS_NOTE = ("Offsets: every log entry takes offsets, and some are not record
 def cmd_consume(args: argparse.Namespace) -> int:
     _refuse_flags_that_cannot_apply(args)
     args.print_record = _printer(args)
-    if args.subscription is not None and (args.topic is not None or args.partition is not None):
-        raise ConfigError("--subscription reads the default topic's partition 0 for now; drop "
-                          "--topic/--partition, or read the topic without a subscription "
-                          "(--from start|end|OFFSET)")
     if args.subscription is not None:  # resume from a subscription (raft/cli/subscriptions_cmd.py)
         return subscriptions.consume_subscription(args, lambda r, _json: args.print_record(r))
     if isinstance(args.from_offset, int) and args.from_offset >= 0 and args.to is not None \

@@ -90,9 +90,10 @@ def consume_subscription(args: argparse.Namespace,
     async def run() -> int:
         printed = 0
         async with Client(args.servers, timeout=args.timeout, **client_options(args)) as client:
+            where = await _partition_of(client, args)
             if first_use_flag is not None:
-                await _refuse_first_use_flag(client, args.subscription, first_use_flag)
-            async with Consumer(client, args.subscription,
+                await _refuse_first_use_flag(client, args.subscription, first_use_flag, where)
+            async with Consumer(client, args.subscription, **where,
                                 auto_commit_ms=args.commit_ms or COMMIT_MS,
                                 start=start, exclusive=args.exclusive,
                                 max_bytes=args.max_bytes, follow=args.follow,
@@ -109,6 +110,21 @@ def consume_subscription(args: argparse.Namespace,
         return bad.status
 
     return trio.run(run)  # Ctrl-C: main() exits 130 (what was printed is committed first)
+
+
+async def _partition_of(client: Client, args: argparse.Namespace) -> dict[str, Any]:
+    """The topic partition whose log keeps the subscription (--topic, --partition): one
+    partition, since a position is one partition's offset."""
+    topic = getattr(args, "topic", None)
+    partition = getattr(args, "partition", None)
+    if topic is not None and partition is None:
+        count = (await client.topic(topic)).partition_count
+        if count > 1:
+            raise ConfigError(f"a subscription keeps one partition's position and topic "
+                              f"{topic} has {count}: add --partition P (0..{count - 1}), or "
+                              f"read every partition without a subscription (drop "
+                              f"--subscription)")
+    return {"topic": topic, "partition": partition or 0}
 
 
 def _report_reset(reset: dict[str, Any]) -> None:
@@ -129,11 +145,12 @@ def _first_use_flag(args: argparse.Namespace) -> str | None:
     return None
 
 
-async def _refuse_first_use_flag(client: Client, name: str, flag: str) -> None:
+async def _refuse_first_use_flag(client: Client, name: str, flag: str,
+                                 where: dict[str, Any]) -> None:
     """--from and --from-start/-end set where a new subscription begins; on an existing one
     they would be silently ignored, so they are refused with the command that moves it."""
     try:
-        sub = await client.subscription(name)
+        sub = await client.subscription(name, **where)
     except UnknownSubscription:
         return
     to = flag.split()[-1] if flag.startswith("--from ") else flag.removeprefix("--from-")

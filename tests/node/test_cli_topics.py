@@ -157,6 +157,8 @@ def test_keyed_produce_and_consume_of_every_partition(fake: tuple[FakeCluster, s
                                        if o["partition"] == 1]
     res = cli("consume", "--topic", "orders", "--to", "3", "--servers", servers)
     assert res.returncode == 2 and "add --partition P" in res.stderr
+    res = cli("consume", "--topic", "orders", "--subscription", "s", "--servers", servers)
+    assert res.returncode == 2 and "add --partition P (0..3)" in res.stderr
 
 
 def test_status_summarises_partitions_per_node() -> None:

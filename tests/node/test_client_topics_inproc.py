@@ -58,3 +58,38 @@ async def test_keyed_records_of_a_topic_of_8_partitions_round_trip_exactly_once(
                 back = await c.fetch(res.base_offset)
                 assert [r.value for r in back.records][:1] == [b"legacy"]
                 assert back.records[0].partition == 0 and back.records[0].topic == "default"
+
+
+@trio_test
+async def test_a_subscription_keeps_one_partitions_position() -> None:
+    from raft.client import Consumer, UnknownSubscription
+
+    async with running_cluster(3) as cluster:
+        servers = [n.address for n in cluster.nodes]
+        with trio.fail_after(DEADLINE_S * 3):
+            async with Client(servers, timeout=DEADLINE_S) as c:
+                await c.create_topic("subs", partitions=3, replicas=3)
+                async with Producer(c, topic="subs", linger=0) as p:
+                    for part in range(3):
+                        await p.send_many([f"p{part}-{i}".encode() for i in range(5)],
+                                          partition=part)
+
+                async def read(n: int) -> list[bytes]:
+                    out = []
+                    async with Consumer(c, "etl", topic="subs", partition=1, follow=False,
+                                        auto_commit_ms=0) as consumer:
+                        async for r in consumer:
+                            assert r.partition == 1
+                            out.append(r.value)
+                            if len(out) == n:
+                                break
+                    return out
+
+                assert await read(2) == [b"p1-0", b"p1-1"]
+                # Closing committed the position in partition 1's log: the next run resumes.
+                assert await read(10) == [f"p1-{i}".encode() for i in range(2, 5)]
+                sub = await c.subscription("etl", topic="subs", partition=1)
+                assert sub["name"] == "etl"
+                # The same name in another partition is another subscription.
+                with pytest.raises(UnknownSubscription):
+                    await c.subscription("etl", topic="subs", partition=2)
