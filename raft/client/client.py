@@ -109,6 +109,7 @@ class Client(SubscriptionCalls, TopicCalls):
                                       min_interval=metadata_min_interval,
                                       max_age=metadata_max_age)
         self.router = Router(self.servers, self._rng, self.metadata)
+        self.metadata.on_refresh = self.router.metadata_changed
         self._ids = itertools.count(1)
         self.coalescer = CommitCoalescer(self.call, linger_ms=commit_linger_ms,
                                          max_items=max_commit_items, rng=self._rng)
@@ -168,7 +169,6 @@ class Client(SubscriptionCalls, TopicCalls):
                 meta = await self.metadata.refresh()
             except RaftlogError:
                 return None
-            self.router.metadata_changed()
             return meta
         return None
 

@@ -145,6 +145,8 @@ class MetadataCache:
         self._fetched = -float("inf")  # when the current answer arrived
         self._in_flight: trio.Event | None = None
         self._error: BaseException | None = None
+        # Called after each fresh answer (the client's router rebuilds its rotations).
+        self.on_refresh: Callable[[], None] | None = None
 
     @property
     def stale(self) -> bool:
@@ -190,6 +192,8 @@ class MetadataCache:
             self.current = Metadata.parse(reply)
             self._fetched = trio.current_time()
             self.refreshes += 1
+            if self.on_refresh is not None:
+                self.on_refresh()
             return self.current
         except BadRequestError as e:
             if "unknown request type" in e.message:

@@ -64,11 +64,7 @@ class TopicCalls:
         `refresh=False` and the cache has one). Raises the error of a node that predates
         topics (BAD_REQUEST)."""
         if refresh or self.metadata.current is None:
-            meta = await self.metadata.refresh()
-            router = getattr(self, "router", None)
-            if router is not None:
-                router.metadata_changed()
-            return meta
+            return await self.metadata.refresh()
         return self.metadata.current
 
     async def list_topics(self) -> list[TopicInfo]:
