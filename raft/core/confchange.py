@@ -50,6 +50,8 @@ class ConfChanges:
         if lead is None or lead.transfer_target is not None:
             self._answer(request_id, ErrorCode.NOT_LEADER, leader_id=self.leader_id)
             return
+        if self._quiesced:
+            self._wake_leader()  # raft/core/quiesce.py
         if (add_learner is None) == (remove is None):
             raise ValueError("give exactly one of add_learner or remove")
         cfg = self.config

@@ -63,6 +63,13 @@ class RaftConfig:
     # queued behind later heartbeats (which made followers look like they lost them).
     recovery_rate_bytes_per_tick: int = 0
     recovery_burst_bytes: int = 0
+    # Quiescence (raft/core/quiesce.py): a leader whose group has had nothing to do for this
+    # many ticks (every follower matched, flushed and told the commit index; nothing pending)
+    # tells its followers, and then neither heartbeats nor times out until something happens.
+    # Six ticks as CockroachDB does (300 ms at the default 50 ms tick). 0 = never quiesce.
+    # Only safe to turn on in a runtime that feeds node liveness (peer_down / peer_up):
+    # without it a quiesced follower would not notice its leader's node dying.
+    quiesce_ticks: int = 6
 
     def validate(self) -> "RaftConfig":
         def positive(name: str) -> None:
@@ -76,11 +83,11 @@ class RaftConfig:
                      "follower_flush_bytes", "follower_flush_ticks", "max_pending_produce",
                      "producer_window", "max_producers"):
             positive(name)
-        for name in ("recovery_rate_bytes_per_tick", "recovery_burst_bytes"):
+        for name in ("recovery_rate_bytes_per_tick", "recovery_burst_bytes", "quiesce_ticks"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"raft setting {name}={value!r} must be an integer >= 0 "
-                                 f"(0 = no limit)")
+                                 f"(0 = {'never' if name == 'quiesce_ticks' else 'no limit'})")
         if self.heartbeat_ticks >= self.election_ticks:
             raise ValueError(f"heartbeat_ticks ({self.heartbeat_ticks}) must be below "
                              f"election_ticks ({self.election_ticks}); raise election_ticks")

@@ -87,9 +87,12 @@ class Elections:
     def _in_lease(self, msg: m.RequestVote) -> bool:
         """CheckQuorum's lease: while we heard from a leader within the election timeout, a
         vote request (not a transfer) is ignored, so a partitioned node rejoining cannot depose
-        a healthy leader."""
+        a healthy leader. A leader whose node the failure detector reports down holds no lease,
+        whatever our election counter says (it stood still while we were quiesced:
+        raft/core/quiesce.py)."""
         return (self.cfg.check_quorum and not msg.transfer and self.leader_id is not None
-                and self._election_elapsed < self.cfg.election_ticks)
+                and self._election_elapsed < self.cfg.election_ticks
+                and self.leader_id not in self._peers_down)
 
     def _may_campaign(self) -> bool:
         """A node that forgot, or lost flushed entries it has not got back yet, does not

@@ -172,7 +172,10 @@ class FollowerSide:
         self._leader_commit = max(self._leader_commit, msg.commit_index)
         self._matched_upto = max(self._matched_upto, msg.commit_index)
         self._advance_follower_commit()
-        self._send(self._heartbeat_reply(msg.src, msg.seq))
+        reply = self._heartbeat_reply(msg.src, msg.seq)
+        if msg.quiesce:
+            reply.quiesced = self._quiesce_follower(msg)  # raft/core/quiesce.py
+        self._send(reply)
 
     def _advance_follower_commit(self) -> None:
         if self.role == Role.LEADER:

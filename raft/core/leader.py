@@ -57,6 +57,8 @@ class LeaderSide:
         if lead is None:
             raise ValueError(f"node {self.node_id} is not the leader; ask node "
                              f"{self.leader_id} instead")
+        if self._quiesced:
+            self._wake_leader()
         candidates = [v for v in self.config.voters if v != self.node_id]
         if to is None:
             if not candidates:
@@ -84,12 +86,16 @@ class LeaderSide:
                 if pr.ticks_since_ack >= self.cfg.election_ticks:
                     # Requests or their replies were lost: start over from what is known.
                     pr.become_probe(pr.match_index + 1, self._next_seq_peek())
+        quiescing = self._tick_quiesce()  # raft/core/quiesce.py
         if lead.heartbeat_elapsed >= self.cfg.heartbeat_ticks:
             lead.heartbeat_elapsed = 0
             for pr in lead.progress.values():
+                if quiescing and pr.node_id in lead.quiesce_acked:
+                    continue  # quiet already: it waits for the leader's next news
                 self._seq += 1
                 self._send(m.Heartbeat(self.node_id, pr.node_id, self.term,
-                                       min(self.commit_index, pr.match_index), self._seq))
+                                       min(self.commit_index, pr.match_index), self._seq,
+                                       quiesce=quiescing))
         if lead.transfer_target is not None:
             lead.transfer_elapsed += 1
             if lead.transfer_elapsed >= self.cfg.election_ticks:
@@ -100,14 +106,17 @@ class LeaderSide:
         if lead.check_quorum_elapsed >= 2 * self.cfg.election_ticks:
             lead.check_quorum_elapsed = 0
             if self.cfg.check_quorum:
+                # (A follower that answered this quiescing round is quiet, not silent.)
                 active = sum(1 for v in self.config.voters
-                             if v == self.node_id or (v in lead.progress
-                                                      and lead.progress[v].recent_active))
+                             if v == self.node_id or v in lead.quiesce_acked
+                             or (v in lead.progress and lead.progress[v].recent_active))
                 for pr in lead.progress.values():
                     pr.recent_active = False
                 if active < majority(len(self.config.voters)):
                     self._become_follower(self.term, None)
                     return
+        if quiescing:
+            self._maybe_quiesced()  # (no follower left to ask: a single voter, or all down)
         self._bcast_wanted = True
 
     def _append_as_leader(self, batch: Batch) -> Batch | None:
@@ -225,6 +234,7 @@ class LeaderSide:
         self._maybe_promote(pr)
         self._maybe_send_timeout_now()
         self._send_append(pr)
+        self._note_quiesce_answer(msg)  # raft/core/quiesce.py
 
     def _note_offsets(self, pr: FollowerProgress, dirty: int, dirty_term: int, flushed: int,
                       flushed_term: int, fresh: bool) -> None:

@@ -39,3 +39,8 @@ class LeaderState:
     transfer_elapsed: int = 0  # ticks since the transfer began (given up after a timeout)
     heartbeat_elapsed: int = 0
     check_quorum_elapsed: int = 0
+    # Quiescence (raft/core/quiesce.py): ticks in a row with nothing to do; the first heartbeat
+    # seq of the quiescing round (-1: none under way); followers that answered it quiesced.
+    idle_ticks: int = 0
+    quiesce_seq: int = -1
+    quiesce_acked: set[int] = field(default_factory=set)

@@ -83,6 +83,10 @@ class Heartbeat:
     term: int
     commit_index: int
     seq: int
+    # The leader's group is idle and every follower has everything (raft/core/quiesce.py): a
+    # follower whose log, flush and commit index match it stops its election timer and says
+    # so in its reply. Older senders leave it out: a plain heartbeat.
+    quiesce: bool = False
 
 
 @dataclass(slots=True)
@@ -98,6 +102,10 @@ class HeartbeatReply:
     incarnation: int = 0
     rejoining: bool = False
     repair_from: int = -1
+    # The reply to a quiescing heartbeat: the follower went quiet (raft/core/quiesce.py). A
+    # leader stops sending heartbeats only once every live follower said so, so a follower that
+    # does not know the field (an older version) keeps its leader heartbeating.
+    quiesced: bool = False
 
 
 @dataclass(slots=True)

@@ -42,6 +42,7 @@ from raft.core.leader import LeaderSide
 from raft.core.leader_state import LeaderState, Waiting
 from raft.core.membership import ClusterConfig, ConfigEntry
 from raft.core.producers import ProducerTable, Verdict
+from raft.core.quiesce import Quiescence
 from raft.core.snapshot import CONFIG, PRODUCERS, SnapshotContext, StartState, section_raw
 from raft.core.progress import FollowerProgress
 from raft.core.ready import FollowerStatus, HardState, ProduceAnswer, Ready, Status, StorageWork
@@ -54,9 +55,12 @@ from storage.api import LogStorage, StorageError
 from storage.batch import Batch, BatchKind
 
 
-class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, Repairs):
+class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, Repairs,
+               Quiescence):
     """One Raft group's consensus state machine. Drive it with tick/step/propose/flushed and
-    drain ready(); see raft/core/ready.py for the driver contract."""
+    drain ready(); see raft/core/ready.py for the driver contract. An idle group quiesces
+    (raft/core/quiesce.py): while `quiesced`, tick() is a no-op, and the runtime feeds node
+    liveness through peer_down()/peer_up()."""
 
     # Every core starts as a follower; only the _become_* methods below change the role.
     role: Role = Role.FOLLOWER
@@ -126,6 +130,10 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         self._damage_seen = -1  # damage found at open is reported at the first tick
         self._damage_ticks = 0
         self._copy_census = CopyCensus()  # who answered without a good copy (raft/core/repair.py)
+        # Quiescence (raft/core/quiesce.py).
+        self._quiesced = False
+        self._quiesce_seq = 0  # follower: the seq of the quiescing heartbeat it obeyed
+        self._peers_down: set[int] = set()  # nodes the runtime's failure detector reports down
         self._init_incarnation(meta)
 
         if len(self.config.voters) == 1 and self.config.voters[0] == self.node_id and \
@@ -148,6 +156,10 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
 
     # ------------------------------------------------------------------ inputs
     def tick(self) -> None:
+        if self._quiesced:
+            if self.log.damage_version == self._damage_seen:
+                return  # quiet: nothing to time, nothing to send (raft/core/quiesce.py)
+            self.wake()  # storage recorded damage since: report it, have it repaired
         self._ticks += 1
         self._checkpoint_elapsed += 1
         self._tick_incarnation()
@@ -165,6 +177,17 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
     def step(self, msg: m.Message) -> None:
         if msg.dst != self.node_id:
             return
+        if self._quiesced:
+            if self._quiet_step(msg):
+                return  # older than the quiescing round: dropped (raft/core/quiesce.py)
+            self._step(msg)
+            self._after_quiet_step()
+            return
+        if self.leader is not None and self.leader.quiesce_seq >= 0:
+            self._round_step(msg)
+        self._step(msg)
+
+    def _step(self, msg: m.Message) -> None:
         if isinstance(msg, m.BootstrapProbe):  # outside the term rules (raft/core/incarnation.py)
             self._handle_probe(msg)
             return
@@ -218,6 +241,8 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         if batch.kind not in (BatchKind.DATA, BatchKind.CONTROL, BatchKind.STAGED):
             raise ValueError(f"clients may not propose {batch.kind.name} batches")
         lead = self.leader
+        if self._quiesced and lead is not None:
+            self._wake_leader()  # (a follower answers NOT_LEADER: nothing to wake for)
         if lead is None or lead.transfer_target is not None:
             hint = self.leader_id if lead is None else lead.transfer_target
             self._answer(request_id, ErrorCode.NOT_LEADER, leader_id=hint)
@@ -372,6 +397,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         self._leader_commit = -1
         self._matched_upto = -1
         self._held_replies = []
+        self._quiesce_seq = 0
 
     def _become_follower(self, term: int, leader: int | None) -> None:
         lead = self.leader
@@ -379,6 +405,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
             self._enter_term(term, None)
         self.role = Role.FOLLOWER
         self.leader_id = leader
+        self._quiesced = False
         self._election_elapsed = 0
         self._reset_randomized_timeout()
         self._votes = {}
@@ -389,6 +416,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         """Ask whether we would win, in our current term (raft/core/election.py)."""
         self.role = Role.PRE_CANDIDATE
         self.leader_id = None
+        self._quiesced = False
         self._votes = {self.node_id: True}
         self._election_elapsed = 0
         self._reset_randomized_timeout()
@@ -398,6 +426,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         self._enter_term(self.term + 1, self.node_id)
         self.role = Role.CANDIDATE
         self.leader_id = None
+        self._quiesced = False
         self._votes = {self.node_id: True}
         self._election_elapsed = 0
         self._reset_randomized_timeout()
@@ -413,6 +442,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
     def _become_leader(self) -> None:
         self.role = Role.LEADER
         self.leader_id = self.node_id
+        self._quiesced = False
         self.leader = LeaderState({node_id: self._new_progress(node_id)
                                    for node_id in self.config.members if node_id != self.node_id})
         # A no-op of our term: entries of earlier terms commit once it does.

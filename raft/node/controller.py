@@ -99,13 +99,15 @@ class ControllerService:
         the bootstrap when this node leads a controller with nothing applied."""
         group = self.group
         while not group.closing:
+            before = self.follower.position if self.follower is not None else None
             self.step()
             if group.failure is not None:
                 return
             self._maybe_bootstrap()
+            moved = self.follower is not None and self.follower.position != before
             caught_up = (self.follower is not None
                          and self.follower.position > group.core.commit_index)
-            if caught_up:
+            if caught_up or not moved:  # (not moved: a damaged batch waits for its repair)
                 # Woken after every Ready that moved the commit index (and on role changes,
                 # for the bootstrap).
                 with trio.move_on_after(max(0.05, self.group.config.tick_ms / 1000 * 5)):

@@ -178,8 +178,11 @@ class RaftGroup:
                                founder=None if self.config.join else min(voters),
                                save=self._save_identity)
         try:
+            # quiesce_ticks=0 until this runtime feeds node liveness to the core (peer_down /
+            # peer_up from a node-pair failure detector, docs/DESIGN.md "Quiescence and node
+            # liveness"): a quiesced follower would not notice its leader's node dying.
             raft_cfg = RaftConfig(node_id=self.node_id, voters=voters, learners=[],
-                                  **self.config.raft_kwargs())
+                                  **{"quiesce_ticks": 0, **self.config.raft_kwargs()})
             self.core = RaftCore(raft_cfg, self.log, self._rng)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"raft settings: {e}; check --raft KEY=VALUE options and "

@@ -194,6 +194,11 @@ class Node:
         return self.group.core
 
     @property
+    def controller(self) -> RaftGroup:
+        """The controller's group (group 0); its metadata is `node.topics.metadata`."""
+        return self.controller_group
+
+    @property
     def log(self) -> LogStorage | None:
         return self.group.log
 

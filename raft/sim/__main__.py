@@ -19,12 +19,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", choices=sorted(PROFILES), default="mixed",
                    help="fault mix (default mixed)")
     p.add_argument("--verbose", action="store_true", help="print every run's summary")
+    p.add_argument("--no-quiesce", action="store_true",
+                   help="run without quiescence and node liveness (quiesce_ticks=0)")
     args = p.parse_args(argv)
+    extra = {"quiesce": False} if args.no_quiesce else {}
     failed = 0
     t0 = time.monotonic()
     for seed in range(args.seed, args.seed + args.runs):
         res = run_simulation(profile_config(seed, args.nodes, args.profile,
-                                            fault_time_us=args.fault_ms * 1000))
+                                            fault_time_us=args.fault_ms * 1000, **extra))
         if not res.ok or args.verbose or args.runs == 1:
             print(res.describe())
         failed += not res.ok

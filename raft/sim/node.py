@@ -71,6 +71,7 @@ class SimNode:
         # Readys whose hard state could not be saved yet (full disk), in order.
         self.held: deque[Ready] = deque()
         self.ticks = 0
+        self.quiet_ticks = 0  # ticks skipped because the core was quiesced
         self.retention_cuts = 0
         self.planned: Plan | None = None  # the retention cut about to be applied
         self.start()
@@ -126,6 +127,10 @@ class SimNode:
             inbox, self.inbox = self.inbox, []
             for msg in inbox:
                 self.receive(msg)
+            if self.up and self.flush_again and not self.flushing:
+                # A flush that completed while paused was never reported to the core (replies
+                # held for it stayed held until some later write's flush): report it now.
+                self._start_flush()
 
     # -- inputs ----------------------------------------------------------------------------
     def _tick(self, epoch: int) -> None:
@@ -135,12 +140,16 @@ class SimNode:
         if self.paused:
             return
         assert self.core is not None
-        try:
-            self.core.tick()
-        except StorageError as e:
-            self.fail_stop(e)
-            return
-        self.process()
+        if self.core.quiesced:
+            # What the runtime is to do (raft/core/quiesce.py): a quiesced core is not ticked.
+            self.quiet_ticks += 1
+        else:
+            try:
+                self.core.tick()
+            except StorageError as e:
+                self.fail_stop(e)
+                return
+            self.process()
         if not self.up:
             return  # the Ready stopped the node (a storage fault)
         self.ticks += 1
@@ -185,6 +194,23 @@ class SimNode:
         assert self.core is not None
         try:
             self.core.step(msg)
+        except StorageError as e:
+            self.fail_stop(e)
+            return
+        self.process()
+
+    def peer_down(self, peer: int) -> None:
+        """The node-level failure detector (raft/sim/liveness.py) reports `peer` down."""
+        self._liveness(peer, down=True)
+
+    def peer_up(self, peer: int) -> None:
+        self._liveness(peer, down=False)
+
+    def _liveness(self, peer: int, *, down: bool) -> None:
+        if not self.up or self.paused or self.core is None:
+            return
+        try:
+            (self.core.peer_down if down else self.core.peer_up)(peer)
         except StorageError as e:
             self.fail_stop(e)
             return

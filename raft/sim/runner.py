@@ -13,6 +13,7 @@ from raft.core.raft import RaftConfig
 from raft.core.ready import ProduceAnswer
 from raft.core.retention import RetentionPolicy
 from raft.sim.checkers import Checkers, Violation, data_records
+from raft.sim.liveness import NodeLiveness
 from raft.sim.loop import EventLoop
 from raft.sim.nemesis import DISK_LOSS, KINDS, Nemesis
 from raft.sim.network import Network
@@ -30,6 +31,7 @@ class SimConfig:
     # learners (promoted once caught up) and removes members.
     spare_nodes: int = 0
     clients: int = 3
+    client_think_us: tuple[int, int] = (500, 10_000)  # a client's pause between writes
     # Consumers of subscriptions (raft/sim/subscription_model.py), one per subscription.
     subscriptions: int = 2
     fault_time_us: int = 2_000_000
@@ -48,6 +50,19 @@ class SimConfig:
     keep_trace: bool = False
     # RetentionPolicy fields (small limits) for every node; None = keep everything.
     retention: dict[str, Any] | None = None
+    # Quiescence (raft/core/quiesce.py) with the node-level failure detector that backs it
+    # (raft/sim/liveness.py). False: quiesce_ticks = 0 and no detector, the runs as before.
+    quiesce: bool = True
+    liveness_ping_us: int = 20_000
+    liveness_down_us: int = 100_000
+    # After convergence: a quiet phase (no clients, no faults) in which every node must
+    # quiesce within `quiesce_within_ticks` ticks and then send no Raft message for
+    # `quiet_window_us`; then the quiet leader's node crashes and another node must lead
+    # within `failover_within_us` (the liveness that node liveness has to give back).
+    quiet_phase: bool = True
+    quiesce_within_ticks: int = 40
+    quiet_window_us: int = 1_000_000
+    failover_within_us: int = 1_000_000
 
 
 @dataclass
@@ -58,6 +73,7 @@ class SimResult:
     stats: dict[str, Any]
     trace_tail: list[str]
     profile: str = "mixed"
+    quiesce: bool = True
 
     @property
     def ok(self) -> bool:
@@ -71,7 +87,9 @@ class SimResult:
             lines.append("  last events:")
             lines.extend("    " + t for t in self.trace_tail[-25:])
             lines.append(f"  replay: python -m raft.sim --seed {self.seed} "
-                         f"--nodes {self.stats.get('nodes')} --profile {self.profile}")
+                         f"--nodes {self.stats.get('nodes')} --profile {self.profile}"
+                         + ("" if self.quiesce or self.profile == "noquiesce"
+                            else " --no-quiesce"))
         return "\n".join(lines)
 
 
@@ -90,7 +108,7 @@ class Simulation:
         all_ids = list(range(1, cfg.nodes + cfg.spare_nodes + 1))
         knobs = {"election_ticks": 10, "heartbeat_ticks": 1, "max_append_bytes": 4096,
                  "recovery_chunk_bytes": 2048, "follower_flush_bytes": 8192,
-                 **cfg.raft}
+                 **({} if cfg.quiesce else {"quiesce_ticks": 0}), **cfg.raft}
         retention = (RetentionPolicy(**cfg.retention).validate() if cfg.retention is not None
                      else None)
         self.nodes: dict[int, SimNode] = {}
@@ -101,16 +119,29 @@ class Simulation:
                 lambda nid: RaftConfig(node_id=nid, voters=ids, **knobs),
                 self._send, self._answer, self._node_event, tick_us=cfg.tick_us,
                 persist_hard_state=cfg.persist_hard_state, retention=retention)
-        self.workload = Workload(self, random.Random(self.rng.getrandbits(64)))
+        self.workload = Workload(self, random.Random(self.rng.getrandbits(64)),
+                                 think_us=cfg.client_think_us)
         self.nemesis = Nemesis(self, random.Random(self.rng.getrandbits(64)),
                                mean_gap_us=cfg.mean_fault_gap_us, kinds=cfg.faults,
                                log=self.trace_tail)
         self.consumers = SubscriptionConsumers(self, self.subs,
                                                random.Random(self.rng.getrandbits(64)))
+        self.liveness: NodeLiveness | None = None
+        if cfg.quiesce:
+            self.liveness = NodeLiveness(self.loop, self.network, self.nodes,
+                                         random.Random(self.rng.getrandbits(64)),
+                                         cfg.liveness_ping_us, cfg.liveness_down_us)
+        self.quiet_stats: dict[str, Any] = {}
+        self.sent_between: dict[tuple[int, int], int] = {}  # Raft messages per (src, dst)
+        self.quiesced_count = 0  # times a node's core went quiet (during faults too)
+        self._was_quiet: set[int] = set()
+        self._quiet_members: set[int] = set()
 
     # -- wiring ----------------------------------------------------------------------------
     def _send(self, msg: m.Message) -> None:
         self.checkers.on_send(self.loop.now, msg, self.nodes)
+        pair = (msg.src, msg.dst)
+        self.sent_between[pair] = self.sent_between.get(pair, 0) + 1
         self.network.send(msg)
 
     def note_new_identity(self, node_id: int, incarnation: int) -> None:
@@ -119,6 +150,8 @@ class Simulation:
     def _deliver(self, msg: m.Message) -> None:
         self.trace.update(f"{self.loop.now}:{type(msg).__name__}:{msg.src}>{msg.dst}:"
                           f"{msg.term}".encode())
+        if self.liveness is not None:
+            self.liveness.heard(msg.dst, msg.src)
         self.nodes[msg.dst].receive(msg)
 
     def _answer(self, node_id: int, a: ProduceAnswer) -> None:
@@ -132,9 +165,16 @@ class Simulation:
     def _node_event(self, node: SimNode, what: str) -> None:
         if what == "ready":
             if node.core is not None:
+                if node.core.quiesced and node.node_id not in self._was_quiet:
+                    self.quiesced_count += 1
+                    self._was_quiet.add(node.node_id)
+                elif not node.core.quiesced:
+                    self._was_quiet.discard(node.node_id)
                 self.checkers.on_ready(self.loop.now, node, self.nodes)
                 self.subs.on_ready(node)
         elif what == "start":
+            if getattr(self, "liveness", None) is not None:  # (not yet while building)
+                self.liveness.on_start(node.node_id)
             self.subs.on_start(node)
             self.checkers.on_restart(node) if self.loop.now else None
             if node.restarts:
@@ -199,6 +239,8 @@ class Simulation:
         self.workload.start(cfg.clients)
         self.consumers.start(cfg.subscriptions)
         self.nemesis.schedule(0, cfg.fault_time_us)
+        if self.liveness is not None:
+            self.liveness.start()
         try:
             self.loop.run_until(cfg.fault_time_us)
             self.workload.stopped = True
@@ -206,20 +248,88 @@ class Simulation:
             healed_at = self.loop.now
             # Let in-flight requests finish, then demand convergence within the bound.
             self.loop.run_until(healed_at + cfg.converge_within_us, stop=self.converged)
+            if self.converged() and cfg.quiet_phase:
+                self._quiet_phase()
         except Exception as e:  # noqa: BLE001 (a core invariant failure is a finding, not a crash)
             self.checkers.fail(self.loop.now, "core raised",
                                f"{type(e).__name__}: {e}")
             return self._result()
         if not self.converged():
-            states = {i: (n.core.role.value if n.core else "down",
-                          n.core.term if n.core else -1, n.log.dirty_offset,
-                          n.log.flushed_offset, n.core.commit_index if n.core else -1)
-                      for i, n in self.nodes.items()}
             self.checkers.fail(self.loop.now, "liveness",
                                f"no single leader with every node converged "
-                               f"{cfg.converge_within_us} us after healing: {states}")
+                               f"{cfg.converge_within_us} us after healing: {self._states()}")
         self._final_checks()
         return self._result()
+
+    def _states(self) -> dict[int, tuple]:
+        return {i: (n.core.role.value if n.core else "down", n.core.term if n.core else -1,
+                    n.log.dirty_offset, n.log.flushed_offset,
+                    n.core.commit_index if n.core else -1,
+                    "quiesced" if n.core is not None and n.core.quiesced else "")
+                for i, n in self.nodes.items()}
+
+    def _all_quiesced(self) -> bool:
+        """Every member of the configuration in force is quiesced (spare nodes never added and
+        removed nodes are no part of the group)."""
+        return all(n.core is not None and n.core.quiesced
+                   for i, n in self.nodes.items() if i in self._quiet_members)
+
+    def _member_messages(self) -> int:
+        return sum(n for (src, dst), n in self.sent_between.items()
+                   if src in self._quiet_members and dst in self._quiet_members)
+
+    def _quiet_phase(self) -> None:
+        """The cluster converged and nothing more comes in. (a) With quiescence on, every node
+        quiesces within a bound and then sends no Raft message at all (the node-level pings
+        go on). (b) The leader's node crashes while its group is quiet: the others must elect
+        a leader within a bound, told only by node liveness (quiescence on) or by their
+        election timers (off). Then it restarts and the cluster must converge again."""
+        cfg, loop, q = self.cfg, self.loop, self.quiet_stats
+        self._quiet_members = set(self.members())
+        if cfg.quiesce:
+            start = loop.now
+            bound = start + cfg.quiesce_within_ticks * cfg.tick_us
+            loop.run_until(bound, stop=self._all_quiesced)
+            if not self._all_quiesced():
+                self.checkers.fail(loop.now, "idle groups quiesce",
+                                   f"not every node quiesced within {cfg.quiesce_within_ticks} "
+                                   f"ticks of converging: {self._states()}")
+                return
+            q["quiesce_ms"] = (loop.now - start) / 1000
+            # Requests already on their way when the last member went quiet (a quiescing
+            # heartbeat resent while the first answer was slow) are still answered: count from
+            # when the longest network delay has passed.
+            faults = self.network.faults
+            loop.run_until(loop.now + faults.max_delay_us + faults.slow_delay_us)
+            sent = self._member_messages()
+            loop.run_until(loop.now + cfg.quiet_window_us)
+            q["quiet_messages"] = self._member_messages() - sent
+            if q["quiet_messages"] or not self._all_quiesced():
+                self.checkers.fail(loop.now, "quiesced groups send nothing",
+                                   f"{q['quiet_messages']} Raft messages between members in "
+                                   f"{cfg.quiet_window_us} us of quiet; {self._states()}")
+                return
+        (leader,) = self.leaders()
+        old = self.nodes[leader]
+        assert old.core is not None
+        term = old.core.term
+        old.crash()
+        self.trace_tail.append(f"{loop.now:>10} us  quiet phase: crash leader {leader}")
+        crashed_at = loop.now
+
+        def new_leader() -> bool:
+            return any(n.core is not None and n.core.term > term
+                       for i, n in self.nodes.items() if n.is_leader and i in self._quiet_members)
+
+        loop.run_until(crashed_at + cfg.failover_within_us, stop=new_leader)
+        if not new_leader():
+            self.checkers.fail(loop.now, "a quiet group's leader crash is noticed",
+                               f"no new leader {cfg.failover_within_us} us after the quiet "
+                               f"leader {leader} crashed: {self._states()}")
+            return
+        q["failover_ms"] = (loop.now - crashed_at) / 1000
+        old.start()
+        loop.run_until(loop.now + cfg.converge_within_us, stop=self.converged)
 
     def _result(self) -> SimResult:
         cfg = self.cfg
@@ -237,9 +347,14 @@ class Simulation:
                  "retention_checked": self.checkers.retention_checked,
                  "state_transfers": self.checkers.state_transfers,
                  "disk_losses": self.nemesis.disk_losses,
-                 "sub_entries": self.subs.entries, **self.consumers.stats()}
+                 "sub_entries": self.subs.entries, **self.consumers.stats(),
+                 **self.quiet_stats}
+        if self.liveness is not None:
+            stats.update(pings=self.liveness.pings, peer_down=self.liveness.reported_down,
+                         quiesced=self.quiesced_count,
+                         quiet_ticks=sum(n.quiet_ticks for n in self.nodes.values()))
         return SimResult(cfg.seed, list(self.checkers.violations), self.trace.hexdigest(),
-                         stats, list(self.trace_tail), cfg.profile)
+                         stats, list(self.trace_tail), cfg.profile, cfg.quiesce)
 
     def _final_checks(self) -> None:
         now = self.loop.now
@@ -305,6 +420,14 @@ PROFILES: dict[str, dict[str, Any]] = {
                  "faults": (DISK_LOSS, DISK_LOSS, DISK_LOSS, "crash", "crash_leader",
                             "partition", "pause"),
                  "retention": {"max_bytes": 3000, "max_age_ms": 300, "valve_age_ms": 200}},
+    # Sparse writes (a client pauses 50-400 ms between writes) among every fault: groups go
+    # quiet between writes and again and again meet crashes, leader kills, partitions, pauses
+    # and loss while quiet, so every wake-up path and node liveness are exercised mid-run.
+    "idle": {"clients": 2, "subscriptions": 1, "client_think_us": (50_000, 400_000),
+             "mean_fault_gap_us": 120_000},
+    # The mixed profile without quiescence or node liveness (the core's timers alone), as
+    # every profile ran before them; `--no-quiesce` does the same for any profile.
+    "noquiesce": {"quiesce": False},
 }
 
 

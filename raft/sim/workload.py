@@ -38,6 +38,9 @@ class Workload:
     quorum_acked: dict[bytes, int] = field(default_factory=dict)
     sent: int = 0
     stopped: bool = False
+    # Simulated time a client waits after an answer before its next write (min, max): short
+    # keeps groups busy; long lets them quiesce between writes while faults go on.
+    think_us: tuple[int, int] = (500, 10_000)
 
     def start(self, n_clients: int) -> None:
         for c in range(n_clients):
@@ -55,6 +58,8 @@ class Workload:
         self._send(c)
 
     def _send(self, c: Client) -> None:
+        if self.stopped:
+            return  # (a retry scheduled before the workload stopped)
         nodes = self.sim.nodes
         target = c.hint if c.hint in nodes and self.rng.random() < 0.9 else \
             self.rng.choice(sorted(nodes))
@@ -109,7 +114,7 @@ class Workload:
             c.hint = node_id
             c.sequence += 1
             c.attempts = 0
-            self.sim.loop.after(self.rng.randint(500, 10_000), lambda: self._next(c))
+            self.sim.loop.after(self.rng.randint(*self.think_us), lambda: self._next(c))
         elif a.error == ErrorCode.NOT_LEADER:
             c.hint = a.leader_id
             self._retry(c)

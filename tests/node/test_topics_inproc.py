@@ -242,8 +242,19 @@ async def test_admin_requests_to_another_node_name_the_controller_leader() -> No
             assert reply["error"]["code"] == "NOT_LEADER", reply
             assert reply["error"]["leader_id"] == leader.node_id
             assert reply["error"]["leader_addr"] == leader.address
-        reply = await admin(cluster, "topic_create", name="t", partitions=1, replicas=1)
-        assert reply["ok"]
+        reply = await admin(cluster, "topic_create", name="t", partitions=1, replicas=1,
+                            max_record_bytes=4096)
+        assert reply["ok"] and reply["topic"]["settings"] == {"max_record_bytes": 4096}
+        altered = await admin(cluster, "topic_alter", name="t", retention_bytes=1 << 20)
+        assert altered["topic"]["settings"] == {"max_record_bytes": 4096,
+                                                "retention_bytes": 1 << 20}
+        grown = await admin(cluster, "topic_alter", name="t", partitions=2)
+        assert grown["ok"] and len(grown["topic"]["partitions"]) == 2
+        refused = await admin(cluster, "topic_alter", name="t", partitions=1)
+        assert refused["error"]["code"] == "BAD_REQUEST" and "grow" in refused["error"][
+            "message"]
+        too_many = await admin(cluster, "topic_create", name="u", partitions=1, replicas=4)
+        assert too_many["error"]["code"] == "BAD_REQUEST", too_many
         again = await admin(cluster, "topic_create", name="t", partitions=1, replicas=1)
         assert again["error"]["code"] == "TOPIC_EXISTS"
         bad = await admin(cluster, "topic_create", name="bad name", partitions=1, replicas=1)

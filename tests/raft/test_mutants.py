@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import pytest
 
 import test_core
+import test_quiesce
 import test_retention
 import test_disk_loss_rules
 import test_force_new_cluster
@@ -47,6 +48,9 @@ import test_client_topics  # noqa: E402
 import test_cluster_identity  # noqa: E402
 import test_group_wire  # noqa: E402
 import test_multigroup_inproc  # noqa: E402
+# The record rule's fast path is killed by the record tests (tests/storage).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
+import test_records  # noqa: E402
 # The security rules' killers live with the security tests (tests/security).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "security"))
 import test_security_unit  # noqa: E402
@@ -155,7 +159,7 @@ MUTANTS = [
            "            self.term += 1\n            term = self.term\n",
            (test_core.test_prevote_keeps_a_rejoining_node_from_disrupting,)),
     Mutant("a pre-vote request bumps the receiver's term",
-           "raft.core.raft", "RaftCore.step",
+           "raft.core.raft", "RaftCore._step",
            "                if msg.pre_vote:\n                    self._handle_pre_vote(msg)",
            "                if msg.pre_vote:\n                    self._become_follower(msg.term, None)\n"
            "                    self._handle_pre_vote(msg)",
@@ -412,6 +416,16 @@ MUTANTS = [
            "    if i != size:\n",
            "    if False:\n",
            (test_malformed_records.test_a_malformed_produce_is_refused_and_nothing_is_appended,)),
+    Mutant("the record rule's fast path accepts records of 2 or 4 items",
+           "storage.records", "_plainly_valid",
+           "zip(*items, strict=True)",
+           "zip(*items)",
+           (test_records.test_the_fast_path_accepts_no_near_miss,)),
+    Mutant("the record rule's fast path accepts values that are no bin",
+           "storage.records", "_plainly_valid",
+           "if set(map(type, values)) != _BYTES:",
+           "if False:",
+           (test_records.test_the_fast_path_accepts_no_near_miss,)),
     # -- retention and state transfer ---------------------------------------------------------
     Mutant("retention is not bounded by the commit index",
            "raft.core.retention", "core_holds",
@@ -556,6 +570,34 @@ MUTANTS = [
            "keep = facts.first_damaged - 1",
            "keep = keep",
            (test_force_new_cluster.test_a_damaged_batch_and_what_follows_it_are_dropped_loudly,)),
+    # Quiescence (raft/core/quiesce.py): liveness rules, killed by scripted scenarios.
+    Mutant("a quiesced follower never wakes when its leader's node is reported down",
+           "raft.core.quiesce", "Quiescence.peer_down",
+           "            elif node_id == self.leader_id:",
+           "            elif False:",
+           (test_quiesce.test_a_follower_whose_leaders_node_is_down_elects_a_new_leader,)),
+    Mutant("a leader quiesces with a lagging follower",
+           "raft.core.quiesce", "Quiescence._follower_not_quiet",
+           "if pr.match_index != last or pr.flushed_offset != last:",
+           "if False:",
+           (functools.partial(test_quiesce.test_each_condition_alone_keeps_the_leader_awake,
+                              *test_quiesce.CONDITIONS[0]),)),
+    Mutant("a follower keeps its lease for a leader reported down",
+           "raft.core.election", "Elections._in_lease",
+           "\n                and self.leader_id not in self._peers_down)",
+           ")",
+           (test_quiesce.test_a_follower_whose_leader_is_reported_down_grants_a_pre_vote,)),
+    Mutant("a leader goes quiet before every live follower answered quiesced",
+           "raft.core.quiesce", "Quiescence._maybe_quiesced",
+           "        if any(p not in lead.quiesce_acked and p not in self._peers_down\n"
+           "               for p in lead.progress):\n            return\n",
+           "",
+           (test_quiesce.test_a_follower_that_never_answers_quiesced_keeps_its_leader_heartbeating,)),
+    Mutant("a quiet leader that lost its majority stays quiet",
+           "raft.core.quiesce", "Quiescence.peer_down",
+           "                if not self._live_quorum():",
+           "                if False:",
+           (test_quiesce.test_a_quiet_leader_that_lost_its_majority_wakes_and_steps_down,)),
     Mutant("the controller reuses a deleted topic's group ids",
            "raft.controller.state", "ClusterMetadata._allocate_group",
            "gid = self.next_group_id",
@@ -616,8 +658,8 @@ def mutated(mutant: Mutant) -> Callable[..., object]:
 
 
 def bindings(mutant: Mutant) -> list[tuple[object, str]]:
-    """Where to patch: the class attribute, or for a module-level function every core module
-    that imported it by name (the simulation's checkers keep the original)."""
+    """Where to patch: the class attribute, or for a module-level function its own module and
+    every core module that imported it by name (the simulation's checkers keep the original)."""
     module = importlib.import_module(mutant.module)
     *path, name = mutant.qualname.split(".")
     if path:
@@ -628,8 +670,9 @@ def bindings(mutant: Mutant) -> list[tuple[object, str]]:
     original = getattr(module, name)
     out: list[tuple[object, str]] = []
     for modname, mod in list(sys.modules.items()):
-        if (isinstance(mod, types.ModuleType) and modname.startswith("raft.")
-                and not modname.startswith(("raft.sim", "raft.cli", "raft.client"))
+        if (isinstance(mod, types.ModuleType)
+                and (modname == mutant.module or modname.startswith("raft.")
+                     and not modname.startswith(("raft.sim", "raft.cli", "raft.client")))
                 and getattr(mod, name, None) is original):
             out.append((mod, name))
     return out

@@ -250,3 +250,37 @@ def test_disk_loss_schedules_that_once_failed(seed: int, nodes: int) -> None:
     (raft/core/repair.py, CopyCensus)."""
     res = run_simulation(profile_config(seed, nodes, "diskloss"))
     assert res.ok, res.describe()
+
+
+# -- quiescence and node liveness (raft/core/quiesce.py, raft/sim/liveness.py) --------------------
+
+@pytest.mark.parametrize("nodes", [3, 5])
+def test_the_quiet_phase_quiesces_every_member_and_a_dead_quiet_leader_is_replaced(
+        nodes: int) -> None:
+    res = run_simulation(profile_config(11, nodes, "mixed"))
+    assert res.ok, res.describe()
+    s = res.stats
+    assert s["quiet_messages"] == 0 and s["quiesce_ms"] <= 400
+    assert s["failover_ms"] <= 1000 and s["peer_down"] > 0 and s["quiet_ticks"] > 0
+
+
+def test_teeth_a_group_that_never_quiesces_is_caught() -> None:
+    res = run_simulation(profile_config(11, 3, "mixed", raft={"quiesce_ticks": 1000}))
+    assert [v.prop for v in res.violations] == ["idle groups quiesce"], res.describe()
+
+
+def test_teeth_a_quiet_follower_deaf_to_node_liveness_is_caught(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without peer_down reaching the cores, a quiet group whose leader's node died never
+    elects again: the quiet phase's failover check and the final liveness check say so."""
+    from raft.core.quiesce import Quiescence
+    monkeypatch.setattr(Quiescence, "peer_down", lambda self, node_id: None)
+    res = run_simulation(profile_config(11, 3, "mixed"))
+    props = {v.prop for v in res.violations}
+    assert "a quiet group's leader crash is noticed" in props, res.describe()
+
+
+def test_without_quiescence_the_quiet_phase_still_checks_failover() -> None:
+    res = run_simulation(profile_config(11, 3, "noquiesce"))
+    assert res.ok, res.describe()
+    assert "quiet_messages" not in res.stats and res.stats["failover_ms"] <= 1000

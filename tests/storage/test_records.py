@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage.records import (MalformedRecords, Record, check_records, decode_records,
-                             encode_records, undecodable_message)
+from storage.records import (FAST_MIN_RECORDS, MalformedRecords, Record, _plainly_valid,
+                             check_records, decode_records, encode_records, encode_values,
+                             undecodable_message)
 
 
 def reference_ok(payload: bytes, count: int | None) -> bool:
@@ -42,6 +43,9 @@ def reference_ok(payload: bytes, count: int | None) -> bool:
 
 
 def walk_ok(payload: bytes, count: int | None) -> bool:
+    # The fast path only ever accepts, and only what the reference accepts.
+    if count is not None and _plainly_valid(payload, count):
+        assert reference_ok(payload, count), payload
     try:
         check_records(payload, count)
     except MalformedRecords as e:
@@ -145,3 +149,78 @@ def test_the_walk_reads_a_memoryview_as_well() -> None:
     header names."""
     payload = encode_records([Record(b"x" * 70_000, b"k", (("n\u00e9", b"v"),)), Record(b"")])
     assert check_records(memoryview(b"pre" + payload)[3:], 2) == 2
+
+
+# -- the fast path (_plainly_valid) on batches big enough to take it ---------------------------
+
+@settings(max_examples=300, deadline=None)
+@given(good=st.lists(good_record, min_size=FAST_MIN_RECORDS, max_size=FAST_MIN_RECORDS + 8),
+       spoilt=st.lists(st.tuples(st.integers(0, 10**6), near_miss), max_size=2),
+       delta=st.sampled_from([0, 0, 0, -1, 1]), tail=st.sampled_from([b"", b"", b"\xc0"]))
+def test_big_batches_agree_with_the_reference(good: list, spoilt: list, delta: int,
+                                              tail: bytes) -> None:
+    """Near misses anywhere in a batch of FAST_MIN_RECORDS or more: accepted exactly when the
+    reference accepts, by the fast path whenever it is well-formed."""
+    records = list(good)
+    for at, rec in spoilt:
+        records.insert(at % (len(records) + 1), rec)
+    payload = msgpack.packb(records, use_bin_type=True) + tail
+    count = len(records) + delta
+    ok = reference_ok(payload, count)
+    assert walk_ok(payload, count) == ok
+    if ok:  # the common case is the cheap one
+        assert _plainly_valid(payload, count)
+
+
+BIG = [[None, b"v" * 10, None]] * (FAST_MIN_RECORDS + 36)
+
+
+def _big_with(rec: Any, at: int = 50) -> bytes:
+    return msgpack.packb(BIG[:at] + [rec] + BIG[at:], use_bin_type=True)
+
+
+BIG_NEAR_MISSES = [
+    (_big_with([None, "text", None]), 101, "record 50: the value must be a bin, got a str"),
+    (_big_with([1, b"v", None]), 101, "record 50: the key must be a bin or nil"),
+    (_big_with([None, b"v", None, None]), 101, "record 50: a record must be an array"),
+    (_big_with([None, b"v"]), 101, "record 50: a record must be an array"),
+    (_big_with({"k": b"v"}), 101, "record 50: a record must be an array"),
+    (_big_with(msgpack.ExtType(1, b"abc")), 101, "record 50: a record must be an array"),
+    (_big_with(b"abc"), 101, "record 50: a record must be an array"),
+    (_big_with([None, b"v", [[b"h", b"x"]]]), 101, "header 0's name must be a str"),
+    (_big_with([None, b"v", [["h", 1]]]), 101, "header 0's value must be a bin or nil"),
+    (_big_with([None, b"v", [msgpack.ExtType(1, b"ab")]]), 101, "header 0 must be an array"),
+    (_big_with([None, b"v", {"h": b"x"}]), 101, "headers must be nil or an array"),
+    (_big_with([None, b"v", None]), 100, "holds 101 records but count is 100"),
+    (_big_with([None, b"v", None]) + b"\xc0", 101, "1 bytes follow"),
+    (encode_values([b"x"] * 100)[:-1], 100, "ends inside a record"),
+]
+
+
+@pytest.mark.parametrize("payload, count, fragment", BIG_NEAR_MISSES)
+def test_big_batch_refusals_say_what_is_wrong(payload: bytes, count: int, fragment: str) -> None:
+    assert not _plainly_valid(payload, count)
+    with pytest.raises(MalformedRecords) as e:
+        check_records(payload, count)
+    assert fragment in str(e.value), str(e.value)
+
+
+def test_the_fast_path_accepts_no_near_miss() -> None:
+    """The mutation tests' killer for the fast path's checks (tests/raft/test_mutants.py):
+    through check_records, which looks the fast path up in its module."""
+    for payload, count, fragment in BIG_NEAR_MISSES:
+        with pytest.raises(MalformedRecords):
+            check_records(payload, count)
+
+
+def test_big_batches_with_keys_headers_and_wide_encodings_take_the_fast_path() -> None:
+    recs = [Record(b"v%d" % i, b"k" if i % 2 else None,
+                   (("n\u00e9", b"x"), ("h", None)) if i % 3 == 0 else None)  # type: ignore
+            for i in range(FAST_MIN_RECORDS)]
+    payload = encode_records(recs)
+    assert _plainly_valid(payload, len(recs)) and check_records(payload, len(recs)) == len(recs)
+    assert decode_records(payload, len(recs)) == recs
+    # array32 of bin32 values (what the Spark writer emits), and from a memoryview.
+    wide = b"\xdd" + (100).to_bytes(4, "big") + (b"\x93\xc0\xc6\x00\x00\x00\x02vv\xc0" * 100)
+    assert _plainly_valid(memoryview(b"pre" + wide)[3:], 100)
+    assert check_records(wide, 100) == 100
