@@ -4,6 +4,7 @@
     raftlog subscriptions [--json] [--prefix P]
     raftlog subscriptions reset NAME --to OFFSET|start|end
     raftlog subscriptions delete NAME
+    (each with --topic T --partition P for a subscription of a topic partition)
     raftlog consume --subscription NAME [--from-start | --from-end | --from OFFSET] [--count N]
                     [--auto-reset earliest|latest|none]
 
@@ -31,7 +32,7 @@ from typing import Any
 
 import trio
 
-from raft.cli.args import json_flag, positive_int, servers_arg
+from raft.cli.args import json_flag, non_negative_int, positive_int, servers_arg
 from raft.cli.output import Undecodable
 from raft.cli.security import client_options
 from raft.client import BlockingClient, Client, Consumer, FetchedRecord, UnknownSubscription
@@ -161,9 +162,15 @@ async def _refuse_first_use_flag(client: Client, name: str, flag: str,
 
 
 # -- raftlog subscriptions ------------------------------------------------------------------------
+def _where(args: argparse.Namespace) -> dict[str, Any]:
+    """--topic/--partition of the subscriptions commands: whose log keeps them."""
+    return {"topic": getattr(args, "topic", None), "partition": getattr(args, "partition", 0)
+            or 0}
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     with BlockingClient(args.servers, timeout=args.timeout, **client_options(args)) as client:
-        subs = client.subscriptions(args.prefix)
+        subs = client.subscriptions(args.prefix, **_where(args))
     if args.json:
         print(json.dumps({"subscriptions": subs}, indent=2, sort_keys=True))
         return 0
@@ -216,7 +223,7 @@ def _position(text: str) -> int | str:
 
 def cmd_reset(args: argparse.Namespace) -> int:
     with BlockingClient(args.servers, timeout=args.timeout, **client_options(args)) as client:
-        sub = client.subscription_reset(args.name, args.to)
+        sub = client.subscription_reset(args.name, args.to, **_where(args))
     if args.json:
         print(json.dumps({"name": sub["name"], "position": sub["position"]}))
     else:
@@ -227,7 +234,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     with BlockingClient(args.servers, timeout=args.timeout, **client_options(args)) as client:
-        client.subscription_delete(args.name)
+        client.subscription_delete(args.name, **_where(args))
     if args.json:
         print(json.dumps({"deleted": args.name}))
     else:
@@ -242,9 +249,18 @@ def _servers_again(p: argparse.ArgumentParser, json_what: str) -> None:
     before = set(map(id, p._actions))
     servers_arg(p)
     json_flag(p, json_what)
+    _partition_args(p)
     for action in p._actions:
         if id(action) not in before:
             action.default = argparse.SUPPRESS
+
+
+def _partition_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topic", default=None, metavar="TOPIC",
+                   help="subscriptions kept in this topic's partition (default: the topic "
+                        "`default`)")
+    p.add_argument("--partition", type=non_negative_int, default=None, metavar="P",
+                   help="the partition of --topic (default 0)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -261,6 +277,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     json_flag(p, "machine-readable output (before or after the action): "
                  "{\"subscriptions\": [...]} when listing")
     p.add_argument("--prefix", default="", help="only names starting with this")
+    _partition_args(p)
     p.set_defaults(func=cmd_list)
     actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
     r = actions.add_parser("reset", help="move a subscription to an offset (back or forward); "

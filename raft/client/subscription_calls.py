@@ -100,8 +100,9 @@ class SubscriptionCalls:
                                 partition=partition)
         return reply["subscription"]
 
-    async def subscription_delete(self, name: str, *, timeout: float | None = None) -> None:
-        await self._sub("sub_delete", timeout, name)
+    async def subscription_delete(self, name: str, *, timeout: float | None = None,
+                                  topic: str | None = None, partition: int = 0) -> None:
+        await self._sub("sub_delete", timeout, name, topic=topic, partition=partition)
 
     async def subscription(self, name: str, *, timeout: float | None = None,
                            topic: str | None = None, partition: int = 0) -> dict[str, Any]:
@@ -109,14 +110,16 @@ class SubscriptionCalls:
         reply = await self._sub("sub_get", timeout, name, topic=topic, partition=partition)
         return reply["subscription"]
 
-    async def subscriptions(self, prefix: str = "", *,
-                            timeout: float | None = None) -> list[dict[str, Any]]:
+    async def subscriptions(self, prefix: str = "", *, timeout: float | None = None,
+                            topic: str | None = None,
+                            partition: int = 0) -> list[dict[str, Any]]:
         """Every subscription (whose name starts with `prefix`), sorted by name, with lag."""
         out: list[dict[str, Any]] = []
         after = ""
         while True:
             budget = self.timeout if timeout is None else timeout
-            reply = await self.call(SubList(prefix, after, timeout_ms=_timeout_ms(budget)),
+            reply = await self.call(SubList(prefix, after, timeout_ms=_timeout_ms(budget),
+                                            **where_fields(topic, partition)),
                                     timeout=budget)
             out.extend(reply["subscriptions"])
             if not reply.get("more") or not reply["subscriptions"]:

@@ -132,3 +132,26 @@ def test_a_keyed_producer_rides_through_the_sigkill_of_a_node(tmp_path) -> None:
         want = [f"a{i}".encode() for i in range(k, 200, 11)] + \
             [f"b{i}".encode() for i in range(k, 200, 11)]
         assert mine == want
+
+
+def test_a_subscription_of_a_topic_partition_from_the_cli(cluster: LocalCluster) -> None:
+    s = cluster.servers
+    assert raftlog("topic", "create", "subs-cli", "--partitions", "2", "--replicas", "3",
+                   "--servers", s).returncode == 0
+    res = raftlog("produce", "--topic", "subs-cli", "--partition", "1", "--servers", s,
+                  stdin="x\ny\nz\n")
+    assert res.returncode == 0, res.stderr
+    where = ("--topic", "subs-cli", "--partition", "1")
+    res = raftlog("consume", "--subscription", "etl", *where, "--count", "2", "--servers", s)
+    assert [line.split("\t")[2] for line in res.stdout.splitlines()] == ["x", "y"], res.stderr
+    res = raftlog("consume", "--subscription", "etl", *where, "--servers", s)
+    assert [line.split("\t")[2] for line in res.stdout.splitlines()] == ["z"]  # resumed
+    listed = json.loads(raftlog("subscriptions", *where, "--servers", s, "--json").stdout)
+    assert [x["name"] for x in listed["subscriptions"]] == ["etl"]
+    other = json.loads(raftlog("subscriptions", "--topic", "subs-cli", "--servers", s,
+                               "--json").stdout)
+    assert other["subscriptions"] == []  # partition 0 keeps its own table
+    res = raftlog("subscriptions", "delete", "etl", *where, "--servers", s)
+    assert res.returncode == 0, res.stderr
+    res = raftlog("consume", "--subscription", "etl", "--topic", "subs-cli", "--servers", s)
+    assert res.returncode == 2 and "add --partition P (0..1)" in res.stderr
