@@ -173,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     as_json = bool(getattr(args, "json", False))
     command = args.command
+    if command == "topic" and getattr(args, "action", None):
+        command = f"topic {args.action}"  # errors say `raftlog topic create: ...`
     try:
         resolve_client(args)
         return int(func(args) or 0)
