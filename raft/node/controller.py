@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -46,6 +46,7 @@ log = logging.getLogger("raftlog.node")
 
 APPLY_BATCHES = 256  # controller batches applied per step before yielding
 RESULTS_KEPT = 4096  # verdicts kept for proposers that wait for theirs
+WAKE_EVERY_S = 1.0  # a safety net only: every change that matters wakes the follower
 
 
 @dataclass(slots=True, frozen=True)
@@ -108,12 +109,22 @@ class ControllerService:
             caught_up = (self.follower is not None
                          and self.follower.position > group.core.commit_index)
             if caught_up or not moved:  # (not moved: a damaged batch waits for its repair)
-                # Woken after every Ready that moved the commit index (and on role changes,
-                # for the bootstrap).
-                with trio.move_on_after(max(0.05, self.group.config.tick_ms / 1000 * 5)):
-                    await group.wait_hw_change()
+                await self._wait_change()
             else:
                 await trio.lowlevel.checkpoint()
+
+    async def _wait_change(self) -> None:
+        """Until a Ready moved group 0's commit index or its role/term/leader changed (the
+        bootstrap waits for leadership), or WAKE_EVERY_S passed: no polling while idle."""
+        group = self.group
+        with trio.move_on_after(WAKE_EVERY_S):
+            async with trio.open_nursery() as nursery:
+                async def until(wait: Callable[[], Awaitable[None]]) -> None:
+                    await wait()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(until, group.wait_hw_change)
+                nursery.start_soon(until, group.wait_state_change)
 
     def step(self, max_batches: int = APPLY_BATCHES) -> int:
         """Apply at most `max_batches` committed batches; how many entries were applied."""

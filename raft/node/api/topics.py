@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
+
 from raft.controller.commands import (Command, DeleteTopic, SetTopicSettings, TopicSettings)
 from raft.controller.placement import PlacementError, plan_create_topic, plan_grow_topic
 from raft.controller.state import ApplyResult, Refusal, topic_name_error
@@ -30,7 +32,9 @@ async def metadata(ctx: ApiContext, req: Metadata) -> Reply:
                                 cluster.leader_of(0)))
 
 
-def _not_controller(ctx: ApiContext) -> Reply | None:
+async def _not_controller(ctx: ApiContext, timeout_ms: int | None) -> Reply | None:
+    """NOT_LEADER unless this node leads the controller; a leader whose bootstrap has not
+    applied yet (a cluster just started) waits for it, within the request's timeout."""
     if ctx.closing:
         return ctx.error(ErrorCode.SHUTTING_DOWN)
     if ctx.group.core.role != Role.LEADER:
@@ -39,6 +43,13 @@ def _not_controller(ctx: ApiContext) -> Reply | None:
                          f"topic requests go to the controller's leader (node {leader}); this "
                          f"node does not lead the controller" if leader is not None else
                          "the controller has no leader right now; retry shortly")
+    controller = ctx.cluster.controller
+    with trio.move_on_after((timeout_ms or ctx.config.default_timeout_ms) / 1000):
+        while not controller.metadata.nodes and not ctx.closing:
+            await controller.wait_applied(controller.applied + 1)
+    if not controller.metadata.nodes:
+        return ctx.error(ErrorCode.TIMEOUT, "the controller has not applied its bootstrap "
+                                            "yet (the cluster is starting); retry shortly")
     return None
 
 
@@ -69,7 +80,7 @@ def _topic_reply(ctx: ApiContext, name: str) -> Reply:
 
 
 async def topic_create(ctx: ApiContext, req: TopicCreate) -> Reply:
-    refusal = _not_controller(ctx)
+    refusal = await _not_controller(ctx, req.timeout_ms)
     if refusal is not None:
         return refusal
     why = topic_name_error(req.name)
@@ -90,7 +101,7 @@ async def topic_create(ctx: ApiContext, req: TopicCreate) -> Reply:
 
 
 async def topic_alter(ctx: ApiContext, req: TopicAlter) -> Reply:
-    refusal = _not_controller(ctx)
+    refusal = await _not_controller(ctx, req.timeout_ms)
     if refusal is not None:
         return refusal
     meta = ctx.cluster.metadata
@@ -116,7 +127,7 @@ async def topic_alter(ctx: ApiContext, req: TopicAlter) -> Reply:
 
 
 async def topic_delete(ctx: ApiContext, req: TopicDelete) -> Reply:
-    refusal = _not_controller(ctx)
+    refusal = await _not_controller(ctx, req.timeout_ms)
     if refusal is not None:
         return refusal
     refused = await _propose(ctx, DeleteTopic(req.name),
