@@ -38,7 +38,8 @@ from raft.protocol.errors import may_retry
 from raft.protocol.framing import WireError
 from raft.protocol.hello import HelloReply
 from raft.protocol.load_requests import LoadAbort, LoadBegin, LoadCommit, LoadStage, LoadStatus
-from raft.protocol.requests import Fetch, RawRequest, Status, acks_named
+from raft.protocol.requests import DEFAULT_TOPIC, Fetch, RawRequest, Status, acks_named
+from raft.protocol.topic_requests import Metadata
 from sparkio.security import ConnSecurity
 
 log = logging.getLogger("sparkio.staging")
@@ -210,24 +211,39 @@ class Session:
             backoff = min(backoff * 2, 0.5)
 
     # -- load operations -----------------------------------------------------------------------
-    def load_begin(self, load_id: str) -> dict:
-        return self.call(LoadBegin(load_id))["load"]
+    # `where` names the topic partition the load writes to ({"topic", "topic_partition"}); none:
+    # the default topic's partition 0. A load is per partition: each has its own load table.
+    def load_begin(self, load_id: str, **where: Any) -> dict:
+        return self.call(LoadBegin(load_id, **where))["load"]
 
-    def load_status(self, load_id: str) -> dict | None:
-        return self.call(LoadStatus(load_id)).get("load")
+    def load_status(self, load_id: str, **where: Any) -> dict | None:
+        return self.call(LoadStatus(load_id, **where)).get("load")
 
     def load_commit(self, load_id: str, gen: int,
-                    attempts: list[tuple[int, int, int, int]]) -> dict:
-        return self.call(LoadCommit(load_id, gen, list(attempts)))["load"]
+                    attempts: list[tuple[int, int, int, int]], **where: Any) -> dict:
+        return self.call(LoadCommit(load_id, gen, list(attempts), **where))["load"]
 
-    def load_abort(self, load_id: str, gen: int, reason: str) -> dict:
-        return self.call(LoadAbort(load_id, gen, reason))["load"]
+    def load_abort(self, load_id: str, gen: int, reason: str, **where: Any) -> dict:
+        return self.call(LoadAbort(load_id, gen, reason, **where))["load"]
 
-    def fetch(self, offset: int, max_bytes: int = 4 << 20, max_wait_ms: int = 0) -> dict:
-        return self.call(Fetch(offset, max_bytes, max_wait_ms))
+    def fetch(self, offset: int, max_bytes: int = 4 << 20, max_wait_ms: int = 0,
+              topic: str = DEFAULT_TOPIC, partition: int = 0) -> dict:
+        """Committed batches of one topic partition (the default topic's 0 unless named)."""
+        return self.call(Fetch(offset, max_bytes, max_wait_ms, topic=topic,
+                               partition=partition))
 
     def status(self) -> dict:
         return self.call(Status())["status"]
+
+
+def topic_partitions(session: Session, topic: str) -> int:
+    """How many partitions `topic` has (ValueError naming the topics that exist)."""
+    reply = session.call(Metadata())
+    names = {t["name"]: len(t.get("partitions") or []) for t in reply.get("topics") or []}
+    if topic not in names:
+        raise ValueError(f"no topic {topic!r}; the cluster has "
+                         f"{', '.join(sorted(names)) or 'none'} (raftlog topic list)")
+    return names[topic]
 
 
 class Stager:
@@ -235,8 +251,10 @@ class Stager:
     `finish` waits for every acknowledgement and returns how many batches were sent."""
 
     def __init__(self, session: Session, load_id: str, gen: int, partition: int, attempt: int,
-                 acks: str = "leader", max_inflight: int = 4) -> None:
+                 acks: str = "leader", max_inflight: int = 4, topic: str = DEFAULT_TOPIC,
+                 topic_partition: int = 0) -> None:
         self.s = session
+        self.topic, self.topic_partition = topic, topic_partition
         self.load_id, self.gen, self.partition, self.attempt = load_id, gen, partition, attempt
         self.acks = acks_named(acks)
         self.max_inflight = max_inflight
@@ -246,7 +264,8 @@ class Stager:
     def send(self, payload: bytes, count: int) -> None:
         # No timestamp: the leader's clock stamps staged batches (raft/node/load_service.py).
         req = LoadStage(self.load_id, self.gen, self.partition, self.attempt, self.seq, count,
-                        payload, self.acks)
+                        payload, self.acks, topic=self.topic,
+                        topic_partition=self.topic_partition)
         self.seq += 1
         while len(self._inflight) >= self.max_inflight:
             self._await_one()

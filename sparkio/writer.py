@@ -5,6 +5,14 @@ load (or finds it already committed: then every task writes nothing). Tasks (`wr
 Arrow batches in bulk (sparkio/encode.py) and stage them under (loadId, gen, partition, attempt,
 seq). Driver (`commit`): one `load_commit` naming the successful attempts publishes them in one
 replicated step; `abort` discards the load. See docs/SPARK.md for the guarantee and its limits.
+
+Topics (issue 26 item 8): with option `topic`, each row goes to the topic partition the
+producer would pick (sparkio/keyed.py: its key's murmur2 partition, keyless rows the task's),
+and the load is one load per topic partition (each partition's group keeps its own load
+table): the driver begins one per partition, tasks stage each partition's rows under that
+partition's load, and the driver commits each with the attempts that staged there. Exactly
+once holds per partition under task retries and job re-runs (a re-run skips the partitions
+whose load already committed); the partitions are not published in one atomic step.
 """
 
 from __future__ import annotations
@@ -20,8 +28,10 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, StringType, StructType
 
 from sparkio.encode import SchemaError, check_columns, chunks
+from sparkio.keyed import split_by_partition
 from sparkio.security import ConnSecurity
-from sparkio.staging import LoadClosed, RaftlogError, Session, Stager, parse_servers
+from sparkio.staging import (LoadClosed, RaftlogError, Session, Stager, parse_servers,
+                             topic_partitions)
 
 log = logging.getLogger("sparkio.writer")
 
@@ -41,6 +51,7 @@ class LoadCommitMessage(WriterCommitMessage):
     bytes: int
     seconds: float
     skipped: str = ""  # why nothing was written (already committed / restarted), else ""
+    staged: tuple[tuple[int, int, int], ...] = ()  # with a topic: (topic partition, batches, rows)
 
 
 @dataclass(slots=True)
@@ -54,6 +65,7 @@ class WriteOptions:
     fail_once: int | None  # test only: partition whose first attempt fails midway
     fail_always: int | None  # test only: partition whose every attempt fails midway
     security: ConnSecurity = ConnSecurity()  # tlsCa/tlsCert/tlsKey/token options
+    topic: str | None = None  # option topic: rows go to their key's partition of it
 
     @staticmethod
     def parse(options: dict[str, str]) -> "WriteOptions":
@@ -75,7 +87,7 @@ class WriteOptions:
             max_inflight=int(options.get("maxinflight", 4)),
             timeout_s=int(options.get("requesttimeoutms", 60_000)) / 1000,
             fail_once=opt_int("failonce"), fail_always=opt_int("failalways"),
-            security=ConnSecurity.from_options(options))
+            security=ConnSecurity.from_options(options), topic=options.get("topic") or None)
 
 
 def check_schema(schema: StructType) -> None:
@@ -94,19 +106,34 @@ class RaftlogWriter(DataSourceArrowWriter):
             raise ValueError("raftlog is append-only: use .mode('append')")
         check_schema(schema)
         self.opts = WriteOptions.parse(dict(options))
+        self.partitions = 1  # of the topic (option topic), else the default topic's one
+        self.gens: dict[int, int] = {}  # topic partition -> its load's generation
+        self.done: set[int] = set()  # topic partitions whose load already committed
         session = Session(self.opts.servers, self.opts.timeout_s, security=self.opts.security)
         try:
-            load = session.load_begin(self.opts.load_id)
+            if self.opts.topic is not None:
+                self.partitions = topic_partitions(session, self.opts.topic)
+            for tp in range(self.partitions):
+                load = session.load_begin(self.opts.load_id, **self.where(tp))
+                self.gens[tp] = int(load["gen"])
+                if load["state"] == "committed":
+                    self.done.add(tp)
         finally:
             session.close()
-        self.gen = int(load["gen"])
-        self.already = load["state"] == "committed"
+        self.gen = self.gens[0]
+        self.already = len(self.done) == self.partitions
         self.started = time.time()
         if self.already:
             log.warning("load already committed load_id=%s rows=%s: writing nothing",
                         self.opts.load_id, load.get("rows"))
         else:
             log.info("load begin load_id=%s gen=%d", self.opts.load_id, self.gen)
+
+    def where(self, tp: int) -> dict[str, object]:
+        """The load requests' topic partition fields ({} without option topic)."""
+        if self.opts.topic is None:
+            return {}
+        return {"topic": self.opts.topic, "topic_partition": tp}
 
     # -- executors ---------------------------------------------------------------------------
     def write(self, iterator: Iterator[pa.RecordBatch]) -> LoadCommitMessage:
@@ -122,6 +149,8 @@ class RaftlogWriter(DataSourceArrowWriter):
         o = self.opts
         if self.already:
             return LoadCommitMessage(part, attempt, 0, 0, 0, 0.0, "already committed")
+        if o.topic is not None:
+            return self._write_topic(iterator, part, attempt, first_try, t0)
         session = Session(o.servers, o.timeout_s, security=o.security)
         try:
             # Executors re-check: a re-run may have committed (or restarted) the load since.
@@ -160,6 +189,57 @@ class RaftlogWriter(DataSourceArrowWriter):
                  "seconds=%.2f", o.load_id, part, attempt, batches, rows, nbytes, secs)
         return LoadCommitMessage(part, attempt, batches, rows, nbytes, secs)
 
+    def _write_topic(self, iterator: Iterator[pa.RecordBatch], part: int, attempt: int,
+                     first_try: bool, t0: float) -> LoadCommitMessage:
+        """Option topic: each row to its partition's load (one session and stager per topic
+        partition, made when the first row for it comes)."""
+        o = self.opts
+        sessions: dict[int, Session] = {}
+        stagers: dict[int, Stager] = {}
+        counts: dict[int, int] = {}
+        nbytes = 0
+        fail = (o.fail_once == part and first_try) or o.fail_always == part
+        try:
+            for rb in iterator:
+                if rb.num_rows == 0:
+                    continue
+                for tp, sub in split_by_partition(rb, self.partitions,
+                                                  part % self.partitions).items():
+                    if tp in self.done:
+                        continue  # its load committed in an earlier run: written once already
+                    stager = stagers.get(tp)
+                    if stager is None:
+                        session = sessions[tp] = Session(o.servers, o.timeout_s,
+                                                         security=o.security)
+                        load = session.load_status(o.load_id, **self.where(tp))
+                        if load is not None and (load["gen"] != self.gens[tp]
+                                                 or load["state"] != "open"):
+                            why = (f"load {o.load_id!r} of partition {tp} is {load['state']} "
+                                   f"(generation {load['gen']}, this job {self.gens[tp]})")
+                            return LoadCommitMessage(part, attempt, 0, 0, 0, 0.0, why)
+                        stager = stagers[tp] = Stager(session, o.load_id, self.gens[tp], part,
+                                                      attempt, o.acks, o.max_inflight,
+                                                      o.topic or "", tp)
+                    for chunk in chunks(iter([sub]), o.batch_bytes):
+                        stager.send(chunk.payload, chunk.count)
+                        counts[tp] = counts.get(tp, 0) + chunk.count
+                        nbytes += len(chunk.payload)
+                    if fail and sum(s.seq for s in stagers.values()) >= 1:
+                        for s in stagers.values():
+                            s.finish()  # the partial data is really in the log
+                        raise InjectedFailure(f"test-only failure of partition {part} attempt "
+                                              f"{attempt}")
+            staged = tuple((tp, stagers[tp].finish(), counts.get(tp, 0))
+                           for tp in sorted(stagers))
+        except LoadClosed as e:
+            return LoadCommitMessage(part, attempt, 0, 0, 0, time.monotonic() - t0, str(e))
+        finally:
+            for session in sessions.values():
+                session.close()
+        rows = sum(r for _, _, r in staged)
+        return LoadCommitMessage(part, attempt, sum(b for _, b, _ in staged), rows, nbytes,
+                                 time.monotonic() - t0, staged=staged)
+
     # -- driver ------------------------------------------------------------------------------
     def commit(self, messages: list[LoadCommitMessage | None]) -> None:
         o = self.opts
@@ -174,16 +254,25 @@ class RaftlogWriter(DataSourceArrowWriter):
             raise LoadClosed("LOAD_CLOSED", f"load {o.load_id!r} was taken over by another run "
                                             f"({skipped[0].skipped}); this run published "
                                             f"nothing")
-        attempts = [(m.partition, m.attempt, m.batches, m.rows) for m in msgs]
         session = Session(o.servers, o.timeout_s, security=o.security)
         try:
-            load = session.load_commit(o.load_id, self.gen, attempts)
+            for tp in range(self.partitions):
+                if tp in self.done:
+                    continue
+                if o.topic is None:
+                    attempts = [(m.partition, m.attempt, m.batches, m.rows) for m in msgs]
+                else:  # every partition's load is closed, with what was staged there
+                    attempts = [(m.partition, m.attempt, b, r) for m in msgs
+                                for t, b, r in m.staged if t == tp]
+                load = session.load_commit(o.load_id, self.gens[tp], attempts,
+                                           **self.where(tp))
+                if load.get("state") != "committed" or load.get("gen") != self.gens[tp]:
+                    raise LoadClosed("LOAD_CLOSED", f"load {o.load_id!r}"
+                                     f"{f' of partition {tp}' if o.topic else ''} was not "
+                                     f"committed: {load.get('reason') or load.get('state')}; "
+                                     f"re-run the job with option loadId={o.load_id!r}")
         finally:
             session.close()
-        if load.get("state") != "committed" or load.get("gen") != self.gen:
-            raise LoadClosed("LOAD_CLOSED", f"load {o.load_id!r} was not committed: "
-                             f"{load.get('reason') or load.get('state')}; re-run the job with "
-                             f"option loadId={o.load_id!r}")
         rows = sum(m.rows for m in msgs)
         nbytes = sum(m.bytes for m in msgs)
         secs = max(time.time() - self.started, 1e-9)
@@ -197,9 +286,13 @@ class RaftlogWriter(DataSourceArrowWriter):
             return
         session = Session(o.servers, o.timeout_s, security=o.security)
         try:
-            load = session.load_abort(o.load_id, self.gen, "the Spark job failed")
-            log.warning("load aborted load_id=%s gen=%d state=%s", o.load_id, self.gen,
-                        load.get("state"))
+            for tp in range(self.partitions):
+                if tp in self.done:
+                    continue
+                load = session.load_abort(o.load_id, self.gens[tp], "the Spark job failed",
+                                          **self.where(tp))
+                log.warning("load aborted load_id=%s partition=%d gen=%d state=%s", o.load_id,
+                            tp, self.gens[tp], load.get("state"))
         except Exception as e:  # the leader's timeout aborts it anyway
             log.warning("load abort failed load_id=%s err=%s (the leader aborts it after the "
                         "load timeout)", o.load_id, e)

@@ -15,6 +15,13 @@ TEMPLATE lays each record out with placeholders for key, value, offset, partitio
 headers (raft.cli.template); --json prints {"offset", "timestamp_ms", "value"|"value_b64",
 "key"|"key_b64", "headers"}.
 
+Topics: `--topic T --partition P` reads one partition of topic T (every flag as above, offsets
+being that partition's); `--topic T` alone reads every partition of T, each in offset order,
+taking turns across them: --from/--since apply to each partition (`--from -N`: the last N of
+each), --count to the total, and --to and --node, being one partition's offsets or copy, need
+--partition. With --topic or --partition each text line is `partition<TAB>offset<TAB>value`;
+--json lines always carry "partition". Without them: the default topic's partition 0.
+
 A committed batch that cannot be decoded as records (written by a faulty client, or before
 nodes validated payloads) is reported on stderr, one line naming its offsets and what to do;
 the records after it are printed as usual, and the exit status is 1 once all is printed.
@@ -36,7 +43,7 @@ from raft.cli.args import json_flag, non_negative_int, positive_float, positive_
 from raft.cli.security import client_options
 from raft.cli.output import Undecodable, escape_value, headers_json, put_bytes
 from raft.cli.template import FIELDS, compile_template
-from raft.client import Client, FetchedRecord, OffsetOutOfRangeError, \
+from raft.client import Client, FetchedRecord, OffsetOutOfRangeError, TopicConsumer, \
     UndecodableBatch
 from raft.node.config import ConfigError
 
@@ -61,7 +68,11 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
     async def run() -> int:
         async with Client(args.servers, timeout=args.timeout, **client_options(args)) as client:
-            await _consume(client, args, bad)
+            if args.topic is not None and args.partition is None \
+                    and (await client.topic(args.topic)).partition_count > 1:
+                await _consume_topic(client, args, bad)
+            else:
+                await _consume(client, args, bad)
         return bad.status
 
     return trio.run(run)  # Ctrl-C (how --follow ends): main() exits 130, as documented
@@ -89,10 +100,17 @@ def _refuse_flags_that_cannot_apply(args: argparse.Namespace) -> None:
                           "give one of them")
 
 
+def where(args: argparse.Namespace) -> dict[str, Any]:
+    """The topic partition a single-partition read is of (--topic, --partition)."""
+    return {"topic": args.topic, "partition": args.partition or 0}
+
+
 def _printer(args: argparse.Namespace) -> Callable[[FetchedRecord], None]:
-    """How each record is printed: --format's template, --json, or `offset<TAB>value`."""
+    """How each record is printed: --format's template, --json, or `offset<TAB>value`
+    (`partition<TAB>offset<TAB>value` with --topic or --partition)."""
     if args.format is None:
-        return lambda r: _print_record(r, args.json)
+        partitioned = args.topic is not None or args.partition is not None
+        return lambda r: _print_record(r, args.json, partitioned)
     render = compile_template(args.format)
 
     def print_formatted(r: FetchedRecord) -> None:
@@ -100,10 +118,11 @@ def _printer(args: argparse.Namespace) -> Callable[[FetchedRecord], None]:
     return print_formatted
 
 
-async def _bounds(client: Client, node: str | None) -> tuple[int, int]:
-    """(log start, high watermark)."""
+async def _bounds(client: Client, node: str | None,
+                  at: dict[str, Any] | None = None) -> tuple[int, int]:
+    """(log start, high watermark) of a partition (`at`: its topic and partition)."""
     try:
-        res = await client.fetch(0, max_bytes=1, address=node)
+        res = await client.fetch(0, max_bytes=1, address=node, **(at or {}))
         return res.start_offset, res.high_watermark
     except OffsetOutOfRangeError as e:
         start = e.start_offset if e.start_offset is not None else 0
@@ -117,7 +136,8 @@ async def _read_range(client: Client, args: argparse.Namespace, first: int,
     bad: list[UndecodableBatch] = []
     offset = first
     while offset <= last:
-        res = await client.fetch(offset, max_bytes=args.max_bytes, address=args.node)
+        res = await client.fetch(offset, max_bytes=args.max_bytes, address=args.node,
+                                 **where(args))
         out.extend(r for r in res.records if r.offset <= last)
         bad.extend(b for b in res.undecodable if b.first_offset <= last)
         if res.next_offset <= offset:
@@ -131,7 +151,7 @@ async def _last_records(client: Client, args: argparse.Namespace, n: int,
     """The last n committed records (fewer if the log holds fewer), and the offset after them.
     Offsets have gaps (control entries), so the window is widened until it holds n records.
     Undecodable batches among them are reported."""
-    start, hw = await _bounds(client, args.node)
+    start, hw = await _bounds(client, args.node, where(args))
     back = n
     while True:
         lo = max(start, hw + 1 - back)
@@ -149,11 +169,11 @@ async def _consume(client: Client, args: argparse.Namespace, bad: Undecodable) -
     printed = 0
     frm = "start" if args.from_offset is None else args.from_offset
     if args.since is not None:
-        offset = await client.offset_for_time(args.since, address=args.node)
+        offset = await client.offset_for_time(args.since, address=args.node, **where(args))
     elif frm == "start":
-        offset = (await _bounds(client, args.node))[0]
+        offset = (await _bounds(client, args.node, where(args)))[0]
     elif frm == "end":
-        offset = (await _bounds(client, args.node))[1] + 1
+        offset = (await _bounds(client, args.node, where(args)))[1] + 1
     elif frm < 0:
         records, offset = await _last_records(client, args, -frm, bad)
         for r in records:
@@ -171,7 +191,7 @@ async def _consume(client: Client, args: argparse.Namespace, bad: Undecodable) -
             return
         res = await client.fetch(offset, max_bytes=args.max_bytes,
                                  max_wait=args.max_wait if args.follow else 0.0,
-                                 address=args.node)
+                                 address=args.node, **where(args))
         for r in sorted([*res.records, *res.undecodable], key=lambda x: x.offset):
             if args.to is not None and r.offset >= args.to:
                 return
@@ -189,8 +209,46 @@ async def _consume(client: Client, args: argparse.Namespace, bad: Undecodable) -
         offset = max(offset, res.next_offset)
 
 
+async def _consume_topic(client: Client, args: argparse.Namespace, bad: Undecodable) -> None:
+    """Every partition of --topic, each from where --from/--since says, taking turns."""
+    if args.to is not None or args.node is not None:
+        flag = "--to" if args.to is not None else "--node"
+        raise ConfigError(f"{flag} is about one partition (offsets are per partition): add "
+                          f"--partition P, or drop {flag} to read every partition of "
+                          f"{args.topic}")
+    info = await client.topic(args.topic)
+    frm = "start" if args.from_offset is None else args.from_offset
+    starts: dict[int, int] = {}
+    for p in range(info.partition_count):
+        at = {"topic": args.topic, "partition": p}
+        if args.since is not None:
+            starts[p] = await client.offset_for_time(args.since, **at)
+        elif frm in ("start", "end"):
+            lo, hw = await _bounds(client, None, at)
+            starts[p] = lo if frm == "start" else hw + 1
+        elif isinstance(frm, int) and frm < 0:
+            one = argparse.Namespace(**{**vars(args), "partition": p})
+            records, after = await _last_records(client, one, -frm, bad)
+            starts[p] = records[0].offset if records else after
+        else:
+            starts[p] = int(frm)
+    printed = 0
+    reader = TopicConsumer(client, args.topic, partitions=sorted(starts), start=starts,
+                           follow=args.follow, max_bytes=args.max_bytes,
+                           max_wait=args.max_wait, on_undecodable=bad.report)
+    async for r in reader:
+        args.print_record(r)
+        printed += 1
+        if printed % 256 == 0:
+            sys.stdout.flush()
+        if args.count is not None and printed >= args.count:
+            break
+    sys.stdout.flush()
+
+
 def record_json(r: FetchedRecord) -> dict[str, Any]:
-    out: dict[str, Any] = {"offset": r.offset, "timestamp_ms": r.timestamp_ms}
+    out: dict[str, Any] = {"partition": r.partition, "offset": r.offset,
+                           "timestamp_ms": r.timestamp_ms}
     put_bytes(out, "value", r.value)
     if r.key is not None:
         put_bytes(out, "key", r.key)
@@ -199,9 +257,11 @@ def record_json(r: FetchedRecord) -> dict[str, Any]:
     return out
 
 
-def _print_record(r: FetchedRecord, as_json: bool) -> None:
+def _print_record(r: FetchedRecord, as_json: bool, partitioned: bool = False) -> None:
     if as_json:
         sys.stdout.write(json.dumps(record_json(r)) + "\n")
+    elif partitioned:
+        sys.stdout.write(f"{r.partition}\t{r.offset}\t{escape_value(r.value)}\n")
     else:
         sys.stdout.write(f"{r.offset}\t{escape_value(r.value)}\n")
 
@@ -213,12 +273,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "escaped: \\n, \\t, \\\\, \\xNN for bytes that are not UTF-8) or JSON. "
                     + OFFSETS_NOTE)
     servers_arg(p)
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--from", "--offset", dest="from_offset", type=start_offset,
+    p.add_argument("--topic", default=None, metavar="TOPIC",
+                   help="read this topic: every partition, each in order (default: the topic "
+                        "`default`, partition 0)")
+    p.add_argument("--partition", type=non_negative_int, default=None, metavar="P",
+                   help="read only partition P (of --topic, else of `default`)")
+    first = p.add_mutually_exclusive_group()
+    first.add_argument("--from", "--offset", dest="from_offset", type=start_offset,
                        default=None, metavar="OFFSET",
                        help="N: from offset N; -N: the last N records; start: the log start "
                             "(default); end: only new records (with --follow)")
-    where.add_argument("--since", type=since, default=None, metavar="TIME",
+    first.add_argument("--since", type=since, default=None, metavar="TIME",
                        help="from the first record stamped at or after TIME: a duration back "
                             "from now (90s, 10m, 1h30m, 2d) or an ISO time (2026-11-23T10:00, "
                             "local time unless it has an offset)")
@@ -235,12 +300,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--node", metavar="HOST:PORT", default=None,
                    help="read from this node, up to its own high watermark (default: the "
                         "leader)")
-    json_flag(p, 'one JSON object per record: offset, timestamp_ms, value (or value_b64 when '
-                 'not UTF-8), key, headers')
+    json_flag(p, 'one JSON object per record: partition, offset, timestamp_ms, value (or '
+                 'value_b64 when not UTF-8), key, headers')
     p.add_argument("--format", metavar="TEMPLATE", default=None,
                    help="print each record as TEMPLATE, with placeholders "
                         + ", ".join(f"{{{f}}}" for f in FIELDS)
                         + r" (e.g. '{offset} {key}={value}'; \t is a tab); keys and values "
-                          "escaped as in the default output; {partition} is 0 (one log)")
+                          "escaped as in the default output")
     subscriptions.add_consume_arguments(p)
     p.set_defaults(func=cmd_consume)

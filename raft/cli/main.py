@@ -6,15 +6,18 @@
     raftlog status                           # roles, offsets, follower progress
     raftlog consume --subscription orders    # resume where the last run committed
     raftlog subscriptions                    # positions, lag, leases (docs/SUBSCRIPTIONS.md)
+    raftlog topic create orders --partitions 8 --replicas 3; raftlog topic list|describe|alter|delete
+    raftlog produce --topic orders --key-separator :   # keyed: one partition per key
     raftlog certs init|issue|show | token create|revoke  # TLS and tokens (docs/SECURITY.md)
     raftlog profile create prod --servers ... --tls-ca ca.pem --token-file tok; raftlog profile use prod
 
 Each command group is its own module in this package with a `register(subparsers)`: serve.py
-(serve, up), produce.py, consume.py, subscriptions_cmd.py, status.py, demo.py, membership.py,
+(serve, up), produce.py, consume.py, subscriptions_cmd.py, topic_cmd.py, status.py, demo.py, membership.py,
 config_cmd.py, profile_cmd.py, recover.py, completion.py. Other packages add their commands the same way,
 as plugins that may be missing: bench.cli (`raftlog bench`) and sparkio.cli (`raftlog load`).
 
-Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration, 130 interrupted.
+Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration (an unknown topic
+or partition too: the error names those that exist), 130 interrupted.
 Errors are one line on stderr (`raftlog CMD: CODE: message`), or one JSON object
 (`{"error": {"code": ..., "message": ...}}`) when the command was given --json.
 """
@@ -32,10 +35,10 @@ import sys
 from importlib import metadata
 
 from raft.cli import (certs, completion, config_cmd, consume, demo, membership, produce,
-                      profile_cmd, recover, serve, status, subscriptions_cmd, tokens)
+                      profile_cmd, recover, serve, status, subscriptions_cmd, tokens, topic_cmd)
 from raft.cli.client_settings import resolve_client
 from raft.cli.output import print_error
-from raft.client import RaftlogError
+from raft.client import RaftlogError, UnknownTopicError
 from raft.node.config import ConfigError
 from raft.protocol.framing import PROTOCOL_VERSION
 
@@ -76,7 +79,8 @@ def build_parser() -> Parser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log more (-v info, -vv debug); quiet by default")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for module in (serve, produce, consume, subscriptions_cmd, status, demo, certs, tokens):
+    for module in (serve, produce, consume, subscriptions_cmd, topic_cmd, status, demo, certs,
+                   tokens):
         module.register(sub)
     for name in PLUGINS:
         try:
@@ -169,11 +173,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     as_json = bool(getattr(args, "json", False))
     command = args.command
+    if command == "topic" and getattr(args, "action", None):
+        command = f"topic {args.action}"  # errors say `raftlog topic create: ...`
     try:
         resolve_client(args)
         return int(func(args) or 0)
     except ConfigError as e:
         print_error(command, "CONFIG", str(e), as_json=as_json)
+        return 2
+    except UnknownTopicError as e:  # a usage error: the message names what exists
+        print_error(command, e.code, e.message, as_json=as_json)
         return 2
     except RaftlogError as e:
         print_error(command, e.code, e.message, as_json=as_json)

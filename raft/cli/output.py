@@ -28,6 +28,8 @@ HINTS = {
     "UNAUTHENTICATED": "the cluster requires authentication: pass a current token "
                        "(RAFTLOG_TOKEN, or --token) or a client certificate (--tls-cert and "
                        "--tls-key); an operator makes tokens with `raftlog token create`",
+    "TOPIC_EXISTS": "pick another name, or see the existing topic with `raftlog topic describe "
+                    "NAME`",
     "FORBIDDEN": "this principal lacks the permission named above; ask an operator to grant it "
                  "in the cluster's auth file (docs/SECURITY.md)",
 }

@@ -6,6 +6,13 @@ previous batch was out (`--linger` can wait a little longer, `--batch-bytes` bou
 so `tail -f app.log | raftlog produce` delivers as the log grows. Reading pauses while
 `--max-pending` records (or 64 MiB) wait for their acknowledgement.
 
+Topics: `--topic T` writes to topic T, each record to its key's partition (Kafka's murmur2 hash;
+keys from --key, --key-separator or the "key" of --input json) or, without a key, to one
+partition per batch; `--partition P` pins every record to P. Offsets are per partition, so
+with --topic or --partition each acknowledged line prints `PARTITION<TAB>OFFSET` (--json:
+"partition" and "offset" always). Without them: the default topic's partition 0, and the
+offset alone, as before topics.
+
 Failures never echo the data: a run of lines that failed the same way is one stderr line with
 their line numbers and size. When no node can be reached at all, produce stops reading and
 exits 1 with one summarised error. Ctrl-C stops reading, waits (up to --timeout) for what was
@@ -24,8 +31,8 @@ from typing import Any
 
 import trio
 
-from raft.cli.args import (ACKS_CHOICES, acks, json_flag, non_negative_float, positive_int,
-                           servers_arg)
+from raft.cli.args import (ACKS_CHOICES, acks, json_flag, non_negative_float,
+                           non_negative_int, positive_int, servers_arg)
 from raft.cli.client_settings import ACKS_DEFAULT
 from raft.cli.output import print_error, put_bytes
 from raft.cli.security import client_options
@@ -47,8 +54,9 @@ class _Report:
     Output is buffered until `flush()`, which the printer calls before it waits for an answer
     (so everything acknowledged so far is visible) and when it has caught up."""
 
-    def __init__(self, as_json: bool) -> None:
+    def __init__(self, as_json: bool, partitioned: bool = False) -> None:
         self.as_json = as_json
+        self.partitioned = partitioned  # --topic/--partition: text lines name the partition
         self.acked = 0
         self.failed = 0
         self.unreachable: RaftlogError | None = None
@@ -59,10 +67,13 @@ class _Report:
     def ok(self, item: _Item, offset: int) -> None:
         self._end_run()
         self.acked += 1
+        partition = item.delivery.partition if item.delivery else 0
         if self.as_json:
-            out: dict[str, Any] = {"offset": offset}
+            out: dict[str, Any] = {"partition": partition, "offset": offset}
             put_bytes(out, "value", item.delivery.record.value if item.delivery else b"")
             self._out.append(json.dumps(out))
+        elif self.partitioned:
+            self._out.append(f"{partition}\t{offset}")
         else:
             self._out.append(str(offset))
 
@@ -157,7 +168,7 @@ def key_separator(text: str | None) -> bytes | None:
 
 
 async def _produce(args: argparse.Namespace, maker: RecordMaker) -> int:
-    report = _Report(args.json)
+    report = _Report(args.json, args.topic is not None or args.partition is not None)
     interrupts = 0
     pending = [0, 0]  # records and bytes read but not yet answered
     freed = trio.Event()
@@ -167,7 +178,8 @@ async def _produce(args: argparse.Namespace, maker: RecordMaker) -> int:
 
     async with Client(args.servers, timeout=args.timeout, **client_options(args)) as client, \
             Producer(client, acks=args.acks, batch_bytes=args.batch_bytes,
-                     linger=args.linger, timeout=args.timeout) as producer:
+                     linger=args.linger, timeout=args.timeout, topic=args.topic,
+                     partition=args.partition) as producer:
         async with trio.open_nursery() as nursery:
             reading = _Reader(read_lines(sys.stdin.fileno()))
 
@@ -270,7 +282,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "the leader; none (0): accepted (default quorum, or the profile's "
                         "acks)")
     p.set_defaults(acks_default=ACKS_DEFAULT)
-    p.add_argument("--key", default=None, help="the key of every record (UTF-8 text)")
+    p.add_argument("--topic", default=None, metavar="TOPIC",
+                   help="write to this topic (default: the topic `default`, partition 0); "
+                        "records go to their key's partition, keyless ones to one partition "
+                        "per batch")
+    p.add_argument("--partition", type=non_negative_int, default=None, metavar="P",
+                   help="write every record to partition P (of --topic, else of `default`)")
+    p.add_argument("--key", default=None, help="the key of every record (UTF-8 text; with "
+                                               "--topic it picks the partition)")
     p.add_argument("--key-separator", metavar="SEP", default=None,
                    help="each line is KEY SEP VALUE, split at the first SEP (e.g. ':' or "
                         "'\\t' for a tab); a line without SEP is not sent and is reported "
@@ -281,8 +300,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="lines: each line's bytes are the value (default); json: each line "
                         'is {"value"|"value_b64", "key"|"key_b64", "headers"} as '
                         "`consume --json` prints")
-    json_flag(p, "one JSON object per input line, in input order: its offset and value, or "
-                 "its line number and error")
+    json_flag(p, "one JSON object per input line, in input order: its partition, offset and "
+                 "value, or its line number and error")
     p.add_argument("--batch-bytes", type=positive_int, default=1 << 20,
                    help="largest batch sent in one request (default 1 MiB)")
     p.add_argument("--max-pending", "--batch-records", dest="max_pending", type=positive_int,

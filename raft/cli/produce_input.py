@@ -12,7 +12,9 @@ JSON input, one object per line (what `raftlog consume --json` prints, so the tw
     "key" / "key_b64"                                  optional key
     "headers": {"k": "v", ...}, or [{"key": "k", "value": "v" | "value_b64": "..."}, ...],
                or [["k", "v"], ...]                   optional headers
-`offset` and `timestamp_ms` are ignored (the cluster assigns them); other fields are refused.
+`offset`, `partition` and `timestamp_ms` are ignored (the cluster assigns offsets and times, and
+the producer picks the partition: by key, or --partition), so `consume --json` output goes back
+in as it is; other fields are refused.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from storage.records import Record
 
 MAX_LINE_BYTES = 64 << 20  # a line is one record; a frame above the nodes' limit is refused
 READ_CHUNK = 1 << 16
-_IGNORED = {"offset", "timestamp_ms"}
+_IGNORED = {"offset", "partition", "timestamp_ms"}
 _FIELDS = {"value", "value_b64", "key", "key_b64", "headers"} | _IGNORED
 
 

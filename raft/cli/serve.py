@@ -47,7 +47,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if tls is not None:
         notes.append(f"TLS: clients add {tls.client_flags()} (or: export "
                      f"RAFTLOG_TLS_CA={tls.ca})")
-    return supervise(cluster, restart=args.restart, notes=notes)
+    return supervise(cluster, restart=args.restart, notes=notes, partitions=args.partitions)
 
 
 def _up_credentials(args: argparse.Namespace, cluster: "LocalCluster",
@@ -113,6 +113,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--base-port", type=non_negative_int, default=7101,
                    help="node i listens on base-port + i - 1 (default 7101; 0 = pick free "
                         "ports)")
+    p.add_argument("--partitions", type=positive_int, default=None, metavar="N",
+                   help="grow the topic `default` to N partitions once the cluster is up "
+                        "(commands without --topic use its partition 0; --topic default "
+                        "spreads by key over all N)")
     p.add_argument("--tls", action="store_true",
                    help="TLS on every connection, with a throw-away CA and node certificates "
                         "made under DATA_DIR/tls/ (reused on restart); clients pass "

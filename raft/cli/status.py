@@ -23,6 +23,8 @@ NODE_COLUMNS = ("node", "address", "role", "term", "leader", "dirty", "flushed",
                 "high watermark", "lag")
 FOLLOWER_COLUMNS = ("node", "match", "next", "dirty", "flushed", "in flight", "recovering",
                     "bytes behind", "catch-up", "learner", "last heard (ticks)")
+PARTITION_COLUMNS = ("node", "partitions", "leading", "following", "without leader", "topics",
+                     "controller")
 STORAGE_COLUMNS = ("node", "log start", "retained", "retention held by", "deleted",
                    "scrub passes", "scrub found", "subscriptions")
 
@@ -61,6 +63,8 @@ def status_json(statuses: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 entry["node_id"] = ids[addr]
         else:
             entry["lag"] = top - st.get("dirty_offset", -1)
+            if st.get("partitions") is not None:
+                entry["partition_summary"] = partition_summary(st)
         nodes.append(entry)
     return {"nodes": nodes}
 
@@ -127,6 +131,33 @@ def identity_lines(statuses: dict[str, dict[str, Any]],
     return lines
 
 
+def partition_summary(st: dict[str, Any]) -> dict[str, Any]:
+    """One node's partitions (issue 26: a line per partition replica it runs) summed up:
+    how many it holds, leads, follows, how many have no leader it knows, and of which topics."""
+    lines = st.get("partitions") or []
+    return {"replicas": len(lines),
+            "leading": sum(1 for p in lines if p.get("role") == "leader"),
+            "following": sum(1 for p in lines if p.get("role") == "follower"),
+            "without_leader": sum(1 for p in lines if p.get("leader") is None),
+            "topics": sorted({p["topic"] for p in lines if p.get("topic") is not None})}
+
+
+def partition_rows(statuses: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """Per node: its partitions summed up (only nodes that report partitions)."""
+    rows = []
+    for st in sorted((s for s in statuses.values() if "error" not in s
+                      and s.get("partitions") is not None),
+                     key=lambda s: s.get("node_id", 1 << 30)):
+        sm = partition_summary(st)
+        topics = sm["topics"]
+        shown = ", ".join(topics[:5]) + (f" +{len(topics) - 5}" if len(topics) > 5 else "")
+        ctl = st.get("controller") or {}
+        rows.append([str(st["node_id"]), str(sm["replicas"]), str(sm["leading"]),
+                     str(sm["following"]), str(sm["without_leader"]), shown or "-",
+                     ctl.get("role") or "-"])
+    return rows
+
+
 def storage_rows(statuses: dict[str, dict[str, Any]]) -> list[list[str]]:
     """Per node: what the log holds, what holds retention back (docs/RETENTION.md), the
     scrubber (docs/DISK-LOSS.md) and the subscription table (docs/SUBSCRIPTIONS.md)."""
@@ -175,6 +206,10 @@ def render_status(statuses: dict[str, dict[str, Any]], console: Any = None) -> N
     for line, bad in identity_lines(statuses, ids):
         console.print(f"[red]{line}[/]" if bad else line, soft_wrap=True, markup=bad,
                       highlight=False)
+    partitions = partition_rows(statuses)
+    if partitions:
+        _render(console, "partitions per node (`raftlog topic describe NAME` for each topic)",
+                PARTITION_COLUMNS, partitions)
     storage = storage_rows(statuses)
     if storage:
         _render(console, "log storage", STORAGE_COLUMNS, storage)
@@ -210,7 +245,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="every node's role, term, offsets and follower progress",
                        description="Every node's role, term and offsets (dirty = appended, "
                                    "flushed = fsynced, commit = flushed on a majority, high "
-                                   "watermark = readable), and the leader's view of its "
+                                   "watermark = readable), how many partitions each node "
+                                   "holds and leads, and the leader's view of its "
                                    "followers. Exit 1 when no node answers.")
     servers_arg(p, timeout=2.0, timeout_help="seconds to wait for each node",
                 profile_timeout=False)

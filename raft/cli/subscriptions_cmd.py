@@ -4,6 +4,7 @@
     raftlog subscriptions [--json] [--prefix P]
     raftlog subscriptions reset NAME --to OFFSET|start|end
     raftlog subscriptions delete NAME
+    (each with --topic T --partition P for a subscription of a topic partition)
     raftlog consume --subscription NAME [--from-start | --from-end | --from OFFSET] [--count N]
                     [--auto-reset earliest|latest|none]
 
@@ -31,7 +32,7 @@ from typing import Any
 
 import trio
 
-from raft.cli.args import json_flag, positive_int, servers_arg
+from raft.cli.args import json_flag, non_negative_int, positive_int, servers_arg
 from raft.cli.output import Undecodable
 from raft.cli.security import client_options
 from raft.client import BlockingClient, Client, Consumer, FetchedRecord, UnknownSubscription
@@ -90,9 +91,10 @@ def consume_subscription(args: argparse.Namespace,
     async def run() -> int:
         printed = 0
         async with Client(args.servers, timeout=args.timeout, **client_options(args)) as client:
+            where = await _partition_of(client, args)
             if first_use_flag is not None:
-                await _refuse_first_use_flag(client, args.subscription, first_use_flag)
-            async with Consumer(client, args.subscription,
+                await _refuse_first_use_flag(client, args.subscription, first_use_flag, where)
+            async with Consumer(client, args.subscription, **where,
                                 auto_commit_ms=args.commit_ms or COMMIT_MS,
                                 start=start, exclusive=args.exclusive,
                                 max_bytes=args.max_bytes, follow=args.follow,
@@ -109,6 +111,21 @@ def consume_subscription(args: argparse.Namespace,
         return bad.status
 
     return trio.run(run)  # Ctrl-C: main() exits 130 (what was printed is committed first)
+
+
+async def _partition_of(client: Client, args: argparse.Namespace) -> dict[str, Any]:
+    """The topic partition whose log keeps the subscription (--topic, --partition): one
+    partition, since a position is one partition's offset."""
+    topic = getattr(args, "topic", None)
+    partition = getattr(args, "partition", None)
+    if topic is not None and partition is None:
+        count = (await client.topic(topic)).partition_count
+        if count > 1:
+            raise ConfigError(f"a subscription keeps one partition's position and topic "
+                              f"{topic} has {count}: add --partition P (0..{count - 1}), or "
+                              f"read every partition without a subscription (drop "
+                              f"--subscription)")
+    return {"topic": topic, "partition": partition or 0}
 
 
 def _report_reset(reset: dict[str, Any]) -> None:
@@ -129,11 +146,12 @@ def _first_use_flag(args: argparse.Namespace) -> str | None:
     return None
 
 
-async def _refuse_first_use_flag(client: Client, name: str, flag: str) -> None:
+async def _refuse_first_use_flag(client: Client, name: str, flag: str,
+                                 where: dict[str, Any]) -> None:
     """--from and --from-start/-end set where a new subscription begins; on an existing one
     they would be silently ignored, so they are refused with the command that moves it."""
     try:
-        sub = await client.subscription(name)
+        sub = await client.subscription(name, **where)
     except UnknownSubscription:
         return
     to = flag.split()[-1] if flag.startswith("--from ") else flag.removeprefix("--from-")
@@ -144,9 +162,15 @@ async def _refuse_first_use_flag(client: Client, name: str, flag: str) -> None:
 
 
 # -- raftlog subscriptions ------------------------------------------------------------------------
+def _where(args: argparse.Namespace) -> dict[str, Any]:
+    """--topic/--partition of the subscriptions commands: whose log keeps them."""
+    return {"topic": getattr(args, "topic", None), "partition": getattr(args, "partition", 0)
+            or 0}
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     with BlockingClient(args.servers, timeout=args.timeout, **client_options(args)) as client:
-        subs = client.subscriptions(args.prefix)
+        subs = client.subscriptions(args.prefix, **_where(args))
     if args.json:
         print(json.dumps({"subscriptions": subs}, indent=2, sort_keys=True))
         return 0
@@ -199,7 +223,7 @@ def _position(text: str) -> int | str:
 
 def cmd_reset(args: argparse.Namespace) -> int:
     with BlockingClient(args.servers, timeout=args.timeout, **client_options(args)) as client:
-        sub = client.subscription_reset(args.name, args.to)
+        sub = client.subscription_reset(args.name, args.to, **_where(args))
     if args.json:
         print(json.dumps({"name": sub["name"], "position": sub["position"]}))
     else:
@@ -210,7 +234,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     with BlockingClient(args.servers, timeout=args.timeout, **client_options(args)) as client:
-        client.subscription_delete(args.name)
+        client.subscription_delete(args.name, **_where(args))
     if args.json:
         print(json.dumps({"deleted": args.name}))
     else:
@@ -225,9 +249,18 @@ def _servers_again(p: argparse.ArgumentParser, json_what: str) -> None:
     before = set(map(id, p._actions))
     servers_arg(p)
     json_flag(p, json_what)
+    _partition_args(p)
     for action in p._actions:
         if id(action) not in before:
             action.default = argparse.SUPPRESS
+
+
+def _partition_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topic", default=None, metavar="TOPIC",
+                   help="subscriptions kept in this topic's partition (default: the topic "
+                        "`default`)")
+    p.add_argument("--partition", type=non_negative_int, default=None, metavar="P",
+                   help="the partition of --topic (default 0)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -244,6 +277,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     json_flag(p, "machine-readable output (before or after the action): "
                  "{\"subscriptions\": [...]} when listing")
     p.add_argument("--prefix", default="", help="only names starting with this")
+    _partition_args(p)
     p.set_defaults(func=cmd_list)
     actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
     r = actions.add_parser("reset", help="move a subscription to an offset (back or forward); "

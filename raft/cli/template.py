@@ -12,8 +12,8 @@ are a tab, a newline and a backslash. Each record ends with a newline.
 Keys, values and headers are escaped as plain `consume` escapes values (raft.cli.output), so a
 record stays one line and its bytes can be told apart; in {headers} a `,` or `=` inside a
 header key or value is written `\x2c` / `\x3d`. A record without a key prints nothing for {key}
-(as does an empty key: --json tells them apart). {partition} is 0: a cluster is one log today
-(a later topics change adds partitions; the placeholder is there so templates need not change).
+(as does an empty key: --json tells them apart). {partition} is the record's partition of its
+topic (0 for the default topic, which `consume` reads without --topic).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def compile_template(template: str) -> Callable[[FetchedRecord], str]:
         when = dt.datetime.fromtimestamp(r.timestamp_ms / 1000, dt.timezone.utc)
         return text.format(
             key="" if r.key is None else escape_value(r.key), value=escape_value(r.value),
-            offset=r.offset, partition=0, timestamp=r.timestamp_ms,
+            offset=r.offset, partition=r.partition, timestamp=r.timestamp_ms,
             time=when.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             headers=",".join(f"{_header_part(k.encode())}={_header_part(v)}"
                              for k, v in r.headers or ())) + "\n"

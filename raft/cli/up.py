@@ -13,6 +13,12 @@ away by itself). A node restarted by hand with the printed command is not `up`'s
 notices it through its data dir's lock (raft/cli/adopted.py), watches it like the others and
 stops it with them. `up` ends (exit 1) only when every node is down; Ctrl-C stops every node
 and exits 130 (SIGTERM: 0). Node settings (--server-arg, --config) are raft/cli/up_settings.py's.
+
+`up --partitions N` grows the topic `default` (the one commands without --topic use) to N
+partitions once the cluster has a leader, each with min(3, nodes) replicas as placed by the
+controller (grow only: an existing data dir whose `default` has more keeps them). Commands
+without --topic still read and write its partition 0, as before topics; `--topic default`
+spreads records over all N by key (`raftlog produce --topic default --key-separator :`).
 """
 
 from __future__ import annotations
@@ -140,12 +146,13 @@ def serve_command(cluster: LocalCluster, node_id: int) -> str:
 
 
 def supervise(cluster: LocalCluster, *, restart: bool = False,
-              notes: list[str] | None = None) -> int:
-    """Run the cluster until Ctrl-C; `notes` are printed with the client hints."""
+              notes: list[str] | None = None, partitions: int | None = None) -> int:
+    """Run the cluster until Ctrl-C; `notes` are printed with the client hints. With
+    `partitions`, grow the default topic to that many once there is a leader."""
     lock_fd = claim(cluster.data_dir)
     try:
         check_free(cluster)
-        return _run(cluster, restart, notes or [])
+        return _run(cluster, restart, notes or [], partitions)
     finally:
         os.close(lock_fd)
 
@@ -165,7 +172,27 @@ class _Stop:
         return 130 if self.signum == signal.SIGINT else otherwise
 
 
-def _run(cluster: LocalCluster, restart: bool, notes: list[str]) -> int:
+def grow_default_topic(cluster: LocalCluster, partitions: int) -> str:
+    """`up --partitions N`: the default topic with at least N partitions; what happened, as
+    one line to print."""
+    from raft.client import RaftlogError
+
+    try:
+        info = cluster.client.topic("default", refresh=True)
+        if info.partition_count >= partitions:
+            return (f"topic default: {info.partition_count} partitions (--partitions "
+                    f"{partitions} asks for no more)")
+        info = cluster.client.alter_topic("default", partitions=partitions, timeout=60.0)
+    except RaftlogError as e:
+        return (f"could not grow topic default to {partitions} partitions ({e.code}: "
+                f"{e.message}); run `raftlog topic alter default --partitions {partitions}` "
+                f"once the cluster is up")
+    return (f"topic default: {info.partition_count} partitions, each led; commands without "
+            f"--topic use partition 0, `--topic default` spreads by key over all")
+
+
+def _run(cluster: LocalCluster, restart: bool, notes: list[str],
+         partitions: int | None = None) -> int:
     stop = _Stop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop)
@@ -192,6 +219,8 @@ def _run(cluster: LocalCluster, restart: bool, notes: list[str]) -> int:
         if stop.event.is_set():
             return stop.code(0)
         say(f"leader: node {leader}")
+        if partitions is not None:
+            say(grow_default_topic(cluster, partitions))
         say(f"export RAFTLOG_SERVERS={cluster.servers}")
         say("try: echo hello | raftlog produce; raftlog consume; raftlog status "
             "(with RAFTLOG_SERVERS exported, or add --servers " + cluster.servers + ")")

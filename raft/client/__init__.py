@@ -15,6 +15,15 @@ an ExceptionGroup. `RequestTimeout` is the "unknown" outcome: a write that may o
 the log. When no node listens at any of the addresses given, calls fail at once with one
 `UnavailableError` naming them all.
 
+Topics (issue 26): `Producer(client, topic="orders")` picks each record's partition (its key's
+murmur2 hash, Kafka's default; keyless records sticky per batch; docs/PARTITIONING.md) and
+sends it to that partition's leader; `TopicConsumer(client, "orders")` reads every partition
+(or some), each in order; `Client.create_topic`, `alter_topic`, `delete_topic`, `list_topics`,
+`describe_topic` manage them (raft/client/topic_calls.py). The client keeps the cluster's
+metadata (raft/client/metadata.py) and routes each request to its partition's leader
+(raft/client/routing.py). Without a topic everything is as before topics: the default topic's
+partition 0.
+
 Security: `Client(..., tls_ca=, tls_cert=, tls_key=, token=)` (raft.client.security).
 
 Subscriptions (named positions kept by the cluster): `Consumer(client, subscription="orders")`
@@ -25,7 +34,7 @@ Layout: errors.py (the typed errors), results.py (what operations return), conne
 connection to one node), client.py (`Client`), producer.py (`Producer`), blocking.py
 (`BlockingClient`), subscriptions.py (the subscription calls), commits.py (the consumers of one
 client commit together: one `sub_commit_many` request for many commits), consumer.py
-(`Consumer`).
+(`Consumer`), metadata.py, routing.py, topic_calls.py, topic_consumer.py (topics).
 """
 
 from raft.client.blocking import BlockingClient
@@ -34,14 +43,17 @@ from raft.client.errors import (AuthenticationError, BackpressureError, BadReque
                                 DiskFullError, LeadershipLostError, NotLeaderError,
                                 OffsetOutOfRangeError, PermissionDeniedError, RaftlogError,
                                 RequestTimeout, ShuttingDownError, TooLargeError,
-                                UnavailableError, UndecodableBatchError, error_from_reply)
+                                TopicExistsError, UnavailableError, UndecodableBatchError,
+                                UnknownTopicError, error_from_reply)
 from raft.client.consumer import BlockingConsumer, Consumer
 from raft.client.errors import (InvalidSubscriptionName, PositionBehind,
                                 PositionPastHighWatermark, SubscriptionError, SubscriptionLeased,
                                 SubscriptionPositionRemoved, UnknownSubscription)
+from raft.client.metadata import Metadata, PartitionInfo, TopicInfo
 from raft.client.producer import Delivery, Producer
 from raft.client.results import FetchedRecord, FetchResult, ProduceResult, UndecodableBatch
 from raft.client.security import ClientSecurity, TLSError
+from raft.client.topic_consumer import TopicConsumer
 
 __all__ = [
     "AuthenticationError", "ClientSecurity", "PermissionDeniedError", "TLSError",
@@ -54,5 +66,6 @@ __all__ = [
     "BlockingConsumer", "Consumer", "InvalidSubscriptionName", "PositionBehind",
     "PositionPastHighWatermark", "SubscriptionError", "SubscriptionLeased",
     "SubscriptionPositionRemoved",
-    "UnknownSubscription",
+    "UnknownSubscription", "Metadata", "PartitionInfo", "TopicConsumer", "TopicExistsError",
+    "TopicInfo", "UnknownTopicError",
 ]

@@ -66,14 +66,27 @@ class BlockingClient(BlockingSubscriptionCalls):
 
     def produce_idempotent(self, values: Iterable[bytes | str | Record], *, acks: str = "quorum",
                            batch_bytes: int = 1 << 20, linger: float = 0.0,
-                           producer_id: int | None = None) -> list[int]:
-        """Send many records in batches through an idempotent Producer; their offsets."""
+                           producer_id: int | None = None, topic: str | None = None,
+                           partition: int | None = None) -> list[int]:
+        """Send many records in batches through an idempotent Producer; their offsets (per
+        partition with a `topic` of several: `produce_to_topic` says which)."""
+        return [offset for _, offset in self.produce_to_topic(
+            values, acks=acks, batch_bytes=batch_bytes, linger=linger,
+            producer_id=producer_id, topic=topic, partition=partition)]
+
+    def produce_to_topic(self, values: Iterable[bytes | str | Record], *, topic: str | None,
+                         acks: str = "quorum", batch_bytes: int = 1 << 20, linger: float = 0.0,
+                         producer_id: int | None = None, partition: int | None = None
+                         ) -> list[tuple[int, int]]:
+        """Send records through an idempotent Producer of `topic` (keys pick partitions);
+        (partition, offset) of each, in the order given."""
         vals = list(values)
 
-        async def go() -> list[int]:
+        async def go() -> list[tuple[int, int]]:
             async with Producer(self._client, acks=acks, batch_bytes=batch_bytes,
-                                linger=linger, producer_id=producer_id) as p:
-                return await p.send_many(vals)
+                                linger=linger, producer_id=producer_id, topic=topic,
+                                partition=partition) as p:
+                return [(d.partition, d.offset) for d in await p.deliver_many(vals)]
 
         return self._call(go)
 
@@ -97,6 +110,28 @@ class BlockingClient(BlockingSubscriptionCalls):
 
     def remove_node(self, node_id: int, **kwargs: Any) -> dict[str, Any]:
         return self._call(self._client.remove_node, node_id, **kwargs)
+
+    # -- topics (raft/client/topic_calls.py) ----------------------------------------------------
+    def cluster_metadata(self, **kwargs: Any) -> Any:
+        return self._call(self._client.cluster_metadata, **kwargs)
+
+    def list_topics(self) -> list[Any]:
+        return self._call(self._client.list_topics)
+
+    def topic(self, name: str, **kwargs: Any) -> Any:
+        return self._call(self._client.topic, name, **kwargs)
+
+    def describe_topic(self, name: str) -> dict[str, Any]:
+        return self._call(self._client.describe_topic, name)
+
+    def create_topic(self, name: str, partitions: int, replicas: int, **kwargs: Any) -> Any:
+        return self._call(self._client.create_topic, name, partitions, replicas, **kwargs)
+
+    def alter_topic(self, name: str, **kwargs: Any) -> Any:
+        return self._call(self._client.alter_topic, name, **kwargs)
+
+    def delete_topic(self, name: str, **kwargs: Any) -> dict[str, Any]:
+        return self._call(self._client.delete_topic, name, **kwargs)
 
     def consumer(self, subscription: str, **kwargs: Any) -> BlockingConsumer:
         """A `Consumer` of `subscription` (same keywords) to iterate with a plain `for`:

@@ -20,10 +20,15 @@ from raft.client.connection import RequestNotSent, _Connection
 from raft.client.errors import (NotLeaderError, OffsetOutOfRangeError,
                                 RaftlogError, RequestTimeout,
                                 ShuttingDownError, TooLargeError, UnavailableError,
-                                error_from_reply)
+                                UnknownTopicError, error_from_reply)
+from raft.client.metadata import (DEFAULT_TOPIC, METADATA_MAX_AGE_S, METADATA_MIN_INTERVAL_S, Metadata,
+                                  MetadataCache)
 from raft.client.results import FetchedRecord, FetchResult, ProduceResult, UndecodableBatch
 from raft.client.security import ClientSecurity
+from raft.client.routing import (CLUSTER, DEFAULT_PARTITION, Route, Router, is_partition,
+                                 route_of)
 from raft.client.subscription_calls import SubscriptionCalls
+from raft.client.topic_calls import TopicCalls, where_fields
 from raft.node.config import ConfigError, parse_address
 from raft.protocol.errors import may_retry, may_retry_lost_connection
 from raft.protocol.framing import WireError
@@ -41,7 +46,7 @@ def server_timeout_ms(budget_s: float) -> int:
     return max(1, min(MAX_SERVER_TIMEOUT_MS, int(budget_s * 1000)))
 
 
-class Client(SubscriptionCalls):
+class Client(SubscriptionCalls, TopicCalls):
     """A connection pool to one cluster. Use as `async with Client("h:p,h:p") as c:`.
     With `tls_ca` (and optionally `tls_cert`/`tls_key`) it speaks TLS; `token` authenticates
     (raft.client.security).
@@ -61,7 +66,13 @@ class Client(SubscriptionCalls):
     every address refuses, the call fails at once naming them all ("no raftlog node answers
     at ..."): a cluster that was never seen is more likely not running, or the addresses
     wrong, than restarting. `retry_refused=True` waits for it anyway (a script that starts a
-    cluster and its client together)."""
+    cluster and its client together).
+
+    Topics (issue 26): a request about a partition goes to that partition's leader, found in
+    the client's metadata cache (raft/client/metadata.py: refreshed when stale, after
+    NOT_LEADER without a leader named, UNKNOWN_TOPIC, or a lost connection to a partition's
+    leader, at most once per `metadata_min_interval`); raft/client/routing.py has the rules.
+    Requests that name no topic go to the default topic's partition 0, as before topics."""
 
     def __init__(self, servers: str | Sequence[str], *, timeout: float = DEFAULT_TIMEOUT_S,
                  max_frame_bytes: int = 64 << 20, rng: random.Random | None = None,
@@ -70,7 +81,9 @@ class Client(SubscriptionCalls):
                  retry_refused: bool = False, retry_backoff: float = RETRY_BACKOFF_S,
                  retry_backoff_max: float = RETRY_BACKOFF_MAX_S,
                  commit_linger_ms: float = DEFAULT_COMMIT_LINGER_MS,
-                 max_commit_items: int = MAX_COMMIT_ITEMS) -> None:
+                 max_commit_items: int = MAX_COMMIT_ITEMS,
+                 metadata_min_interval: float = METADATA_MIN_INTERVAL_S,
+                 metadata_max_age: float = METADATA_MAX_AGE_S) -> None:
         self.servers = parse_servers(servers)
         self._rng = rng or random.Random()
         self.security = ClientSecurity.create(tls_ca=tls_ca, tls_cert=tls_cert,
@@ -92,8 +105,11 @@ class Client(SubscriptionCalls):
         # One opener per address: tasks making their first call at once share one connection
         # (each used to open its own, and all but the last leaked).
         self._opening: dict[str, trio.Lock] = {}
-        self._leader_addr: str | None = None
-        self._rotation: list[str] = []
+        self.metadata = MetadataCache(self._metadata_request,
+                                      min_interval=metadata_min_interval,
+                                      max_age=metadata_max_age)
+        self.router = Router(self.servers, self._rng, self.metadata)
+        self.metadata.on_refresh = self.router.metadata_changed
         self._ids = itertools.count(1)
         self.coalescer = CommitCoalescer(self.call, linger_ms=commit_linger_ms,
                                          max_items=max_commit_items, rng=self._rng)
@@ -130,19 +146,48 @@ class Client(SubscriptionCalls):
         if conn is not None:
             await conn.aclose()
 
-    def _next_target(self) -> str:
-        """The known leader, else the next server in a shuffled rotation."""
-        if self._leader_addr:
-            return self._leader_addr
-        if not self._rotation:
-            self._rotation = list(self.servers)
-            self._rng.shuffle(self._rotation)
-        return self._rotation.pop()
-
     async def _forget(self, address: str) -> None:
         await self._drop(address)
-        if self._leader_addr == address:
-            self._leader_addr = None
+        self.router.forget_address(address)
+
+    async def _metadata_request(self) -> dict[str, Any]:
+        from raft.client.topic_calls import metadata_request
+        return await self.call(metadata_request(), leader=False,
+                               timeout=min(self.timeout, 5.0))
+
+    async def refresh_metadata(self, deadline: float | None = None) -> Metadata | None:
+        """Refresh the metadata cache (rate-bounded, raft/client/metadata.py) within
+        `deadline` (trio time); None when the cluster could not answer (or has no topics:
+        a node that predates them). Never raises a RaftlogError: the caller is routing a
+        request and goes on with what it knows."""
+        if not self.metadata.supported:
+            return None
+        with trio.move_on_after(max(0.0, (deadline if deadline is not None
+                                          else trio.current_time() + self.timeout)
+                                    - trio.current_time())):
+            try:
+                meta = await self.metadata.refresh()
+            except RaftlogError:
+                return None
+            return meta
+        return None
+
+    async def _unknown_topic(self, route: Route, err: RaftlogError,
+                             deadline: float) -> RaftlogError | None:
+        """UNKNOWN_TOPIC for `route`: ask the metadata again. The error to raise when fresh
+        metadata agrees the topic or partition does not exist (naming what does), or None
+        to retry (the topic exists: the node that answered has not applied it yet)."""
+        if not is_partition(route):
+            return err
+        meta = await self.refresh_metadata(deadline)
+        if meta is None:
+            return err
+        assert isinstance(route, tuple)
+        try:
+            meta.partition(*route)
+        except UnknownTopicError as fresh:
+            return fresh
+        return None
 
     async def call(self, request: Any, *, timeout: float | None = None, leader: bool = True,
                    server: str | None = None, attempt_timeout: float | None = None,
@@ -175,12 +220,16 @@ class Client(SubscriptionCalls):
         elif fields:
             raise TypeError(f"fields {sorted(fields)} given with a typed request")
         t = type_of(request)
+        route = route_of(request)
+        if is_partition(route) and route != DEFAULT_PARTITION and self.metadata.supported \
+                and self.metadata.current is None:
+            await self.refresh_metadata(deadline)  # where the partition's leader is
         safe_to_retry = not isinstance(request, Produce) or bool(request.producer_id)
         backoff = Backoff(self._rng, self.retry_backoff, self.retry_backoff_max)
         last: RaftlogError | None = None
         refused: dict[str, str] = {}  # address -> why nothing answered there
         while True:
-            target = server or self._next_target()
+            target = server or self.router.target(route)
             remaining = deadline - trio.current_time()
             if remaining <= 0:
                 break
@@ -197,8 +246,8 @@ class Client(SubscriptionCalls):
                 # one, or one that never opened, is forgotten as before.
                 if conn is None or conn.broken:
                     await self._forget(target)
-                elif self._leader_addr == target:
-                    self._leader_addr = None  # a slow leader may be gone: look for it again
+                else:  # a slow leader may be gone: look for it again
+                    self.router.forget_route(route, target)
                 waited = min(remaining, per_attempt)
                 if sent and not safe_to_retry:
                     raise RequestTimeout(
@@ -225,6 +274,8 @@ class Client(SubscriptionCalls):
                         raise UnavailableError(_summary(refused), details={
                             "addresses": sorted(refused)}) from None
                 last = UnavailableError(f"{target}: {e}; check the node is running")
+                if is_partition(route) and server is None:
+                    await self.refresh_metadata(deadline)  # the partition's leader may move
             except TooLargeError:
                 raise  # refused before sending: the connection is fine
             except RaftlogError as e:  # the server hung up on our frame: not retriable
@@ -233,22 +284,30 @@ class Client(SubscriptionCalls):
             else:
                 if reply.get("ok"):
                     if leader and not server:
-                        self._leader_addr = target
+                        self.router.succeeded(route, target)
                     return reply
                 err = error_from_reply(reply.get("error") or {})
                 if isinstance(err, NotLeaderError) and server:
                     raise err  # pinned to this node: no redirect to follow
                 if isinstance(err, NotLeaderError) and leader and not server:
-                    self._leader_addr = err.leader_addr if err.leader_addr != target else None
+                    hint = err.leader_addr if err.leader_addr != target else None
+                    self.router.redirected(route, err.leader_id, hint)
                     last = err
-                    if self._leader_addr:
+                    if hint:
                         continue  # follow the redirect at once
+                    if is_partition(route):
+                        await self.refresh_metadata(deadline)  # who leads it now?
+                elif isinstance(err, UnknownTopicError) and not server:
+                    final = await self._unknown_topic(route, err, deadline)
+                    if final is not None:
+                        raise final
+                    last = err
                 elif not may_retry(err.code, idempotent=safe_to_retry):
                     raise err  # not transient, or it may have been written: the caller decides
                 else:
                     last = err
-                    if isinstance(err, ShuttingDownError) and self._leader_addr == target:
-                        self._leader_addr = None
+                    if isinstance(err, ShuttingDownError):
+                        self.router.forget_route(route, target)
             self.retries += 1
             await trio.sleep(backoff.next_pause(deadline - trio.current_time()))
         if last is None:
@@ -261,30 +320,37 @@ class Client(SubscriptionCalls):
     # -- operations ----------------------------------------------------------------------------
     async def produce(self, records: Iterable[bytes | str | Record], *, acks: str = "quorum",
                       timeout: float | None = None, producer_id: int = 0,
-                      sequence: int = -1, timestamp_ms: int = 0) -> ProduceResult:
-        """Write records as one batch. Returns its offsets (with acks="none" too: the leader
-        assigns them on acceptance). Retries are only safe with a producer id (use Producer);
-        without one, an ambiguous failure after the send is raised, not retried."""
+                      sequence: int = -1, timestamp_ms: int = 0, topic: str | None = None,
+                      partition: int = 0) -> ProduceResult:
+        """Write records as one batch to one partition (`topic`, default the default topic;
+        `partition`, default 0), through that partition's leader. Returns its offsets (with
+        acks="none" too: the leader assigns them on acceptance). Retries are only safe with a
+        producer id (use Producer, which also picks partitions by key); without one, an
+        ambiguous failure after the send is raised, not retried."""
         recs = [as_record(r) for r in records]
         if not recs:
             raise ValueError("produce needs at least one record")
         budget = self.timeout if timeout is None else timeout
         request = Produce(encode_records(recs), len(recs), acks_named(acks),
                           server_timeout_ms(budget), producer_id,
-                          sequence if producer_id else -1, timestamp_ms or None)
+                          sequence if producer_id else -1, timestamp_ms or None,
+                          **where_fields(topic, partition))
         reply = await self.call(request, timeout=budget)
         return ProduceResult(reply["base_offset"], reply["last_offset"],
                              bool(reply.get("duplicate", False)))
 
     async def fetch(self, offset: int, *, max_bytes: int = 1 << 20, max_wait: float = 0.0,
-                    address: str | None = None, timeout: float | None = None) -> FetchResult:
+                    address: str | None = None, timeout: float | None = None,
+                    topic: str | None = None, partition: int = 0) -> FetchResult:
         """Committed records from `offset` (long-polls up to `max_wait` s when there is nothing
-        new). Reads from the leader unless `address` names a node. A batch whose payload cannot
+        new) of one partition (`topic`, default the default topic; `partition`, default 0).
+        Reads from the partition's leader unless `address` names a node. A batch whose payload cannot
         be decoded is not raised: it is listed in the result's `undecodable` with its offsets,
         and the records after it are returned as usual (Consumer and `raftlog consume` report
         it; code calling fetch directly should check the list)."""
         budget = (self.timeout if timeout is None else timeout) + max_wait
-        reply = await self.call(Fetch(offset, max_bytes, int(max_wait * 1000)), timeout=budget,
+        reply = await self.call(Fetch(offset, max_bytes, int(max_wait * 1000),
+                                      **where_fields(topic, partition)), timeout=budget,
                                 server=address, attempt_timeout=max_wait + max(2.0, budget / 3))
         out: list[FetchedRecord] = []
         bad: list[UndecodableBatch] = []
@@ -301,7 +367,8 @@ class Client(SubscriptionCalls):
             for i, r in enumerate(records):
                 if base + i >= offset:
                     out.append(FetchedRecord(base + i, r.value, r.key, r.headers,
-                                             b.get("timestamp_ms", 0)))
+                                             b.get("timestamp_ms", 0), partition,
+                                             topic or DEFAULT_TOPIC))
         return FetchResult(out, reply["high_watermark"], reply["start_offset"],
                            reply["next_offset"], bad)
 
@@ -351,23 +418,25 @@ class Client(SubscriptionCalls):
             leaders = [st for st in statuses.values() if st.get("role") == "leader"]
             if leaders:
                 st = max(leaders, key=lambda x: x.get("term", 0))
-                self._leader_addr = st.get("address")
+                self.router.succeeded(CLUSTER, st.get("address"))
                 return {**reply, "leader_id": st.get("node_id"), "leader_addr": st.get("address")}
             await trio.sleep(0.05)  # an election takes a few ticks: poll the cluster
         return reply
 
     async def offset_for_time(self, timestamp_ms: int, *, address: str | None = None,
-                              timeout: float | None = None) -> int:
+                              timeout: float | None = None, topic: str | None = None,
+                              partition: int = 0) -> int:
         """The first offset to read for records stamped at or after `timestamp_ms`: the
         offset of the first record whose batch timestamp is >= it (high watermark + 1 when
         no committed record is that recent), like Kafka's offsetsForTimes.
 
         A binary search by batch timestamp with one-batch fetches (about log2 of the log's
-        batch count): no server index. The answer is exact when timestamps grow with
+        batch count) in one partition (`topic`, `partition`): no server index. The answer is exact when timestamps grow with
         offsets, as they do when the leader stamps batches (the default); batches a
         producer stamped itself out of order can move it to where the timestamps cross."""
         try:
-            head = await self.fetch(0, max_bytes=1, address=address, timeout=timeout)
+            head = await self.fetch(0, max_bytes=1, address=address, timeout=timeout,
+                                    topic=topic, partition=partition)
             lo, hi = head.start_offset, head.high_watermark + 1
         except OffsetOutOfRangeError as e:
             lo = e.start_offset if e.start_offset is not None else 0
@@ -377,7 +446,8 @@ class Client(SubscriptionCalls):
         # x in [lo, hi] with f(x) >= timestamp_ms (f(hi) counts as infinite).
         while lo < hi:
             mid = (lo + hi) // 2
-            res = await self.fetch(mid, max_bytes=1, address=address, timeout=timeout)
+            res = await self.fetch(mid, max_bytes=1, address=address, timeout=timeout,
+                                   topic=topic, partition=partition)
             # An undecodable batch still has its timestamp and offsets: it counts like the
             # records it would hold.
             seen = sorted([*((r.offset, r.offset, r.timestamp_ms) for r in res.records),
@@ -389,7 +459,8 @@ class Client(SubscriptionCalls):
             else:  # the records of a batch share its timestamp: skip the whole batch
                 lo = min(hi, older[-1][1] + 1)
         if lo < hw_end:  # lo may be a control entry's offset: name the record itself
-            res = await self.fetch(lo, max_bytes=1, address=address, timeout=timeout)
+            res = await self.fetch(lo, max_bytes=1, address=address, timeout=timeout,
+                                   topic=topic, partition=partition)
             firsts = [r.offset for r in res.records[:1]]
             firsts += [max(lo, u.first_offset) for u in res.undecodable]  # reported from there
             if firsts:

@@ -57,8 +57,9 @@ class _Item:
 
 @dataclass(slots=True)
 class _Round:
-    """Commits that leave together in one request."""
+    """Commits that leave together in one request (all of one topic partition's log)."""
 
+    where: dict[str, Any] = field(default_factory=dict)  # topic/partition fields ({}: default)
     items: list[_Item] = field(default_factory=list)
     closed: bool = False  # no more joiners (full, or being sent)
     full: trio.Event = field(default_factory=trio.Event)
@@ -77,15 +78,17 @@ class CommitCoalescer:
         self._rng = rng or random.Random()
         self.linger_s = linger_ms / 1000
         self.max_items = max_items
-        self._open: _Round | None = None
-        self._sending = trio.Lock()  # one round in flight; FIFO, so rounds leave in order
+        # Per topic partition (a request carries one partition's commits): the open round, and
+        # one round in flight (a FIFO lock, so rounds leave in order).
+        self._open: dict[tuple[Any, ...], _Round] = {}
+        self._sending: dict[tuple[Any, ...], trio.Lock] = {}
         self._many = True  # the cluster knows sub_commit_many
         # What it did (tests, the bench): requests sent and the commits they carried.
         self.requests = 0
         self.commits = 0
 
     async def commit(self, name: str, position: int, *, consumer: str = "", lease_ms: int = 0,
-                     timeout: float) -> dict[str, Any]:
+                     timeout: float, where: dict[str, Any] | None = None) -> dict[str, Any]:
         """Commit `position` on `name` with the other commits waiting; the subscription as
         committed. Raises the item's typed error; retries retriable ones until `timeout` (s)."""
         budget = timeout
@@ -96,7 +99,7 @@ class CommitCoalescer:
         with trio.move_on_after(budget):
             while True:
                 item = _Item(commit, deadline)
-                await self._submit(item)
+                await self._submit(item, where or {})
                 if not item.answered:
                     continue  # its round was abandoned (the driver's caller was cancelled)
                 if item.error is None:
@@ -116,12 +119,14 @@ class CommitCoalescer:
                              f"position is harmless)")
 
     # -- rounds --------------------------------------------------------------------------------
-    async def _submit(self, item: _Item) -> None:
-        """Join the open round (or open one and drive it); return once the round is over."""
-        rnd = self._open
+    async def _submit(self, item: _Item, where: dict[str, Any]) -> None:
+        """Join the open round of its partition (or open one and drive it); return once the
+        round is over."""
+        key = tuple(sorted(where.items()))
+        rnd = self._open.get(key)
         drive = rnd is None
         if rnd is None:
-            rnd = self._open = _Round()
+            rnd = self._open[key] = _Round(dict(where))
         rnd.items.append(item)
         if len(rnd.items) >= self.max_items:
             self._close(rnd)
@@ -137,22 +142,24 @@ class CommitCoalescer:
 
     def _close(self, rnd: _Round) -> None:
         rnd.closed = True
-        if self._open is rnd:
-            self._open = None
+        key = tuple(sorted(rnd.where.items()))
+        if self._open.get(key) is rnd:
+            del self._open[key]
 
     async def _drive(self, rnd: _Round) -> None:
         try:
             with trio.move_on_after(self.linger_s):
                 await rnd.full.wait()
-            async with self._sending:
+            key = tuple(sorted(rnd.where.items()))
+            async with self._sending.setdefault(key, trio.Lock()):
                 self._close(rnd)
-                await self._send(rnd.items)
+                await self._send(rnd.items, rnd.where)
         finally:
             # Whatever happened, the round is over: its unanswered commits join another one.
             self._close(rnd)
             rnd.finished.set()
 
-    async def _send(self, items: list[_Item]) -> None:
+    async def _send(self, items: list[_Item], where: dict[str, Any]) -> None:
         if not items:
             return
         budget = max(0.001, max(it.deadline for it in items) - trio.current_time())
@@ -160,7 +167,7 @@ class CommitCoalescer:
         if self._many:
             try:
                 reply = await self._call(SubCommitMany([it.commit for it in items], len(items),
-                                                       timeout_ms), timeout=budget)
+                                                       timeout_ms, **where), timeout=budget)
             except BadRequestError as e:
                 if "unknown request type" not in e.message:
                     _fail(items, e)
@@ -186,8 +193,8 @@ class CommitCoalescer:
             try:
                 c = item.commit
                 reply = await self._call(SubRequest("sub_commit", c.name, timeout_ms, c.consumer,
-                                                    position=c.position, lease_ms=c.lease_ms),
-                                         timeout=budget)
+                                                    position=c.position, lease_ms=c.lease_ms,
+                                                    **where), timeout=budget)
             except RaftlogError as e:
                 _fail([item], e)
             else:

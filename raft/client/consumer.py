@@ -52,6 +52,10 @@ and counts what it skipped in the subscription's `skipped_offsets`; `on_reset` i
 {"name", "from", "to", "skipped_offsets", "policy", "start_offset"}. `auto_reset=` stores the
 policy with the subscription when it opens; None uses the one stored.
 
+A subscription belongs to one topic partition (`topic=`, `partition=`; default the default
+topic's partition 0): it reads and commits that partition's offsets, through its leader. To read
+every partition of a topic without a subscription, use raft.client.TopicConsumer.
+
 `BlockingConsumer` is the same for code without a trio loop (from `BlockingClient.consumer`).
 """
 
@@ -93,12 +97,14 @@ class Consumer:
                  max_bytes: int = 1 << 20, max_wait: float = 1.0, follow: bool = True,
                  on_undecodable: Literal["raise"] | Callable[[UndecodableBatch], None]
                  = "raise", auto_reset: str | None = None,
-                 on_reset: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_reset: Callable[[dict[str, Any]], None] | None = None,
+                 topic: str | None = None, partition: int = 0) -> None:
         if auto_commit_ms < 0 or lease_ms < 1 or max_bytes < 1 or max_wait < 0:
             raise ValueError("auto_commit_ms >= 0, lease_ms >= 1, max_bytes >= 1, "
                              "max_wait >= 0")
         self.client = client
         self.subscription = subscription
+        self.where: dict[str, Any] = {"topic": topic, "partition": partition}
         self.auto_commit_ms = auto_commit_ms
         self.start = start
         self.lease_ms = lease_ms if exclusive else 0
@@ -142,7 +148,7 @@ class Consumer:
         """Open the subscription (creating it on first use) and read from its position."""
         sub = await self.client.subscription_open(self.subscription, consumer=self.consumer_id,
                                                   start=self.start, lease_ms=self.lease_ms,
-                                                  auto_reset=self.auto_reset)
+                                                  auto_reset=self.auto_reset, **self.where)
         self.policy = sub.get("auto_reset") or self.auto_reset or "none"
         self._moved_to(int(sub["position"]))
         self._buffer.clear()
@@ -194,7 +200,8 @@ class Consumer:
         while True:
             try:
                 res = await self.client.fetch(self._fetch_from, max_bytes=self.max_bytes,
-                                              max_wait=self.max_wait if self.follow else 0.0)
+                                              max_wait=self.max_wait if self.follow else 0.0,
+                                              **self.where)
             except OffsetOutOfRangeError as e:
                 start = e.start_offset
                 if start is not None and self._fetch_from < start:
@@ -261,7 +268,7 @@ class Consumer:
         before = self._committed
         sub = await self.client.subscription_reset(
             name, "start" if self.policy == "earliest" else "end",
-            consumer=self.consumer_id, expect=before)
+            consumer=self.consumer_id, expect=before, **self.where)
         self._moved_to(int(sub["position"]))
         self._last_commit = trio.current_time()
         if self.on_reset is not None:
@@ -298,7 +305,7 @@ class Consumer:
             return None
         sub = await self.client.subscription_commit(self.subscription, position,
                                                     consumer=self.consumer_id,
-                                                    lease_ms=self.lease_ms)
+                                                    lease_ms=self.lease_ms, **self.where)
         self._committed = max(self._committed, position)
         self._last_commit = trio.current_time()
         self.commits += 1
@@ -317,7 +324,8 @@ class Consumer:
             await self._commit(self._processed, force=False)
         finally:
             if self.lease_ms:
-                await self.client.subscription_release(self.subscription, self.consumer_id)
+                await self.client.subscription_release(self.subscription, self.consumer_id,
+                                                       **self.where)
 
     async def __aenter__(self) -> "Consumer":
         return self
@@ -343,7 +351,8 @@ class Consumer:
             await self._commit(self._processed, force=False)
         if self.lease_ms:
             with contextlib.suppress(RaftlogError):
-                await self.client.subscription_release(self.subscription, self.consumer_id)
+                await self.client.subscription_release(self.subscription, self.consumer_id,
+                                                       **self.where)
 
 
 class BlockingConsumer:

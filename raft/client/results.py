@@ -17,11 +17,16 @@ class ProduceResult:
 
 @dataclass(slots=True, frozen=True)
 class FetchedRecord:
+    """One committed record; `partition` and `topic` say where it was read (offsets are per
+    partition)."""
+
     offset: int
     value: bytes
     key: bytes | None = None
     headers: tuple[tuple[str, bytes], ...] | None = None
     timestamp_ms: int = 0
+    partition: int = 0
+    topic: str = "default"
 
 
 @dataclass(slots=True, frozen=True)

@@ -44,6 +44,7 @@ import test_malformed_records  # noqa: E402
 import test_subscriptions_inproc  # noqa: E402
 import test_protocol_types  # noqa: E402
 import test_client_retry  # noqa: E402
+import test_client_topics  # noqa: E402
 import test_cluster_identity  # noqa: E402
 import test_group_wire  # noqa: E402
 import test_multigroup_inproc  # noqa: E402
@@ -530,6 +531,34 @@ MUTANTS = [
            "        ctx = self._node.registry.api(1)  # the default topic's group\n",
            (test_multigroup_inproc
             .test_a_request_for_a_group_the_node_does_not_run_names_the_groups_it_runs,)),
+    # The partition-aware client (raft/client/producer.py, raft/client/client.py): a key's
+    # records go to the partition Kafka's murmur2 names, all of them; sequences are counted per
+    # partition; a NOT_LEADER that names no leader refreshes the metadata.
+    Mutant("a producer hashes keys with another function than Kafka's murmur2",
+           "raft.client.producer", "Producer.partition_for",
+           "return self._partitioner.partition(record.key)",
+           "return self._partitioner.partition(None) if record.key is None "
+           "else sum(record.key) % self.partitions",
+           (test_client_topics
+            .test_keyed_records_land_in_their_keys_partition_in_the_order_produced,)),
+    Mutant("a producer spreads a key's records across partitions (sticky, as if keyless)",
+           "raft.client.producer", "Producer.partition_for",
+           "return self._partitioner.partition(record.key)",
+           "return self._partitioner.partition(None)",
+           (test_client_topics
+            .test_keyed_records_land_in_their_keys_partition_in_the_order_produced,)),
+    Mutant("a producer numbers its batches across partitions, not per partition",
+           "raft.client.producer", "Producer._send_batch",
+           "        seq = lane.sequence\n",
+           "        seq = sum(other.sequence for other in self._lanes.values())\n",
+           (test_client_topics
+            .test_idempotent_sequences_are_per_partition_and_a_retry_is_written_once,)),
+    Mutant("a NOT_LEADER naming no leader does not refresh the metadata",
+           "raft.client.client", "Client.call",
+           "await self.refresh_metadata(deadline)  # who leads it now?",
+           "pass",
+           (test_client_topics
+            .test_not_leader_without_a_hint_refreshes_the_metadata_and_finds_the_leader,)),
     Mutant("a forced new cluster writes its configuration in a term it already knows",
            "raft.core.force_new", "plan_force_new_cluster",
            "term = max(facts.term, facts.last_term, lost_term) + 1",

@@ -1,0 +1,168 @@
+"""Topic calls as `Client` methods (a mixin; raft/client/client.py inherits it): the metadata
+request, topic admin (create, alter, delete: answered by the controller's leader, which the
+client finds like any leader), and the per-partition view `raftlog topic describe` prints.
+
+    async with Client(servers) as c:
+        await c.create_topic("orders", partitions=8, replicas=3)
+        for t in await c.list_topics(): print(t.name, t.partition_count)
+        print(await c.describe_topic("orders"))   # leaders, replicas, high watermarks
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from raft.client.errors import OffsetOutOfRangeError, RaftlogError, RequestTimeout
+from raft.client.metadata import DEFAULT_TOPIC, Metadata, TopicInfo
+from raft.protocol.topic_requests import Metadata as MetadataRequest
+from raft.protocol.topic_requests import TopicAlter, TopicCreate, TopicDelete
+
+if TYPE_CHECKING:
+    from raft.client.metadata import MetadataCache
+
+SETTINGS = ("retention_bytes", "retention_ms", "max_record_bytes")
+
+
+def where_fields(topic: str | None, partition: int) -> dict[str, Any]:
+    """The `topic`/`partition` keywords of a log request, only when they are not the defaults
+    (so a request to the default topic's partition 0 is built, and framed, as before topics)."""
+    if partition < 0:
+        raise ValueError(f"a partition is 0 or more, got {partition}")
+    out: dict[str, Any] = {}
+    if topic is not None and topic != DEFAULT_TOPIC:
+        out["topic"] = topic
+    if partition:
+        out["partition"] = partition
+    return out
+
+
+def metadata_request(topics: list[str] | None = None) -> MetadataRequest:
+    return MetadataRequest(None if topics is None else list(topics))
+
+
+def _timeout_ms(budget_s: float) -> int:
+    return max(1, min(120_000, int(budget_s * 1000)))
+
+
+class TopicCalls:
+    """Requires `call`, `timeout`, `metadata` and `refresh_metadata` (Client has them)."""
+
+    timeout: float
+    metadata: "MetadataCache"
+
+    async def call(self, request: Any, *, timeout: float | None = None,
+                   **kw: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def refresh_metadata(self, deadline: float | None = None) -> Metadata | None:
+        raise NotImplementedError
+
+    async def cluster_metadata(self, *, refresh: bool = True) -> Metadata:
+        """The cluster's topics, partitions, leaders and nodes (a fresh answer unless
+        `refresh=False` and the cache has one). Raises the error of a node that predates
+        topics (BAD_REQUEST)."""
+        if refresh or self.metadata.current is None:
+            return await self.metadata.refresh()
+        return self.metadata.current
+
+    async def list_topics(self) -> list[TopicInfo]:
+        meta = await self.cluster_metadata()
+        return [meta.topics[name] for name in sorted(meta.topics)]
+
+    async def topic(self, name: str, *, refresh: bool = False) -> TopicInfo:
+        """One topic's metadata (cached unless `refresh`, or unknown to the cache);
+        UnknownTopicError naming the topics that exist."""
+        meta = await self.metadata.get(name) if not refresh else await self.cluster_metadata()
+        return meta.topic(name)
+
+    async def create_topic(self, name: str, partitions: int, replicas: int, *,
+                           retention_bytes: int | None = None, retention_ms: int | None = None,
+                           max_record_bytes: int | None = None, wait: bool = True,
+                           timeout: float | None = None) -> TopicInfo:
+        """Create a topic (TopicExistsError if the name is taken). With `wait` (the default),
+        return once the metadata shows a leader for every partition, so the next produce
+        finds them; RequestTimeout if that takes longer than `timeout` (the topic exists)."""
+        budget = self.timeout if timeout is None else timeout
+        deadline = trio.current_time() + budget
+        await self.call(TopicCreate(name, partitions, replicas, retention_bytes, retention_ms,
+                                    max_record_bytes, _timeout_ms(budget)), timeout=budget)
+        if not wait:
+            return (await self.cluster_metadata()).topic(name)
+        return await self.wait_for_leaders(name, deadline)
+
+    async def wait_for_leaders(self, name: str, deadline: float) -> TopicInfo:
+        """Poll the metadata (at its bounded rate) until every partition of `name` has a
+        leader with an address."""
+        last: TopicInfo | None = None
+        while True:
+            try:
+                meta = await self.cluster_metadata()
+                last = meta.topics.get(name)
+                if last is not None and all(p.leader_address for p in last.partitions):
+                    return last
+            except RaftlogError:
+                pass  # a node restarting: ask again
+            if trio.current_time() >= deadline:
+                have = sum(1 for p in last.partitions if p.leader_address) if last else 0
+                total = last.partition_count if last else "?"
+                raise RequestTimeout(
+                    f"topic {name!r} exists, but only {have} of {total} partitions had a "
+                    f"leader in time; check `raftlog topic describe {name}` in a moment")
+            await trio.sleep(self.metadata.min_interval)  # the next poll (client pacing)
+
+    async def alter_topic(self, name: str, *, partitions: int | None = None,
+                          retention_bytes: int | None = None, retention_ms: int | None = None,
+                          max_record_bytes: int | None = None, wait: bool = True,
+                          timeout: float | None = None) -> TopicInfo:
+        """Grow a topic to `partitions` (never shrinks: BAD_REQUEST) and/or change its
+        settings. With `wait`, return once every partition has a leader."""
+        budget = self.timeout if timeout is None else timeout
+        deadline = trio.current_time() + budget
+        if partitions is None and retention_bytes is None and retention_ms is None \
+                and max_record_bytes is None:
+            raise ValueError("alter_topic needs partitions or a setting to change")
+        await self.call(TopicAlter(name, partitions, retention_bytes, retention_ms,
+                                   max_record_bytes, _timeout_ms(budget)), timeout=budget)
+        if not wait:
+            return (await self.cluster_metadata()).topic(name)
+        return await self.wait_for_leaders(name, deadline)
+
+    async def describe_topic(self, name: str) -> dict[str, Any]:
+        """A topic as `raftlog topic describe` shows it: {"name", "settings", "partitions":
+        [{"partition", "group", "leader", "leader_address", "replicas", "high_watermark",
+        "log_start"}]}, the offsets from each partition's leader (asked at the same time; a
+        partition whose leader does not answer has "error" instead)."""
+        info = await self.topic(name, refresh=True)
+        rows: list[dict[str, Any]] = [
+            {"partition": p.partition, "group": p.group, "leader": p.leader,
+             "leader_address": p.leader_address, "replicas": list(p.replicas)}
+            for p in info.partitions]
+
+        async def bounds(row: dict[str, Any]) -> None:
+            try:
+                res = await self.fetch(0, max_bytes=1, topic=name,  # type: ignore[attr-defined]
+                                       partition=row["partition"],
+                                       timeout=min(self.timeout, 5.0))
+                row["log_start"], row["high_watermark"] = res.start_offset, res.high_watermark
+            except OffsetOutOfRangeError as e:
+                row["log_start"] = e.start_offset
+                row["high_watermark"] = e.high_watermark
+            except RaftlogError as e:
+                row["error"] = f"{e.code}: {e.message}"
+
+        async with trio.open_nursery() as nursery:
+            for row in rows:
+                nursery.start_soon(bounds, row)
+        return {"name": info.name, "settings": dict(info.settings), "partitions": rows}
+
+    async def delete_topic(self, name: str, *, timeout: float | None = None) -> dict[str, Any]:
+        """Delete a topic and its data on every node (UnknownTopicError if there is none)."""
+        budget = self.timeout if timeout is None else timeout
+        reply = await self.call(TopicDelete(name, _timeout_ms(budget)), timeout=budget)
+        await self.refresh_metadata()
+        return reply
+
+
+__all__ = ["SETTINGS", "TopicCalls", "metadata_request", "where_fields"]
