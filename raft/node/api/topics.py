@@ -11,6 +11,7 @@ from typing import Any
 import trio
 
 from raft.controller.commands import (Command, DeleteTopic, SetTopicSettings, TopicSettings)
+from raft.controller.state import DEFAULT_TOPIC
 from raft.controller.placement import PlacementError, plan_create_topic, plan_grow_topic
 from raft.controller.state import ApplyResult, Refusal, topic_name_error
 from raft.node.api.context import ApiContext
@@ -45,9 +46,10 @@ async def _not_controller(ctx: ApiContext, timeout_ms: int | None) -> Reply | No
                          "the controller has no leader right now; retry shortly")
     controller = ctx.cluster.controller
     with trio.move_on_after((timeout_ms or ctx.config.default_timeout_ms) / 1000):
-        while not controller.metadata.nodes and not ctx.closing:
+        # The default topic is the bootstrap's last command: every founder is registered by then.
+        while DEFAULT_TOPIC not in controller.metadata.topics and not ctx.closing:
             await controller.wait_applied(controller.applied + 1)
-    if not controller.metadata.nodes:
+    if DEFAULT_TOPIC not in controller.metadata.topics:
         return ctx.error(ErrorCode.TIMEOUT, "the controller has not applied its bootstrap "
                                             "yet (the cluster is starting); retry shortly")
     return None
