@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from raft.controller.bootstrap import bootstrap_commands
 from raft.controller.commands import decode_control, encode_command
 from raft.controller.follower import Applied, MetadataFollower
-from raft.controller.reconcile import reconcile
+import raft.controller.reconcile as reconciler
 from raft.core import messages as m
 from raft.core.raft import RaftConfig
 from raft.core.types import Acks
@@ -344,7 +344,7 @@ class TopicsNode:
         meta = self.follower.metadata
         running = [g for g, r in self.replicas.items() if g != CONTROLLER and r.up]
         on_disk = [g for g in self.store.group_ids() if g != CONTROLLER]
-        plan = reconcile(meta, self.node_id, running, on_disk)
+        plan = reconciler.reconcile(meta, self.node_id, running, on_disk)
         for p in plan.start:
             self._start_replica(p.group, p.replicas)
             if not self.up:

@@ -61,6 +61,9 @@ import test_placement  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
 import test_store  # noqa: E402
 import test_flusher  # noqa: E402  (tests/node, on the path above)
+# The many-group simulation's routing and reconciling rules are killed by its seeds (tests/sim).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "sim"))
+import test_topics_sim  # noqa: E402
 
 
 def _in_tmp(test: Callable[..., None], *args: object) -> Callable[[], None]:
@@ -581,6 +584,16 @@ MUTANTS = [
            "if False:",
            (test_placement.test_the_rebalance_plan_is_bounded,
             test_placement.test_a_returning_node_gets_leadership_back_a_few_at_a_time)),
+    Mutant("a node routes a peer message to another group than its envelope names",
+           "raft.sim.topics_node", "TopicsNode.receive",
+           "replica = self.replicas.get(group)",
+           "replica = self.replicas.get(sorted(self.replicas)[min(group, len(self.replicas) - 1)])",
+           (test_topics_sim.test_messages_reach_their_own_group,)),
+    Mutant("the reconciler keeps a deleted topic's groups and logs",
+           "raft.controller.reconcile", "reconcile",
+           "delete = tuple(sorted(g for g in held if meta.is_deleted(g)))",
+           "delete = ()",
+           (test_topics_sim.test_a_deleted_topics_groups_stop_and_their_logs_are_dropped,)),
 ]
 
 
