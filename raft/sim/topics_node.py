@@ -78,8 +78,9 @@ class GroupReplica(SimNode):
         self.flush_again = False
         self.host.want_flush(self)
 
-    def flush_complete(self) -> None:
-        """The node's flush that held this group's tail committed."""
+    def flush_complete(self, flushed: int) -> None:
+        """The node's flush that held this group's tail committed; `flushed` is what that
+        commit held for this group's log (MemoryStore.flush's answer for it)."""
         if not self.up:
             return
         self.flushing = False
@@ -87,7 +88,7 @@ class GroupReplica(SimNode):
             self.flush_again = True
             return
         assert self.core is not None
-        self.core.flushed(self.log.flushed_offset)
+        self.core.flushed(flushed)
         self.on_event(self, "flushed")
         self.process()
         if self.up and self.flush_again and not self.flushing:
@@ -248,7 +249,7 @@ class TopicsNode:
         wanted, self.flush_wanted = self.flush_wanted, {}
         live = [r for g, r in sorted(wanted.items()) if r.up and self.replicas.get(g) is r]
         try:
-            self.store.flush([r.log for r in live])
+            flushed = self.store.flush([r.log for r in live])
         except StorageError as e:
             self.fail_stop(e)
             return
@@ -258,7 +259,7 @@ class TopicsNode:
         for r in live:
             if not self.up:
                 return
-            r.flush_complete()
+            r.flush_complete(flushed[r.group])
         if self.up and self.flush_wanted and not self.flushing:
             self._start_round()
 
@@ -368,6 +369,7 @@ class TopicsNode:
                 lambda msg, g=group: self.sim.send(g, msg),
                 lambda nid, a, g=group: self.sim.on_answer(g, nid, a),
                 self.sim.on_replica_event, tick_us=self.tick_us, disk=self.disk,
+                persist_hard_state=self.sim.cfg.persist_hard_state,
                 group=group, host=self)  # SimNode.__post_init__ opens the log and starts
             self.replicas[group] = replica
         else:

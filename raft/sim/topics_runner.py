@@ -383,7 +383,7 @@ class TopicsSimulation:
                  "dropped_logs": self.dropped_logs, "metadata_checked": self.metadata_checked,
                  "requests": self.workload.sent, "acked": len(self.workload.acked),
                  "quorum_acked": sum(len(v) for v in self.workload.quorum_acked.values()),
-                 "unrouted": self.unrouted,
+                 "unrouted": self.unrouted, "disk_losses": self.nemesis.disk_losses,
                  "restarts": sum(n.restarts for n in self.nodes.values()),
                  "flush_rounds": sum(n.flush_rounds for n in self.nodes.values()),
                  "flushed_groups": sum(n.flushed_groups for n in self.nodes.values())}

@@ -15,6 +15,7 @@ import os
 import pytest
 
 import raft.controller.reconcile
+from raft.controller.state import ClusterMetadata
 from raft.sim.runner import profile_config, run_simulation
 
 RUNS = int(os.environ.get("RAFTLOG_SIM_TOPICS_RUNS", "6"))
@@ -85,3 +86,34 @@ def test_teeth_a_node_that_never_drops_deleted_groups_is_caught(
     res = run_simulation(profile_config(1, 3, "topics"))
     props = {v.prop for v in res.violations}
     assert any(p.startswith("a deleted topic's groups stop") for p in props), res.describe()
+
+
+def _first_failure(seeds: range, nodes: int = 3, **overrides) -> int | None:  # noqa: ANN003
+    for seed in seeds:
+        if not run_simulation(profile_config(seed, nodes, "topics", **overrides)).ok:
+            return seed
+    return None
+
+
+def test_teeth_votes_not_persisted_make_two_leaders_in_some_group() -> None:
+    assert _first_failure(range(1, 40), persist_hard_state=False) is not None
+
+
+def test_teeth_nodes_that_apply_the_controller_log_differently_are_caught(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A state machine that is not a pure function of the log (here: every fifth apply in
+    the process is refused, so nodes differ) is caught by the metadata-agreement check."""
+    real = ClusterMetadata.apply
+    calls = [0]
+
+    def flaky(self, offset, command):  # noqa: ANN001, ANN202
+        calls[0] += 1
+        if calls[0] % 5 == 0:
+            self._advance(offset)
+            return None
+        return real(self, offset, command)
+
+    monkeypatch.setattr(ClusterMetadata, "apply", flaky)
+    res = run_simulation(profile_config(1, 3, "topics"))
+    props = {v.prop for v in res.violations}
+    assert any(p.startswith("controller metadata identical") for p in props), res.describe()
