@@ -434,11 +434,13 @@ PROFILES: dict[str, dict[str, Any]] = {
     "noquiesce": {"quiesce": False},
     # A controller (group 0) and 10-50 partition groups on every node, one store, one flusher,
     # one peer link and one failure detector per node; the admin creates, grows and deletes
-    # topics through the controller's leader while nodes crash, pause and are partitioned
-    # (raft/sim/topics_runner.py has what is checked, per group and across them).
+    # topics through the controller's leader while nodes crash, pause and are partitioned,
+    # and a minority's controller log is damaged or wiped (the diskloss profile's damage, on
+    # group 0's log in the node's store) (raft/sim/topics_runner.py has what is checked, per
+    # group and across them).
     "topics": {"topics": True, "clients": 4, "mean_fault_gap_us": 150_000,
                "faults": ("partition", "one_way", "crash", "crash_leader", "pause", "loss",
-                          "duplicate"),
+                          "duplicate", DISK_LOSS),
                "quiet_phase": False},
 }
 

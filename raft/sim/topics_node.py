@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from raft.controller.bootstrap import bootstrap_commands
 from raft.controller.commands import decode_control, encode_command
-from raft.controller.follower import Applied, MetadataFollower
+from raft.controller.follower import MetadataFollower
 import raft.controller.reconcile as reconciler
 from raft.core import messages as m
 from raft.core.raft import RaftConfig
@@ -287,25 +287,15 @@ class TopicsNode:
         if self.controller.is_leader and self.boot_term != core.term:
             self.boot_term = core.term
             self._propose_bootstrap()
-        while True:
-            applied = self.follower.catch_up(core.commit_index, max_batches=1)
-            for a in applied:
+            if not self.up or self.controller.core is not core:
+                return  # the proposal stopped the node (a storage fault)
+        while True:  # one batch at a time: the metadata is checked after every entry
+            before = self.follower.position
+            for a in self.follower.catch_up(core.commit_index, max_batches=1):
                 self.sim.on_applied(self, a)
-            if not applied and (self.follower.position > core.commit_index
-                                or self.follower.position > self.controller.log.dirty_offset):
-                break
-            if not applied and self._stuck():
-                break
+            if self.follower.position == before:
+                break  # at the commit index, or at a damaged entry it waits to see repaired
         self._reconcile()
-
-    def _stuck(self) -> bool:
-        """catch_up made no progress without reaching the commit index: a damaged batch it
-        waits for (never skipped)."""
-        try:
-            self.controller.log.read(self.follower.position, 1 << 20, 1)  # type: ignore[union-attr]
-        except CorruptBatch:
-            return True
-        return False
 
     def _propose_bootstrap(self) -> None:
         """The controller's leader proposes the founding commands its log does not hold yet
