@@ -103,7 +103,8 @@ class TopicsSimulation:
         if cfg.quiesce:
             self.liveness = NodeLiveness(self.loop, self.network, self.nodes,  # type: ignore[arg-type]
                                          random.Random(self.rng.getrandbits(64)),
-                                         cfg.liveness_ping_us, cfg.liveness_down_us)
+                                         cfg.liveness_ping_us, cfg.liveness_down_us,
+                                         restart_is_down=True)
         self._last_poll = -CONVERGE_POLL_US
         self._last_verdict = False
 
@@ -384,6 +385,7 @@ class TopicsSimulation:
                  "requests": self.workload.sent, "acked": len(self.workload.acked),
                  "quorum_acked": sum(len(v) for v in self.workload.quorum_acked.values()),
                  "unrouted": self.unrouted, "disk_losses": self.nemesis.disk_losses,
+                 "restarts_seen": self.liveness.restarts_seen if self.liveness else 0,
                  "restarts": sum(n.restarts for n in self.nodes.values()),
                  "flush_rounds": sum(n.flush_rounds for n in self.nodes.values()),
                  "flushed_groups": sum(n.flushed_groups for n in self.nodes.values())}

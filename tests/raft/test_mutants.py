@@ -594,6 +594,11 @@ MUTANTS = [
            "delete = tuple(sorted(g for g in held if meta.is_deleted(g)))",
            "delete = ()",
            (test_topics_sim.test_a_deleted_topics_groups_stop_and_their_logs_are_dropped,)),
+    Mutant("the failure detector misses a peer that restarted within its down bound",
+           "raft.sim.liveness", "NodeLiveness.heard",
+           "if known is not None and epoch > known and (observer, peer) not in self.down:",
+           "if False:",
+           (test_topics_sim.test_a_peer_that_restarted_unseen_wakes_its_quiet_followers,)),
 ]
 
 
