@@ -13,6 +13,16 @@ presumed up, as a fresh process would, and finds out again within `down_us`.
 
 Pings are counted apart from Raft messages (`pings`), so the quiet-phase check can require
 that quiesced groups send no Raft messages at all while the node-level detector keeps running.
+
+A peer that restarted faster than `down_us` never looks silent, yet everything its groups were
+doing is gone; with many groups per node a restarted process may not even run a group again
+until it has caught up with the controller (or, its disk lost, been re-added), so its quiet
+followers would wait for a leader that never speaks. With `restart_is_down` each ping carries
+the sender's process epoch (in the runtime: the peer link's new session after a reconnect), and
+an observer that hears a newer epoch than it knew reports the peer down and at once up again:
+the quiet followers wake, start their election timers and ping their leader, and elect another
+if it does not answer (raft/core/quiesce.py). Off by default: the single-group profiles' runs
+stay exactly as they were.
 """
 
 from __future__ import annotations
@@ -41,6 +51,9 @@ class NodeLiveness:
     pings: int = 0
     reported_down: int = 0
     reported_up: int = 0
+    restart_is_down: bool = False
+    epochs: dict[tuple[int, int], int] = field(default_factory=dict)  # (observer, peer) -> epoch
+    restarts_seen: int = 0
 
     def start(self) -> None:
         for i in self.nodes:
@@ -54,13 +67,25 @@ class NodeLiveness:
             if peer != observer:
                 self.last_heard[(observer, peer)] = now
                 self.down.discard((observer, peer))
+                self.epochs.pop((observer, peer), None)
         self.stalled.discard(observer)
 
-    def heard(self, observer: int, peer: int) -> None:
+    def heard(self, observer: int, peer: int, epoch: int | None = None) -> None:
         node = self.nodes[observer]
         if not node.up or node.paused:
             return
         self.last_heard[(observer, peer)] = self.loop.now
+        if epoch is not None and self.restart_is_down:
+            known = self.epochs.get((observer, peer))
+            if known is None or epoch > known:
+                self.epochs[(observer, peer)] = epoch
+            if known is not None and epoch > known and (observer, peer) not in self.down:
+                self.restarts_seen += 1  # restarted unseen: report it down, then up below
+                self.down.add((observer, peer))
+                self.reported_down += 1
+                node.peer_down(peer)
+                if not node.up or node.paused:
+                    return
         if (observer, peer) in self.down:
             self.down.discard((observer, peer))
             self.reported_up += 1
@@ -101,10 +126,11 @@ class NodeLiveness:
         if (src, dst) in net.blocked or self.rng.random() < net.faults.loss:
             return
         delay = self.rng.randint(net.faults.min_delay_us, net.faults.max_delay_us)
+        epoch = self.nodes[src].epoch
 
         def arrive() -> None:
             if (src, dst) not in net.blocked:
-                self.heard(dst, src)
+                self.heard(dst, src, epoch)
 
         self.loop.after(delay, arrive)
 

@@ -58,7 +58,7 @@ class SimNode:
     retention_every_ticks: int = 5
 
     def __post_init__(self) -> None:
-        self.log = MemoryLog(max_tail_bytes=64 << 20)
+        self.log = self._open_log()
         self.up = False
         self.paused = False
         self.epoch = 0  # bumped on crash: stale timers and flush completions are ignored
@@ -75,6 +75,11 @@ class SimNode:
         self.retention_cuts = 0
         self.planned: Plan | None = None  # the retention cut about to be applied
         self.start()
+
+    def _open_log(self) -> MemoryLog:
+        """A log of its own; a group on a many-group node (raft/sim/topics_node.py) opens
+        its log from the node's store instead."""
+        return MemoryLog(max_tail_bytes=64 << 20)
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:

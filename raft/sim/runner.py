@@ -63,6 +63,10 @@ class SimConfig:
     quiesce_within_ticks: int = 40
     quiet_window_us: int = 1_000_000
     failover_within_us: int = 1_000_000
+    # The topics profile (raft/sim/topics_runner.py): a controller and many partition groups
+    # per node; the admin keeps the partition count between these bounds.
+    topics: bool = False
+    partitions: tuple[int, int] = (10, 50)
 
 
 @dataclass
@@ -428,6 +432,16 @@ PROFILES: dict[str, dict[str, Any]] = {
     # The mixed profile without quiescence or node liveness (the core's timers alone), as
     # every profile ran before them; `--no-quiesce` does the same for any profile.
     "noquiesce": {"quiesce": False},
+    # A controller (group 0) and 10-50 partition groups on every node, one store, one flusher,
+    # one peer link and one failure detector per node; the admin creates, grows and deletes
+    # topics through the controller's leader while nodes crash, pause and are partitioned,
+    # and a minority's controller log is damaged or wiped (the diskloss profile's damage, on
+    # group 0's log in the node's store) (raft/sim/topics_runner.py has what is checked, per
+    # group and across them).
+    "topics": {"topics": True, "clients": 4, "mean_fault_gap_us": 150_000,
+               "faults": ("partition", "one_way", "crash", "crash_leader", "pause", "loss",
+                          "duplicate", DISK_LOSS),
+               "quiet_phase": False},
 }
 
 
@@ -439,6 +453,9 @@ def profile_config(seed: int, nodes: int, profile: str, **overrides: Any) -> Sim
 
 
 def run_simulation(cfg: SimConfig) -> SimResult:
+    if cfg.topics:
+        from raft.sim.topics_runner import TopicsSimulation  # (it builds on this module)
+        return TopicsSimulation(cfg).run()
     return Simulation(cfg).run()
 
 

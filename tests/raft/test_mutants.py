@@ -66,6 +66,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
 import test_store  # noqa: E402
 import test_flusher  # noqa: E402  (tests/node, on the path above)
 import test_reconciler  # noqa: E402  (tests/node: the node's topics)
+# The many-group simulation's routing and reconciling rules are killed by its seeds (tests/sim).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "sim"))
+import test_topics_sim  # noqa: E402
 
 
 def _in_tmp(test: Callable[..., None], *args: object) -> Callable[[], None]:
@@ -634,6 +637,21 @@ MUTANTS = [
            "p = t.partitions[partition]",
            "p = t.partitions[0]",
            (test_reconciler.test_resolve_sends_a_partition_to_its_own_group,)),
+    Mutant("a node routes a peer message to another group than its envelope names",
+           "raft.sim.topics_node", "TopicsNode.receive",
+           "replica = self.replicas.get(group)",
+           "replica = self.replicas.get(sorted(self.replicas)[min(group, len(self.replicas) - 1)])",
+           (test_topics_sim.test_messages_reach_their_own_group,)),
+    Mutant("the reconciler keeps a deleted topic's groups and logs",
+           "raft.controller.reconcile", "reconcile",
+           "delete = tuple(sorted(g for g in held if meta.is_deleted(g)))",
+           "delete = ()",
+           (test_topics_sim.test_a_deleted_topics_groups_stop_and_their_logs_are_dropped,)),
+    Mutant("the failure detector misses a peer that restarted within its down bound",
+           "raft.sim.liveness", "NodeLiveness.heard",
+           "if known is not None and epoch > known and (observer, peer) not in self.down:",
+           "if False:",
+           (test_topics_sim.test_a_peer_that_restarted_unseen_wakes_its_quiet_followers,)),
 ]
 
 
