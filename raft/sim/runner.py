@@ -18,83 +18,11 @@ from raft.sim.loop import EventLoop
 from raft.sim.nemesis import DISK_LOSS, KINDS, Nemesis
 from raft.sim.network import Network
 from raft.sim.node import SimNode
+from raft.sim.topics_runner import TopicsSimulation
 from raft.sim.subscription_model import SimSubscriptions, SubscriptionConsumers
+from raft.sim.settings import SimConfig, SimResult
 from raft.sim.workload import Workload
 from raft.core.types import Acks, Role
-
-
-@dataclass
-class SimConfig:
-    seed: int
-    nodes: int = 3
-    # Extra processes that start outside the configuration; the "member" fault adds them as
-    # learners (promoted once caught up) and removes members.
-    spare_nodes: int = 0
-    clients: int = 3
-    client_think_us: tuple[int, int] = (500, 10_000)  # a client's pause between writes
-    # Consumers of subscriptions (raft/sim/subscription_model.py), one per subscription.
-    subscriptions: int = 2
-    fault_time_us: int = 2_000_000
-    # After healing, the cluster must elect one leader and converge within this bound.
-    converge_within_us: int = 4_000_000
-    mean_fault_gap_us: int = 150_000
-    faults: tuple[str, ...] = KINDS
-    tick_us: int = 10_000
-    raft: dict[str, Any] = field(default_factory=dict)
-    profile: str = "mixed"  # the name shown in replay hints
-    persist_hard_state: bool = True  # False only in the teeth tests
-    # The direct "commit needs a flushed majority" check; the teeth tests turn it off to show
-    # the end-to-end checks (lost acknowledged records, diverging committed data) also catch
-    # a wrong commit rule.
-    check_flushed_majority: bool = True
-    keep_trace: bool = False
-    # RetentionPolicy fields (small limits) for every node; None = keep everything.
-    retention: dict[str, Any] | None = None
-    # Quiescence (raft/core/quiesce.py) with the node-level failure detector that backs it
-    # (raft/sim/liveness.py). False: quiesce_ticks = 0 and no detector, the runs as before.
-    quiesce: bool = True
-    liveness_ping_us: int = 20_000
-    liveness_down_us: int = 100_000
-    # After convergence: a quiet phase (no clients, no faults) in which every node must
-    # quiesce within `quiesce_within_ticks` ticks and then send no Raft message for
-    # `quiet_window_us`; then the quiet leader's node crashes and another node must lead
-    # within `failover_within_us` (the liveness that node liveness has to give back).
-    quiet_phase: bool = True
-    quiesce_within_ticks: int = 40
-    quiet_window_us: int = 1_000_000
-    failover_within_us: int = 1_000_000
-    # The topics profile (raft/sim/topics_runner.py): a controller and many partition groups
-    # per node; the admin keeps the partition count between these bounds.
-    topics: bool = False
-    partitions: tuple[int, int] = (10, 50)
-
-
-@dataclass
-class SimResult:
-    seed: int
-    violations: list[Violation]
-    trace_hash: str
-    stats: dict[str, Any]
-    trace_tail: list[str]
-    profile: str = "mixed"
-    quiesce: bool = True
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    def describe(self) -> str:
-        lines = [f"seed {self.seed}: {'OK' if self.ok else 'FAILED'}  {self.stats}"]
-        for v in self.violations:
-            lines.append(f"  [{v.time_us} us] {v.prop}: {v.detail}")
-        if not self.ok and self.trace_tail:
-            lines.append("  last events:")
-            lines.extend("    " + t for t in self.trace_tail[-25:])
-            lines.append(f"  replay: python -m raft.sim --seed {self.seed} "
-                         f"--nodes {self.stats.get('nodes')} --profile {self.profile}"
-                         + ("" if self.quiesce or self.profile == "noquiesce"
-                            else " --no-quiesce"))
-        return "\n".join(lines)
 
 
 class Simulation:
@@ -454,7 +382,6 @@ def profile_config(seed: int, nodes: int, profile: str, **overrides: Any) -> Sim
 
 def run_simulation(cfg: SimConfig) -> SimResult:
     if cfg.topics:
-        from raft.sim.topics_runner import TopicsSimulation  # (it builds on this module)
         return TopicsSimulation(cfg).run()
     return Simulation(cfg).run()
 

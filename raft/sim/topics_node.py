@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from raft.controller.bootstrap import bootstrap_commands
 from raft.controller.commands import decode_control, encode_command
@@ -37,8 +37,8 @@ from storage.api import StorageError
 from storage.batch import Batch, BatchKind, CorruptBatch
 from storage.memory import MemoryLog, MemoryStore
 
-if TYPE_CHECKING:
-    from raft.sim.topics_runner import TopicsSimulation
+# raft.sim.topics_runner.TopicsSimulation, which builds on this module (so not imported here).
+TopicsSimulation = Any
 
 FAIL_STOP_RESTART_US = 50_000
 CONTROLLER = 0

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import msgpack
 
@@ -36,11 +35,9 @@ from raft.sim.loop import EventLoop
 from raft.sim.nemesis import Nemesis
 from raft.sim.network import Network
 from raft.sim.topics_node import CONTROLLER, GroupReplica, TopicsNode
+from raft.sim.settings import SimConfig, SimResult
 from raft.sim.topics_workload import TopicsWorkload
 from storage.records import decode_records
-
-if TYPE_CHECKING:
-    from raft.sim.runner import SimConfig, SimResult
 
 # How often (simulated) the convergence predicate is evaluated while waiting for it: it walks
 # every group, too costly after every event.
@@ -369,7 +366,6 @@ class TopicsSimulation:
                               f"committed log has it at {by_value.get(value)}")
 
     def _result(self) -> "SimResult":
-        from raft.sim.runner import SimResult
         cfg = self.cfg
         violations = [Violation(v.time_us, f"{v.prop} (group {g})", v.detail)
                       for g, c in sorted(self.group_checkers.items()) for v in c.violations]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from raft.controller.commands import DeleteTopic, encode_command
 from raft.controller.placement import PlacementError, plan_create_topic, plan_grow_topic
@@ -23,8 +23,8 @@ from raft.core.types import Acks, ErrorCode
 from storage.batch import Batch, BatchKind
 from storage.records import encode_values
 
-if TYPE_CHECKING:
-    from raft.sim.topics_runner import TopicsSimulation
+# raft.sim.topics_runner.TopicsSimulation, which builds on this module (so not imported here).
+TopicsSimulation = Any
 
 REQUEST_TIMEOUT_US = 300_000
 
