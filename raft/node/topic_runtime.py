@@ -54,6 +54,8 @@ class TopicRuntime:
         self.controller = ControllerService(node.controller_group, self._founders)
         self.reconciler = Reconciler(self)
         self.controller.on_applied.append(self.reconciler.kick)
+        # Settings changes (topic alter) take effect on the running partitions at once.
+        self.controller.on_applied.append(node.settings.on_applied)
 
     # -- what the reconciler needs (raft.node.reconciler.ReconcileHost) ---------------------------
     @property
