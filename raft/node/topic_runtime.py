@@ -166,6 +166,16 @@ class TopicRuntime:
                 f"partition (`metadata` lists them)"))
         return Resolved(group_id)
 
+    def topic_of_group(self, group_id: int | None) -> str | None:
+        """The topic whose partition `group_id` is (None: the controller's group, or a group
+        the applied metadata does not name): what topic-scoped permissions check."""
+        if group_id is None or group_id == CONTROLLER_GROUP:
+            return None
+        p = self.metadata.groups.get(group_id)
+        if p is not None:
+            return p.topic
+        return DEFAULT_TOPIC if group_id == DEFAULT_GROUP else None
+
     def resolve(self, topic: str, partition: int) -> Resolved:
         """The group a request for (topic, partition) goes to here, or the refusal."""
         meta = self.metadata
