@@ -56,7 +56,7 @@ from raft.node.metrics import SUBSCRIPTION_SERIES_MAX, NodeMetrics
 from raft.node.topic_settings import SettingsInForce
 from raft.node.peer import PeerLink
 from raft.node.registry import GroupRegistry
-from raft.node.topic_runtime import DEFAULT_GROUP, TopicRuntime
+from raft.node.topic_runtime import DEFAULT_GROUP, TopicRuntime, partition_series
 from raft.node.transport import PeerTransport
 from raft.protocol.framing import FrameTooLarge, WireError, encode_frame
 from raft.protocol.hello import CLIENT_HELLO_EXAMPLE, Hello, HelloReply, Speaker
@@ -257,6 +257,8 @@ class Node:
         if self.group.subs is not None:  # bounded per-subscription series (raft.node.metrics)
             st["subscription_lag"] = self.group.subs.lag_series(
                 visible_hw(self.group), SUBSCRIPTION_SERIES_MAX)
+        # Per-partition series, bounded (raft.node.topic_runtime.partition_series).
+        st["partition_series"] = partition_series(self.topics, self.metrics.partition_series_max)
         core = self.group.core
         if core.role == Role.LEADER:  # bytes each follower acknowledged, for a rate()
             acked = {}

@@ -216,6 +216,41 @@ class TopicRuntime:
                                "topics": len(meta.topics)}}
 
 
+def partition_series(runtime: TopicRuntime, limit: int) -> dict[str, Any]:
+    """Per-partition figures for /metrics, read at scrape time (never per request or tick):
+    for every data group this node runs, its topic and partition, high watermark and known
+    leader; on the leader also its commit lag (dirty offset - commit index) and each
+    follower's flushed lag (dirty offset - the follower's verified flushed offset). At most
+    `limit` partitions get series (bounded cardinality): the ones this node leads first, the
+    furthest behind first; `left_out` counts the others. Cost: one pass over the groups."""
+    meta = runtime.metadata
+    rows = []
+    for group in runtime.node.registry.groups():
+        group_id, core = group.group_id, group.core
+        if group_id == CONTROLLER_GROUP or core is None or group.log is None:
+            continue
+        p = meta.groups.get(group_id)
+        topic, index = ((p.topic, p.index) if p is not None else (DEFAULT_TOPIC, 0)
+                        if group_id == DEFAULT_GROUP else (None, None))
+        if topic is None:
+            continue  # not in the applied metadata (yet, or any more)
+        row: dict[str, Any] = {"topic": topic, "partition": index,
+                               "high_watermark": core.high_watermark,
+                               "leader": core.leader_id or 0, "leads": False, "worst": 0}
+        leader = core.leader if core.role == Role.LEADER else None
+        if leader is not None:
+            dirty = group.log.dirty_offset
+            row["leads"] = True
+            row["commit_lag"] = max(0, dirty - core.commit_index)
+            row["followers"] = {pr.node_id: max(0, dirty - pr.flushed_offset)
+                                for pr in leader.progress.values()
+                                if pr.node_id != runtime.node_id}
+            row["worst"] = max([row["commit_lag"], *row["followers"].values()])
+        rows.append(row)
+    rows.sort(key=lambda r: (not r["leads"], -r["worst"], r["topic"], r["partition"]))
+    return {"series": rows[:limit], "left_out": max(0, len(rows) - limit)}
+
+
 def _default_only() -> Any:
     from raft.controller.state import Partition, Topic
     from raft.controller.commands import TopicSettings

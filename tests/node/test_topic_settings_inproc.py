@@ -33,9 +33,9 @@ async def settle(group) -> None:
         pass
 
 
-async def create(cluster, name: str, partitions: int, **settings) -> None:
-    reply = await admin(cluster, "topic_create", name=name, partitions=partitions, replicas=1,
-                        **settings)
+async def create(cluster, name: str, partitions: int, replicas: int = 1, **settings) -> None:
+    reply = await admin(cluster, "topic_create", name=name, partitions=partitions,
+                        replicas=replicas, **settings)
     assert reply["ok"], reply
     await metadata_everywhere(cluster, lambda m: name in m.topics)
 
