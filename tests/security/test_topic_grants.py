@@ -115,3 +115,14 @@ def test_a_prefix_grant_produces_to_its_topics_only_and_sees_only_them() -> None
     assert seen["topics"] == ["orders.eu"], seen
     assert {"default", "orders.eu", "payments"} <= set(seen["admin_topics"]), seen
     assert seen["read"] == 1
+
+
+def test_token_create_and_revoke_keep_a_principals_topic_grants(tmp_path: Path) -> None:
+    from raft.cli.main import main as cli_main
+    path, _token = grants_file()
+    assert cli_main(["token", "create", "--auth-file", str(path), "--principal", "orders-app",
+                     "--replace"]) == 0
+    assert [str(g) for g in AuthTable.load(path).principals["orders-app"].grants] == ORDERS_GRANTS
+    assert cli_main(["token", "revoke", "--auth-file", str(path), "--principal",
+                     "orders-app"]) == 0
+    assert [str(g) for g in AuthTable.load(path).principals["orders-app"].grants] == ORDERS_GRANTS
