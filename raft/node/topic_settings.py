@@ -53,6 +53,7 @@ class SettingsInForce:
         self._metadata = metadata
         self._groups = groups  # the running raft.node.group.RaftGroup objects
         self._cache: dict[int, GroupSettings] = {}
+        self._by_topic: dict[str, GroupSettings] = {}
 
     def of(self, group_id: int) -> GroupSettings:
         """The settings group `group_id` runs with under the metadata applied now."""
@@ -67,15 +68,23 @@ class SettingsInForce:
         if partition is None:  # the default topic before the bootstrap applied, or unknown
             settings, topic = self.defaults, None
         else:
-            settings, topic = meta.settings_of(group_id, self.defaults), partition.topic
+            topic = partition.topic
+            shared = self._by_topic.get(topic)  # a topic's partitions share one resolution
+            if shared is not None:
+                return shared
+            settings = meta.settings_of(group_id, self.defaults)
         policy = dataclasses.replace(self._node_policy, max_bytes=settings.retention_bytes,
                                      max_age_ms=settings.retention_ms)
-        return GroupSettings(policy, settings.max_record_bytes, topic)
+        resolved = GroupSettings(policy, settings.max_record_bytes, topic)
+        if topic is not None:
+            self._by_topic[topic] = resolved
+        return resolved
 
     def on_applied(self) -> None:
         """A controller step applied: settings may have changed. Forget the cache and wake the
         retention tasks whose policy is now active (an idle task waits for this)."""
         self._cache.clear()
+        self._by_topic.clear()
         for group in self._groups():
             task = getattr(group, "retention", None)
             if task is not None and task.follows_settings:

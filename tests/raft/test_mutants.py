@@ -641,8 +641,8 @@ MUTANTS = [
            (test_reconciler.test_resolve_sends_a_partition_to_its_own_group,)),
     Mutant("a partition runs the node's default retention instead of its topic's",
            "raft.node.topic_settings", "SettingsInForce._resolve",
-           "settings, topic = meta.settings_of(group_id, self.defaults), partition.topic",
-           "settings, topic = self.defaults, partition.topic",
+           "settings = meta.settings_of(group_id, self.defaults)",
+           "settings = self.defaults",
            (test_topic_settings_inproc.
             test_each_partition_keeps_what_its_topic_says_and_an_alter_applies_at_once,)),
     Mutant("a token's topic grants are not checked against the request's topic",
