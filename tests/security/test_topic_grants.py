@@ -126,3 +126,20 @@ def test_token_create_and_revoke_keep_a_principals_topic_grants(tmp_path: Path) 
     assert cli_main(["token", "revoke", "--auth-file", str(path), "--principal",
                      "orders-app"]) == 0
     assert [str(g) for g in AuthTable.load(path).principals["orders-app"].grants] == ORDERS_GRANTS
+
+
+def test_a_sighup_reload_brings_grants_in_and_a_bad_grant_keeps_the_previous_table() -> None:
+    path, token = grants_file()
+    text = path.read_text()
+    path.write_text(text.replace(f"topics = {ORDERS_GRANTS!r}\n".replace("'", '"'), ""))
+    auth = Authenticator(path)
+    orders = auth.authenticate(token, None)
+    assert auth.authorize(orders, "produce") is not None  # no grants, no permissions
+    path.write_text(text)
+    auth.reload()
+    assert auth.authorize(orders, "produce") is None
+    assert auth.authorize_topic(orders, "produce", "orders.us") is None
+    path.write_text(text.replace("produce:orders.*", "produce:or*ders"))
+    with pytest.raises(AuthFileError):
+        auth.reload()
+    assert auth.authorize_topic(orders, "produce", "orders.us") is None  # the previous table
