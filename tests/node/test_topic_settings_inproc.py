@@ -6,7 +6,9 @@ restart. Retention is driven by calling the task's `step()` until it has nothing
 
 from __future__ import annotations
 
-from inproc_cluster import running_cluster, trio_test, values_payload
+import trio
+
+from inproc_cluster import DEADLINE_S, running_cluster, trio_test, values_payload
 from test_topics_inproc import admin, group_of, metadata_everywhere, partition_leader, request
 
 from raft.node.server import Node
@@ -105,3 +107,30 @@ def test_record_over_finds_the_first_record_over_the_limit() -> None:
     index, size = record_over(payload, 200)
     assert index == 1 and 300 < size < 320
     assert record_over(payload, 600) is None
+
+
+@trio_test
+async def test_an_alter_reaches_the_retention_of_every_replica() -> None:
+    """Three replicas: each applies the controller entry and cuts its own copy by the new
+    setting (followers too: each replica runs its topic's retention on its own log)."""
+    async with running_cluster(3) as cluster:
+        await create(cluster, "r", 1, replicas=3)
+        gid = group_of(cluster.live[0], "r", 0)
+        leader = await partition_leader(cluster, gid)
+        await fill(leader, "r", 0, 20)
+        hw = leader.registry.get(gid).core.commit_index
+        for node in cluster.live:  # committed and flushed on every replica (the leader holds
+            group = node.registry.get(gid)  # retention back for members until they flush)
+            with trio.fail_after(DEADLINE_S):
+                while group.core.commit_index < hw or group.log.flushed_offset < hw:
+                    await trio.sleep(0.02)
+        reply = await admin(cluster, "topic_alter", name="r", retention_bytes=KEEP)
+        assert reply["ok"], reply
+        await metadata_everywhere(
+            cluster, lambda m: m.topics["r"].settings.retention_bytes == KEEP)
+        for node in cluster.live:
+            group = node.registry.get(gid)
+            assert group.retention.policy.max_bytes == KEEP, node.node_id
+            await settle(group)
+            assert group.log.start_offset > 0, node.node_id
+            assert KEEP <= group.log.retained_bytes < KEEP + 400, node.node_id
