@@ -53,7 +53,9 @@ def _rebuild(principals: dict[str, Principal]) -> AuthTable:
     """Through the loader's checks, so what is written is what a node will accept."""
     return AuthTable.from_dict({"principals": {
         name: {"permissions": sorted(x.value for x in p.permissions),
-               "tokens": list(p.token_digests)} for name, p in principals.items()}})
+               "tokens": list(p.token_digests),
+               **({"topics": [str(g) for g in p.grants]} if p.grants else {})}
+        for name, p in principals.items()}})
 
 
 def cmd_create(args: argparse.Namespace) -> int:
@@ -68,7 +70,8 @@ def cmd_create(args: argparse.Namespace) -> int:
     token = new_token()
     digests = (() if args.replace or old is None else old.token_digests) + (token_digest(token),)
     principals[args.principal] = Principal(
-        args.principal, perms if perms is not None else old.permissions, digests)  # type: ignore[union-attr]
+        args.principal, perms if perms is not None else old.permissions, digests,  # type: ignore[union-attr]
+        old.grants if old is not None else ())  # topic grants are kept (edited in the file)
     try:
         _save(path, _rebuild(principals))
     except AuthFileError as e:
@@ -90,7 +93,7 @@ def cmd_revoke(args: argparse.Namespace) -> int:
     if args.delete:
         del principals[args.principal]
     else:
-        principals[args.principal] = Principal(old.name, old.permissions, ())
+        principals[args.principal] = Principal(old.name, old.permissions, (), old.grants)
     _save(path, _rebuild(principals))
     print(f"{'deleted' if args.delete else 'revoked every token of'} principal "
           f"{args.principal!r} in {path}; send the nodes SIGHUP", file=sys.stderr)

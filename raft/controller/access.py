@@ -14,8 +14,7 @@ a node-wide permission still covers every topic (so today's auth files keep thei
 a principal with only topic grants reaches only those topics. Like auth.py, permissions are
 independent (admin does not imply produce).
 
-A pure function for auth.py to call once requests name topics (not wired yet; auth.py is
-unchanged). The permission names are auth.Permission's values, so `TopicPermission(p.value)`
+Pure functions; raft/node/auth.py calls them for every request that touches a topic. The permission names are auth.Permission's values, so `TopicPermission(p.value)`
 converts.
 """
 

@@ -18,6 +18,16 @@ slow hash buys nothing, and the file never holds a usable secret. SIGHUP re-read
 connection's permissions are looked up on every request, so a permission change or a revoked
 token applies at once, to open connections too.
 
+Topic grants (issue 26): a principal may also list `topics = ["produce:orders.*",
+"consume:logs", "admin:team-a.*"]` (raft.controller.access: a name, or a prefix ending in `*`).
+Node-wide permissions still cover every topic, so a file without `topics` means what it always
+did. A request that touches a topic (produce, fetch, loads, subscriptions: by the topic of the
+partition it reaches; topic_create / topic_alter / topic_delete: by the topic they name) passes
+with the node-wide permission or a grant of it matching that topic; cluster-wide requests
+(add_node, remove_node, the controller's own group, types not classified) need the node-wide
+permission. `metadata` shows a principal with grants (and no node-wide permission) only the
+topics it may use.
+
 Permissions: `produce` (produce and staged-load writes), `consume` (fetch; subscription open,
 commit (one or many: sub_commit_many), reset, pin, release, get, list), `admin` (membership,
 leadership transfer, load abort, subscription delete, and any request type not listed
@@ -38,6 +48,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from raft.controller.access import (TopicGrant, TopicPermission, may_use, parse_grants,
+                                    usable_topics)
 from raft.node.config import ConfigError
 from raft.node.tls import Identity
 from raft.core.types import ErrorCode
@@ -85,6 +97,18 @@ REQUIRED: dict[str, Permission | None] = {
     "topic_delete": Permission.ADMIN,
 }
 
+# Request types checked against the topic they touch (the partition's, or the topic they name):
+# a topic grant of the permission they need is enough. Every other type needs the node-wide
+# permission (membership is the cluster's, not a topic's).
+TOPIC_SCOPED = frozenset({
+    "produce", "load_begin", "load_stage", "load_commit", "load_abort", "fetch",
+    "transfer_leader", "sub_open", "sub_commit", "sub_commit_many", "sub_pin", "sub_release",
+    "sub_get", "sub_list", "sub_reset", "sub_delete", "topic_create", "topic_alter",
+    "topic_delete",
+})
+# Requests that name their topic rather than reach a partition of it.
+NAMES_TOPIC = frozenset({"topic_create", "topic_alter", "topic_delete"})
+
 TOKEN_PREFIX = "rl_"
 _DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -119,6 +143,20 @@ class Principal:
     name: str
     permissions: frozenset[Permission]
     token_digests: tuple[str, ...] = ()
+    grants: tuple[TopicGrant, ...] = ()  # topic-scoped permissions (raft.controller.access)
+
+    def may(self, needed: Permission, topic: str) -> bool:
+        return may_use(TopicPermission(needed.value), topic, self.permissions, self.grants)
+
+    def visible_topics(self, topics: list[str]) -> list[str] | None:
+        """The topics `metadata` shows this principal; None: every one (no grants, or a
+        node-wide permission, which covers every topic)."""
+        if not self.grants or self.permissions:
+            return None
+        seen: set[str] = set()
+        for p in {g.permission for g in self.grants}:
+            seen.update(usable_topics(p, topics, (), self.grants))
+        return sorted(seen)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,10 +200,18 @@ class AuthTable:
                 raise AuthFileError(f"{where}: a name is 1-63 letters, digits, '.', '_' or '-'")
             if not isinstance(entry, dict):
                 raise AuthFileError(f"{where} must be a table")
-            extra = sorted(set(entry) - {"permissions", "tokens"})
+            extra = sorted(set(entry) - {"permissions", "tokens", "topics"})
             if extra:
                 raise AuthFileError(f"{where}: unknown key(s) {', '.join(extra)}; a principal "
-                                    f"has permissions and tokens")
+                                    f"has permissions, topics and tokens")
+            topics = entry.get("topics", [])
+            if not isinstance(topics, list):
+                raise AuthFileError(f'{where}: topics must be a list of grants, e.g. '
+                                    f'["produce:orders.*", "consume:logs"]')
+            try:
+                grants = parse_grants(topics)
+            except ValueError as e:
+                raise AuthFileError(f"{where}: {e}") from None
             perms = entry.get("permissions", [])
             if not isinstance(perms, list):
                 raise AuthFileError(f"{where}: permissions must be a list, e.g. "
@@ -189,7 +235,7 @@ class AuthTable:
                                         f"[principals.{by_digest[digest]}]; a token names one "
                                         f"principal")
                 by_digest[digest] = name
-            principals[name] = Principal(name, permissions, tuple(tokens))
+            principals[name] = Principal(name, permissions, tuple(tokens), grants)
         return cls(principals, by_digest)
 
     def to_toml(self) -> str:
@@ -202,6 +248,8 @@ class AuthTable:
             perms = ", ".join(f'"{x.value}"' for x in sorted(p.permissions, key=lambda x: x.value))
             lines.append(f"[principals.{name}]")
             lines.append(f"permissions = [{perms}]")
+            if p.grants:
+                lines.append("topics = [" + ", ".join(f'"{g}"' for g in p.grants) + "]")
             lines.append("tokens = [" + ", ".join(f'"{d}"' for d in p.token_digests) + "]")
             lines.append("")
         return "\n".join(lines)
@@ -214,6 +262,7 @@ class Refusal:
     code: ErrorCode
     message: str
     permission: str | None = None  # the missing permission (FORBIDDEN)
+    topic: str | None = None  # the topic it is missing on (topic grants)
 
 
 @dataclass(slots=True)
@@ -285,8 +334,41 @@ class Authenticator:
         principal = table.principals.get(name or "")
         if principal is not None and needed in principal.permissions:
             return None
+        if (principal is not None and request_type in TOPIC_SCOPED
+                and any(g.permission.value == needed.value for g in principal.grants)):
+            return None  # a topic grant may cover it: authorize_topic decides once routed
         return Refusal(ErrorCode.FORBIDDEN,
                        f"principal {name!r} lacks the {needed.value} permission needed for "
                        f"{request_type!r} requests; grant it in the node's auth file "
                        f"(permissions = [\"{needed.value}\", ...]) and send SIGHUP",
                        needed.value)
+
+    def authorize_topic(self, session: Session, request_type: str,
+                        topic: str | None) -> Refusal | None:
+        """After routing: None when `session` may send `request_type` to `topic` (the topic
+        of the partition it reaches, or the one it names; None: no topic's, e.g. the
+        controller's own group); else FORBIDDEN naming the topic and the permission."""
+        table = self.table
+        needed = required_permission(request_type)
+        if table is None or needed is None:
+            return None
+        principal = table.principals.get(session.principal or "")
+        if principal is None or needed in principal.permissions:
+            return None  # authorize() already refused what the principal may not do at all
+        if topic is not None and request_type in TOPIC_SCOPED and principal.may(needed, topic):
+            return None
+        where = f"topic {topic!r}" if topic is not None else "this cluster-wide target"
+        return Refusal(ErrorCode.FORBIDDEN,
+                       f"principal {principal.name!r} lacks the {needed.value} permission on "
+                       f"{where} needed for {request_type!r} requests; its topic grants are "
+                       f"{[str(g) for g in principal.grants]}; grant it in the node's auth "
+                       f"file (topics = [\"{needed.value}:{topic or '*'}\", ...]) and send "
+                       f"SIGHUP", needed.value, topic)
+
+    def visible_topics(self, session: Session, topics: list[str]) -> list[str] | None:
+        """The topics `metadata` shows `session` (None: every one)."""
+        table = self.table
+        if table is None:
+            return None
+        principal = table.principals.get(session.principal or "")
+        return None if principal is None else principal.visible_topics(topics)

@@ -19,6 +19,7 @@ import trio
 
 from raft.core.types import ErrorCode
 from raft.node import api
+from raft.node.auth import NAMES_TOPIC
 from raft.protocol.fields import get_int
 from raft.protocol.framing import WireError, encode_frame
 from raft.protocol.replies import ErrorReply, Reply
@@ -89,6 +90,10 @@ class ClientRequests:
         if routed.refusal is not None:
             return _Incoming(t, rid, started, refusal=routed.refusal)
         group_id = routed.group
+        if conn.auth.enabled:  # topic grants: checked against the topic the request reaches
+            refused = self._authorize_topic(conn, t, request, group_id)
+            if refused is not None:
+                return _Incoming(t, rid, started, refusal=refused)
         ctx = self._node.registry.api(group_id)
         if ctx is None:
             groups = self._node.registry.ids()
@@ -98,6 +103,26 @@ class ClientRequests:
                 f"{groups}; send the request to a node that runs it, or leave out the group "
                 f"field and name the topic and partition", {"groups": groups}))
         return _Incoming(t, rid, started, execute, request, ctx)
+
+    def _authorize_topic(self, conn: Any, t: str, request: Any,
+                         group_id: int | None) -> ErrorReply | None:
+        """FORBIDDEN unless the principal may use the request's topic (raft.node.auth); a
+        `metadata` request of a principal with topic grants is narrowed to its topics."""
+        topics = self._node.topics
+        if t == "metadata":
+            visible = conn.auth.visible_topics(conn.session, sorted(topics.metadata.topics))
+            if visible is not None:
+                request.topics = visible if request.topics is None else [
+                    n for n in request.topics if n in set(visible)]
+            return None
+        topic = request.name if t in NAMES_TOPIC else topics.topic_of_group(group_id)
+        refusal = conn.auth.authorize_topic(conn.session, t, topic)
+        if refusal is None:
+            return None
+        extra = {"permission": refusal.permission}
+        if refusal.topic is not None:
+            extra["topic"] = refusal.topic
+        return ErrorReply(refusal.code, refusal.message, extra)
 
     async def _answer(self, conn: Any, incoming: _Incoming, limiter: trio.Semaphore,
                       scope: trio.CancelScope) -> None:

@@ -71,6 +71,7 @@ from storage.batch import Batch
 
 if TYPE_CHECKING:
     from raft.node.metrics import NodeMetrics
+    from raft.node.topic_settings import GroupSettings
 
 log = logging.getLogger("raftlog.node")
 
@@ -103,6 +104,9 @@ class RaftGroup:
         # Whether the node's retention flags cut this group's log (the controller's is never
         # cut this round: its metadata snapshot section is not registered per group yet).
         self.retained = True
+        # Where a partition reads its topic's settings (raft.node.topic_settings; set by the
+        # node's TopicRuntime before the core starts); None: the node's flags, fixed.
+        self.settings_of: Callable[[], GroupSettings] | None = None
         # The founding voters of a group other than 0 (group 0's come from --peers).
         self._voters = None if voters is None else sorted(voters)
         self._outbox = GroupOutbox(links, group_id)
@@ -193,8 +197,10 @@ class RaftGroup:
             respect_retention=self.config.retention_respect_subscriptions)
         self._last_hw = self.core.high_watermark
         self._known_config = self.core.config
-        self.retention = RetentionTask(self, self.config.retention_policy() if self.retained
-                                       else RetentionPolicy())
+        settings_of = self.settings_of
+        self.retention = RetentionTask(
+            self, (lambda: settings_of().retention) if settings_of is not None and self.retained
+            else self.config.retention_policy() if self.retained else RetentionPolicy())
         self.subs.attach_retention(self.retention)  # before retention's first pass
 
     def _save_identity(self) -> None:
@@ -217,8 +223,7 @@ class RaftGroup:
             self.flusher = NodeFlusher(self.metrics)
             nursery.start_soon(self.flusher.run)
         nursery.start_soon(self._loads_loop)
-        if self.retention.policy.active:
-            nursery.start_soon(self.retention.run)
+        nursery.start_soon(self.retention.run)  # idle (an event wait) while it keeps all
         nursery.start_soon(self.scrubber.run)
         nursery.start_soon(self.subs.run)
 

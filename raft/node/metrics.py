@@ -40,6 +40,10 @@ LOOP_PROBE_S = 0.1  # how often the event-loop lag probe wakes up
 # not. The ones furthest behind are exported (those are the ones to watch);
 # raftlog_subscription_series_left_out says how many were not.
 SUBSCRIPTION_SERIES_MAX = 100
+# Per-partition series (issue 26 item 10) are bounded too: a node may run thousands of
+# partitions. At most this many partitions get series (those it leads first, the furthest behind
+# first); raftlog_partition_series_left_out counts the rest. Computed at scrape time only.
+PARTITION_SERIES_MAX = 1000
 ROLES = tuple(r.value for r in Role)
 
 
@@ -98,6 +102,7 @@ class NodeMetrics:
             ["peer"], registry=reg)
         for kind in ("client", "peer", "handshake"):
             self.connections.labels(kind)
+        self.partition_series_max = PARTITION_SERIES_MAX  # the cap (tests lower it)
         self._produce = {}  # acks -> (latency child) cached: label lookups take a lock
         self._state: Callable[[], dict[str, Any] | None] = lambda: None
         self._token: trio.lowlevel.TrioToken | None = None
@@ -267,6 +272,7 @@ def state_families(st: dict[str, Any]) -> Iterator[Metric]:
     read.add_metric([], scrub.get("bytes_read", 0))
     yield read
     yield from _retention_families(st)
+    yield from _partition_families(st.get("partition_series"))
     yield from _follower_families(st)
     yield from _link_families(st.get("links") or {})
 
@@ -324,6 +330,39 @@ def _subscription_families(lag: dict[str, Any] | None) -> Iterator[Metric]:
         fam = CounterMetricFamily(f"raftlog_subscriptions_{key}", doc)
         fam.add_metric([], lag.get(key, 0))
         yield fam
+
+
+def _partition_families(parts: dict[str, Any] | None) -> Iterator[Metric]:
+    """Per-partition series labelled topic and partition (raft.node.topic_runtime.
+    partition_series, capped at PARTITION_SERIES_MAX partitions)."""
+    if parts is None:
+        return
+    labels = ["topic", "partition"]
+    hw = GaugeMetricFamily("raftlog_partition_high_watermark", "The partition's high watermark "
+                           "on this replica (last offset consumers may read)", labels=labels)
+    leader = GaugeMetricFamily("raftlog_partition_leader", "The partition's leader as this "
+                               "replica knows it (node id; 0: none)", labels=labels)
+    commit_lag = GaugeMetricFamily("raftlog_partition_commit_lag_offsets", "Leader only: "
+                                   "dirty offset minus commit index (appended, not yet "
+                                   "committed)", labels=labels)
+    flushed_lag = GaugeMetricFamily("raftlog_partition_follower_flushed_lag_offsets", "Leader "
+                                    "only: dirty offset minus the follower's verified flushed "
+                                    "offset", labels=[*labels, "follower"])
+    for row in parts.get("series", ()):
+        key = [row["topic"], str(row["partition"])]
+        hw.add_metric(key, row["high_watermark"])
+        leader.add_metric(key, row["leader"])
+        if "commit_lag" in row:
+            commit_lag.add_metric(key, row["commit_lag"])
+            for follower, lag in sorted(row.get("followers", {}).items()):
+                flushed_lag.add_metric([*key, str(follower)], lag)
+    yield hw
+    yield leader
+    yield commit_lag
+    yield flushed_lag
+    yield _gauge("raftlog_partition_series_left_out", "Partitions of this node without "
+                 "per-partition series (the cap: PARTITION_SERIES_MAX)",
+                 parts.get("left_out", 0))
 
 
 def _follower_families(st: dict[str, Any]) -> Iterator[Metric]:

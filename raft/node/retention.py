@@ -15,6 +15,11 @@ Each round (every RETENTION_INTERVAL_S, or at once while a slice limit cut the l
 
 Valves are logged loudly when they release a holder, and `report()` (in `status`) says what holds
 retention back and what a valve skipped.
+
+The policy is either fixed or read from a function at every round (a partition follows its
+topic's settings: raft.node.topic_settings), so a topic alter takes effect without a restart.
+While the policy keeps everything the task waits on an event (`wake()`), never on a timer: an
+idle partition costs no work per tick.
 """
 
 from __future__ import annotations
@@ -54,11 +59,15 @@ SKIP_HISTORY = 16
 
 
 class RetentionTask:
-    def __init__(self, group: Any, policy: RetentionPolicy, *,
+    def __init__(self, group: Any, policy: RetentionPolicy | Callable[[], RetentionPolicy], *,
                  clock_ms: Callable[[], int] | None = None,
                  free_bytes: Callable[[], int | None] | None = None) -> None:
         self.group = group
-        self.policy = policy
+        # A fixed policy, or where the current one is read (a topic's settings).
+        self._policy_of: Callable[[], RetentionPolicy] = (
+            policy if callable(policy) else (lambda: policy))
+        self.follows_settings = callable(policy)
+        self._wake = trio.Event()
         self.holders = Holders()
         self.holders.register("core", lambda: core_holds(group.core.status()))
         self.holders.register("loads", self._load_holds)
@@ -70,6 +79,15 @@ class RetentionTask:
         self.deleted_bytes = 0
         self.deleted_batches = 0
         self.rounds = 0
+
+    @property
+    def policy(self) -> RetentionPolicy:
+        """The policy in force now (read again at every round)."""
+        return self._policy_of()
+
+    def wake(self) -> None:
+        """The policy may have changed: an idle task looks again."""
+        self._wake.set()
 
     # -- holders -------------------------------------------------------------------------------
     def _load_holds(self) -> list[Hold]:
@@ -102,6 +120,10 @@ class RetentionTask:
     # -- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
         while True:
+            if not self.policy.active:  # keeps everything: sleep until the settings change
+                await self._wake.wait()
+                self._wake = trio.Event()
+                continue
             try:
                 more = await self.step()
             except DiskFull as e:
@@ -115,7 +137,10 @@ class RetentionTask:
             if more:
                 await trio.lowlevel.checkpoint()
             else:
-                await trio.sleep(RETENTION_INTERVAL_S)
+                with trio.move_on_after(RETENTION_INTERVAL_S):
+                    await self._wake.wait()  # a settings change starts the next round at once
+                if self._wake.is_set():
+                    self._wake = trio.Event()
 
     async def step(self) -> bool:
         """One round; True when a slice limit stopped it (there is more to delete now)."""

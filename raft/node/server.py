@@ -30,6 +30,7 @@ One trio program per node. What is whose:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -52,9 +53,10 @@ from raft.node.group import RaftGroup
 from raft.node.identity import not_member_message
 from raft.node.looplag import LoopLag
 from raft.node.metrics import SUBSCRIPTION_SERIES_MAX, NodeMetrics
+from raft.node.topic_settings import SettingsInForce
 from raft.node.peer import PeerLink
 from raft.node.registry import GroupRegistry
-from raft.node.topic_runtime import DEFAULT_GROUP, TopicRuntime
+from raft.node.topic_runtime import DEFAULT_GROUP, TopicRuntime, partition_series
 from raft.node.transport import PeerTransport
 from raft.protocol.framing import FrameTooLarge, WireError, encode_frame
 from raft.protocol.hello import CLIENT_HELLO_EXAMPLE, Hello, HelloReply, Speaker
@@ -95,6 +97,10 @@ class Node:
         # One trio loop per node: one monitor, whatever the number of groups.
         self.loop_lag = LoopLag()
         self.registry = GroupRegistry(self.node_id, self.metrics)
+        # Per-topic settings in force on each partition (retention, record size), read from
+        # the controller metadata applied now (raft.node.topic_settings).
+        self.settings = SettingsInForce(config.retention_policy(),
+                                        lambda: self.topics.metadata, self.registry.groups)
         # Two groups from boot (issue 26): the default topic's partition, whose log is the
         # store's legacy key space (the data directory's unless a log is passed in; it keeps
         # the cluster id), and the controller, group 0, whose log comes from the same store.
@@ -125,6 +131,8 @@ class Node:
         group.identity = self.transport.identity  # one cluster id, for links and groups
         group.on_membership_change = self._sync_links
         group.flusher = self.flusher
+        if group_id != CONTROLLER_GROUP:  # a partition follows its topic's settings
+            group.settings_of = functools.partial(self.settings.of, group_id)
         return group
 
     def _context(self, group: RaftGroup) -> api.ApiContext:
@@ -249,6 +257,8 @@ class Node:
         if self.group.subs is not None:  # bounded per-subscription series (raft.node.metrics)
             st["subscription_lag"] = self.group.subs.lag_series(
                 visible_hw(self.group), SUBSCRIPTION_SERIES_MAX)
+        # Per-partition series, bounded (raft.node.topic_runtime.partition_series).
+        st["partition_series"] = partition_series(self.topics, self.metrics.partition_series_max)
         core = self.group.core
         if core.role == Role.LEADER:  # bytes each follower acknowledged, for a rate()
             acked = {}

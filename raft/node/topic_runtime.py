@@ -54,6 +54,8 @@ class TopicRuntime:
         self.controller = ControllerService(node.controller_group, self._founders)
         self.reconciler = Reconciler(self)
         self.controller.on_applied.append(self.reconciler.kick)
+        # Settings changes (topic alter) take effect on the running partitions at once.
+        self.controller.on_applied.append(node.settings.on_applied)
 
     # -- what the reconciler needs (raft.node.reconciler.ReconcileHost) ---------------------------
     @property
@@ -164,6 +166,16 @@ class TopicRuntime:
                 f"partition (`metadata` lists them)"))
         return Resolved(group_id)
 
+    def topic_of_group(self, group_id: int | None) -> str | None:
+        """The topic whose partition `group_id` is (None: the controller's group, or a group
+        the applied metadata does not name): what topic-scoped permissions check."""
+        if group_id is None or group_id == CONTROLLER_GROUP:
+            return None
+        p = self.metadata.groups.get(group_id)
+        if p is not None:
+            return p.topic
+        return DEFAULT_TOPIC if group_id == DEFAULT_GROUP else None
+
     def resolve(self, topic: str, partition: int) -> Resolved:
         """The group a request for (topic, partition) goes to here, or the refusal."""
         meta = self.metadata
@@ -202,6 +214,41 @@ class TopicRuntime:
                                "applied": meta.applied,
                                "role": None if ctl is None else ctl.role.value,
                                "topics": len(meta.topics)}}
+
+
+def partition_series(runtime: TopicRuntime, limit: int) -> dict[str, Any]:
+    """Per-partition figures for /metrics, read at scrape time (never per request or tick):
+    for every data group this node runs, its topic and partition, high watermark and known
+    leader; on the leader also its commit lag (dirty offset - commit index) and each
+    follower's flushed lag (dirty offset - the follower's verified flushed offset). At most
+    `limit` partitions get series (bounded cardinality): the ones this node leads first, the
+    furthest behind first; `left_out` counts the others. Cost: one pass over the groups."""
+    meta = runtime.metadata
+    rows = []
+    for group in runtime.node.registry.groups():
+        group_id, core = group.group_id, group.core
+        if group_id == CONTROLLER_GROUP or core is None or group.log is None:
+            continue
+        p = meta.groups.get(group_id)
+        topic, index = ((p.topic, p.index) if p is not None else (DEFAULT_TOPIC, 0)
+                        if group_id == DEFAULT_GROUP else (None, None))
+        if topic is None:
+            continue  # not in the applied metadata (yet, or any more)
+        row: dict[str, Any] = {"topic": topic, "partition": index,
+                               "high_watermark": core.high_watermark,
+                               "leader": core.leader_id or 0, "leads": False, "worst": 0}
+        leader = core.leader if core.role == Role.LEADER else None
+        if leader is not None:
+            dirty = group.log.dirty_offset
+            row["leads"] = True
+            row["commit_lag"] = max(0, dirty - core.commit_index)
+            row["followers"] = {pr.node_id: max(0, dirty - pr.flushed_offset)
+                                for pr in leader.progress.values()
+                                if pr.node_id != runtime.node_id}
+            row["worst"] = max([row["commit_lag"], *row["followers"].values()])
+        rows.append(row)
+    rows.sort(key=lambda r: (not r["leads"], -r["worst"], r["topic"], r["partition"]))
+    return {"series": rows[:limit], "left_out": max(0, len(rows) - limit)}
 
 
 def _default_only() -> Any:

@@ -54,6 +54,7 @@ import test_records  # noqa: E402
 # The security rules' killers live with the security tests (tests/security).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "security"))
 import test_security_unit  # noqa: E402
+import test_topic_grants  # noqa: E402
 # The staged-load service's rules are killed by its own tests (tests/spark, no Spark needed).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "spark"))
 import test_load_service  # noqa: E402
@@ -66,6 +67,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
 import test_store  # noqa: E402
 import test_flusher  # noqa: E402  (tests/node, on the path above)
 import test_reconciler  # noqa: E402  (tests/node: the node's topics)
+import test_topic_settings_inproc  # noqa: E402  (tests/node: per-topic settings in force)
 # The many-group simulation's routing and reconciling rules are killed by its seeds (tests/sim).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "sim"))
 import test_topics_sim  # noqa: E402
@@ -637,6 +639,17 @@ MUTANTS = [
            "p = t.partitions[partition]",
            "p = t.partitions[0]",
            (test_reconciler.test_resolve_sends_a_partition_to_its_own_group,)),
+    Mutant("a partition runs the node's default retention instead of its topic's",
+           "raft.node.topic_settings", "SettingsInForce._resolve",
+           "settings = meta.settings_of(group_id, self.defaults)",
+           "settings = self.defaults",
+           (test_topic_settings_inproc.
+            test_each_partition_keeps_what_its_topic_says_and_an_alter_applies_at_once,)),
+    Mutant("a token's topic grants are not checked against the request's topic",
+           "raft.node.auth", "Authenticator.authorize_topic",
+           "if topic is not None and request_type in TOPIC_SCOPED and principal.may(needed, topic):",
+           "if True:",
+           (test_topic_grants.test_a_prefix_grant_produces_to_its_topics_only_and_sees_only_them,)),
     Mutant("a node routes a peer message to another group than its envelope names",
            "raft.sim.topics_node", "TopicsNode.receive",
            "replica = self.replicas.get(group)",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from raft.node.api.context import ApiContext
 from raft.node.errors import ERROR_ADVICE
+from raft.node.topic_settings import record_over
 from raft.protocol.replies import ProduceOk, Reply
 from raft.protocol.requests import Produce
 from raft.core.types import ErrorCode
@@ -23,6 +24,19 @@ async def execute(ctx: ApiContext, req: Produce) -> Reply:
         check_records(req.payload, req.count)
     except MalformedRecords as e:
         return ctx.error(ErrorCode.BAD_REQUEST, str(e))
+    # The topic's record size limit now (raft.node.topic_settings: an alter applies at once).
+    settings = ctx.group.settings_of() if ctx.group.settings_of is not None else None
+    limit = None if settings is None else settings.max_record_bytes
+    if limit is not None:
+        over = record_over(req.payload, limit)
+        topic = settings.topic or req.topic
+        if over is not None:
+            return ctx.error(ErrorCode.TOO_LARGE,
+                             f"record {over[0]} of the batch takes {over[1]} bytes; topic "
+                             f"{topic!r} accepts records of at most {limit} bytes "
+                             f"(max_record_bytes); split the value, or raise the limit with "
+                             f"`raftlog topic alter {topic} --max-record-bytes N`",
+                             max_record_bytes=limit, topic=topic)
     ctx.group.catchup.note_produce(len(req.payload), req.count)
     batch = Batch.create(req.payload, req.count, timestamp_ms=req.timestamp_ms,
                          producer_id=req.producer_id,
