@@ -1,0 +1,138 @@
+"""Replica moves (issue 26 item 2), in process: `topic_move` changes a partition's desired
+replicas in the controller; the partition's leader carries it out one single-server change at
+a time (the new replica added as a learner, promoted once caught up, the leaving one removed),
+the moved-in replica joins as a non-member, and the moved-away one keeps running until the
+group's committed configuration no longer names it, then stops and drops its data. A producer
+writes all along and nothing acknowledged is lost. Waiting is on conditions under
+trio.fail_after deadlines."""
+
+from __future__ import annotations
+
+import trio
+
+from inproc_cluster import (DEADLINE_S, fetched_values, running_cluster, trio_test,
+                            values_payload)
+from raft.core.membership import ClusterConfig
+from raft.core.types import Role
+from raft.node.replica_moves import MoveStep, plan_step
+from storage.batch import BatchKind
+from test_topics_inproc import (admin, create, group_of, metadata_everywhere, partition_leader,
+                                request)
+
+
+def test_plan_step_adds_a_learner_first_and_removes_last() -> None:
+    assert plan_step((1, 2, 3), (), (1, 2, 4), 1, {2, 3}).kind is MoveStep.ADD_LEARNER
+    assert plan_step((1, 2, 3), (), (1, 2, 4), 1, {2, 3}).node == 4
+    assert plan_step((1, 2, 3), (4,), (1, 2, 4), 1, {2, 3}).kind is MoveStep.CATCHING_UP
+    # Every desired node votes: the leaving voter is handed leadership (it removes itself) ...
+    step = plan_step((1, 2, 3, 4), (), (1, 2, 4), 1, {2, 3, 4})
+    assert (step.kind, step.node) == (MoveStep.HAND_OVER, 3)
+    # ... or, unreachable, removed by the leader; a leader that is leaving removes itself.
+    assert plan_step((1, 2, 3, 4), (), (1, 2, 4), 1, {2, 4}).kind is MoveStep.REMOVE
+    assert plan_step((1, 2, 3, 4), (), (1, 2, 4), 3, {1, 2, 4}).kind is MoveStep.REMOVE_SELF
+    assert plan_step((1, 2, 3), (5,), (1, 2, 3), 1, ()).kind is MoveStep.REMOVE
+    assert plan_step((1, 2, 4), (), (4, 1, 2), 1, ()).kind is MoveStep.DONE  # a reorder
+
+
+def config_history(group) -> list[ClusterConfig]:
+    """Every configuration entry in the group's log, in order."""
+    out, offset, log = [], group.log.start_offset, group.log
+    while offset <= log.dirty_offset:
+        batches = log.read(offset, 1 << 20, 64)
+        for b in batches:
+            if b.kind == BatchKind.CONFIG:
+                out.append(ClusterConfig.from_batch(b))
+        offset = batches[-1].last_offset + 1
+    return out
+
+
+@trio_test
+async def test_a_partition_moves_to_a_new_node_while_a_producer_writes() -> None:
+    async with running_cluster(4) as cluster:
+        await create(cluster, "m", 1, 3)
+        node1 = cluster.node(1)
+        group = group_of(node1, "m", 0)
+        before = node1.topics.metadata.groups[group].replicas
+        assert sorted(before) == [1, 2, 3]  # placement: the three lowest ids
+        await partition_leader(cluster, group)
+        acked: list[tuple[int, bytes]] = []
+        moved = trio.Event()
+
+        async def producer() -> None:
+            n = 0
+            while not moved.is_set() or n < 40:
+                value = b"v%d" % n
+                leader = await partition_leader(cluster, group)
+                reply = await request(leader, "produce", acks="quorum", timeout_ms=2000,
+                                      payload=values_payload([value]), count=1, topic="m",
+                                      partition=0)
+                if reply["ok"]:
+                    acked.append((reply["base_offset"], value))
+                    n += 1
+                else:
+                    assert reply["error"]["code"] in ("NOT_LEADER", "LEADERSHIP_LOST",
+                                                      "TIMEOUT", "SHUTTING_DOWN",
+                                                      "BAD_REQUEST"), reply
+                    await trio.sleep(0.01)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(producer)
+            with trio.fail_after(DEADLINE_S):
+                while len(acked) < 10:
+                    await trio.sleep(0.01)
+            reply = await admin(cluster, "topic_move", name="m", partition=0,
+                                replicas=[1, 2, 4])
+            assert reply["ok"], reply
+            assert reply["previous"] == list(before)
+            assert reply["topic"]["partitions"][0]["replicas"] == [1, 2, 4]
+            node3, node4 = cluster.node(3), cluster.node(4)
+            with trio.fail_after(DEADLINE_S):
+                # Until the group's configuration is the desired set and node 3 dropped it.
+                while True:
+                    g4 = node4.registry.get(group)
+                    done = (g4 is not None and g4.core.config.voters == (1, 2, 4)
+                            and not g4.core.config.learners and group not in node3.registry
+                            and group not in node3.group.log.store.group_ids())
+                    if done:
+                        break
+                    if group not in node3.registry:
+                        # Never stopped while the group's configuration names it: once it
+                        # stopped, some majority of the others appended its removal.
+                        others = [cluster.node(n).registry.get(group) for n in (1, 2, 4)]
+                        assert not all(g is not None and 3 in g.core.config.members
+                                       for g in others), "node 3 stopped while a member"
+                    await trio.sleep(0.02)
+            moved.set()
+        assert group in node3.topics.reconciler.dropped
+        # Node 4 was added as a learner first, then promoted (never a voter straight away).
+        first = next(c for c in config_history(node4.registry.get(group)) if 4 in c.members)
+        assert 4 in first.learners and 4 not in first.voters
+        # Node 4 holds every acknowledged record, where it was acknowledged.
+        last = max(offset for offset, _ in acked)
+        g4 = node4.registry.get(group)
+        with trio.fail_after(DEADLINE_S):
+            while g4.core.high_watermark < last:
+                await trio.sleep(0.02)
+        reply = await request(node4, "fetch", offset=0, max_bytes=4 << 20, topic="m",
+                              partition=0)
+        assert reply["ok"], reply
+        by_offset = dict(fetched_values(reply))
+        for offset, value in acked:
+            assert by_offset.get(offset) == value, (offset, value)
+        leader = await partition_leader(cluster, group)
+        assert leader.node_id in (1, 2, 4)
+        assert leader.registry.get(group).core.role == Role.LEADER
+
+
+@trio_test
+async def test_a_move_to_an_unknown_node_is_refused() -> None:
+    async with running_cluster(3) as cluster:
+        await create(cluster, "r", 1, 3)
+        for replicas in ([1, 2, 9], [1, 2, 2], [1, 2]):
+            reply = await admin(cluster, "topic_move", name="r", partition=0,
+                                replicas=replicas)
+            assert not reply["ok"] and reply["error"]["code"] == "BAD_REQUEST", reply
+        reply = await admin(cluster, "topic_move", name="nope", partition=0, replicas=[1])
+        assert reply["error"]["code"] == "UNKNOWN_TOPIC"
+        await metadata_everywhere(cluster, lambda m: sorted(m.topics["r"].partitions[0]
+                                                            .replicas) == [1, 2, 3])
