@@ -136,3 +136,28 @@ async def test_a_move_to_an_unknown_node_is_refused() -> None:
         assert reply["error"]["code"] == "UNKNOWN_TOPIC"
         await metadata_everywhere(cluster, lambda m: sorted(m.topics["r"].partitions[0]
                                                             .replicas) == [1, 2, 3])
+
+
+@trio_test
+async def test_the_cli_moves_a_partition_and_waits_until_its_configuration_follows() -> None:
+    from cli_helpers import raftlog
+    async with running_cluster(4) as cluster:
+        topic = await create(cluster, "c", 1, 3)
+        before = topic["partitions"][0]["replicas"]
+        assert sorted(before) == [1, 2, 3]
+        servers = ",".join(n.address for n in cluster.nodes)
+        res = await trio.to_thread.run_sync(lambda: raftlog(
+            "topic", "move", "c", "--partition", "0", "--replicas", "4,1,2",
+            "--servers", servers, "--timeout", "60"))
+        assert res.returncode == 0, res.stderr
+        assert f"replicas {before} -> [4, 1, 2]" in res.stdout
+        assert "  leader " in res.stdout  # progress, as the leader carries it out
+        assert "moved: the partition's voters are [1, 2, 4]" in res.stdout
+        group = group_of(cluster.node(1), "c", 0)
+        # Done means what it says: the group's configuration is the new set.
+        leader = await partition_leader(cluster, group)
+        assert leader.registry.get(group).core.config.voters == (1, 2, 4)
+        bad = await trio.to_thread.run_sync(lambda: raftlog(
+            "topic", "move", "c", "--partition", "0", "--replicas", "1,2,9",
+            "--servers", servers, "--no-wait"))
+        assert bad.returncode != 0 and "node 9 is not registered" in bad.stderr
