@@ -26,6 +26,7 @@ from raft.controller.commands import RegisterNode
 from raft.controller.state import DEFAULT_TOPIC, ClusterMetadata
 from raft.node.controller import ControllerService
 from raft.node.reconciler import UNMANAGED, Reconciler
+from raft.node.leader_balance import LeaderBalancer
 from raft.node.replica_moves import ReplicaMover
 from raft.node.topics import Resolved, resolve, unknown_partition, unknown_topic
 from raft.protocol.replies import ErrorReply
@@ -57,6 +58,7 @@ class TopicRuntime:
         self.controller.on_applied.append(self.reconciler.kick)
         self.mover = ReplicaMover(self)  # replica moves, carried out where this node leads
         self.unmanaged = UNMANAGED
+        self.balancer = LeaderBalancer(self)  # leadership back to preferred replicas
 
     # -- what the reconciler needs (raft.node.reconciler.ReconcileHost) ---------------------------
     @property
@@ -102,6 +104,7 @@ class TopicRuntime:
         nursery.start_soon(self.reconciler.run)
         nursery.start_soon(self._mirror_membership)
         nursery.start_soon(self.mover.run)
+        nursery.start_soon(self.balancer.run)
 
     def _founders(self) -> dict[int, str]:
         """The controller's voters and where they listen: who the bootstrap registers."""

@@ -161,3 +161,48 @@ async def test_the_cli_moves_a_partition_and_waits_until_its_configuration_follo
             "topic", "move", "c", "--partition", "0", "--replicas", "1,2,9",
             "--servers", servers, "--no-wait"))
         assert bad.returncode != 0 and "node 9 is not registered" in bad.stderr
+
+
+@trio_test
+async def test_leadership_goes_back_to_preferred_replicas_a_few_at_a_time() -> None:
+    async with running_cluster(3) as cluster:
+        for node in cluster.nodes:  # rounds driven by the test, not the timer
+            node.topics.balancer.settings.enabled = False
+            node.topics.balancer.settings.stable_ms = 0
+        await create(cluster, "b", 6, 3)
+        meta = cluster.node(1).topics.metadata
+        groups = {p.group: p.replicas[0] for p in meta.topics["b"].partitions}
+        assert len(set(groups.values())) == 3  # placement spreads the preferred leaders
+        # Every leadership to node 1.
+        with trio.fail_after(DEADLINE_S):
+            while True:
+                leaders = {g: await partition_leader(cluster, g) for g in groups}
+                if all(n.node_id == 1 for n in leaders.values()):
+                    break
+                for g, n in leaders.items():
+                    core = n.registry.get(g).core
+                    if n.node_id != 1 and core.leader.transfer_target is None:
+                        core.transfer_leadership(1)
+                        n.registry.get(g).kick()
+                await trio.sleep(0.05)
+        misplaced = sum(1 for preferred in groups.values() if preferred != 1)
+        assert misplaced == 4
+        limit = 2
+        for node in cluster.nodes:
+            node.topics.balancer.settings.max_transfers = limit
+        rounds: list[int] = []
+        with trio.fail_after(DEADLINE_S):
+            while True:
+                leaders = {g: (await partition_leader(cluster, g)).node_id for g in groups}
+                if leaders == groups:
+                    break
+                asked = sum(n.topics.balancer.once(trio.current_time()) for n in cluster.live)
+                rounds.append(asked)
+                assert asked <= limit  # one node leads them all: at most `limit` a round
+                # Until the round's transfers are over (no transfer pending anywhere).
+                while any(n.registry.get(g).core.leader is not None
+                          and n.registry.get(g).core.leader.transfer_target is not None
+                          for n in cluster.live for g in groups):
+                    await trio.sleep(0.02)
+        assert rounds[0] == limit  # more were wanted than one round may move
+        assert sum(rounds) >= misplaced and len([r for r in rounds if r]) >= 2

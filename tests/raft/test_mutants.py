@@ -648,6 +648,12 @@ MUTANTS = [
            "n: address}))",
            (test_replica_moves_inproc
             .test_a_partition_moves_to_a_new_node_while_a_producer_writes,)),
+    Mutant("the leader balancer asks for every transfer the planner would make at once",
+           "raft.node.leader_balance", "LeaderBalancer.once",
+           "max_transfers=self.settings.max_transfers)",
+           "max_transfers=1_000)",
+           (test_replica_moves_inproc
+            .test_leadership_goes_back_to_preferred_replicas_a_few_at_a_time,)),
     Mutant("a request for (topic, partition) is routed ignoring the partition",
            "raft.node.topics", "resolve",
            "p = t.partitions[partition]",
