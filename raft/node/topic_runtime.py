@@ -8,6 +8,10 @@ makes the rest follow the controller:
 - `controller` (raft.node.controller.ControllerService): the applied metadata, the bootstrap,
   admin proposals;
 - `reconciler` (raft.node.reconciler.Reconciler): partition groups started, stopped, dropped;
+- `mover` (raft.node.replica_moves.ReplicaMover): where this node leads a partition, its
+  configuration driven toward the metadata's replica list (replica moves);
+- `balancer` (raft.node.leader_balance.LeaderBalancer): leaderships of the partitions it leads
+  handed back to their preferred replicas, a few a round;
 - membership: the default topic's group keeps a replica on every member node, as the single log
   did, and `add_node` / `remove_node` change its configuration as before; the controller
   group's leader mirrors that configuration into the controller group, one single-server
