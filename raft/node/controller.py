@@ -95,6 +95,15 @@ class ControllerService:
             self.group.fail(e, "controller restore")
             raise
 
+    def caught_up(self) -> bool:
+        """Whether the metadata here is as current as this node can know: every controller
+        entry it knows committed is applied, and the controller has a leader. A node replaying
+        its controller log after a restart holds old replica lists meanwhile: acting on them
+        (raft.node.replica_moves) would undo moves already carried out."""
+        core = self.group.core
+        return (self.follower is not None and core is not None and core.leader_id is not None
+                and self.follower.position > core.commit_index)
+
     def leader(self) -> int | None:
         core = self.group.core
         return None if core is None else core.leader_id

@@ -71,6 +71,9 @@ class LeaderBalancer:
         """One round; how many transfers it asked for."""
         runtime, node = self.runtime, self.runtime.node
         meta = runtime.metadata
+        if not runtime.controller.caught_up():
+            self.rounds.append(0)
+            return 0
         led: dict[int, int | None] = {}
         live = {node.node_id}
         voters: dict[int, tuple[int, ...]] = {}

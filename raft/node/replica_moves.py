@@ -19,6 +19,9 @@ uncommitted):
    the commit. An unreachable leaving voter is removed by the leader directly; its copy then
    stays on its disk until it learns otherwise (docs/DESIGN.md "Not yet").
 
+Only with current metadata (`ControllerService.caught_up`): a leader replaying its controller log
+after a restart would otherwise take the old replica list for the desired one and undo a move.
+
 Bounded: at most MAX_CHANGES_PER_PASS groups get a change per pass, a pass every
 MOVE_EVERY_TICKS ticks; each change is the core's own proposal (nobody waits for its answer:
 the next pass sees the configuration it led to). `plan_step` is pure and tested alone.
@@ -103,6 +106,8 @@ class ReplicaMover:
         runtime, node = self.runtime, self.runtime.node
         meta = runtime.metadata
         made = 0
+        if not runtime.controller.caught_up():
+            return 0  # old replica lists (a restart replaying): never undo a move
         self.steps = {g: s for g, s in self.steps.items() if g in meta.groups}
         for group_id in node.registry.ids():
             p = meta.groups.get(group_id)
