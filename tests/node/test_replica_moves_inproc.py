@@ -206,3 +206,41 @@ async def test_leadership_goes_back_to_preferred_replicas_a_few_at_a_time() -> N
                     await trio.sleep(0.02)
         assert rounds[0] == limit  # more were wanted than one round may move
         assert sum(rounds) >= misplaced and len([r for r in rounds if r]) >= 2
+
+
+@trio_test
+async def test_after_a_move_restarted_nodes_keep_the_new_configuration() -> None:
+    async with running_cluster(4) as cluster:
+        topic = await create(cluster, "s", 1, 3)
+        group = topic["partitions"][0]["group"]
+        offset = None
+        with trio.fail_after(DEADLINE_S):
+            while offset is None:
+                leader = await partition_leader(cluster, group)
+                reply = await request(leader, "produce", acks="quorum", timeout_ms=2000,
+                                      payload=values_payload([b"before"]), count=1, topic="s",
+                                      partition=0)
+                offset = reply["base_offset"] if reply["ok"] else None
+        reply = await admin(cluster, "topic_move", name="s", partition=0, replicas=[4, 1, 2])
+        assert reply["ok"], reply
+        with trio.fail_after(DEADLINE_S):
+            while not (group in cluster.node(4).registry
+                       and cluster.node(4).registry.get(group).core.config.voters == (1, 2, 4)
+                       and group not in cluster.node(3).group.log.store.group_ids()):
+                await trio.sleep(0.02)
+        # The moved-in replica restarts from its data as a voter; the moved-away one does not
+        # bring the group back (its data is gone, and it is not assigned).
+        for n in (4, 3):
+            await cluster.stop(n, crash=True)
+            await cluster.restart(n)
+        node4 = cluster.node(4)
+        await metadata_everywhere(cluster, lambda m: m.applied >= 0 and "s" in m.topics)
+        with trio.fail_after(DEADLINE_S):
+            while group not in node4.registry or \
+                    node4.registry.get(group).core.high_watermark < offset:
+                await trio.sleep(0.02)
+        assert node4.registry.get(group).core.config.voters == (1, 2, 4)
+        assert group not in cluster.node(3).registry
+        reply = await request(node4, "fetch", offset=offset, max_bytes=1 << 20, topic="s",
+                              partition=0)
+        assert reply["ok"] and dict(fetched_values(reply))[offset] == b"before"
