@@ -136,7 +136,7 @@ class Reconciler:
                 return True
             actions += 1
             await host.remove_group(group_id)
-            await self._io(host.store.drop_log, group_id)
+            await self._io(self.host.store.drop_log, group_id)  # (moved away: not deleted)
             self.dropped.append(group_id)
             log.info("partition_moved_away node=%d group=%d (its configuration no longer "
                      "names this node: stopped, data dropped)", host.node_id, group_id)
