@@ -6,12 +6,15 @@
     raftlog topic describe orders [--json]   # per partition: leader, replicas, hw, log start
     raftlog topic alter orders --partitions 16 [--retention-ms 3d ...]   # grow only
     raftlog topic delete orders
+    raftlog topic move orders --partition 0 --replicas 1,2,4 [--no-wait]
 
 Admin commands go to the controller's leader (the client finds it as it finds any leader) and
 answer once the change is committed; `create` and `alter` then wait (within --timeout) until
 every partition has a leader, so a `produce --topic` right after finds them. A topic that does
 not exist is a usage error (exit 2) naming the topics that do; a name that is taken, or a
 change the controller refuses (shrinking, more replicas than nodes), exits 1 with its reason.
+`move` returns once the controller applied the new replica set, then (unless --no-wait) prints
+the partition's configuration as its leader carries the move out, until it is the new set.
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 from raft.cli.args import json_flag, positive_int, servers_arg
 from raft.cli.security import client_options
 from raft.cli.status import _render
 from raft.client import BlockingClient, TopicInfo
+from raft.client.errors import RaftlogError
 from raft.node.config import ConfigError
 from raft.node.config_values import parse_duration_ms, parse_size
 
@@ -163,6 +168,64 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def _node_ids(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected node ids separated by commas (1,2,4), got "
+                                         f"{text!r}") from None
+    if not ids or any(n < 1 for n in ids):
+        raise argparse.ArgumentTypeError(f"expected node ids >= 1 separated by commas, got "
+                                         f"{text!r}")
+    return ids
+
+
+MOVE_POLL_S = 0.5
+
+
+def cmd_move(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        reply = c.move_partition(args.name, args.partition, args.replicas, timeout=args.timeout)
+        if not args.json:
+            print(f"topic {args.name} partition {args.partition}: replicas "
+                  f"{reply.get('previous')} -> {args.replicas} (applied by the controller)")
+        if args.no_wait:
+            if args.json:
+                print(json.dumps({"name": args.name, "partition": args.partition,
+                                  "replicas": args.replicas, "previous": reply.get("previous"),
+                                  "done": False}))
+            return 0
+        deadline = time.monotonic() + args.timeout
+        last = None
+        want = sorted(args.replicas)
+        while True:
+            try:
+                seen = c.partition_membership(args.name, args.partition)
+            except RaftlogError:
+                seen = None  # a leader change: ask again
+            shown = None if seen is None else (seen["leader"], seen["voters"],
+                                               seen["learners"], seen["move"])
+            if shown != last and seen is not None and not args.json:
+                print(f"  leader {seen['leader']}: voters {seen['voters']}, learners "
+                      f"{seen['learners']}, step {seen['move']}")
+            last = shown
+            if seen is not None and sorted(seen["voters"] or []) == want \
+                    and not seen["learners"]:
+                if args.json:
+                    print(json.dumps({"name": args.name, "partition": args.partition,
+                                      "replicas": args.replicas,
+                                      "previous": reply.get("previous"), "done": True}))
+                else:
+                    print(f"moved: the partition's voters are {want}")
+                return 0
+            if time.monotonic() >= deadline:
+                print(f"the move is under way but not done within {args.timeout:g} s; the "
+                      f"partition's leader goes on with it: watch `raftlog status`, or run "
+                      f"this again with a longer --timeout", file=sys.stderr)
+                return 1
+            time.sleep(MOVE_POLL_S)
+
+
 def _common(p: argparse.ArgumentParser, json_what: str) -> None:
     servers_arg(p, timeout=30.0, timeout_help="seconds to wait for the change to take effect "
                                               "(every partition led)", profile_timeout=False)
@@ -182,7 +245,7 @@ def _settings_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("topic", help="create, list, describe, alter or delete topics",
+    p = sub.add_parser("topic", help="create, list, describe, alter, delete or move topics",
                        description="Topics have partitions, each its own Raft group with its "
                                    "own offsets. Commands without --topic use the topic "
                                    "`default` (partition 0).", allow_abbrev=False)
@@ -234,6 +297,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     rm.add_argument("name")
     _common(rm, 'print {"deleted": NAME}')
     rm.set_defaults(func=cmd_delete)
+
+    mv = actions.add_parser("move", help="give a partition another set of replicas",
+                            allow_abbrev=False,
+                            description="Set a partition's replicas (first = preferred "
+                                        "leader; as many as it has). The partition's leader "
+                                        "adds each new replica as a learner, promotes it once "
+                                        "it caught up, then removes the old ones, one change "
+                                        "at a time; the partition keeps serving throughout.")
+    mv.add_argument("name")
+    mv.add_argument("--partition", type=int, required=True, help="the partition (0, 1, ...)")
+    mv.add_argument("--replicas", type=_node_ids, required=True, metavar="IDS",
+                    help="node ids separated by commas, e.g. 1,2,4")
+    mv.add_argument("--no-wait", dest="no_wait", action="store_true",
+                    help="return once the controller applied the new set, without waiting "
+                         "for the partition's configuration to follow")
+    _common(mv, 'print {"name", "partition", "replicas", "previous", "done"}')
+    mv.set_defaults(func=cmd_move)
 
 
 __all__ = ["register", "topic_json"]

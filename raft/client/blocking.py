@@ -133,6 +133,13 @@ class BlockingClient(BlockingSubscriptionCalls):
     def delete_topic(self, name: str, **kwargs: Any) -> dict[str, Any]:
         return self._call(self._client.delete_topic, name, **kwargs)
 
+    def move_partition(self, name: str, partition: int, replicas: list[int],
+                       **kwargs: Any) -> dict[str, Any]:
+        return self._call(self._client.move_partition, name, partition, replicas, **kwargs)
+
+    def partition_membership(self, name: str, partition: int) -> dict[str, Any] | None:
+        return self._call(self._client.partition_membership, name, partition)
+
     def consumer(self, subscription: str, **kwargs: Any) -> BlockingConsumer:
         """A `Consumer` of `subscription` (same keywords) to iterate with a plain `for`:
 

@@ -6,6 +6,7 @@ client finds like any leader), and the per-partition view `raftlog topic describ
         await c.create_topic("orders", partitions=8, replicas=3)
         for t in await c.list_topics(): print(t.name, t.partition_count)
         print(await c.describe_topic("orders"))   # leaders, replicas, high watermarks
+        await c.move_partition("orders", 0, [1, 2, 4])  # then partition_membership(...)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import trio
 from raft.client.errors import OffsetOutOfRangeError, RaftlogError, RequestTimeout
 from raft.client.metadata import DEFAULT_TOPIC, Metadata, TopicInfo
 from raft.protocol.topic_requests import Metadata as MetadataRequest
-from raft.protocol.topic_requests import TopicAlter, TopicCreate, TopicDelete
+from raft.protocol.topic_requests import TopicAlter, TopicCreate, TopicDelete, TopicMove
 
 if TYPE_CHECKING:
     from raft.client.metadata import MetadataCache
@@ -163,6 +164,34 @@ class TopicCalls:
         reply = await self.call(TopicDelete(name, _timeout_ms(budget)), timeout=budget)
         await self.refresh_metadata()
         return reply
+
+    async def move_partition(self, name: str, partition: int, replicas: list[int], *,
+                             timeout: float | None = None) -> dict[str, Any]:
+        """Give a partition a new replica set (first = preferred leader; as many as it has).
+        Returns once the controller applied it ({"topic": topic map, "previous": [ids]}); the
+        partition's leader then adds the new replicas as learners, promotes them once caught
+        up and removes the old ones: `partition_membership` shows how far it got."""
+        budget = self.timeout if timeout is None else timeout
+        reply = await self.call(TopicMove(name, partition, [int(n) for n in replicas],
+                                          _timeout_ms(budget)), timeout=budget)
+        await self.refresh_metadata()
+        return reply
+
+    async def partition_membership(self, name: str, partition: int) -> dict[str, Any] | None:
+        """The partition's Raft configuration as its leader sees it: {"leader", "voters",
+        "learners", "replicas" (the desired set), "move" (the leader's current step)}; None
+        while it has no leader to ask."""
+        info = await self.topic(name, refresh=True)
+        p = info.partitions[partition]
+        if not p.leader_address:
+            return None
+        status = await self.status(p.leader_address)  # type: ignore[attr-defined]
+        for line in status.get("partitions") or []:
+            if line.get("group") == p.group:
+                return {"leader": line.get("leader"), "voters": line.get("voters"),
+                        "learners": line.get("learners"), "replicas": line.get("replicas"),
+                        "move": line.get("move")}
+        return None
 
 
 __all__ = ["SETTINGS", "TopicCalls", "metadata_request", "where_fields"]

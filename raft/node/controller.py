@@ -35,7 +35,7 @@ import trio
 from raft.controller.bootstrap import bootstrap_commands
 from raft.controller.commands import Command, MalformedCommand, UnsupportedCommand, encode_command
 from raft.controller.follower import MetadataFollower, MetadataGap
-from raft.controller.state import ApplyResult, ClusterMetadata
+from raft.controller.state import ApplyResult, ClusterMetadata, EffectKind
 from raft.core.types import Acks, ErrorCode, Role
 from storage.batch import Batch, BatchKind
 
@@ -70,6 +70,11 @@ class ControllerService:
         self._applied = trio.Event()
         self._bootstrapped_term = -1
         self.on_applied: list[Callable[[], None]] = []
+        # group -> the replica list it was created with (its founding voters). The metadata
+        # keeps only the current (desired) replicas; a replica moved in later must join as a
+        # non-member instead of founding (raft.node.reconciler). Rebuilt by replaying the
+        # controller log on restart.
+        self.founders: dict[int, tuple[int, ...]] = {}
 
     @property
     def metadata(self) -> ClusterMetadata:
@@ -89,6 +94,15 @@ class ControllerService:
         except MetadataGap as e:
             self.group.fail(e, "controller restore")
             raise
+
+    def caught_up(self) -> bool:
+        """Whether the metadata here is as current as this node can know: every controller
+        entry it knows committed is applied, and the controller has a leader. A node replaying
+        its controller log after a restart holds old replica lists meanwhile: acting on them
+        (raft.node.replica_moves) would undo moves already carried out."""
+        core = self.group.core
+        return (self.follower is not None and core is not None and core.leader_id is not None
+                and self.follower.position > core.commit_index)
 
     def leader(self) -> int | None:
         core = self.group.core
@@ -138,6 +152,11 @@ class ControllerService:
             return 0
         for a in applied:
             self._results[a.offset] = a.result
+            for effect in a.result.effects:
+                if effect.kind is EffectKind.GROUP_CREATED:
+                    self.founders[effect.group] = effect.replicas
+                elif effect.kind is EffectKind.GROUP_REMOVED:
+                    self.founders.pop(effect.group, None)
             if not a.result.ok:
                 log.info("controller_refused node=%d offset=%d refusal=%s reason=%s",
                          self.group.node_id, a.offset, a.result.refusal.value, a.result.reason)

@@ -8,6 +8,10 @@ makes the rest follow the controller:
 - `controller` (raft.node.controller.ControllerService): the applied metadata, the bootstrap,
   admin proposals;
 - `reconciler` (raft.node.reconciler.Reconciler): partition groups started, stopped, dropped;
+- `mover` (raft.node.replica_moves.ReplicaMover): where this node leads a partition, its
+  configuration driven toward the metadata's replica list (replica moves);
+- `balancer` (raft.node.leader_balance.LeaderBalancer): leaderships of the partitions it leads
+  handed back to their preferred replicas, a few a round;
 - membership: the default topic's group keeps a replica on every member node, as the single log
   did, and `add_node` / `remove_node` change its configuration as before; the controller
   group's leader mirrors that configuration into the controller group, one single-server
@@ -25,7 +29,9 @@ import trio
 from raft.controller.commands import RegisterNode
 from raft.controller.state import DEFAULT_TOPIC, ClusterMetadata
 from raft.node.controller import ControllerService
-from raft.node.reconciler import Reconciler
+from raft.node.reconciler import UNMANAGED, Reconciler
+from raft.node.leader_balance import LeaderBalancer
+from raft.node.replica_moves import ReplicaMover
 from raft.node.topics import Resolved, resolve, unknown_partition, unknown_topic
 from raft.protocol.replies import ErrorReply
 from raft.protocol.requests import CONTROLLER_GROUP
@@ -42,7 +48,7 @@ MIRROR_EVERY_TICKS = 10  # how often the controller's leader compares membership
 # What a request naming the controller's group (0) explicitly may be: its status and the
 # controller's own requests; never a client's write or read of its log.
 CONTROLLER_REQUESTS = frozenset({"status", "metadata", "topic_create", "topic_alter",
-                                 "topic_delete", "transfer_leader"})
+                                 "topic_delete", "topic_move", "transfer_leader"})
 
 
 class TopicRuntime:
@@ -56,6 +62,9 @@ class TopicRuntime:
         self.controller.on_applied.append(self.reconciler.kick)
         # Settings changes (topic alter) take effect on the running partitions at once.
         self.controller.on_applied.append(node.settings.on_applied)
+        self.mover = ReplicaMover(self)  # replica moves, carried out where this node leads
+        self.unmanaged = UNMANAGED
+        self.balancer = LeaderBalancer(self)  # leadership back to preferred replicas
 
     # -- what the reconciler needs (raft.node.reconciler.ReconcileHost) ---------------------------
     @property
@@ -74,6 +83,20 @@ class TopicRuntime:
         if node_id != self.node_id and node_id not in self.node.peer_addresses:
             self.node.set_peer_address(node_id, address)
 
+    def founders_of(self, group_id: int) -> tuple[int, ...] | None:
+        return self.controller.founders.get(group_id)
+
+    def still_named(self, group_id: int) -> bool:
+        group = self.node.registry.get(group_id)
+        if group is None or group.core is None:
+            return False
+        core = group.core
+        if self.node_id in core.config.members:
+            return True
+        # Not named by the configuration in force: final only once that entry committed (an
+        # uncommitted one can be truncated away, bringing back one that names this node).
+        return core._configs[-1].offset > core.commit_index
+
     async def add_group(self, group_id: int, voters: list[int], log_storage: LogStorage, *,
                         owns_log: bool = False) -> Any:
         return await self.node.add_group(group_id, voters, log_storage, owns_log=owns_log)
@@ -86,6 +109,8 @@ class TopicRuntime:
         nursery.start_soon(self.controller.run)
         nursery.start_soon(self.reconciler.run)
         nursery.start_soon(self._mirror_membership)
+        nursery.start_soon(self.mover.run)
+        nursery.start_soon(self.balancer.run)
 
     def _founders(self) -> dict[int, str]:
         """The controller's voters and where they listen: who the bootstrap registers."""
@@ -206,7 +231,11 @@ class TopicRuntime:
                           "role": core.role.value, "leader": core.leader_id,
                           "term": core.term, "commit_index": core.commit_index,
                           "high_watermark": core.high_watermark,
-                          "log_start": group.log.start_offset})
+                          "log_start": group.log.start_offset,
+                          "voters": list(core.config.voters),
+                          "learners": list(core.config.learners),
+                          "replicas": None if p is None else list(p.replicas),
+                          "move": _move_step(self.mover.steps.get(group_id))})
         ctl = self.node.controller_group.core
         leader, address = self.leader_of(CONTROLLER_GROUP)
         return {"partitions": lines,
@@ -249,6 +278,11 @@ def partition_series(runtime: TopicRuntime, limit: int) -> dict[str, Any]:
         rows.append(row)
     rows.sort(key=lambda r: (not r["leads"], -r["worst"], r["topic"], r["partition"]))
     return {"series": rows[:limit], "left_out": max(0, len(rows) - limit)}
+
+
+def _move_step(step: Any) -> str | None:
+    """What the partition's leader is doing toward the desired replicas (None elsewhere)."""
+    return None if step is None else step.kind.value
 
 
 def _default_only() -> Any:

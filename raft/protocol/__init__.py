@@ -35,7 +35,7 @@ from raft.protocol.requests import (CONTROLLER_GROUP, DEFAULT_TOPIC, SINGLE_GROU
 from raft.protocol.subscription_requests import (SUB_TYPES, CommitItem, SubCommitMany, SubList,
                                                  SubRequest)
 from raft.protocol.topic_requests import (TOPIC_TYPES, Metadata, TopicAlter, TopicCreate,
-                                          TopicDelete, TopicRequest)
+                                          TopicDelete, TopicMove, TopicRequest)
 
 Request = (Produce | Fetch | Status | TransferLeader | AddNode | RemoveNode | SubRequest
            | SubList | SubCommitMany | LoadRequest | TopicRequest)
@@ -56,6 +56,7 @@ PARSERS: dict[str, Callable[[dict[str, Any], Limits], Any]] = {
     TopicCreate.T: TopicCreate.parse,
     TopicAlter.T: TopicAlter.parse,
     TopicDelete.T: TopicDelete.parse,
+    TopicMove.T: TopicMove.parse,
 }
 
 
@@ -67,7 +68,7 @@ def parse_request(t: str, frame: dict[str, Any], limits: Limits) -> Any:
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES", "LEN_SIZE", "NOT_WRITTEN", "PARSERS", "PROTOCOL_VERSION",
     "RETRYABLE", "SINGLE_GROUP", "CONTROLLER_GROUP", "DEFAULT_TOPIC", "TOPIC_TYPES", "Metadata",
-    "TopicAlter", "TopicCreate", "TopicDelete", "TopicRequest", "AddNode", "CommitItem", "ConnectionClosed", "ErrorReply",
+    "TopicAlter", "TopicCreate", "TopicDelete", "TopicMove", "TopicRequest", "AddNode", "CommitItem", "ConnectionClosed", "ErrorReply",
     "Fetch", "FetchOk", "FrameDecoder", "FrameTooLarge", "LOAD_TYPES", "Limits", "LoadAbort",
     "LoadBegin", "LoadCommit", "LoadRefused", "LoadRequest", "LoadStage", "LoadStatus",
     "OkReply", "Produce", "ProduceOk", "RemoveNode", "Reply", "Request", "Status", "SubCommitMany",

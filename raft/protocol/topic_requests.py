@@ -11,9 +11,12 @@ of the controller (error replies), since they depend on the cluster's state.
 These requests are the controller's (group 0, `CONTROLLER_GROUP`): `group` is not a wire field
 of theirs, it is what the node routes them by.
 
+`topic_move` proposes a partition's new replica set (the controller's MoveReplicas).
+
 Replies (see docs/PROTOCOL.md): `metadata` -> {"controller", "controller_address", "applied",
 "nodes": [{"node_id", "address"}], "topics": [topic map]}; `topic_create` / `topic_alter` ->
-{"topic": topic map}; `topic_delete` -> {}. A topic map is {"name", "settings": {set ones},
+{"topic": topic map}; `topic_delete` -> {}; `topic_move` -> {"topic": topic map,
+"previous": [node ids]}. A topic map is {"name", "settings": {set ones},
 "partitions": [{"partition", "group", "replicas", "leader", "leader_address"}]}.
 """
 
@@ -32,6 +35,7 @@ MAX_PARTITIONS = 10_000
 MAX_REPLICAS = 16
 MAX_SETTING = 2**62
 MAX_METADATA_TOPICS = 10_000
+MAX_NODE_ID = 2**31 - 1
 SETTING_FIELDS = ("retention_bytes", "retention_ms", "max_record_bytes")
 
 
@@ -166,5 +170,39 @@ class TopicDelete:
         return request_frame(self.T, rid, fields)
 
 
-TopicRequest = Metadata | TopicCreate | TopicAlter | TopicDelete
-TOPIC_TYPES = tuple(c.T for c in (Metadata, TopicCreate, TopicAlter, TopicDelete))
+@dataclass(slots=True)
+class TopicMove:
+    """Give partition `partition` of topic `name` the replica set `replicas` (first = preferred
+    leader). Answered once the controller applied it: the partition's leader then carries it
+    out (learners added and promoted, leaving replicas removed), which `status` shows."""
+
+    T: ClassVar[str] = "topic_move"
+    name: str
+    partition: int
+    replicas: list[int]
+    timeout_ms: int | None = None
+    group: int = CONTROLLER_GROUP
+
+    @classmethod
+    def parse(cls, frame: dict[str, Any], limits: Limits) -> TopicMove:
+        w = cls.T
+        name = topic_name(frame.get("name"), w, "name")
+        partition = get_int(frame, "partition", minimum=0, maximum=MAX_PARTITIONS - 1, where=w)
+        raw = frame.get("replicas")
+        if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_REPLICAS or any(
+                isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_NODE_ID
+                for n in raw):
+            raise WireError(f'{w} field "replicas" must be a list of 1..{MAX_REPLICAS} node ids '
+                            f'(integers 1..{MAX_NODE_ID}), first = preferred leader')
+        return cls(name, partition, list(raw), limits.timeout_ms(frame, w))
+
+    def to_frame(self, rid: int) -> dict[str, Any]:
+        fields: dict[str, Any] = {"name": self.name, "partition": self.partition,
+                                  "replicas": list(self.replicas)}
+        if self.timeout_ms is not None:
+            fields["timeout_ms"] = self.timeout_ms
+        return request_frame(self.T, rid, fields)
+
+
+TopicRequest = Metadata | TopicCreate | TopicAlter | TopicDelete | TopicMove
+TOPIC_TYPES = tuple(c.T for c in (Metadata, TopicCreate, TopicAlter, TopicDelete, TopicMove))

@@ -47,10 +47,11 @@ def fake() -> Iterator[tuple[FakeCluster, str]]:
 def test_topic_help_names_every_action_and_completion_knows_them() -> None:
     res = cli("topic", "--help")
     assert res.returncode == 0
-    for action in ("create", "list", "describe", "alter", "delete"):
+    for action in ("create", "list", "describe", "alter", "delete", "move"):
         assert action in res.stdout
     script = cli("completion", "bash").stdout
     assert "'topic create'" in script and "'topic describe'" in script
+    assert "'topic move'" in script and "--no-wait" in script
     assert "--partitions" in script and "--retention-ms" in script
     assert "--topic" in script and "--partition" in script
 

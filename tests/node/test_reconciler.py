@@ -10,7 +10,7 @@ from __future__ import annotations
 import trio
 
 from raft.controller.bootstrap import bootstrap
-from raft.controller.commands import CreateTopic, DeleteTopic, MoveReplicas
+from raft.controller.commands import CreateTopic, DeleteTopic, MoveReplicas, RegisterNode
 from raft.controller.state import ClusterMetadata
 from raft.node.reconciler import MAX_ACTIONS_PER_PASS, Reconciler
 from raft.node import topics
@@ -31,6 +31,9 @@ class FakeHost:
         self.store = MemoryStore()
         self.running: dict[int, tuple[list[int], object]] = {}
         self.known: dict[int, str] = {}
+        self.named: set[int] = set()  # groups whose configuration still names this node
+        self.founders: dict[int, tuple[int, ...]] = {
+            g: p.replicas for g, p in meta.groups.items()}  # (as created: before any move)
         for g in (0, LEGACY_GROUP):  # the controller and the default topic run from boot
             self.running[g] = ([1, 2, 3], self.store.open_log(g))
 
@@ -39,6 +42,12 @@ class FakeHost:
 
     def know_node(self, node_id: int, address: str) -> None:
         self.known[node_id] = address
+
+    def founders_of(self, group_id):
+        return self.founders.get(group_id)
+
+    def still_named(self, group_id):
+        return group_id in self.named
 
     async def add_group(self, group_id, voters, log_storage, *, owns_log=False):
         assert owns_log and group_id not in self.running
@@ -68,21 +77,46 @@ def test_the_reconciler_starts_stops_and_drops_what_the_metadata_says() -> None:
                                                 groups["b0"]])
         assert host.running[groups["a0"]][0] == [1, 2]  # founded with the partition's replicas
         assert host.known == {1: "a:1", 2: "b:2", 3: "c:3"}
-        # Topic b deleted, a's partition 2 moved off this node: b's data is dropped, a2 stopped.
+        # Topic b deleted, a's partition 2 moved off this node: b's data is dropped; a2 keeps
+        # running while its configuration still names this node, then stops and is dropped.
         assert meta.apply(meta.applied + 1, DeleteTopic("b")).ok
         assert meta.apply(meta.applied + 1, MoveReplicas("a", 2, (3, 2))).ok
+        host.named.add(groups["a2"])
+        assert not await rec.reconcile_once()
+        assert host.running_groups() == sorted([0, LEGACY_GROUP, groups["a0"], groups["a2"]])
+        assert groups["b0"] not in host.store.group_ids()  # deleted: data dropped
+        assert groups["a2"] in host.store.group_ids()  # still a member: running, data kept
+        assert rec.dropped == [groups["b0"]] and rec.leaving == {groups["a2"]}
+        host.named.discard(groups["a2"])  # its removal committed
         assert not await rec.reconcile_once()
         assert host.running_groups() == sorted([0, LEGACY_GROUP, groups["a0"]])
-        assert groups["b0"] not in host.store.group_ids()  # deleted: data dropped
-        assert groups["a2"] in host.store.group_ids()  # moved away: data kept
-        assert rec.dropped == [groups["b0"]]
+        assert groups["a2"] not in host.store.group_ids()
+        assert rec.dropped == [groups["b0"], groups["a2"]]
         # A restart: the store holds a0; a new host over the same store starts it again.
         again = FakeHost.__new__(FakeHost)
         again.__dict__.update(node_id=1, metadata=meta, store=host.store, known={},
-                              running={})
+                              running={}, named=set(), founders=host.founders)
         host.running[groups["a0"]][1].close()
         await Reconciler(again).reconcile_once()
         assert sorted(again.running) == [groups["a0"]]
+
+    trio.run(main)
+
+
+def test_a_replica_moved_in_joins_and_a_founding_one_founds() -> None:
+    async def main() -> None:
+        meta = metadata_with(CreateTopic("a", ((1, 2, 3),)), RegisterNode(4, "d:4"))
+        group = meta.topics["a"].partitions[0].group
+        assert meta.apply(meta.applied + 1, MoveReplicas("a", 0, (1, 2, 4))).ok
+        host = FakeHost(4, meta)
+        host.founders[group] = (1, 2, 3)
+        await Reconciler(host).reconcile_once()
+        # Not a founder: its bootstrap configuration leaves it out (it waits to be added).
+        assert host.running[group][0] == [1, 2, 3]
+        founder = FakeHost(1, meta)
+        founder.founders[group] = (1, 2, 3)
+        await Reconciler(founder).reconcile_once()
+        assert founder.running[group][0] == [1, 2, 3]  # the creation's voters, not (1, 2, 4)
 
     trio.run(main)
 

@@ -68,6 +68,7 @@ import test_store  # noqa: E402
 import test_flusher  # noqa: E402  (tests/node, on the path above)
 import test_reconciler  # noqa: E402  (tests/node: the node's topics)
 import test_topic_settings_inproc  # noqa: E402  (tests/node: per-topic settings in force)
+import test_replica_moves_inproc  # noqa: E402  (tests/node: replica moves)
 # The many-group simulation's routing and reconciling rules are killed by its seeds (tests/sim).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "sim"))
 import test_topics_sim  # noqa: E402
@@ -634,6 +635,27 @@ MUTANTS = [
            "await self._io(host.store.drop_log, group_id)",
            "pass",
            (test_reconciler.test_the_reconciler_starts_stops_and_drops_what_the_metadata_says,)),
+    Mutant("the reconciler stops (and drops) a moved-away replica the group's configuration "
+           "still names",
+           "raft.node.reconciler", "Reconciler.reconcile_once",
+           "if host.still_named(group_id):",
+           "if False:",
+           (test_replica_moves_inproc
+            .test_a_partition_moves_to_a_new_node_while_a_producer_writes,)),
+    Mutant("a partition's leader adds a moved-in replica as a voter, not a learner",
+           "raft.node.replica_moves", "ReplicaMover._act",
+           "core.propose_config(INTERNAL_REQUEST, add_learner=n, address=address)",
+           "core._propose_config(INTERNAL_REQUEST, type(core.config)(tuple(sorted("
+           "core.config.voters + (n,))), core.config.learners, {**core.config.addresses, "
+           "n: address}))",
+           (test_replica_moves_inproc
+            .test_a_partition_moves_to_a_new_node_while_a_producer_writes,)),
+    Mutant("the leader balancer asks for every transfer the planner would make at once",
+           "raft.node.leader_balance", "LeaderBalancer.once",
+           "max_transfers=self.settings.max_transfers)",
+           "max_transfers=1_000)",
+           (test_replica_moves_inproc
+            .test_leadership_goes_back_to_preferred_replicas_a_few_at_a_time,)),
     Mutant("a request for (topic, partition) is routed ignoring the partition",
            "raft.node.topics", "resolve",
            "p = t.partitions[partition]",

@@ -10,14 +10,16 @@ from typing import Any
 
 import trio
 
-from raft.controller.commands import (Command, DeleteTopic, SetTopicSettings, TopicSettings)
+from raft.controller.commands import (Command, DeleteTopic, MoveReplicas, SetTopicSettings,
+                                     TopicSettings)
 from raft.controller.state import DEFAULT_TOPIC
 from raft.controller.placement import PlacementError, plan_create_topic, plan_grow_topic
-from raft.controller.state import ApplyResult, Refusal, topic_name_error
+from raft.controller.state import ApplyResult, NodeStatus, Refusal, topic_name_error
 from raft.node.api.context import ApiContext
 from raft.node.topics import metadata_map, topic_map, unknown_topic
 from raft.protocol.replies import OkReply, Reply
-from raft.protocol.topic_requests import Metadata, TopicAlter, TopicCreate, TopicDelete
+from raft.protocol.topic_requests import (Metadata, TopicAlter, TopicCreate, TopicDelete,
+                                          TopicMove)
 from raft.core.types import ErrorCode, Role
 
 _REFUSAL_CODES = {
@@ -137,9 +139,61 @@ async def topic_delete(ctx: ApiContext, req: TopicDelete) -> Reply:
     return refused if refused is not None else OkReply({})
 
 
+async def topic_move(ctx: ApiContext, req: TopicMove) -> Reply:
+    """Propose MoveReplicas: validated here first so the answer names what to fix (the state
+    machine checks again, the same way on every node). The partition's leader carries the move
+    out afterwards (raft.node.replica_moves); `status` on its nodes shows the progress."""
+    refusal = await _not_controller(ctx, req.timeout_ms)
+    if refusal is not None:
+        return refusal
+    meta = ctx.cluster.metadata
+    topic = meta.topics.get(req.name)
+    if topic is None:
+        return unknown_topic(meta, req.name)
+    if req.name == DEFAULT_TOPIC:
+        return ctx.error(ErrorCode.BAD_REQUEST,
+                         f"the topic {DEFAULT_TOPIC!r} keeps a replica on every member node; "
+                         f"change members with add-node / remove-node")
+    if not 0 <= req.partition < len(topic.partitions):
+        return ctx.error(ErrorCode.UNKNOWN_TOPIC,
+                         f"topic {req.name!r} has partitions 0..{len(topic.partitions) - 1}, "
+                         f"not {req.partition}", partitions=len(topic.partitions))
+    p = topic.partitions[req.partition]
+    where = f"topic {req.name!r} partition {req.partition}"
+    if len(set(req.replicas)) != len(req.replicas):
+        return ctx.error(ErrorCode.BAD_REQUEST,
+                         f"{where}: replicas {req.replicas} name a node twice; give distinct "
+                         f"node ids")
+    if len(req.replicas) != len(p.replicas):
+        return ctx.error(ErrorCode.BAD_REQUEST,
+                         f"{where} has {len(p.replicas)} replicas and a move keeps the count "
+                         f"(changing the replication factor is not built yet); give "
+                         f"{len(p.replicas)} node ids")
+    for n in req.replicas:
+        info = meta.nodes.get(n)
+        if info is None:
+            return ctx.error(ErrorCode.BAD_REQUEST,
+                             f"{where}: node {n} is not registered (registered: "
+                             f"{sorted(meta.nodes)}); add it to the cluster first")
+        if info.status is not NodeStatus.ACTIVE and n not in p.replicas:
+            return ctx.error(ErrorCode.BAD_REQUEST,
+                             f"{where}: node {n} is decommissioned; place replicas on active "
+                             f"nodes ({meta.active_nodes()})")
+    previous = list(p.replicas)
+    refused = await _propose(ctx, MoveReplicas(req.name, req.partition, tuple(req.replicas)),
+                             req.timeout_ms or ctx.config.default_timeout_ms)
+    if refused is not None:
+        return refused
+    reply = _topic_reply(ctx, req.name)
+    if isinstance(reply, OkReply):
+        reply.fields["previous"] = previous
+    return reply
+
+
 HANDLERS = {
     Metadata.T: metadata,
     TopicCreate.T: topic_create,
     TopicAlter.T: topic_alter,
     TopicDelete.T: topic_delete,
+    TopicMove.T: topic_move,
 }

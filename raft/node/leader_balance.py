@@ -1,0 +1,117 @@
+"""Leader balance (issue 26 item 2): each partition led by its preferred replica (the first
+live one of its replica list), moved back a few at a time, never in a storm.
+
+Who decides. Every node, for the partition groups it LEADS, calls the planner
+(raft.controller.rebalance.plan_rebalance) with the leaders it knows for certain (its own
+groups) and moves no replicas; the planner returns at most `max_transfers` leadership
+transfers, each to the group's first live replica, and the node asks its own groups' cores for
+them (transfer_leadership: the target is caught up first, then told to campaign). So nothing
+has to report leaders anywhere (no new request, no traffic): the node that holds a leadership
+is the one that knows it holds it and the only one that can hand it over. The bound is per
+node and per round: at most `max_transfers` x (nodes leading something) transfers a round,
+and a node that comes back gets its leaderships back that many at a time. (A controller-led
+balancer would bound the total instead, at the price of a leaders report from every node; see
+docs/DESIGN.md "Not yet".)
+
+When. Only for a group this node has led for `stable_ms` without a replica move in progress
+(raft.node.replica_moves says DONE), toward a replica that is a voter of its configuration and
+was heard from within the last REACHABLE ticks; live = this node and the peers its led groups
+heard from recently. The default topic's partition is left alone (its leadership is what
+it was before topics: `transfer_leader`). Replica moves from the planner are not made here: they change data
+placement and are the operator's (`raftlog topic move`; `auto_rebalance_replicas` stays off).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from raft.controller.rebalance import plan_rebalance
+from raft.core.types import Role
+from raft.node.replica_moves import REACHABLE_TICKS, MoveStep
+
+log = logging.getLogger("raftlog.node")
+
+
+@dataclass(slots=True)
+class BalanceSettings:
+    """The knobs (documented like raft/node/config.py's; not command-line flags yet)."""
+
+    # How often a node looks at the groups it leads (ms).
+    interval_ms: int = 5_000
+    # At most this many leadership transfers per node per round: never a storm of elections.
+    max_transfers: int = 2
+    # A group is balanced only once this node has led it this long without a move (ms): a
+    # cluster that just had an election or a restart settles first.
+    stable_ms: int = 10_000
+    # Replica moves proposed by the planner (data moves): off; operators decide (topic move).
+    auto_rebalance_replicas: bool = False
+    enabled: bool = True
+
+
+@dataclass(slots=True)
+class LeaderBalancer:
+    """One per node (raft.node.topic_runtime.TopicRuntime starts it)."""
+
+    runtime: Any
+    settings: BalanceSettings = field(default_factory=BalanceSettings)
+    rounds: list[int] = field(default_factory=list)  # transfers asked per round (tests)
+    _led_since: dict[int, float] = field(default_factory=dict)
+
+    async def run(self) -> None:
+        while True:
+            await trio.sleep(self.settings.interval_ms / 1000)
+            if self.settings.enabled:
+                self.once(trio.current_time())
+
+    def once(self, now: float) -> int:
+        """One round; how many transfers it asked for."""
+        runtime, node = self.runtime, self.runtime.node
+        meta = runtime.metadata
+        if not runtime.controller.caught_up():
+            self.rounds.append(0)
+            return 0
+        led: dict[int, int | None] = {}
+        live = {node.node_id}
+        voters: dict[int, tuple[int, ...]] = {}
+        for group_id in node.registry.ids():
+            group = node.registry.get(group_id)
+            core = None if group is None else group.core
+            if group_id in runtime.unmanaged or core is None or core.role != Role.LEADER or group.closing:
+                self._led_since.pop(group_id, None)
+                continue
+            since = self._led_since.setdefault(group_id, now)
+            lead = core.leader
+            if lead is not None:
+                live |= {n for n, pr in lead.progress.items()
+                         if pr.ticks_since_heard <= REACHABLE_TICKS}
+            step = runtime.mover.steps.get(group_id)
+            moving = step is not None and step.kind is not MoveStep.DONE
+            if (group_id in meta.groups and not moving and lead is not None
+                    and lead.transfer_target is None
+                    and now - since >= self.settings.stable_ms / 1000):
+                led[group_id] = node.node_id
+                voters[group_id] = core.config.voters
+        plan = plan_rebalance(meta, live, led, max_moves=0,
+                              max_transfers=self.settings.max_transfers)
+        asked = 0
+        for t in plan.transfers:
+            if t.to_node not in voters.get(t.group, ()):
+                continue  # (a move still under way: the replica list runs ahead)
+            group = node.registry.get(t.group)
+            try:
+                group.core.transfer_leadership(t.to_node)
+            except ValueError as e:
+                log.info("leader_balance_refused node=%d group=%d to=%d error=%s",
+                         node.node_id, t.group, t.to_node, e)
+                continue
+            group.kick()
+            asked += 1
+            log.info("leader_balance node=%d group=%d topic=%s partition=%d to=%d",
+                     node.node_id, t.group, t.topic, t.partition, t.to_node)
+        self.rounds.append(asked)
+        del self.rounds[:-64]
+        return asked
