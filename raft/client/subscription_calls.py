@@ -56,7 +56,7 @@ class SubscriptionCalls:
         renew the lease when lease_ms > 0, and store `auto_reset` ("none", "earliest",
         "latest") as its reset policy if given; the subscription (its `position` is where to
         read, its `auto_reset` the policy). `member` ("watch", "take") is a topic
-        subscription member's round (the client's TopicSubscription): never refused for a
+        subscription member's round (raft/client/topic_subscription.py): never refused for a
         lease, the answer names the holder and the members."""
         reply = await self._sub("sub_open", timeout, name, consumer=consumer,
                                 initial=start, lease_ms=lease_ms, auto_reset=auto_reset or "",

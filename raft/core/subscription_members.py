@@ -20,7 +20,7 @@ quota: the assignment converges in a few rounds and then does not move. Safety d
 on any of this: a partition's lease has one holder at a time, decided by its log, and a commit
 from a member that lost the lease is refused.
 
-Pure: the client (the client's TopicSubscription) runs the rounds.
+Pure: the client (raft/client/topic_subscription.py) runs the rounds.
 """
 
 from __future__ import annotations
