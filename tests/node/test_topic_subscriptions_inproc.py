@@ -161,3 +161,100 @@ async def test_members_share_a_topic_rebalance_and_fence_a_member_that_stops() -
                     await c3.aclose()  # C came back in its last round: it leaves too
                     listed = await c.subscription("g", topic="t", partition=0)
                     assert listed["members"] == [] and listed["lease_holder"] is None
+
+
+@trio_test
+async def test_a_member_restarted_under_its_id_resumes_its_partitions_from_their_commits() -> None:
+    async with running_cluster(3) as cluster:
+        servers = [n.address for n in cluster.nodes]
+        with trio.fail_after(DEADLINE_S * 4):
+            async with Client(servers, timeout=DEADLINE_S) as c:
+                await c.create_topic("t", partitions=PARTITIONS, replicas=3)
+                produced: set[tuple[int, int]] = set()
+                async with Producer(c, topic="t", linger=0) as p:
+                    for part in range(PARTITIONS):
+                        offs = await p.send_many([b"v"] * 5, partition=part)
+                        produced.update((part, o) for o in offs)
+                got: list[tuple[int, int, str]] = []
+                a, b = member(c, "A"), member(c, "B")
+                await a.open()
+                await b.open()
+                held = await settle([a, b])
+                for _ in range(4):
+                    r = await a.__anext__()
+                    got.append((r.partition, r.offset, "A"))
+                await a.commit()
+                uncommitted = []
+                for _ in range(2):
+                    r = await a.__anext__()
+                    got.append((r.partition, r.offset, "A"))
+                    uncommitted.append((r.partition, r.offset))
+                # A dies here (no commit, no release) and comes back under the same id: its
+                # leases are its own, so it takes its partitions back at once.
+                again = member(c, "A")
+                assert await again.open() == held["A"]
+                assert (await settle([again, b])) == held
+                await drain(again, got)
+                await drain(b, got)
+                counts = Counter((p, o) for p, o, _ in got)
+                assert set(counts) == produced
+                assert sorted(k for k, n in counts.items() if n > 1) == sorted(uncommitted)
+                for p in range(PARTITIONS):
+                    assert (await c.subscription("g", topic="t", partition=p))["lag_records"] == 0
+
+
+@trio_test
+async def test_members_iterating_on_their_own_share_and_hand_over_exactly_once() -> None:
+    """The rounds run inside the iterators (heartbeat 200 ms), records arrive while they read,
+    a member closes half-way: every record is delivered once."""
+    async with running_cluster(3) as cluster:
+        servers = [n.address for n in cluster.nodes]
+        with trio.fail_after(DEADLINE_S * 4):
+            async with Client(servers, timeout=DEADLINE_S) as c:
+                await c.create_topic("t", partitions=PARTITIONS, replicas=3)
+                produced: set[tuple[int, int]] = set()
+                got: list[tuple[int, int, str]] = []
+                seen: set[tuple[int, int]] = set()
+                all_seen = [trio.Event()]
+
+                def check() -> None:
+                    if produced <= seen:
+                        all_seen[0].set()
+
+                async def produce(n: int) -> None:
+                    all_seen[0] = trio.Event()
+                    async with Producer(c, topic="t", linger=0) as p:
+                        for part in range(PARTITIONS):
+                            offs = await p.send_many([b"v"] * n, partition=part)
+                            produced.update((part, o) for o in offs)
+                    check()
+
+                async def seen_all() -> None:
+                    await all_seen[0].wait()
+
+                async def run(name: str, scope: trio.CancelScope) -> None:
+                    with scope:
+                        async with TopicSubscription(c, "t", "g", member_id=name,
+                                                     lease_ms=10_000, heartbeat_ms=200,
+                                                     auto_commit_ms=50, max_wait=0.2) as m:
+                            async for r in m:
+                                got.append((r.partition, r.offset, name))
+                                seen.add((r.partition, r.offset))
+                                check()
+
+                scopes = {n: trio.CancelScope() for n in "ABC"}
+                async with trio.open_nursery() as nursery:
+                    for n in "ABC":
+                        nursery.start_soon(run, n, scopes[n])
+                    await produce(10)
+                    await seen_all()
+                    # C leaves gracefully: its iterator ends at the next record boundary.
+                    scopes["C"].cancel()
+                    await produce(10)
+                    await seen_all()
+                    for s in scopes.values():
+                        s.cancel()
+                counts = Counter((p, o) for p, o, _ in got)
+                assert set(counts) == produced
+                assert [k for k, n in counts.items() if n > 1] == []
+                assert len({m for _, _, m in got}) >= 2  # shared, not one member taking all
