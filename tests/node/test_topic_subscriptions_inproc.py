@@ -222,12 +222,21 @@ async def test_members_iterating_on_their_own_share_and_hand_over_exactly_once()
                         all_seen[0].set()
 
                 async def produce(n: int) -> None:
-                    all_seen[0] = trio.Event()
+                    sent: set[tuple[int, int]] = set()
                     async with Producer(c, topic="t", linger=0) as p:
                         for part in range(PARTITIONS):
                             offs = await p.send_many([b"v"] * n, partition=part)
-                            produced.update((part, o) for o in offs)
+                            sent.update((part, o) for o in offs)
+                    produced.update(sent)  # all at once: check() must not see half of it
+                    all_seen[0] = trio.Event()
                     check()
+
+                members: dict[str, TopicSubscription] = {}
+                shared = trio.Event()
+
+                def moved(*_: object) -> None:
+                    if sorted(len(m.assigned) for m in members.values()) == [2, 2, 2]:
+                        shared.set()
 
                 async def seen_all() -> None:
                     await all_seen[0].wait()
@@ -236,7 +245,10 @@ async def test_members_iterating_on_their_own_share_and_hand_over_exactly_once()
                     with scope:
                         async with TopicSubscription(c, "t", "g", member_id=name,
                                                      lease_ms=10_000, heartbeat_ms=200,
-                                                     auto_commit_ms=50, max_wait=0.2) as m:
+                                                     auto_commit_ms=50, max_wait=0.2,
+                                                     on_assigned=moved,
+                                                     on_revoked=moved) as m:
+                            members[name] = m
                             async for r in m:
                                 got.append((r.partition, r.offset, name))
                                 seen.add((r.partition, r.offset))
@@ -246,6 +258,7 @@ async def test_members_iterating_on_their_own_share_and_hand_over_exactly_once()
                 async with trio.open_nursery() as nursery:
                     for n in "ABC":
                         nursery.start_soon(run, n, scopes[n])
+                    await shared.wait()  # 2/2/2, reached by the members' own rounds
                     await produce(10)
                     await seen_all()
                     # C leaves gracefully: its iterator ends at the next record boundary.
@@ -257,4 +270,4 @@ async def test_members_iterating_on_their_own_share_and_hand_over_exactly_once()
                 counts = Counter((p, o) for p, o, _ in got)
                 assert set(counts) == produced
                 assert [k for k, n in counts.items() if n > 1] == []
-                assert len({m for _, _, m in got}) >= 2  # shared, not one member taking all
+                assert {m for _, _, m in got} >= {"A", "B"}
