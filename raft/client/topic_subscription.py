@@ -79,6 +79,7 @@ class TopicSubscription:
         self.readers: dict[int, Consumer] = {}  # the partitions this member holds
         self.last_plan: Plan | None = None
         self.lost: list[int] = []  # partitions taken away (lease ended), in order
+        self.failures: dict[int, RaftlogError] = {}  # partitions the last round did not reach
         self.rounds = 0
         self._opened = False
         self._closed = False
@@ -137,20 +138,30 @@ class TopicSubscription:
             await self._release(p)
         wanted = set() if watch_only else set(step.wanted)
         answers: dict[int, dict[str, Any]] = {}
+        failed: dict[int, RaftlogError] = {}
 
         async def ask(p: int) -> None:
-            answers[p] = await self.client.subscription_open(
-                self.subscription, consumer=self.member_id, start=self.start,
-                lease_ms=self.lease_ms, member="take" if p in wanted else "watch",
-                auto_reset=self._consumer_args["auto_reset"], **self._where(p))
+            try:
+                answers[p] = await self.client.subscription_open(
+                    self.subscription, consumer=self.member_id, start=self.start,
+                    lease_ms=self.lease_ms, member="take" if p in wanted else "watch",
+                    auto_reset=self._consumer_args["auto_reset"], **self._where(p))
+            except RaftlogError as e:  # the client retried what was retriable in its timeout
+                failed[p] = e
 
         async with trio.open_nursery() as nursery:
             for p in self.partitions:
                 nursery.start_soon(ask, p)
+        if failed and not answers:
+            raise failed[min(failed)]  # nothing answered: the member cannot go on blind
+        # A partition that did not answer this round (its leader moving, say) keeps what the
+        # last round saw; a lease it did not renew is fenced by its log if it runs out.
+        self.failures = failed
         self.rounds += 1
         self._next_round = trio.current_time() + self.heartbeat_ms / 1000
-        self.views = {p: PartitionView(a.get("lease_holder"), tuple(a.get("members") or ()))
-                      for p, a in answers.items()}
+        self.views = {**{p: v for p, v in self.views.items() if p in failed},
+                      **{p: PartitionView(a.get("lease_holder"), tuple(a.get("members") or ()))
+                         for p, a in answers.items()}}
         for p, view in sorted(self.views.items()):
             if view.holder == self.member_id and p not in self.readers:
                 await self._assign(p)
