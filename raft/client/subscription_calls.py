@@ -88,10 +88,12 @@ class SubscriptionCalls:
         return reply["subscription"]
 
     async def subscription_pin(self, name: str, *, start: Where = "start", consumer: str = "",
-                               timeout: float | None = None) -> dict[str, Any]:
+                               timeout: float | None = None, topic: str | None = None,
+                               partition: int = 0) -> dict[str, Any]:
         """Fix the end of an incremental read (Spark): `pin_end` stays until a commit reaches
         it, so a retried read covers the same range."""
-        reply = await self._sub("sub_pin", timeout, name, consumer=consumer, initial=start)
+        reply = await self._sub("sub_pin", timeout, name, consumer=consumer, initial=start,
+                                topic=topic, partition=partition)
         return reply["subscription"]
 
     async def subscription_release(self, name: str, consumer: str, *, leave: bool = False,
