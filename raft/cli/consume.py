@@ -85,7 +85,8 @@ def _refuse_flags_that_cannot_apply(args: argparse.Namespace) -> None:
                                           ("--from-end", args.sub_start == "end"),
                                           ("--commit-ms", args.commit_ms is not None),
                                           ("--exclusive", args.exclusive),
-                                          ("--auto-reset", args.auto_reset is not None))
+                                          ("--auto-reset", args.auto_reset is not None),
+                                          ("--member", args.member is not None))
                  if value]
         if given:
             raise ConfigError(f"{', '.join(given)} only apply with --subscription NAME; add "

@@ -1,12 +1,20 @@
 """`raftlog subscriptions`: list, reset and delete subscriptions; and `raftlog consume
 --subscription NAME`, which reads from a subscription and commits as it prints.
 
-    raftlog subscriptions [--json] [--prefix P]
+    raftlog subscriptions [list] [--json] [--prefix P] [--topic T [--partition P]]
     raftlog subscriptions reset NAME --to OFFSET|start|end
     raftlog subscriptions delete NAME
     (each with --topic T --partition P for a subscription of a topic partition)
     raftlog consume --subscription NAME [--from-start | --from-end | --from OFFSET] [--count N]
                     [--auto-reset earliest|latest|none]
+    raftlog consume --topic T --subscription NAME [--member M]   # one member of many
+
+`consume --topic T --subscription NAME` without --partition is one member of a subscription
+over every partition of T (raft/client/topic_subscription.py): it reads the partitions leased
+to it, each in order, commits each, and shares the topic with the other members running the
+same command (`--member` names it; default host:pid:random). Without --follow it reads what
+its partitions hold, commits, releases them and leaves. `raftlog subscriptions --topic T` lists
+every partition's row: position, lag, holder and members.
 
 `consume --subscription` resumes where the last run of the same subscription stopped: a record
 counts as done once its line is printed and flushed, and what is done is committed every
@@ -35,7 +43,8 @@ import trio
 from raft.cli.args import json_flag, non_negative_int, positive_int, servers_arg
 from raft.cli.output import Undecodable
 from raft.cli.security import client_options
-from raft.client import BlockingClient, Client, Consumer, FetchedRecord, UnknownSubscription
+from raft.client import (BlockingClient, Client, Consumer, FetchedRecord, TopicSubscription,
+                         UnknownSubscription)
 from raft.node.config import ConfigError
 
 COMMIT_MS = 500  # consume --subscription's commit interval unless --commit-ms says otherwise
@@ -64,6 +73,10 @@ def add_consume_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exclusive", action="store_true",
                    help="with --subscription: take the single-consumer lease (another "
                         "exclusive consumer of the same name is refused while this runs)")
+    p.add_argument("--member", metavar="ID", default=None,
+                   help="with --topic T --subscription NAME (no --partition): this member's "
+                        "id among the consumers sharing T's partitions (default "
+                        "host:pid:random)")
 
 
 def consume_subscription(args: argparse.Namespace,
@@ -85,6 +98,11 @@ def consume_subscription(args: argparse.Namespace,
         raise ConfigError("--to, --node and --since do not combine with --subscription (a "
                           "subscription reads in order from its position; use --count)")
 
+    if args.topic is not None and args.partition is None:
+        return _consume_topic(args, start, print_record)
+    if args.member is not None:
+        raise ConfigError("--member names a member of a subscription over a whole topic: add "
+                          "--topic T (without --partition), or drop --member")
     bad = Undecodable(as_json=args.json)  # on stderr, read on past it; exit status 1
     first_use_flag = _first_use_flag(args)
 
@@ -114,18 +132,45 @@ def consume_subscription(args: argparse.Namespace,
 
 
 async def _partition_of(client: Client, args: argparse.Namespace) -> dict[str, Any]:
-    """The topic partition whose log keeps the subscription (--topic, --partition): one
-    partition, since a position is one partition's offset."""
-    topic = getattr(args, "topic", None)
-    partition = getattr(args, "partition", None)
-    if topic is not None and partition is None:
-        count = (await client.topic(topic)).partition_count
-        if count > 1:
-            raise ConfigError(f"a subscription keeps one partition's position and topic "
-                              f"{topic} has {count}: add --partition P (0..{count - 1}), or "
-                              f"read every partition without a subscription (drop "
-                              f"--subscription)")
-    return {"topic": topic, "partition": partition or 0}
+    """The topic partition whose log keeps the subscription (--topic, --partition)."""
+    return {"topic": getattr(args, "topic", None),
+            "partition": getattr(args, "partition", None) or 0}
+
+
+def _consume_topic(args: argparse.Namespace, start: Any,
+                   print_record: Callable[[FetchedRecord, bool], None]) -> int:
+    """`consume --topic T --subscription NAME`: one member of the subscription over T's
+    partitions; prints the records of the partitions leased to it, commits each partition."""
+    if args.exclusive:
+        raise ConfigError("members of a subscription over a topic always hold leases on the "
+                          "partitions they read; drop --exclusive (or add --partition P for "
+                          "one partition's single-consumer lease)")
+    if args.from_offset is not None or args.sub_start is not None:
+        raise ConfigError("--from/--from-start/--from-end place a single partition's new "
+                          "subscription; a topic subscription starts every new partition at "
+                          "the log start: move one with `raftlog subscriptions reset NAME "
+                          "--topic T --partition P --to ...`")
+    bad = Undecodable(as_json=args.json)
+
+    async def run() -> int:
+        printed = 0
+        async with Client(args.servers, timeout=args.timeout, **client_options(args)) as client:
+            async with TopicSubscription(client, args.topic, args.subscription,
+                                         member_id=args.member, start=start,
+                                         auto_commit_ms=args.commit_ms or COMMIT_MS,
+                                         max_bytes=args.max_bytes, follow=args.follow,
+                                         max_wait=args.max_wait, on_undecodable=bad.report,
+                                         auto_reset=args.auto_reset,
+                                         on_reset=_report_reset) as member:
+                async for record in member:
+                    print_record(record, args.json)
+                    sys.stdout.flush()  # done once flushed: the next step may commit it
+                    printed += 1
+                    if args.count is not None and printed >= args.count:
+                        break
+        return bad.status
+
+    return trio.run(run)
 
 
 def _report_reset(reset: dict[str, Any]) -> None:
@@ -169,8 +214,17 @@ def _where(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    """One partition's table, or with --topic and no --partition every partition's (each row
+    with its `partition`: a subscription over a topic has one per partition)."""
     with BlockingClient(args.servers, timeout=args.timeout, **client_options(args)) as client:
-        subs = client.subscriptions(args.prefix, **_where(args))
+        topic = getattr(args, "topic", None)
+        if topic is not None and getattr(args, "partition", None) is None:
+            count = client.topic(topic).partition_count
+            subs = [{**sub, "partition": p} for p in range(count)
+                    for sub in client.subscriptions(args.prefix, topic=topic, partition=p)]
+            subs.sort(key=lambda sub: (sub["name"], sub["partition"]))
+        else:
+            subs = client.subscriptions(args.prefix, **_where(args))
     if args.json:
         print(json.dumps({"subscriptions": subs}, indent=2, sort_keys=True))
         return 0
@@ -183,17 +237,23 @@ def render(subs: list[dict[str, Any]], console: Any = None) -> None:
     from rich.table import Table
 
     console = console or Console()
+    partitioned = any("partition" in s for s in subs)
     table = Table(title=f"subscriptions ({len(subs)})")
-    for col in ("name", "position", "lag (records)", "lag (bytes)", "skipped", "auto-reset",
-                "last commit", "last committer", "lease holder"):
-        table.add_column(col, justify="right" if col.startswith(("position", "lag", "skipped"))
-                         else "left")
+    for col in ("name", *(("partition",) if partitioned else ()), "position", "lag (records)",
+                "lag (bytes)", "skipped", "auto-reset", "last commit", "last committer",
+                "lease holder", *(("members",) if partitioned else ())):
+        table.add_column(col, justify="right" if col.startswith(
+            ("partition", "position", "lag", "skipped")) else "left")
     for s in subs:
         lag = f"{s['lag_records']:,}" + ("" if s.get("lag_exact", True) else " ~")
-        table.add_row(s["name"], str(s["position"]), lag, f"{s['lag_bytes']:,}",
-                      f"{s.get('skipped_offsets', 0):,}", s.get("auto_reset") or "none",
-                      _age(s.get("last_commit_age_ms")), s.get("last_committer") or "-",
-                      s.get("lease_holder") or "-")
+        row = [s["name"], str(s["position"]), lag, f"{s['lag_bytes']:,}",
+               f"{s.get('skipped_offsets', 0):,}", s.get("auto_reset") or "none",
+               _age(s.get("last_commit_age_ms")), s.get("last_committer") or "-",
+               s.get("lease_holder") or "-"]
+        if partitioned:
+            row.insert(1, str(s["partition"]))
+            row.append(", ".join(s.get("members") or ()) or "-")
+        table.add_row(*row)
     console.print(table)
 
 
@@ -260,7 +320,8 @@ def _partition_args(p: argparse.ArgumentParser) -> None:
                    help="subscriptions kept in this topic's partition (default: the topic "
                         "`default`)")
     p.add_argument("--partition", type=non_negative_int, default=None, metavar="P",
-                   help="the partition of --topic (default 0)")
+                   help="the partition of --topic (listing: default every partition; "
+                        "reset/delete: default 0)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -280,6 +341,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     _partition_args(p)
     p.set_defaults(func=cmd_list)
     actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
+    ls = actions.add_parser("list", help="list subscriptions with position, lag and holder "
+                                         "(the default action); --topic T: every partition")
+    _servers_again(ls, "machine-readable output: {\"subscriptions\": [...]}")
+    ls.add_argument("--prefix", default=argparse.SUPPRESS, help="only names starting with this")
+    ls.set_defaults(func=cmd_list)
     r = actions.add_parser("reset", help="move a subscription to an offset (back or forward); "
                                          "creates it if missing")
     _servers_again(r, 'print {"name": ..., "position": ...} on stdout')

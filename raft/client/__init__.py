@@ -34,7 +34,8 @@ Layout: errors.py (the typed errors), results.py (what operations return), conne
 connection to one node), client.py (`Client`), producer.py (`Producer`), blocking.py
 (`BlockingClient`), subscriptions.py (the subscription calls), commits.py (the consumers of one
 client commit together: one `sub_commit_many` request for many commits), consumer.py
-(`Consumer`), metadata.py, routing.py, topic_calls.py, topic_consumer.py (topics).
+(`Consumer`), topic_subscription.py (`TopicSubscription`: members sharing a topic's
+partitions), metadata.py, routing.py, topic_calls.py, topic_consumer.py (topics).
 """
 
 from raft.client.blocking import BlockingClient
@@ -54,6 +55,7 @@ from raft.client.producer import Delivery, Producer
 from raft.client.results import FetchedRecord, FetchResult, ProduceResult, UndecodableBatch
 from raft.client.security import ClientSecurity, TLSError
 from raft.client.topic_consumer import TopicConsumer
+from raft.client.topic_subscription import TopicSubscription
 
 __all__ = [
     "AuthenticationError", "ClientSecurity", "PermissionDeniedError", "TLSError",
@@ -66,6 +68,6 @@ __all__ = [
     "BlockingConsumer", "Consumer", "InvalidSubscriptionName", "PositionBehind",
     "PositionPastHighWatermark", "SubscriptionError", "SubscriptionLeased",
     "SubscriptionPositionRemoved",
-    "UnknownSubscription", "Metadata", "PartitionInfo", "TopicConsumer", "TopicExistsError",
+    "UnknownSubscription", "Metadata", "PartitionInfo", "TopicConsumer", "TopicSubscription", "TopicExistsError",
     "TopicInfo", "UnknownTopicError",
 ]

@@ -144,6 +144,16 @@ class Consumer:
     def committed(self) -> int:
         return self._committed
 
+    @property
+    def buffered(self) -> int:
+        """Records (and undecodable batches) fetched and not handed out yet."""
+        return len(self._buffer)
+
+    def mark_processed(self) -> None:
+        """Everything handed out so far is processed (what asking for the next record says;
+        raft/client/topic_subscription.py reads several of these in turns)."""
+        self._processed = self._handed if not self._buffer else self._buffer_position()
+
     async def open(self) -> dict[str, Any]:
         """Open the subscription (creating it on first use) and read from its position."""
         sub = await self.client.subscription_open(self.subscription, consumer=self.consumer_id,

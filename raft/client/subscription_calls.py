@@ -36,7 +36,7 @@ class SubscriptionCalls:
 
     async def _sub(self, t: str, timeout: float | None, name: str, *, consumer: str = "",
                    initial: Where | None = None, lease_ms: int = 0, auto_reset: str = "",
-                   expect: int = -1, topic: str | None = None,
+                   expect: int = -1, member: str = "", topic: str | None = None,
                    partition: int = 0) -> dict[str, Any]:
         """One subscription operation `t` (a SubRequest; which fields it sends is the
         protocol's to say)."""
@@ -44,21 +44,23 @@ class SubscriptionCalls:
         return await self.call(SubRequest(t, name, _timeout_ms(budget), consumer,
                                           initial=initial, lease_ms=lease_ms,
                                           auto_reset=auto_reset, expect=expect,
-                                          **where_fields(topic, partition)),
+                                          member=member, **where_fields(topic, partition)),
                                timeout=budget)
 
     async def subscription_open(self, name: str, *, consumer: str = "",
                                 start: Where = "start", lease_ms: int = 0,
-                                auto_reset: str | None = None,
+                                auto_reset: str | None = None, member: str = "",
                                 timeout: float | None = None, topic: str | None = None,
                                 partition: int = 0) -> dict[str, Any]:
         """Create `name` at `start` ("start", "end" or an offset) if it does not exist, take or
         renew the lease when lease_ms > 0, and store `auto_reset` ("none", "earliest",
         "latest") as its reset policy if given; the subscription (its `position` is where to
-        read, its `auto_reset` the policy)."""
+        read, its `auto_reset` the policy). `member` ("watch", "take") is a topic
+        subscription member's round (raft/client/topic_subscription.py): never refused for a
+        lease, the answer names the holder and the members."""
         reply = await self._sub("sub_open", timeout, name, consumer=consumer,
                                 initial=start, lease_ms=lease_ms, auto_reset=auto_reset or "",
-                                topic=topic, partition=partition)
+                                member=member, topic=topic, partition=partition)
         return reply["subscription"]
 
     async def subscription_commit(self, name: str, position: int, *, consumer: str = "",
@@ -86,17 +88,21 @@ class SubscriptionCalls:
         return reply["subscription"]
 
     async def subscription_pin(self, name: str, *, start: Where = "start", consumer: str = "",
-                               timeout: float | None = None) -> dict[str, Any]:
+                               timeout: float | None = None, topic: str | None = None,
+                               partition: int = 0) -> dict[str, Any]:
         """Fix the end of an incremental read (Spark): `pin_end` stays until a commit reaches
         it, so a retried read covers the same range."""
-        reply = await self._sub("sub_pin", timeout, name, consumer=consumer, initial=start)
+        reply = await self._sub("sub_pin", timeout, name, consumer=consumer, initial=start,
+                                topic=topic, partition=partition)
         return reply["subscription"]
 
-    async def subscription_release(self, name: str, consumer: str, *,
+    async def subscription_release(self, name: str, consumer: str, *, leave: bool = False,
                                    timeout: float | None = None, topic: str | None = None,
                                    partition: int = 0) -> dict[str, Any]:
-        """Give up the lease `consumer` holds on `name`."""
-        reply = await self._sub("sub_release", timeout, name, consumer=consumer, topic=topic,
+        """Give up the lease `consumer` holds on `name` (and with `leave`, stop being one of
+        its members there)."""
+        reply = await self._sub("sub_release", timeout, name, consumer=consumer,
+                                member="leave" if leave else "", topic=topic,
                                 partition=partition)
         return reply["subscription"]
 

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -65,6 +65,7 @@ MAX_NAME_CHARS = 128
 MAX_CONSUMER_CHARS = 128
 MAX_SUBSCRIPTIONS = 100_000  # explicit bound on the table; creating more is refused
 MAX_LEASE_MS = 10 * 60 * 1000  # a lease is renewed by commits; ten minutes is the longest term
+MAX_MEMBERS = 1000  # members of one topic subscription seen at once (docs/SUBSCRIPTIONS.md)
 _NAME_CHARS = re.compile(r"[A-Za-z0-9._:-]*\Z")
 _CONSUMER_CHARS = re.compile(r"[\x21-\x7e]*\Z")  # printable ASCII, no spaces
 
@@ -76,6 +77,19 @@ class AutoReset(str, Enum):
     NONE = "none"
     EARLIEST = "earliest"
     LATEST = "latest"
+
+
+class Member(str, Enum):
+    """What a topic subscription's member asks of one partition's subscription with an `open`
+    (docs/SUBSCRIPTIONS.md, "Subscriptions over a topic"); "" (classic) is a plain open.
+    WATCH: be counted as a member here (until the table's clock passes clock + lease_ms), take
+    nothing. TAKE: the same, and take or renew this partition's lease unless another member
+    holds it (answered OK either way: the answer names the holder). LEAVE (with `release`):
+    give up the lease if held and stop being a member here."""
+
+    WATCH = "watch"
+    TAKE = "take"
+    LEAVE = "leave"
 
 
 class Op(str, Enum):
@@ -114,11 +128,12 @@ def consumer_error(consumer: Any) -> str | None:
 @dataclass(slots=True, frozen=True)
 class OpRequest:
     """One operation as it travels in an entry: [op, name, consumer, position, arg] and, only
-    when set, a sixth element {"auto_reset": policy, "expect": position} (entries written
-    before it existed have five and still apply).
+    when set, a sixth element {"auto_reset": policy, "expect": position, "member": mode}
+    (entries written before it existed have five and still apply).
     `arg` is the lease length (ms, 0 = none) for open/commit, the initial position for pin, and
     the last-used guard for delete (-1 = unconditional). `auto_reset` ("" = leave it) is the
-    policy an open sets; `expect` (-1 = unconditional) is the position a reset applies at."""
+    policy an open sets; `expect` (-1 = unconditional) is the position a reset applies at;
+    `member` ("" = classic) what a topic subscription's member asks (`Member`)."""
 
     op: Op
     name: str
@@ -127,6 +142,7 @@ class OpRequest:
     arg: int = 0
     auto_reset: str = ""
     expect: int = -1
+    member: str = ""
 
     def encode(self) -> list[Any]:
         item: list[Any] = [self.op.value, self.name, self.consumer, self.position, self.arg]
@@ -135,6 +151,8 @@ class OpRequest:
             extra["auto_reset"] = self.auto_reset
         if self.expect >= 0:
             extra["expect"] = self.expect
+        if self.member:
+            extra["member"] = self.member
         if extra:
             item.append(extra)
         return item
@@ -156,10 +174,12 @@ class OpRequest:
             return None
         policy = extra.get("auto_reset", "")
         expect = extra.get("expect", -1)
+        member = extra.get("member", "")
         if policy not in ("", *(p.value for p in AutoReset)) \
-                or isinstance(expect, bool) or not isinstance(expect, int):
+                or isinstance(expect, bool) or not isinstance(expect, int) \
+                or member not in ("", *(m.value for m in Member)):
             return None
-        return OpRequest(kind, name, consumer, position, arg, policy, expect)
+        return OpRequest(kind, name, consumer, position, arg, policy, expect, member)
 
 
 def encode_entry(src: tuple[int, int, int], ops: list[OpRequest]) -> bytes:
@@ -209,6 +229,11 @@ class Subscription:
     auto_reset: str = AutoReset.NONE.value  # what a consumer does when retention passed it
     skipped_offsets: int = 0  # offsets passed over by resets forward, in total
     resets: int = 0  # resets applied (back or forward)
+    # A topic subscription's members seen here: member id -> until (table clock, ms).
+    members: dict[str, int] = field(default_factory=dict)
+
+    def live_members(self, clock_ms: int) -> list[str]:
+        return sorted(m for m, until in self.members.items() if clock_ms < until)
 
     def leased_to_other(self, consumer: str, clock_ms: int) -> bool:
         return bool(self.lease_holder) and self.lease_holder != consumer \
@@ -223,27 +248,32 @@ class Subscription:
                 "lease_until_ms": self.lease_until_ms if leased else None,
                 "pin_end": self.pin_end if self.pin_end >= 0 else None,
                 "commits": self.commits, "auto_reset": self.auto_reset,
-                "skipped_offsets": self.skipped_offsets, "resets": self.resets}
+                "skipped_offsets": self.skipped_offsets, "resets": self.resets,
+                "members": self.live_members(clock_ms)}
 
     def to_list(self) -> list[Any]:
         return [self.name, self.position, self.created_ms, self.created_offset,
                 self.last_commit_ms, self.last_committer, self.last_used_ms, self.lease_holder,
                 self.lease_until_ms, self.pin_end, self.commits, self.auto_reset,
-                self.skipped_offsets, self.resets]
+                self.skipped_offsets, self.resets,
+                [[m, self.members[m]] for m in sorted(self.members)]]
 
     @staticmethod
     def from_list(item: Any) -> "Subscription":
-        """From to_list(); a snapshot written before the reset fields (11 items) loads with
-        their defaults."""
+        """From to_list(); a snapshot written before the reset fields (11 items) or before
+        members (14 items) loads with their defaults."""
         if len(item) == 11:
             item = [*item, AutoReset.NONE.value, 0, 0]
+        if len(item) == 14:
+            item = [*item, []]
         (name, position, created_ms, created_offset, last_commit_ms, last_committer,
          last_used_ms, lease_holder, lease_until_ms, pin_end, commits, auto_reset,
-         skipped, resets) = item
+         skipped, resets, members) = item
         sub = Subscription(str(name), int(position), int(created_ms), int(created_offset),
                            int(last_commit_ms), str(last_committer), int(last_used_ms),
                            str(lease_holder), int(lease_until_ms), int(pin_end), int(commits),
-                           AutoReset(auto_reset).value, int(skipped), int(resets))
+                           AutoReset(auto_reset).value, int(skipped), int(resets),
+                           {str(m): int(until) for m, until in members})
         if name_error(sub.name) is not None or sub.position < 0:
             raise ValueError(f"subscription {sub.name!r} in the snapshot is malformed")
         return sub
@@ -352,6 +382,8 @@ class SubscriptionTable:
         return Outcome(ErrorCode.OK, "", sub.describe(self.clock_ms) if self._views else None)
 
     def _open(self, sub: Subscription, op: OpRequest, offset: int) -> Outcome:
+        if op.member:
+            return self._member(sub, op)
         conflict = self._lease_conflict(sub, op.consumer)
         if conflict is not None:
             return conflict
@@ -411,9 +443,33 @@ class SubscriptionTable:
         sub.last_used_ms = self.clock_ms
         return self._ok(sub)
 
+    def _member(self, sub: Subscription, op: OpRequest) -> Outcome:
+        """A topic subscription's member watches or takes this partition: it is counted as a
+        member until clock + lease, and with TAKE gets (or renews) the lease unless another
+        member's is still running. Never refused for a lease: the answer names the holder, and
+        the member plans its next round from it."""
+        if not op.consumer or op.arg <= 0 or op.member not in (Member.WATCH, Member.TAKE):
+            return Outcome(ErrorCode.BAD_REQUEST,
+                           "a topic subscription's member names itself (consumer) and a lease "
+                           "(lease_ms > 0), and watches or takes a partition")
+        for m in [m for m, until in sub.members.items() if until <= self.clock_ms]:
+            del sub.members[m]
+        if op.consumer not in sub.members and len(sub.members) >= MAX_MEMBERS:
+            return Outcome(ErrorCode.BAD_REQUEST,
+                           f"subscription {sub.name!r} has {MAX_MEMBERS} members, the most "
+                           f"one subscription takes; use another subscription name for more "
+                           f"consumers", sub.describe(self.clock_ms))
+        sub.members[op.consumer] = self.clock_ms + min(op.arg, MAX_LEASE_MS)
+        if op.member == Member.TAKE and not sub.leased_to_other(op.consumer, self.clock_ms):
+            self._take_lease(sub, op.consumer, op.arg)
+        sub.last_used_ms = self.clock_ms
+        return self._ok(sub)
+
     def _release(self, sub: Subscription, op: OpRequest, offset: int) -> Outcome:
         if sub.lease_holder == op.consumer and op.consumer:
             sub.lease_holder, sub.lease_until_ms = "", -1
+        if op.member == Member.LEAVE:
+            sub.members.pop(op.consumer, None)
         return self._ok(sub)
 
     def _delete(self, sub: Subscription, op: OpRequest, offset: int) -> Outcome:

@@ -15,9 +15,12 @@ from raft.protocol.fields import get_int, get_str
 from raft.protocol.framing import WireError
 from raft.protocol.requests import (DEFAULT_TOPIC, I64_MAX, Limits, group_of, partition_of,
                                     request_frame, topic_of)
-from raft.core.subscription_table import MAX_LEASE_MS, AutoReset
+from raft.core.subscription_table import MAX_LEASE_MS, AutoReset, Member
 
 AUTO_RESET_VALUES = ("", *(p.value for p in AutoReset))
+# "member": what a topic subscription's member asks (docs/SUBSCRIPTIONS.md); absent = classic.
+MEMBER_VALUES = {"sub_open": ("", Member.WATCH.value, Member.TAKE.value),
+                 "sub_release": ("", Member.LEAVE.value)}
 
 LIST_DEFAULT_LIMIT = 1000
 LIST_MAX_LIMIT = 10_000
@@ -37,14 +40,15 @@ class _Spec:
     initial: str | None = None  # the field naming a position: "from" (default "start") or "to"
     auto_reset: bool = False  # "auto_reset": the reset policy an open stores (absent: keep it)
     expect: bool = False  # "expect": a reset applies only if the position is still this
+    member: bool = False  # "member": a topic subscription member's watch/take/leave
 
 
 _SPECS: dict[str, _Spec] = {
-    "sub_open": _Spec(consumer=True, lease=True, initial="from", auto_reset=True),
+    "sub_open": _Spec(consumer=True, lease=True, initial="from", auto_reset=True, member=True),
     "sub_commit": _Spec(consumer=True, position=True, lease=True),
     "sub_reset": _Spec(consumer=True, initial="to", expect=True),
     "sub_pin": _Spec(consumer=True, initial="from"),
-    "sub_release": _Spec(consumer=True),
+    "sub_release": _Spec(consumer=True, member=True),
     "sub_delete": _Spec(),
     "sub_get": _Spec(),
 }
@@ -75,6 +79,7 @@ class SubRequest:
     lease_ms: int = 0
     auto_reset: str = ""  # sub_open: "none", "earliest" or "latest"; "" = leave it as it is
     expect: int = -1  # sub_reset: apply only at this position (-1: unconditional)
+    member: str = ""  # sub_open: "watch"/"take"; sub_release: "leave"; "" = classic
     group: int | None = None
     topic: str = DEFAULT_TOPIC  # the topic partition whose log keeps the subscription
     partition: int = 0
@@ -102,6 +107,11 @@ class SubRequest:
         if spec.expect:
             req.expect = get_int(frame, "expect", default=-1, minimum=-1, maximum=I64_MAX,
                                  where=t)
+        if spec.member:
+            req.member = get_str(frame, "member", default="", where=t)
+            if req.member not in MEMBER_VALUES[t]:
+                raise WireError(f'{t} field "member" must be one of '
+                                f'{", ".join(MEMBER_VALUES[t][1:])}, got {req.member!r}')
         req.group = group_of(frame, t)
         req.topic = topic_of(frame, t)
         req.partition = partition_of(frame, t)
@@ -124,6 +134,8 @@ class SubRequest:
             fields["auto_reset"] = self.auto_reset
         if spec.expect and self.expect >= 0:
             fields["expect"] = self.expect
+        if spec.member and self.member:
+            fields["member"] = self.member
         return request_frame(self.t, rid, fields, self.group, self.topic, self.partition)
 
 

@@ -158,8 +158,16 @@ def test_keyed_produce_and_consume_of_every_partition(fake: tuple[FakeCluster, s
                                        if o["partition"] == 1]
     res = cli("consume", "--topic", "orders", "--to", "3", "--servers", servers)
     assert res.returncode == 2 and "add --partition P" in res.stderr
-    res = cli("consume", "--topic", "orders", "--subscription", "s", "--servers", servers)
-    assert res.returncode == 2 and "add --partition P (0..3)" in res.stderr
+    # A subscription over the whole topic: its members always lease, first use starts each
+    # partition at its log start.
+    res = cli("consume", "--topic", "orders", "--subscription", "s", "--exclusive",
+              "--servers", servers)
+    assert res.returncode == 2 and "drop --exclusive" in res.stderr
+    res = cli("consume", "--topic", "orders", "--subscription", "s", "--from-end",
+              "--servers", servers)
+    assert res.returncode == 2 and "subscriptions reset NAME --topic T" in res.stderr
+    res = cli("consume", "--subscription", "s", "--member", "m1", "--servers", servers)
+    assert res.returncode == 2 and "add --topic T" in res.stderr
 
 
 def test_status_summarises_partitions_per_node() -> None:

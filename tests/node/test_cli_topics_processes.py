@@ -148,10 +148,19 @@ def test_a_subscription_of_a_topic_partition_from_the_cli(cluster: LocalCluster)
     assert [line.split("\t")[2] for line in res.stdout.splitlines()] == ["z"]  # resumed
     listed = json.loads(raftlog("subscriptions", *where, "--servers", s, "--json").stdout)
     assert [x["name"] for x in listed["subscriptions"]] == ["etl"]
-    other = json.loads(raftlog("subscriptions", "--topic", "subs-cli", "--servers", s,
-                               "--json").stdout)
+    other = json.loads(raftlog("subscriptions", "--topic", "subs-cli", "--partition", "0",
+                               "--servers", s, "--json").stdout)
     assert other["subscriptions"] == []  # partition 0 keeps its own table
     res = raftlog("subscriptions", "delete", "etl", *where, "--servers", s)
     assert res.returncode == 0, res.stderr
-    res = raftlog("consume", "--subscription", "etl", "--topic", "subs-cli", "--servers", s)
-    assert res.returncode == 2 and "add --partition P (0..1)" in res.stderr
+    # A subscription over the whole topic: one member reads both partitions, commits, leaves.
+    res = raftlog("consume", "--subscription", "all", "--topic", "subs-cli", "--member", "m1",
+                  "--servers", s)
+    assert res.returncode == 0, res.stderr
+    assert sorted(line.split("\t")[2] for line in res.stdout.splitlines()) == ["x", "y", "z"]
+    listed = json.loads(raftlog("subscriptions", "list", "--topic", "subs-cli", "--servers", s,
+                                "--json").stdout)["subscriptions"]
+    assert [(x["name"], x["partition"], x["lag_records"], x["lease_holder"])
+            for x in listed] == [("all", 0, 0, None), ("all", 1, 0, None)]
+    res = raftlog("consume", "--subscription", "all", "--topic", "subs-cli", "--servers", s)
+    assert res.returncode == 0 and res.stdout == ""  # resumed: nothing new

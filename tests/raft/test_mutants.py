@@ -42,6 +42,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "node"))
 import test_failstop  # noqa: E402
 import test_malformed_records  # noqa: E402
 import test_subscriptions_inproc  # noqa: E402
+import test_topic_subscriptions_inproc  # noqa: E402
 import test_protocol_types  # noqa: E402
 import test_client_retry  # noqa: E402
 import test_client_topics  # noqa: E402
@@ -355,6 +356,24 @@ MUTANTS = [
            "if batch.base_offset != self.applied + 1:",
            "if False:",
            (test_subscriptions.test_entries_apply_in_order_and_foreign_control_is_ignored,)),
+    # -- subscriptions over a topic (raft/core/subscription_members.py) ------------------------
+    Mutant("a member never releases the partitions above its quota",
+           "raft.core.subscription_members", "plan",
+           "keep, release = mine[:quota], mine[quota:]",
+           "keep, release = mine, []",
+           (test_topic_subscriptions_inproc
+            .test_members_share_a_topic_rebalance_and_fence_a_member_that_stops,
+            test_subscriptions.test_member_rounds_share_a_topic_fairly_and_stickily)),
+    Mutant("a member's take ignores another member's running lease",
+           "raft.core.subscription_table", "SubscriptionTable._member",
+           "if op.member == Member.TAKE and not sub.leased_to_other(op.consumer, self.clock_ms):",
+           "if op.member == Member.TAKE:",
+           (test_subscriptions.test_members_watch_take_and_leave_a_partition_by_entry_stamps,)),
+    Mutant("a member that stopped renewing still counts as a member",
+           "raft.core.subscription_table", "SubscriptionTable._member",
+           "sub.members[op.consumer] = self.clock_ms + min(op.arg, MAX_LEASE_MS)",
+           "sub.members[op.consumer] = 2 ** 62",
+           (test_subscriptions.test_members_watch_take_and_leave_a_partition_by_entry_stamps,)),
     Mutant("the accumulator folds a commit into a slot with a later position",
            "raft.core.subscription_batcher", "CommitBatcher.add",
            "if i is not None and self._slots[i].op.position <= op.position:",

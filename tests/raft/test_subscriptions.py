@@ -342,3 +342,73 @@ def test_counter_is_exact_near_the_tail_and_interpolates_the_thinned_past() -> N
     records, _, exact = c.lag(1, off)  # thinned: an estimate
     assert not exact and abs(records - 63) <= 4
     assert c.lag(off, off)[:2] == (0, 0)
+
+
+# -- topic subscriptions: members (raft/core/subscription_members.py) --------------------------
+def member(mode: str, consumer: str, lease: int = 1000) -> OpRequest:
+    op = Op.RELEASE if mode == "leave" else Op.OPEN
+    return OpRequest(op, "s", consumer, 0, lease if op == Op.OPEN else 0, member=mode)
+
+
+def test_members_watch_take_and_leave_a_partition_by_entry_stamps() -> None:
+    log = Log()
+    log.data(3)
+    got = log.op(member("take", "a"), ts=1000)
+    assert got.ok and got.sub["lease_holder"] == "a" and got.sub["members"] == ["a"]
+    # Another member is counted but not given a running lease, and is not refused.
+    got = log.op(member("take", "b"), ts=1100)
+    assert got.ok and got.sub["lease_holder"] == "a" and got.sub["members"] == ["a", "b"]
+    assert log.op(commit(2, consumer="b"), ts=1150).code == ErrorCode.SUBSCRIPTION_LEASED
+    assert log.op(member("watch", "c"), ts=1200).sub["members"] == ["a", "b", "c"]
+    # a stops renewing: at 2000 its lease and membership are over; b takes the partition.
+    got = log.op(member("take", "b"), ts=2000)
+    assert got.sub["lease_holder"] == "b" and got.sub["members"] == ["b", "c"]
+    assert log.op(commit(2, consumer="a"), ts=2001).code == ErrorCode.SUBSCRIPTION_LEASED
+    assert log.op(commit(2, consumer="b"), ts=2002).ok
+    got = log.op(member("leave", "b"), ts=2003)
+    assert got.ok and got.sub["lease_holder"] is None and got.sub["members"] == ["c"]
+    bad = log.op(OpRequest(Op.OPEN, "s", "", 0, 1000, member="take"), ts=2004)
+    assert bad.code == ErrorCode.BAD_REQUEST
+    # Members survive a snapshot; a snapshot written before members (14 items) still loads.
+    snap = log.table.to_snapshot()
+    again = SubscriptionTable.from_snapshot(snap)
+    assert again.describe("s") == log.table.describe("s")
+    old = {**snap, "subs": [item[:14] for item in snap["subs"]]}
+    assert SubscriptionTable.from_snapshot(old).get("s").members == {}
+
+
+def _settle(members: list[str], partitions: int, holders: dict[int, str | None],
+            rounds: int = 12) -> dict[int, str | None]:
+    """Run member rounds against an ideal partition table (each take wins if the partition is
+    free when it arrives), members one after another, until nothing moves."""
+    from raft.core.subscription_members import PartitionView, plan
+    for _ in range(rounds):
+        before = dict(holders)
+        for m in members:
+            views = {p: PartitionView(h, tuple(members)) for p, h in holders.items()}
+            pl = plan(m, views, range(partitions))
+            for p in pl.release:
+                holders[p] = None
+            for p in pl.take:
+                if holders[p] is None:
+                    holders[p] = m
+        if holders == before:
+            return holders
+    raise AssertionError(f"no convergence: {holders}")
+
+
+def test_member_rounds_share_a_topic_fairly_and_stickily() -> None:
+    from raft.core.subscription_members import quotas
+    held = _settle(["a", "b"], 6, {p: None for p in range(6)})
+    counts = {m: sum(1 for h in held.values() if h == m) for m in "ab"}
+    assert counts == {"a": 3, "b": 3}
+    before = dict(held)
+    held = _settle(["a", "b", "c"], 6, held)
+    counts = {m: sum(1 for h in held.values() if h == m) for m in "abc"}
+    assert counts == {"a": 2, "b": 2, "c": 2}
+    # Sticky: a and b kept two of their own each; only the extras moved.
+    assert sum(1 for p, h in held.items() if h in "ab" and before[p] == h) == 4
+    held = _settle(["a", "c"], 6, {p: (None if h == "b" else h) for p, h in held.items()})
+    assert sorted(held.values()) == ["a", "a", "a", "c", "c", "c"]
+    # 7 partitions, 3 members: the extra stays with the member holding most.
+    assert quotas(["a", "b", "c"], {"a": 1, "b": 4, "c": 2}, 7) == {"b": 3, "c": 2, "a": 2}

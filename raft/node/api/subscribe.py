@@ -116,7 +116,8 @@ async def execute_op(ctx: ApiContext, req: SubRequest) -> Reply:
     outcome = await ctx.group.subs.submit(
         OpRequest(op, req.name, req.consumer, position, arg,
                   req.auto_reset if op == Op.OPEN else "",
-                  req.expect if op == Op.RESET else -1),
+                  req.expect if op == Op.RESET else -1,
+                  req.member if op in (Op.OPEN, Op.RELEASE) else ""),
         req.timeout_ms / 1000)
     if op == Op.DELETE and outcome.ok:
         return OkReply({"deleted": True})
