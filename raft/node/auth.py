@@ -95,6 +95,7 @@ REQUIRED: dict[str, Permission | None] = {
     "topic_create": Permission.ADMIN,
     "topic_alter": Permission.ADMIN,
     "topic_delete": Permission.ADMIN,
+    "topic_move": Permission.ADMIN,
 }
 
 # Request types checked against the topic they touch (the partition's, or the topic they name):
@@ -104,10 +105,10 @@ TOPIC_SCOPED = frozenset({
     "produce", "load_begin", "load_stage", "load_commit", "load_abort", "fetch",
     "transfer_leader", "sub_open", "sub_commit", "sub_commit_many", "sub_pin", "sub_release",
     "sub_get", "sub_list", "sub_reset", "sub_delete", "topic_create", "topic_alter",
-    "topic_delete",
+    "topic_delete", "topic_move",
 })
 # Requests that name their topic rather than reach a partition of it.
-NAMES_TOPIC = frozenset({"topic_create", "topic_alter", "topic_delete"})
+NAMES_TOPIC = frozenset({"topic_create", "topic_alter", "topic_delete", "topic_move"})
 
 TOKEN_PREFIX = "rl_"
 _DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
