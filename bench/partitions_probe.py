@@ -164,3 +164,21 @@ def terms(view: dict[int, dict[int, tuple[str, int, int]]]) -> dict[int, int]:
         for p, (_role, term, _leader) in parts.items():
             out[p] = max(out.get(p, 0), term)
     return out
+
+
+def wait_led(cluster: Cluster, topic: str, partitions: int, bound_s: float,
+             exclude: int | None = None) -> tuple[float | None, int]:
+    """Poll every live node's `status` until each of the topic's partitions runs on every live
+    node and one of them leads it: (seconds, partitions led), seconds None past `bound_s`.
+    The metadata's leader is one node's view; this is every node's."""
+    t0 = time.monotonic()
+    led = 0
+    while True:
+        view = partition_view(cluster, topic)
+        led = len(led_partitions(view, exclude))
+        everywhere = all(len(v) >= partitions for n, v in view.items() if n != exclude)
+        if led >= partitions and everywhere:
+            return time.monotonic() - t0, led
+        if time.monotonic() - t0 > bound_s:
+            return None, led
+        time.sleep(0.1)

@@ -29,7 +29,7 @@ from bench.catalogue import MEASURES
 from bench.disk import DiskNeed
 from bench.partitions_load import KeyedArgs, keyed_worker
 from bench.partitions_probe import (MetricsCluster, Window, led_partitions, load_average,
-                                    partition_view, terms)
+                                    partition_view, terms, wait_led)
 from bench.results import figure
 from bench.stats import Histogram
 from bench.workers import WorkerError, WorkerGroup
@@ -206,12 +206,18 @@ def idle(ctx: Ctx, cluster: MetricsCluster, s: dict, det: dict) -> list[dict]:
         ctx.describe(f"partitions: idle with {p} partitions")
         t0 = time.monotonic()
         admin(cluster, "create" if not out else "grow", "idle", p, timeout=CREATE_BOUND_S)
+        meta_s = time.monotonic() - t0
+        led_s, led = wait_led(cluster, "idle", p, CREATE_BOUND_S)
         ready_s = time.monotonic() - t0
+        if led_s is None:
+            raise RuntimeError(f"only {led} of {p} idle partitions led on every node after "
+                               f"{ready_s:.0f}s: the largest count that works is lower")
         time.sleep(s["settle"])
         w = Window(cluster).start()
         time.sleep(s["idle_s"])
         r = w.end()
-        out[str(p)] = {**r, "led_after_s": round(ready_s, 2), "load": load_average()}
+        out[str(p)] = {**r, "metadata_led_s": round(meta_s, 2), "led_after_s": round(ready_s, 2),
+                       "load": load_average()}
         fr = _mean(r["frames_ps"])
         frames1 = fr if frames1 is None else frames1
         figs.append(figure(f"partitions.idle.frames_ps.p{p}", "partitions",
@@ -238,11 +244,14 @@ def create_and_failover(ctx: Ctx, cluster: MetricsCluster, s: dict, det: dict,
     ctx.describe(f"partitions: topic create of {big} partitions")
     t0 = time.monotonic()
     admin(cluster, "create", "big", big, timeout=CREATE_BOUND_S)
-    created = time.monotonic() - t0
-    det["create"] = {"s": created, "load": load_average()}
+    meta_s = time.monotonic() - t0
+    led_s, led = wait_led(cluster, "big", big, CREATE_BOUND_S)
+    created = None if led_s is None else time.monotonic() - t0
+    det["create"] = {"s": created, "metadata_led_s": meta_s, "led": led, "load": load_average()}
     if "create" in which:
         figs.append(figure(f"partitions.create{big}.s", "partitions",
-                           f"topic create of {big} partitions until all led", "s", [created],
+                           f"topic create of {big} partitions until all led (every node's "
+                           f"status)", "s", [created],
                            better="lower", params={"partitions": big}))
         ctx.advance("partitions")
     if "failover" not in which:
