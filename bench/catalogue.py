@@ -12,6 +12,8 @@ from types import ModuleType
 # Latency first: it measures single fsynced writes, and should not share the disk with the
 # writeback of the gigabytes the produce workload leaves behind.
 WORKLOADS = ("latency", "produce", "fetch", "failover")
+# `--only` choices: the measures of the workloads that have several (bench/workloads/partitions.py).
+MEASURES = ("throughput", "keyed", "fsyncs", "idle", "create", "failover")
 
 
 def available_workloads() -> list[str]:

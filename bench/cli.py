@@ -9,7 +9,7 @@ import sys
 
 from rich.console import Console
 
-from bench.catalogue import WORKLOADS, available_workloads
+from bench.catalogue import MEASURES, WORKLOADS, available_workloads
 from bench.workloads.common import BenchConfig
 
 DEFAULT_OUT = "bench-results"
@@ -43,6 +43,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-data", "--keep", dest="keep", action="store_true",
                    help="keep the clusters' data dirs and logs (default: each workload's are "
                         "removed when it ends; the next one starts with the space back)")
+    p.add_argument("--only", default="", metavar="A,B",
+                   help="run only these measures of a workload that has several (partitions: "
+                        "throughput,keyed,fsyncs,idle,create,failover)")
+    p.add_argument("--partitions", type=int, default=None,
+                   help="the large partition count of `partitions` (default 1000; 4 with "
+                        "--quick)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -54,12 +60,21 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if unknown:
         raise SystemExit(f"bench: unknown workload {unknown[0]!r}; choose from "
                          f"{', '.join(known)}")
+    only = [m.strip() for m in args.only.split(",") if m.strip()]
+    bad = [m for m in only if m not in MEASURES]
+    if bad:
+        raise SystemExit(f"bench: unknown measure {bad[0]!r} for --only; choose from "
+                         f"{', '.join(MEASURES)}")
+    if args.partitions is not None and args.partitions < 1:
+        raise SystemExit("bench: --partitions must be at least 1")
     return BenchConfig(
         workloads=list(args.workloads) or list(WORKLOADS), nodes=args.nodes,
         duration=args.duration if args.duration is not None else (0.5 if args.quick else 2.0),
         repeats=args.repeats if args.repeats is not None else (1 if args.quick else 3),
         quick=args.quick, base_dir=args.data_dir, server_args=list(args.server_arg),
-        batch_bytes=args.batch_bytes, window=args.window, keep=args.keep)
+        batch_bytes=args.batch_bytes, window=args.window, keep=args.keep,
+        only=only,
+        partitions=args.partitions or (4 if args.quick else 1000))
 
 
 def command(args: argparse.Namespace) -> int:

@@ -28,6 +28,9 @@ class BenchConfig:
     batch_bytes: int = 256 << 10  # client batching: record bytes per produce request
     window: int = 8  # produce requests in flight per producer
     keep: bool = False
+    # `partitions` workload: which of its measures to run (empty: all) and its large count.
+    only: list[str] = field(default_factory=list)
+    partitions: int = 1000
 
 
 @dataclass
