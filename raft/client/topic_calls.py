@@ -87,27 +87,32 @@ class TopicCalls:
         finds them; RequestTimeout if that takes longer than `timeout` (the topic exists)."""
         budget = self.timeout if timeout is None else timeout
         deadline = trio.current_time() + budget
-        await self.call(TopicCreate(name, partitions, replicas, retention_bytes, retention_ms,
-                                    max_record_bytes, _timeout_ms(budget)), timeout=budget)
+        reply = await self.call(TopicCreate(name, partitions, replicas, retention_bytes,
+                                            retention_ms, max_record_bytes, _timeout_ms(budget)),
+                                timeout=budget)
         if not wait:
-            return (await self.cluster_metadata()).topic(name)
-        return await self.wait_for_leaders(name, deadline)
+            # The controller's own answer: another node's metadata may not show the topic yet.
+            return Metadata.parse({"topics": [reply["topic"]]}).topic(name)
+        return await self.wait_for_leaders(name, deadline, partitions)
 
-    async def wait_for_leaders(self, name: str, deadline: float) -> TopicInfo:
-        """Poll the metadata (at its bounded rate) until every partition of `name` has a
-        leader with an address."""
+    async def wait_for_leaders(self, name: str, deadline: float,
+                               partitions: int = 0) -> TopicInfo:
+        """Poll the metadata (at its bounded rate) until `name` shows at least `partitions`
+        partitions (a node that has not applied a grow yet still shows the old ones, all led)
+        and every one of them has a leader with an address."""
         last: TopicInfo | None = None
         while True:
             try:
                 meta = await self.cluster_metadata()
                 last = meta.topics.get(name)
-                if last is not None and all(p.leader_address for p in last.partitions):
+                if (last is not None and last.partition_count >= partitions
+                        and all(p.leader_address for p in last.partitions)):
                     return last
             except RaftlogError:
                 pass  # a node restarting: ask again
             if trio.current_time() >= deadline:
                 have = sum(1 for p in last.partitions if p.leader_address) if last else 0
-                total = last.partition_count if last else "?"
+                total = max(partitions, last.partition_count) if last else partitions or "?"
                 raise RequestTimeout(
                     f"topic {name!r} exists, but only {have} of {total} partitions had a "
                     f"leader in time; check `raftlog topic describe {name}` in a moment")
@@ -124,11 +129,12 @@ class TopicCalls:
         if partitions is None and retention_bytes is None and retention_ms is None \
                 and max_record_bytes is None:
             raise ValueError("alter_topic needs partitions or a setting to change")
-        await self.call(TopicAlter(name, partitions, retention_bytes, retention_ms,
-                                   max_record_bytes, _timeout_ms(budget)), timeout=budget)
+        reply = await self.call(TopicAlter(name, partitions, retention_bytes, retention_ms,
+                                           max_record_bytes, _timeout_ms(budget)),
+                                timeout=budget)
         if not wait:
-            return (await self.cluster_metadata()).topic(name)
-        return await self.wait_for_leaders(name, deadline)
+            return Metadata.parse({"topics": [reply["topic"]]}).topic(name)
+        return await self.wait_for_leaders(name, deadline, partitions or 0)
 
     async def describe_topic(self, name: str) -> dict[str, Any]:
         """A topic as `raftlog topic describe` shows it: {"name", "settings", "partitions":

@@ -48,10 +48,18 @@ async def test_keyed_records_of_a_topic_of_8_partitions_round_trip_exactly_once(
                     assert row["high_watermark"] >= n - 1 and row["log_start"] >= 0
                     assert row["leader"] in row["replicas"]
 
-                with pytest.raises(UnknownTopicError, match="default, orders"):
+                # A grow waits for the new partitions (a node that has not applied it yet still
+                # shows 8, all led), and a create without waiting answers from the controller.
+                grown = await c.alter_topic("orders", partitions=12)
+                assert grown.partition_count == 12
+                assert all(p.leader_address for p in grown.partitions)
+                quick = await c.create_topic("audit", partitions=2, replicas=3, wait=False)
+                assert quick.partition_count == 2
+
+                with pytest.raises(UnknownTopicError, match="audit, default, orders"):
                     await c.produce([b"x"], topic="ordres")
-                with pytest.raises(UnknownTopicError, match=r"0\.\.7"):
-                    await c.fetch(0, topic="orders", partition=8)
+                with pytest.raises(UnknownTopicError, match=r"0\.\.11"):
+                    await c.fetch(0, topic="orders", partition=12)
 
                 # Today's calls: the default topic's partition 0.
                 res = await c.produce([b"legacy"])
