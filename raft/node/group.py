@@ -116,6 +116,9 @@ class RaftGroup:
         self.closing = False
         self._meta = Meta()
         self._wake = trio.Event()
+        # Called on every input that reaches the core (`kick`): the registry puts the group
+        # back among the ones its ticker visits (raft.node.registry, quiesced groups skipped).
+        self.on_input: Callable[[], None] = lambda: None
         # The node's flusher (Node sets it; a group started without one runs its own).
         self.flusher: NodeFlusher | None = None
         self._hw_changed = trio.Event()
@@ -171,11 +174,11 @@ class RaftGroup:
                                founder=None if self.config.join else min(voters),
                                save=self._save_identity)
         try:
-            # quiesce_ticks=0 until this runtime feeds node liveness to the core (peer_down /
-            # peer_up from a node-pair failure detector, docs/DESIGN.md "Quiescence and node
-            # liveness"): a quiesced follower would not notice its leader's node dying.
+            # Quiescence is on by default (RaftConfig.quiesce_ticks): the node's failure
+            # detector (raft.node.liveness) feeds peer_down / peer_up, so a quiesced follower
+            # notices its leader's node dying; `--raft quiesce_ticks=0` turns it off.
             raft_cfg = RaftConfig(node_id=self.node_id, voters=voters, learners=[],
-                                  **{"quiesce_ticks": 0, **self.config.raft_kwargs()})
+                                  **self.config.raft_kwargs())
             self.core = RaftCore(raft_cfg, self.log, self._rng)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"raft settings: {e}; check --raft KEY=VALUE options and "
@@ -261,8 +264,37 @@ class RaftGroup:
 
     # -- inputs ------------------------------------------------------------------------------------
     def kick(self) -> None:
-        """An input reached the core: let the Ready loop run."""
+        """An input reached the core: let the Ready loop run, and the ticker tick it (an input
+        may have woken a quiesced core)."""
         self._wake.set()
+        self.on_input()
+
+    def peer_state(self, node_id: int, up: bool) -> None:
+        """The node's failure detector reports `node_id`'s node up or down (raft.node.liveness):
+        the core's liveness input (raft/core/quiesce.py)."""
+        if self.core is None or self.failure is not None:
+            return
+        try:
+            if up:
+                self.core.peer_up(node_id)
+            else:
+                self.core.peer_down(node_id)
+        except Exception as e:
+            self.fail(e, "peer_up" if up else "peer_down")
+            return
+        self.kick()
+
+    def wake(self) -> None:
+        """Something outside the core changed that it must look at (the scrubber recorded
+        damage): a quiesced core goes back to ticking."""
+        if self.core is None or self.failure is not None:
+            return
+        try:
+            self.core.wake()
+        except Exception as e:
+            self.fail(e, "wake")
+            return
+        self.kick()
 
     def deliver(self, msgs: list[Message], *, from_peer: int) -> None:
         for msg in msgs:

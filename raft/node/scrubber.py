@@ -7,7 +7,8 @@ walks the flushed log from its start to its flushed offset and over again, one b
 time in a worker thread (never on the event loop), sleeping between slices so the bytes it reads
 average `scrub_rate` MiB/s. A damaged batch it finds is recorded by storage (never served again
 until repaired) and the core, which polls storage's damage version each tick, stops counting it
-and has it re-fetched (raft/core/repair.py).
+and has it re-fetched (raft/core/repair.py); the scrubber wakes the core (`wake`), since a
+quiesced core is not ticked.
 
 `status` shows where it is, how many passes it completed and what it found.
 """
@@ -55,6 +56,8 @@ class ScrubHost(Protocol):
 
     def kick(self) -> None: ...
 
+    def wake(self) -> None: ...
+
 
 class Scrubber:
     def __init__(self, group: ScrubHost, rate_mib_s: float, slice_bytes: int) -> None:
@@ -96,7 +99,8 @@ class Scrubber:
                           "re-fetched from a member with a good copy (docs/DISK-LOSS.md)",
                           group.node_id, d.describe())
             if got.damaged:
-                group.kick()
+                # The core looks for new damage on its ticks; a quiesced core is not ticked.
+                group.wake()
             pause = got.bytes_read / (self.rate * MIB)
             if got.wrapped:
                 now = time.monotonic()

@@ -93,7 +93,10 @@ class Node:
         self.flusher = NodeFlusher(self.metrics)
         # One trio loop per node: one monitor, whatever the number of groups.
         self.loop_lag = LoopLag()
-        self.registry = GroupRegistry(self.node_id, self.metrics)
+        # The registry hears the node's failure detector (raft.node.liveness) and tells every
+        # group's core; the transport owns the detector (its links ping).
+        self.registry = GroupRegistry(self.node_id, self.metrics,
+                                      liveness=self.transport.liveness)
         # Group 0, the node's own: its voters come from --peers and it opens the node's data
         # directory unless a log is passed in.
         self.group = self._new_group(0, log_storage, None, rng)
@@ -122,7 +125,7 @@ class Node:
 
     def _context(self, group: RaftGroup) -> api.ApiContext:
         return api.ApiContext(config=self.config, group=group, peers=self.transport,
-                              loop_lag=self.loop_lag)
+                              loop_lag=self.loop_lag, groups=self.registry.status)
 
     # -- groups at run time ------------------------------------------------------------------------
     async def add_group(self, group_id: int, voters: list[int],

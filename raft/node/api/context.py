@@ -44,6 +44,9 @@ class ApiContext:
     peers: AddressBook
     # The node's event-loop lag monitor (one trio loop per node, whatever its groups).
     loop_lag: LoopLag | None = None
+    # The node's groups for `status`: how many run, how many are quiesced and how many the
+    # ticker visits (raft.node.registry.GroupRegistry.status).
+    groups: Callable[[], dict[str, Any]] | None = None
     # What bounds a request's fields on this node (raft.protocol parses with it).
     limits: Limits = field(init=False)
 
