@@ -47,6 +47,7 @@ import test_client_retry  # noqa: E402
 import test_cluster_identity  # noqa: E402
 import test_group_wire  # noqa: E402
 import test_multigroup_inproc  # noqa: E402
+import test_quiesce_inproc  # noqa: E402
 # The security rules' killers live with the security tests (tests/security).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "security"))
 import test_security_unit  # noqa: E402
@@ -581,6 +582,17 @@ MUTANTS = [
            "if False:",
            (test_placement.test_the_rebalance_plan_is_bounded,
             test_placement.test_a_returning_node_gets_leadership_back_a_few_at_a_time)),
+    # Quiescence in the runtime (raft/node/liveness.py, raft/node/registry.py).
+    Mutant("the node's failure detector never reports a silent peer down",
+           "raft.node.liveness", "NodeLiveness.check",
+           "if peer not in self.down and now - heard > self.down_s:",
+           "if False:",
+           (test_quiesce_inproc.test_killing_the_leader_of_50_quiesced_groups_fails_over_without_a_herd,)),
+    Mutant("the node's ticker skips awake groups",
+           "raft.node.registry", "GroupRegistry.tick_awake",
+           "            group.tick()\n",
+           "            pass\n",
+           (test_quiesce_inproc.test_a_follower_catches_up_and_quiesces_only_with_ticks,)),
 ]
 
 
