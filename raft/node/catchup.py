@@ -27,6 +27,8 @@ class CatchupSource(Protocol):
     @property
     def log(self) -> LogStorage | None: ...
 
+    async def until_awake(self) -> None: ...
+
 
 class CatchupTracker:
     def __init__(self, source: CatchupSource) -> None:
@@ -46,6 +48,8 @@ class CatchupTracker:
         can show a catch-up rate over the last few seconds."""
         while True:
             await trio.sleep(0.5)
+            # A quiesced leader's followers are caught up: nothing to sample until it wakes.
+            await self._source.until_awake()
             core = self._source.core
             if core is None or core.role != Role.LEADER:  # followers are a leader's view
                 self._progress_samples.clear()

@@ -251,6 +251,9 @@ class SubscriptionService:
     async def _maintenance(self) -> None:
         while True:
             await trio.sleep(MAINTENANCE_INTERVAL_S)
+            if not self.expiry_ms:
+                # Nothing new is committed while the group is quiesced: nothing to apply.
+                await self.group.until_awake()
             for _ in range(MAINTENANCE_STEPS):
                 if self.catch_up():
                     break
