@@ -52,8 +52,16 @@ def _node_main(args: argparse.Namespace) -> None:
     config = NodeConfig(node_id=args.node_id, data_dir="/nonexistent-in-memory",
                         peers=peers, log_level="ERROR")
 
+    def tune() -> None:  # what `raftlog serve` does (raft.node.serve.tune_interpreter)
+        import gc
+        gc.collect()
+        gc.freeze()
+        _, g1, g2 = gc.get_threshold()
+        gc.set_threshold(10_000, g1, g2)
+        sys.setswitchinterval(0.001)
+
     async def main() -> None:
-        node = Node(config, log_storage=MemoryLog())
+        node = Node(config, log_storage=MemoryLog(), before_serving=tune)
         async with trio.open_nursery() as nursery:
             await nursery.start(node.run)
             stdin = trio.lowlevel.FdStream(os.dup(0))
@@ -69,6 +77,7 @@ def _node_main(args: argparse.Namespace) -> None:
                     if cmd[0] == "add":  # groups [a, b): the driver adds them in steps
                         for g in range(int(cmd[1]), int(cmd[2])):
                             await node.add_group(g, voters, MemoryLog())
+                            await trio.lowlevel.checkpoint()
                     out = _command(node, cmd, Role)
                     sys.stdout.write(json.dumps(out) + "\n")
                     sys.stdout.flush()

@@ -15,9 +15,13 @@ the simulation models it (raft/sim/liveness.py):
   frame heard from it again reports it up (`on_change(peer, True)`). A node starts with every
   peer presumed up and heard from now, as a restarted process does: its peers see it down
   while it was gone, then up when its first frame arrives.
-- A stall of our own event loop (GC, a long step) is not the peers' silence: when the check
-  runs late by more than half the timeout, every peer counts as heard from now, since what
-  they sent may be waiting unread in our sockets.
+- A stall of our own event loop (GC, a long step, a run queue longer than the CPU we get) is
+  not the peers' silence: what they sent may wait unread in our sockets behind our backlog.
+  The check's own lateness measures that backlog (the reader tasks wait in the same queue), so
+  a peer is reported down only after `down_s` plus the largest lateness of the last few
+  checks; and when one check runs later than half the timeout, every peer counts as heard
+  from now. Without this an overloaded node reports healthy peers down, every group they
+  share wakes, and the extra work overloads it further (the storm TiKV #19070 describes).
 
 The peers watched are the node's links (`peers()`: the union of its groups' members), read at
 each check, so links opened and closed by membership changes need no bookkeeping here. A peer
@@ -26,6 +30,7 @@ no longer watched keeps its last verdict until it is watched again and heard fro
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Callable, Collection
 from typing import Any
@@ -36,6 +41,8 @@ log = logging.getLogger("raftlog.node")
 
 # How often the detector looks for silent peers, as a fraction of the down timeout.
 CHECKS_PER_TIMEOUT = 5
+# The lateness of this many recent checks (the largest) is added to the timeout.
+LATENESS_WINDOW = 3 * CHECKS_PER_TIMEOUT
 
 
 def derived_timeouts(tick_ms: int, election_ticks: int, down_ms: int | None) -> tuple[float,
@@ -67,6 +74,7 @@ class NodeLiveness:
         self.reported_down = 0
         self.reported_up = 0
         self.stalls = 0
+        self._lateness: collections.deque[float] = collections.deque(maxlen=LATENESS_WINDOW)
 
     def heard(self, peer: int) -> None:
         """A frame from `peer` arrived (any group, any messages, or a ping)."""
@@ -90,8 +98,10 @@ class NodeLiveness:
                               "silent_s": None if heard is None else round(now - heard, 3)}
         return out
 
-    def check(self, now: float) -> None:
-        """Report down every watched peer silent for longer than the timeout."""
+    def check(self, now: float, slack: float = 0.0) -> None:
+        """Report down every watched peer silent for longer than the timeout (plus `slack`,
+        our own recent lateness)."""
+        limit = self.down_s + slack
         for peer in self.peers():
             if peer == self.node_id:
                 continue
@@ -99,7 +109,7 @@ class NodeLiveness:
             if heard is None:  # newly watched: presumed up, as at a start
                 self._last_heard[peer] = now
                 continue
-            if peer not in self.down and now - heard > self.down_s:
+            if peer not in self.down and now - heard > limit:
                 self.down.add(peer)
                 self.reported_down += 1
                 log.warning("peer_down node=%d peer=%d silent_s=%.3f: nothing heard from it "
@@ -117,10 +127,12 @@ class NodeLiveness:
         while True:
             await trio.sleep_until(due)
             now = trio.current_time()
-            if now - due > self.down_s / 2:
+            late = now - due
+            self._lateness.append(late)
+            if late > self.down_s / 2:
                 # Our own loop stalled: the peers' frames may sit unread in our sockets.
                 self.stalls += 1
                 for peer in list(self._last_heard):
                     self._last_heard[peer] = now
-            self.check(now)
+            self.check(now, max(self._lateness))
             due = max(due + interval, now)

@@ -34,13 +34,14 @@ node pair. The consensus core does not know group ids; the runtime does, here:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from raft.node.group import RaftGroup
+from raft.node.group import DELIVER_SLICE_S, RaftGroup
 from raft.protocol.raft_frames import GroupMessage
 
 if TYPE_CHECKING:
@@ -222,7 +223,14 @@ class GroupRegistry:
         if self._liveness is not None:
             self._liveness.heard(from_peer)
         i, n = 0, len(items)
+        started = time.perf_counter()
         while i < n:
+            if time.perf_counter() - started > DELIVER_SLICE_S:
+                # A frame of many groups' messages is stepped in slices too, as one group's
+                # are (RaftGroup.deliver_frame): a long step here is a silence the peers'
+                # failure detectors would see.
+                await trio.lowlevel.checkpoint()
+                started = time.perf_counter()
             group_id = items[i][0]
             j = i + 1
             while j < n and items[j][0] == group_id:
