@@ -249,11 +249,12 @@ class SubscriptionService:
             await trio.lowlevel.checkpoint()
 
     async def _maintenance(self) -> None:
+        seen = -1
         while True:
             await trio.sleep(MAINTENANCE_INTERVAL_S)
             if not self.expiry_ms:
-                # Nothing new is committed while the group is quiesced: nothing to apply.
-                await self.group.until_awake()
+                # Nothing is newly committed while the group is quiesced and untouched.
+                seen = await self.group.until_input(seen)
             for _ in range(MAINTENANCE_STEPS):
                 if self.catch_up():
                     break
