@@ -22,6 +22,9 @@ the simulation models it (raft/sim/liveness.py):
   checks; and when one check runs later than half the timeout, every peer counts as heard
   from now. Without this an overloaded node reports healthy peers down, every group they
   share wakes, and the extra work overloads it further (the storm TiKV #19070 describes).
+  Neither may postpone a verdict for ever (a node overloaded for good would then never see a
+  dead peer go down): a peer with no frame for MAX_SLACK_FACTOR x `down_s` is down, whatever
+  our lateness.
 
 The peers watched are the node's links (`peers()`: the union of its groups' members), read at
 each check, so links opened and closed by membership changes need no bookkeeping here. A peer
@@ -43,6 +46,8 @@ log = logging.getLogger("raftlog.node")
 CHECKS_PER_TIMEOUT = 5
 # The lateness of this many recent checks (the largest) is added to the timeout.
 LATENESS_WINDOW = 3 * CHECKS_PER_TIMEOUT
+# However late we are, a peer silent this many timeouts (by its last frame) is down.
+MAX_SLACK_FACTOR = 4
 
 
 def derived_timeouts(tick_ms: int, election_ticks: int, down_ms: int | None) -> tuple[float,
@@ -69,7 +74,8 @@ class NodeLiveness:
         self.peers = peers
         # Who hears the verdicts (the group registry: every group's core).
         self.on_change: Callable[[int, bool], None] = lambda peer, up: None
-        self._last_heard: dict[int, float] = {}
+        self._last_heard: dict[int, float] = {}  # moved forward by our own stalls
+        self._last_frame: dict[int, float] = {}  # when a frame really came
         self.down: set[int] = set()
         self.reported_down = 0
         self.reported_up = 0
@@ -78,7 +84,9 @@ class NodeLiveness:
 
     def heard(self, peer: int) -> None:
         """A frame from `peer` arrived (any group, any messages, or a ping)."""
-        self._last_heard[peer] = trio.current_time()
+        now = trio.current_time()
+        self._last_heard[peer] = now
+        self._last_frame[peer] = now
         if peer in self.down:
             self.down.discard(peer)
             self.reported_up += 1
@@ -108,8 +116,11 @@ class NodeLiveness:
             heard = self._last_heard.get(peer)
             if heard is None:  # newly watched: presumed up, as at a start
                 self._last_heard[peer] = now
+                self._last_frame[peer] = now
                 continue
-            if peer not in self.down and now - heard > limit:
+            frame = self._last_frame.get(peer, heard)
+            if peer not in self.down and (now - heard > limit
+                                          or now - frame > MAX_SLACK_FACTOR * self.down_s):
                 self.down.add(peer)
                 self.reported_down += 1
                 log.warning("peer_down node=%d peer=%d silent_s=%.3f: nothing heard from it "
@@ -123,6 +134,7 @@ class NodeLiveness:
         now = trio.current_time()
         for peer in self.peers():
             self._last_heard.setdefault(peer, now)
+            self._last_frame.setdefault(peer, now)
         due = now + interval
         while True:
             await trio.sleep_until(due)
