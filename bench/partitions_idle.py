@@ -42,7 +42,6 @@ from typing import Any
 def _node_main(args: argparse.Namespace) -> None:
     import trio
 
-    from raft.core.types import Role
     from raft.node.config import NodeConfig
     from raft.node.server import Node
     from storage.memory import MemoryLog
@@ -78,7 +77,7 @@ def _node_main(args: argparse.Namespace) -> None:
                         for g in range(int(cmd[1]), int(cmd[2])):
                             await node.add_group(g, voters, MemoryLog())
                             await trio.lowlevel.checkpoint()
-                    out = _command(node, cmd, Role)
+                    out = _report(node)
                     sys.stdout.write(json.dumps(out) + "\n")
                     sys.stdout.flush()
             node.request_shutdown()
@@ -86,19 +85,8 @@ def _node_main(args: argparse.Namespace) -> None:
     trio.run(main)
 
 
-def _command(node: Any, cmd: list[str], Role: Any) -> dict[str, Any]:
-    if cmd[0] == "yield_to":  # every group this node leads: hand leadership to cmd[1]
-        target = int(cmd[1])
-        moved = 0
-        for group in node.registry.groups():
-            if group.core.role == Role.LEADER and target != node.node_id:
-                try:
-                    group.core.transfer_leadership(target)
-                    moved += 1
-                except ValueError:
-                    pass
-                group.kick()
-        return {"moved": moved}
+def _report(node: Any) -> dict[str, Any]:
+    """Links' counters, every group's (id, role, leader, term, quiesced), peers down."""
     links = {str(p): {"frames": link.sent_frames, "pings": link.sent_pings,
                       "messages": link.sent_messages} for p, link in node.links.items()}
     groups = [[g.group_id, g.core.role.value, g.core.leader_id, g.core.term,
