@@ -27,6 +27,8 @@ class CatchupSource(Protocol):
     @property
     def log(self) -> LogStorage | None: ...
 
+    async def until_input(self, seen: int) -> int: ...
+
 
 class CatchupTracker:
     def __init__(self, source: CatchupSource) -> None:
@@ -44,8 +46,11 @@ class CatchupTracker:
     async def run_sampler(self) -> None:
         """Twice a second, remember each follower's match index and acked bytes, so status
         can show a catch-up rate over the last few seconds."""
+        seen = -1
         while True:
             await trio.sleep(0.5)
+            # A quiesced leader's followers are caught up: nothing to sample until an input.
+            seen = await self._source.until_input(seen)
             core = self._source.core
             if core is None or core.role != Role.LEADER:  # followers are a leader's view
                 self._progress_samples.clear()

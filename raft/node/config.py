@@ -33,6 +33,7 @@ from raft.node.config_values import (  # re-exported: the CLI and tests import t
     parse_peers,
     parse_size,
 )
+from raft.node.liveness import derived_timeouts
 from raft.protocol.framing import DEFAULT_MAX_FRAME_BYTES
 
 DEFAULT_HOST = "127.0.0.1"
@@ -104,6 +105,10 @@ FLAG_HELP = {
                                    "stops reading from it",
     "peer_queue_messages": "outgoing messages queued per peer (beyond: dropped, Raft retries)",
     "peer_queue_bytes": "outgoing bytes queued per peer",
+    "peer_down_ms": "report a peer node down to every group's core after this many ms without "
+                    "a frame from it (0 = one election timeout, election_ticks x tick_ms); "
+                    "an idle link pings after a fifth of it (docs/DESIGN.md, \"Quiescence and "
+                    "node liveness\")",
     "reconnect_min_ms": "first pause before redialling a peer",
     "reconnect_max_ms": "longest pause before redialling a peer",
     "default_timeout_ms": "a request's timeout when the client gives none",
@@ -156,6 +161,10 @@ class NodeConfig:
     # Outgoing per-peer queue: raft messages beyond these bounds are dropped (Raft retries).
     peer_queue_messages: int = 4096
     peer_queue_bytes: int = 64 * 1024 * 1024
+    # Node-pair failure detector (raft/node/liveness.py): a peer node silent this long is
+    # reported down to every group's core (what lets a quiesced follower notice its leader's
+    # node died); 0 = one election timeout. Idle links ping after a fifth of it.
+    peer_down_ms: int = 0
     # Peer reconnect backoff (exponential with full jitter).
     reconnect_min_ms: int = 50
     reconnect_max_ms: int = 2000
@@ -241,6 +250,13 @@ class NodeConfig:
     def node_dir(self) -> Path:
         return Path(self.data_dir) / f"node-{self.node_id}"
 
+    def liveness_timeouts(self) -> tuple[float, float]:
+        """(ping interval, down timeout) in seconds for the node's failure detector."""
+        election = self.election_ticks
+        if election is None:
+            election = self.raft.get("election_ticks", raft_default("election_ticks"))
+        return derived_timeouts(self.tick_ms, election, self.peer_down_ms or None)
+
     def raft_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for RaftConfig besides node_id/voters/learners."""
         out = {k: getattr(self, k) for k in self._RAFT_KNOBS if getattr(self, k) is not None}
@@ -288,6 +304,14 @@ class NodeConfig:
                               f"max_timeout_ms {self.max_timeout_ms}")
         if self.reconnect_max_ms < self.reconnect_min_ms:
             raise ConfigError("reconnect_max_ms must be >= reconnect_min_ms")
+        if (isinstance(self.peer_down_ms, bool) or not isinstance(self.peer_down_ms, int)
+                or self.peer_down_ms < 0):
+            raise ConfigError(f"peer_down_ms must be an integer >= 0 (0 = one election "
+                              f"timeout), got {self.peer_down_ms!r}")
+        if 0 < self.peer_down_ms < 5:
+            raise ConfigError(f"peer_down_ms {self.peer_down_ms} is too short: links ping "
+                              f"after a fifth of it; use at least a few ticks ({self.tick_ms} "
+                              f"ms each), or 0 for one election timeout")
         if self.shutdown_transfer_ms < 0:
             raise ConfigError("shutdown_transfer_ms must be >= 0")
         for name in ("recovery_rate", "recovery_burst"):

@@ -127,6 +127,13 @@ class RaftGroup:
         self.closing = False
         self._meta = Meta()
         self._wake = trio.Event()
+        # Called on every input that reaches the core (`kick`): the registry puts the group
+        # back among the ones its ticker visits (raft.node.registry, quiesced groups skipped).
+        self.on_input: Callable[[], None] = lambda: None
+        # Set by every input (`kick`): what the group's periodic tasks wait on while the core
+        # is quiesced (`until_input`), so a quiet group costs no timer wake-ups either.
+        self._input = trio.Event()
+        self.inputs = 0  # inputs so far (`until_input`)
         # The node's flusher (Node sets it; a group started without one runs its own).
         self.flusher: NodeFlusher | None = None
         self._hw_changed = trio.Event()
@@ -182,11 +189,11 @@ class RaftGroup:
                                founder=None if self.config.join else min(voters),
                                save=self._save_identity)
         try:
-            # quiesce_ticks=0 until this runtime feeds node liveness to the core (peer_down /
-            # peer_up from a node-pair failure detector, docs/DESIGN.md "Quiescence and node
-            # liveness"): a quiesced follower would not notice its leader's node dying.
+            # Quiescence is on by default (RaftConfig.quiesce_ticks): the node's failure
+            # detector (raft.node.liveness) feeds peer_down / peer_up, so a quiesced follower
+            # notices its leader's node dying; `--raft quiesce_ticks=0` turns it off.
             raft_cfg = RaftConfig(node_id=self.node_id, voters=voters, learners=[],
-                                  **{"quiesce_ticks": 0, **self.config.raft_kwargs()})
+                                  **self.config.raft_kwargs())
             self.core = RaftCore(raft_cfg, self.log, self._rng)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"raft settings: {e}; check --raft KEY=VALUE options and "
@@ -274,8 +281,58 @@ class RaftGroup:
 
     # -- inputs ------------------------------------------------------------------------------------
     def kick(self) -> None:
-        """An input reached the core: let the Ready loop run."""
+        """An input reached the core: let the Ready loop run, and the ticker tick it (an input
+        may have woken a quiesced core)."""
         self._wake.set()
+        self.inputs += 1
+        self._input.set()
+        self.on_input()
+
+    @property
+    def quiet(self) -> bool:
+        """The core is quiesced (raft/core/quiesce.py): nothing moves until an input."""
+        return self.core is not None and self.core.quiesced and not self.closing
+
+    async def until_input(self, seen: int) -> int:
+        """Wait, while the core is quiesced, until an input newer than `seen` (a value of
+        `inputs` this returned before; -1 at first) reached the group; return at once when
+        the core is awake or such an input came already. Returns `inputs` now. The group's
+        periodic tasks (the catch-up sampler, the loads and subscriptions upkeep) call this
+        between rounds, so 1,000 quiet groups do not wake up 1,000 timers a second, and an
+        input that came while a task slept (the commit a quiescing heartbeat carried) still
+        gets its round."""
+        while self.quiet and self.inputs == seen:
+            if self._input.is_set():
+                self._input = trio.Event()
+            await self._input.wait()
+        return self.inputs
+
+    def peer_state(self, node_id: int, up: bool) -> None:
+        """The node's failure detector reports `node_id`'s node up or down (raft.node.liveness):
+        the core's liveness input (raft/core/quiesce.py)."""
+        if self.core is None or self.failure is not None:
+            return
+        try:
+            if up:
+                self.core.peer_up(node_id)
+            else:
+                self.core.peer_down(node_id)
+        except Exception as e:
+            self.fail(e, "peer_up" if up else "peer_down")
+            return
+        self.kick()
+
+    def wake(self) -> None:
+        """Something outside the core changed that it must look at (the scrubber recorded
+        damage): a quiesced core goes back to ticking."""
+        if self.core is None or self.failure is not None:
+            return
+        try:
+            self.core.wake()
+        except Exception as e:
+            self.fail(e, "wake")
+            return
+        self.kick()
 
     def deliver(self, msgs: list[Message], *, from_peer: int) -> None:
         for msg in msgs:
@@ -378,8 +435,12 @@ class RaftGroup:
     async def _loads_loop(self) -> None:
         """The leader keeps its load index applied (at most LOAD_CATCH_UP_BYTES per round, a
         bounded slice per step) and aborts staged loads idle past the load timeout."""
+        seen = -1
         while True:
             await trio.sleep(LOAD_CHECK_TICKS * self.config.tick_ms / 1000)
+            if not self.loads.index.table.open_loads():
+                # Nothing to expire; nothing newly committed while quiet and untouched.
+                seen = await self.until_input(seen)
             if self.is_leader():
                 await self.loads.catch_up(self.core.commit_index, LOAD_CATCH_UP_BYTES)
             self._expire_loads()

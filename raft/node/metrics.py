@@ -271,6 +271,12 @@ def state_families(st: dict[str, Any]) -> Iterator[Metric]:
                                "re-read and checked")
     read.add_metric([], scrub.get("bytes_read", 0))
     yield read
+    groups = st.get("groups") or {}  # raft.node.registry: quiescence (raft/core/quiesce.py)
+    yield _gauge("raftlog_groups", "Raft groups this node runs", groups.get("count", 0))
+    yield _gauge("raftlog_groups_quiesced", "Groups quiesced now: no ticks, no heartbeats "
+                 "until an input wakes them", groups.get("quiesced", 0))
+    yield _gauge("raftlog_groups_awake", "Groups the node's ticker visits (not found "
+                 "quiesced since their last input)", groups.get("awake", 0))
     yield from _retention_families(st)
     yield from _partition_families(st.get("partition_series"))
     yield from _follower_families(st)
@@ -414,10 +420,20 @@ def _link_families(links: dict[str, Any]) -> Iterator[Metric]:
     frames = CounterMetricFamily("raftlog_peer_frames_sent", "Raft frames written to the peer "
                                  "(one frame carries the messages of all groups queued then)",
                                  labels=["peer"])
+    up = GaugeMetricFamily("raftlog_peer_up", "The node's failure detector on the peer node: "
+                           "1 up, 0 down (nothing heard from it for peer_down_ms)",
+                           labels=["peer"])
+    pings = CounterMetricFamily("raftlog_peer_pings_sent", "Liveness pings written to the "
+                                "peer (frames with no messages, on an idle link)",
+                                labels=["peer"])
     for peer, link in sorted(links.items()):
         connected.add_metric([str(peer)], 1.0 if link.get("connected") else 0.0)
+        up.add_metric([str(peer)], 1.0 if link.get("up", True) else 0.0)
+        pings.add_metric([str(peer)], link.get("pings", 0))
         dropped.add_metric([str(peer)], link.get("dropped", 0))
         frames.add_metric([str(peer)], link.get("frames", 0))
     yield connected
+    yield up
     yield dropped
     yield frames
+    yield pings

@@ -26,6 +26,12 @@ With TLS (raft.node.tls), each link is mutual TLS: we present this node's certif
 peer's must come from the cluster CA and name the node id we dialled, else the link retries
 with backoff and says why (the peer does the same check on its side).
 
+Liveness pings. A link that has written nothing for `ping_s` writes a ping: a raft frame with
+no messages (`{"t": "raft", "msgs": []}`), which every version decodes as an empty frame and
+drops, so it needs no gate. The peer's failure detector (raft.node.liveness) counts it, like
+any frame, as hearing from us: an idle node pair exchanges one small frame per direction per
+ping interval, whatever the number of groups (their quiesced groups send nothing).
+
 Why one connection per direction: each node dials each peer and only writes on that connection;
 replies come back on the peer's own outgoing connection. No request/response pairing on a socket
 means a slow peer never blocks our reads, and reconnect logic lives in one place.
@@ -63,6 +69,8 @@ SPLIT_WRITE_BYTES = 64 * 1024
 # decodes (CRC-checks) and appends a whole frame in one event-loop step.
 BULK_FRAME_BYTES = 1 << 20
 BULK_FRAME_BATCHES = 1024
+# A liveness ping: a raft frame with no messages (see the module docstring).
+PING_FRAME = encode_frame({"t": "raft", "msgs": []})
 
 
 class Lane(enum.Enum):
@@ -96,8 +104,11 @@ class PeerLink:
                  backoff_max_s: float, rng: random.Random,
                  encodings: BatchEncodings | None = None,
                  tls: Callable[[], NodeTLS | None] = lambda: None,
-                 identity: ClusterIdentity | None = None) -> None:
+                 identity: ClusterIdentity | None = None,
+                 ping_s: float | None = None) -> None:
         self.self_id = self_id
+        # Write a ping after this long without writing anything (None: never).
+        self._ping_s = ping_s
         # The node's cluster id, sent in the hello and compared with the peer's answer
         # (raft/node/identity.py).
         self._identity = identity or ClusterIdentity(self_id)
@@ -125,7 +136,8 @@ class PeerLink:
         self._session_scope: trio.CancelScope | None = None
         self.connected = False
         self.sent_messages = 0
-        self.sent_frames = 0  # raft frames written: what coalescing across groups keeps low
+        self.sent_frames = 0  # raft frames written (pings too): what coalescing keeps low
+        self.sent_pings = 0  # of those, liveness pings (frames with no messages)
         self.dropped_messages = 0
         self.superseded_messages = 0  # queued messages a sender withdrew (see withdraw)
         self.connects = 0
@@ -187,7 +199,7 @@ class PeerLink:
         return {"address": self.address, "connected": self.connected,
                 "queued": len(self._bulk) + len(self._control),
                 "queued_bytes": self._queued_bytes, "sent": self.sent_messages,
-                "frames": self.sent_frames,
+                "frames": self.sent_frames, "pings": self.sent_pings,
                 "dropped": self.dropped_messages, "superseded": self.superseded_messages,
                 "connects": self.connects}
 
@@ -347,10 +359,25 @@ class PeerLink:
         return msgs
 
     async def _send_loop(self, stream: trio.abc.Stream) -> None:
+        last_write = trio.current_time()
         while True:
+            pinged = False
             while not self._control and not self._bulk:
                 self._has_data = trio.Event()
-                await self._has_data.wait()
+                if self._ping_s is None:
+                    await self._has_data.wait()
+                    continue
+                with trio.move_on_at(last_write + self._ping_s):
+                    await self._has_data.wait()
+                if not self._has_data.is_set():
+                    await stream.send_all(PING_FRAME)
+                    self.sent_frames += 1
+                    self.sent_pings += 1
+                    last_write = trio.current_time()
+                    pinged = True
+                    break
+            if pinged:
+                continue
             msgs = self._next_frame()
             pieces = encode_raft_frame_pieces(msgs, self._encodings)
             size = sum(len(p) for p in pieces) - LEN_SIZE
@@ -368,6 +395,7 @@ class PeerLink:
                     await stream.send_all(piece)
             self.sent_messages += len(msgs)
             self.sent_frames += 1
+            last_write = trio.current_time()
 
 
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:

@@ -7,10 +7,21 @@ node pair. The consensus core does not know group ids; the runtime does, here:
   nursery of its own under the node's, so one group can be stopped (a topic deleted, a replica
   moved away) while the node and its other groups go on. The node calls these
   (`Node.add_group` / `Node.remove_group`), and so will the controller's reconciler.
-- One ticker for the node, not one timer task per group: each tick calls `tick` on every group
-  in one step, so whatever the groups send in a tick (above all the leaders' heartbeats) is
-  queued before any peer link writes, and leaves in one frame per peer. Frames per node pair
+- One ticker for the node, not one timer task per group: each tick calls `tick` on every awake
+  group in one step, so whatever the groups send in a tick (above all the leaders' heartbeats)
+  is queued before any peer link writes, and leaves in one frame per peer. Frames per node pair
   then grow with the nodes, not with the groups.
+- Only awake groups are ticked. A quiesced core's tick does nothing (raft/core/quiesce.py), so
+  the registry keeps the set of groups that may not be quiet (`_awake`): a group joins it on
+  any input that reaches its core (RaftGroup.kick, which every input path calls: a peer
+  message, a proposal, a flush report, a liveness report, `wake`), and the ticker drops it when
+  it finds its core quiesced. A quiesced group then costs no per-tick work at all: the ticker
+  never visits it.
+- Node liveness (raft.node.liveness, owned by the node's transport): every peer frame
+  delivered here, pings included, counts as hearing from its sender; the detector's verdicts go
+  to every group's core (`peer_down` / `peer_up`: a core ignores nodes outside its
+  configuration and keeps the verdict should one join it), and a group added later is told
+  which nodes are down when it is added.
 - Peer frames are routed by the group id of each message's envelope
   (raft.protocol.raft_frames): each group gets its messages in the order they came; messages
   for a group this node does not run (not created here yet, or already removed) are dropped and
@@ -23,16 +34,18 @@ node pair. The consensus core does not know group ids; the runtime does, here:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from raft.node.group import RaftGroup
+from raft.node.group import DELIVER_SLICE_S, RaftGroup
 from raft.protocol.raft_frames import GroupMessage
 
 if TYPE_CHECKING:
+    from raft.node.liveness import NodeLiveness
     from raft.node.metrics import NodeMetrics
 
 log = logging.getLogger("raftlog.node")
@@ -56,10 +69,18 @@ class _Entry:
 class GroupRegistry:
     """The node's groups by id; see the module docstring."""
 
-    def __init__(self, node_id: int, metrics: NodeMetrics | None = None) -> None:
+    def __init__(self, node_id: int, metrics: NodeMetrics | None = None,
+                 liveness: NodeLiveness | None = None) -> None:
         self.node_id = node_id
         self._metrics = metrics
         self._entries: dict[int, _Entry] = {}
+        # The groups the ticker visits: every group but those it found quiesced (see the
+        # module docstring). Insertion-ordered, so ticks go in the order groups woke.
+        self._awake: dict[_Entry, None] = {}
+        self.group_ticks = 0  # group ticks done (a quiesced group adds none)
+        self._liveness = liveness
+        if liveness is not None:
+            liveness.on_change = self.peer_state
         self._nursery: trio.Nursery | None = None
         self.ticks = 0  # ticks of the node's ticker so far (tests count frames per tick)
         self.unknown_group_messages = 0
@@ -90,6 +111,24 @@ class GroupRegistry:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def awake_count(self) -> int:
+        """Groups the ticker visits now (not found quiesced since their last input)."""
+        return len(self._awake)
+
+    def status(self) -> dict[str, Any]:
+        """For `status`: how many groups run here, how many are quiesced (their core says so)
+        and how many the ticker visits."""
+        quiesced = sum(1 for e in self._entries.values()
+                       if e.group.core is not None and e.group.core.quiesced)
+        return {"count": len(self._entries), "quiesced": quiesced, "awake": len(self._awake)}
+
+    # -- node liveness -----------------------------------------------------------------------
+    def peer_state(self, node_id: int, up: bool) -> None:
+        """The node's failure detector changed its verdict on `node_id`: tell every group's
+        core (peer_up / peer_down), and let each one's Ready loop and the ticker see it."""
+        for entry in list(self._entries.values()):
+            entry.group.peer_state(node_id, up)
+
     # -- lifecycle ---------------------------------------------------------------------------
     def add(self, group_id: int, group: RaftGroup, api: Any) -> None:
         """Register a group whose core runs (start_core done): it is routed to from now on, and
@@ -102,6 +141,11 @@ class GroupRegistry:
         if group.core is None:
             raise ValueError(f"group {group_id}: start its core before adding it")
         entry = self._entries[group_id] = _Entry(group, api)
+        group.on_input = lambda: self._awake.__setitem__(entry, None)
+        self._awake[entry] = None
+        if self._liveness is not None:  # what the node's detector knows now
+            for node_id in sorted(self._liveness.down):
+                group.peer_state(node_id, False)
         if self._nursery is not None:
             self._start(entry)
 
@@ -135,6 +179,8 @@ class GroupRegistry:
         if entry is None:
             raise KeyError(f"group {group_id} does not run on node {self.node_id}; it runs "
                            f"{self.ids()}")
+        self._awake.pop(entry, None)
+        entry.group.on_input = lambda: None
         entry.group.begin_shutdown()
         entry.scope.cancel()
         if entry.started:
@@ -143,7 +189,7 @@ class GroupRegistry:
         return entry.group
 
     async def _run_ticker(self, interval: float) -> None:
-        """One Raft tick for every group at a time (see the module docstring)."""
+        """One Raft tick for every awake group at a time (see the module docstring)."""
         deadline = trio.current_time()
         while True:
             deadline += interval
@@ -151,17 +197,40 @@ class GroupRegistry:
             if deadline < now - 10 * interval:  # we were stalled: do not replay missed ticks
                 deadline = now
             await trio.sleep_until(deadline)
-            self.ticks += 1
-            for entry in list(self._entries.values()):
-                if entry.started:
-                    entry.group.tick()
+            self.tick_awake()
+
+    def tick_awake(self) -> None:
+        """One tick of the node's ticker: tick each awake group; drop the ones found quiet."""
+        self.ticks += 1
+        awake = self._awake
+        for entry in list(awake):
+            if not entry.started:
+                continue
+            group = entry.group
+            core = group.core
+            if core is not None and core.quiesced:
+                awake.pop(entry, None)  # back when an input reaches it (on_input)
+                continue
+            group.tick()
+            self.group_ticks += 1
+            if core is not None and core.quiesced:
+                awake.pop(entry, None)
 
     # -- peer frames -----------------------------------------------------------------------------
     async def deliver_frame(self, items: list[GroupMessage], *, from_peer: int) -> None:
         """Hand each group its messages of one peer frame, in the order they came (a run of
         consecutive messages of one group at a time)."""
+        if self._liveness is not None:
+            self._liveness.heard(from_peer)
         i, n = 0, len(items)
+        started = time.perf_counter()
         while i < n:
+            if time.perf_counter() - started > DELIVER_SLICE_S:
+                # A frame of many groups' messages is stepped in slices too, as one group's
+                # are (RaftGroup.deliver_frame): a long step here is a silence the peers'
+                # failure detectors would see.
+                await trio.lowlevel.checkpoint()
+                started = time.perf_counter()
             group_id = items[i][0]
             j = i + 1
             while j < n and items[j][0] == group_id:

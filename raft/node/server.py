@@ -96,7 +96,10 @@ class Node:
         self.flusher = NodeFlusher(self.metrics)
         # One trio loop per node: one monitor, whatever the number of groups.
         self.loop_lag = LoopLag()
-        self.registry = GroupRegistry(self.node_id, self.metrics)
+        # The registry hears the node's failure detector (raft.node.liveness) and tells every
+        # group's core; the transport owns the detector (its links ping).
+        self.registry = GroupRegistry(self.node_id, self.metrics,
+                                      liveness=self.transport.liveness)
         # Per-topic settings in force on each partition (retention, record size), read from
         # the controller metadata applied now (raft.node.topic_settings).
         self.settings = SettingsInForce(config.retention_policy(),
@@ -137,7 +140,8 @@ class Node:
 
     def _context(self, group: RaftGroup) -> api.ApiContext:
         return api.ApiContext(config=self.config, group=group, peers=self.transport,
-                              loop_lag=self.loop_lag, cluster=getattr(self, "topics", None))
+                              loop_lag=self.loop_lag, cluster=getattr(self, "topics", None),
+                              groups=self.registry.status)
 
     # -- groups at run time ------------------------------------------------------------------------
     async def add_group(self, group_id: int, voters: list[int], log_storage: LogStorage, *,

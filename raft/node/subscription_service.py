@@ -249,8 +249,12 @@ class SubscriptionService:
             await trio.lowlevel.checkpoint()
 
     async def _maintenance(self) -> None:
+        seen = -1
         while True:
             await trio.sleep(MAINTENANCE_INTERVAL_S)
+            if not self.expiry_ms:
+                # Nothing is newly committed while the group is quiesced and untouched.
+                seen = await self.group.until_input(seen)
             for _ in range(MAINTENANCE_STEPS):
                 if self.catch_up():
                     break

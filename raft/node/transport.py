@@ -6,6 +6,9 @@
   its own raft.node.outbox.GroupOutbox (`link`);
 - the address book: this node's bound address and the peers' addresses (from --peers, from the
   tests' `set_peer_address`, and learned from the configurations in the logs);
+- the node-pair failure detector (raft.node.liveness.NodeLiveness, `liveness`), watching the
+  peers the links go to; each link pings when it has written nothing for the detector's ping
+  interval, so an idle node pair still hears from each other.
 
 The recovery throttle (NodeConfig.recovery_rate) is not here: the core applies it in ticks
 (RaftConfig.recovery_rate_bytes_per_tick), so a throttled chunk is never sent rather than queued
@@ -24,6 +27,7 @@ import trio
 from raft.core.messages import Message
 from raft.node.config import NodeConfig
 from raft.node.identity import ClusterIdentity
+from raft.node.liveness import NodeLiveness
 from raft.node.peer import PeerLink
 from raft.node.tls import NodeTLS
 from raft.protocol.raft_frames import BatchEncodings
@@ -48,6 +52,10 @@ class PeerTransport:
         self._link_scopes: dict[int, trio.CancelScope] = {}
         # The node's cluster id, which every link's hello carries (raft/node/identity.py).
         self.identity = ClusterIdentity(config.node_id)
+        ping_s, down_s = config.liveness_timeouts()
+        # One failure detector for the node, watching the peers we keep links to.
+        self.liveness = NodeLiveness(config.node_id, ping_s=ping_s, down_s=down_s,
+                                     peers=lambda: self.links.keys())
 
     # -- the address book --------------------------------------------------------------------------
     def set_peer_address(self, peer_id: int, address: str) -> None:
@@ -63,7 +71,14 @@ class PeerTransport:
         return self.peer_addresses.get(node_id)
 
     def link_status(self) -> dict[str, Any]:
-        return {str(k): link.status() for k, link in sorted(self.links.items())}
+        """Per link: its queues and counters, and the detector's view of the peer (`up`)."""
+        view = self.liveness.status()
+        out = {}
+        for k, link in sorted(self.links.items()):
+            st = link.status()
+            st.update(view.get(str(k), {"up": self.liveness.is_up(k), "silent_s": None}))
+            out[str(k)] = st
+        return out
 
     # -- links -------------------------------------------------------------------------------------
     def link(self, node_id: int) -> PeerLink | None:
@@ -75,6 +90,7 @@ class PeerTransport:
         """Run links in `nursery` from now on: one to every peer known now (from --peers, and
         `members` at `addresses`: see sync_members)."""
         self._link_nursery = nursery
+        nursery.start_soon(self.liveness.run)
         self.sync_members(members, addresses)
         for peer_id, address in sorted(self.peer_addresses.items()):
             self._open_link(peer_id, address)
@@ -91,7 +107,7 @@ class PeerTransport:
             backoff_min_s=config.reconnect_min_ms / 1000,
             backoff_max_s=config.reconnect_max_ms / 1000,
             rng=random.Random(self._rng.getrandbits(64)), encodings=self._encodings,
-            tls=self._tls, identity=self.identity)
+            tls=self._tls, identity=self.identity, ping_s=self.liveness.ping_s)
         self.links[peer_id] = link
         scope = trio.CancelScope()
         self._link_scopes[peer_id] = scope

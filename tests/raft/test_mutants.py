@@ -52,6 +52,7 @@ import test_multigroup_inproc  # noqa: E402
 # The record rule's fast path is killed by the record tests (tests/storage).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
 import test_records  # noqa: E402
+import test_quiesce_inproc  # noqa: E402
 # The security rules' killers live with the security tests (tests/security).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "security"))
 import test_security_unit  # noqa: E402
@@ -706,6 +707,17 @@ MUTANTS = [
            "if known is not None and epoch > known and (observer, peer) not in self.down:",
            "if False:",
            (test_topics_sim.test_a_peer_that_restarted_unseen_wakes_its_quiet_followers,)),
+    # Quiescence in the runtime (raft/node/liveness.py, raft/node/registry.py).
+    Mutant("the node's failure detector never reports a silent peer down",
+           "raft.node.liveness", "NodeLiveness.check",
+           "if peer not in self.down and (now - heard > limit",
+           "if False and (now - heard > limit",
+           (test_quiesce_inproc.test_killing_the_leader_of_50_quiesced_groups_fails_over_without_a_herd,)),
+    Mutant("the node's ticker skips awake groups",
+           "raft.node.registry", "GroupRegistry.tick_awake",
+           "            group.tick()\n",
+           "            pass\n",
+           (test_quiesce_inproc.test_a_follower_catches_up_and_quiesces_only_with_ticks,)),
 ]
 
 

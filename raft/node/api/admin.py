@@ -41,6 +41,8 @@ def status_map(ctx: ApiContext) -> dict[str, Any]:
     # Which cluster this node's data belongs to, and peers refused at connect (another
     # cluster's, or this node not a member): raft/node/identity.py.
     st.update(ctx.group.identity.status())
+    if ctx.groups is not None:  # the node's groups: how many are quiesced, how many awake
+        st["groups"] = ctx.groups()
     if ctx.loop_lag is not None:  # the node's, whatever the group
         st["loop_lag"] = ctx.loop_lag.snapshot().to_dict()
     if ctx.group.retention is not None:

@@ -47,6 +47,9 @@ class ApiContext:
     # The node's topics (raft.node.topic_runtime.TopicRuntime: the controller's metadata,
     # routing, per-partition status); None for a context made without a node.
     cluster: Any = None
+    # The node's groups for `status`: how many run, how many are quiesced and how many the
+    # ticker visits (raft.node.registry.GroupRegistry.status).
+    groups: Callable[[], dict[str, Any]] | None = None
     # What bounds a request's fields on this node (raft.protocol parses with it).
     limits: Limits = field(init=False)
 

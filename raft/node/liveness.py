@@ -1,0 +1,150 @@
+"""Node-pair liveness: one failure detector per node, watching each peer node, whatever the
+number of Raft groups they share.
+
+Why: a quiesced group (raft/core/quiesce.py) sends no heartbeats, so nothing per group would
+notice its leader's node dying. One detector per node pair stands in for all of them, and its
+verdicts enter every group's core as inputs (`peer_down` / `peer_up`), never as a clock, as
+the simulation models it (raft/sim/liveness.py):
+
+- Anything heard from a peer node counts: every peer frame it sends us, for any group, with
+  any messages, or none (GroupRegistry.deliver_frame calls `heard`).
+- A link that has written nothing for `ping_s` writes a ping (raft.node.peer.PeerLink: a raft
+  frame with no messages, which any node decodes as an empty frame), so an idle pair still
+  hears from each other every `ping_s` without a message per group.
+- A peer heard from nothing for `down_s` is reported down (`on_change(peer, False)`); the first
+  frame heard from it again reports it up (`on_change(peer, True)`). A node starts with every
+  peer presumed up and heard from now, as a restarted process does: its peers see it down
+  while it was gone, then up when its first frame arrives.
+- A stall of our own event loop (GC, a long step, a run queue longer than the CPU we get) is
+  not the peers' silence: what they sent may wait unread in our sockets behind our backlog.
+  The check's own lateness measures that backlog (the reader tasks wait in the same queue), so
+  a peer is reported down only after `down_s` plus the largest lateness of the last few
+  checks; and when one check runs later than half the timeout, every peer counts as heard
+  from now. Without this an overloaded node reports healthy peers down, every group they
+  share wakes, and the extra work overloads it further (the storm TiKV #19070 describes).
+  Neither may postpone a verdict for ever (a node overloaded for good would then never see a
+  dead peer go down): a peer with no frame for MAX_SLACK_FACTOR x `down_s` is down, whatever
+  our lateness.
+
+The peers watched are the node's links (`peers()`: the union of its groups' members), read at
+each check, so links opened and closed by membership changes need no bookkeeping here. A peer
+no longer watched keeps its last verdict until it is watched again and heard from.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable, Collection
+from typing import Any
+
+import trio
+
+log = logging.getLogger("raftlog.node")
+
+# How often the detector looks for silent peers, as a fraction of the down timeout.
+CHECKS_PER_TIMEOUT = 5
+# The lateness of this many recent checks (the largest) is added to the timeout.
+LATENESS_WINDOW = 3 * CHECKS_PER_TIMEOUT
+# However late we are, a peer silent this many timeouts (by its last frame) is down.
+MAX_SLACK_FACTOR = 4
+
+
+def derived_timeouts(tick_ms: int, election_ticks: int, down_ms: int | None) -> tuple[float,
+                                                                                        float]:
+    """(ping interval, down timeout) in seconds. The down timeout defaults to one election
+    timeout (election_ticks x tick_ms): a peer silent that long would have made a follower
+    campaign anyway. A link pings after a fifth of it with nothing written, so a down verdict
+    needs about five pings in a row lost."""
+    down = (down_ms if down_ms is not None else election_ticks * tick_ms) / 1000
+    return down / CHECKS_PER_TIMEOUT, down
+
+
+class NodeLiveness:
+    """The detector; see the module docstring."""
+
+    def __init__(self, node_id: int, *, ping_s: float, down_s: float,
+                 peers: Callable[[], Collection[int]] = lambda: ()) -> None:
+        if ping_s <= 0 or down_s <= ping_s:
+            raise ValueError(f"liveness: the ping interval ({ping_s} s) must be above 0 and "
+                             f"below the down timeout ({down_s} s)")
+        self.node_id = node_id
+        self.ping_s = ping_s
+        self.down_s = down_s
+        self.peers = peers
+        # Who hears the verdicts (the group registry: every group's core).
+        self.on_change: Callable[[int, bool], None] = lambda peer, up: None
+        self._last_heard: dict[int, float] = {}  # moved forward by our own stalls
+        self._last_frame: dict[int, float] = {}  # when a frame really came
+        self.down: set[int] = set()
+        self.reported_down = 0
+        self.reported_up = 0
+        self.stalls = 0
+        self._lateness: collections.deque[float] = collections.deque(maxlen=LATENESS_WINDOW)
+
+    def heard(self, peer: int) -> None:
+        """A frame from `peer` arrived (any group, any messages, or a ping)."""
+        now = trio.current_time()
+        self._last_heard[peer] = now
+        self._last_frame[peer] = now
+        if peer in self.down:
+            self.down.discard(peer)
+            self.reported_up += 1
+            log.warning("peer_up node=%d peer=%d: heard from it again", self.node_id, peer)
+            self.on_change(peer, True)
+
+    def is_up(self, peer: int) -> bool:
+        return peer not in self.down
+
+    def status(self) -> dict[str, Any]:
+        """Per watched peer: up or down, and seconds since we last heard from it."""
+        now = trio.current_time()
+        out: dict[str, Any] = {}
+        for peer in sorted(self.peers()):
+            heard = self._last_heard.get(peer)
+            out[str(peer)] = {"up": peer not in self.down,
+                              "silent_s": None if heard is None else round(now - heard, 3)}
+        return out
+
+    def check(self, now: float, slack: float = 0.0) -> None:
+        """Report down every watched peer silent for longer than the timeout (plus `slack`,
+        our own recent lateness)."""
+        limit = self.down_s + slack
+        for peer in self.peers():
+            if peer == self.node_id:
+                continue
+            heard = self._last_heard.get(peer)
+            if heard is None:  # newly watched: presumed up, as at a start
+                self._last_heard[peer] = now
+                self._last_frame[peer] = now
+                continue
+            frame = self._last_frame.get(peer, heard)
+            if peer not in self.down and (now - heard > limit
+                                          or now - frame > MAX_SLACK_FACTOR * self.down_s):
+                self.down.add(peer)
+                self.reported_down += 1
+                log.warning("peer_down node=%d peer=%d silent_s=%.3f: nothing heard from it "
+                            "for longer than the liveness timeout (%.3f s); its groups here "
+                            "elect new leaders", self.node_id, peer, now - heard, self.down_s)
+                self.on_change(peer, False)
+
+    async def run(self) -> None:
+        """Check every ping interval until cancelled (the node's nursery)."""
+        interval = self.ping_s
+        now = trio.current_time()
+        for peer in self.peers():
+            self._last_heard.setdefault(peer, now)
+            self._last_frame.setdefault(peer, now)
+        due = now + interval
+        while True:
+            await trio.sleep_until(due)
+            now = trio.current_time()
+            late = now - due
+            self._lateness.append(late)
+            if late > self.down_s / 2:
+                # Our own loop stalled: the peers' frames may sit unread in our sockets.
+                self.stalls += 1
+                for peer in list(self._last_heard):
+                    self._last_heard[peer] = now
+            self.check(now, max(self._lateness))
+            due = max(due + interval, now)
