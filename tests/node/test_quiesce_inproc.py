@@ -206,7 +206,13 @@ async def test_killing_the_leader_of_50_quiesced_groups_fails_over_without_a_her
         assert all(n.transport.liveness.down == {1} for n in survivors)
         elections = sum(max(n.registry.get(g).core.term for n in survivors) - terms[g]
                         for g in groups)
-        assert elections / len(groups) <= 1.1, (elections, failover_s)
+        # No herd: a herd (every group's survivors campaigning together) costs 2 or more
+        # elections a group. The figure (<= 1.1 on average) is a bench target
+        # (partitions.failover1000.elections_per_partition, docs/PERFORMANCE.md): with two
+        # survivors whose randomised timeouts take one of election_ticks values, about one
+        # group in ten sees both campaign in the same tick, so 50 groups land near 1.1 either
+        # side run to run; asserting it here would be a coin toss, not a rule.
+        assert elections / len(groups) <= 1.5, (elections, failover_s)
         assert failover_s < 10 * DOWN_S, failover_s
         # Writes go on meanwhile; the killed node will have to catch up on them.
         offsets = {}
