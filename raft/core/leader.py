@@ -141,6 +141,9 @@ class LeaderSide:
             return
         log = self.log
         throttle = self._recovery_throttle
+        # Every reply handler ends here, so a follower that a reply or flush report showed
+        # at our tail stops counting as recovering before anything is planned for it.
+        pr.settle_recovering(log.dirty_offset)
         while pr.can_send(self.cfg.max_inflight, self.cfg.max_inflight_bytes):
             if (throttle is not None and pr.recovering
                     and throttle.delay_for(self.cfg.recovery_chunk_bytes) > 0):

@@ -43,6 +43,9 @@ class FollowerProgress:
     # match_index or trigger another back-off.
     reset_seq: int = 0
     # Set while catch-up needs more than one request (the RFC's recovery); shown in status.
+    # Set by the chunk planner when a chunk stops short of the leader's tail; cleared by it
+    # when one reaches the tail, and by `settle_recovering` when a reply or flush report
+    # shows the follower holds the tail already.
     recovering: bool = False
     # Follower answered "busy" (its unflushed tail is full): wait for a flush report.
     busy: bool = False
@@ -104,6 +107,18 @@ class FollowerProgress:
         self.probe_sent = False
         self.inflight.clear()
         self.next_index = self.match_index + 1
+
+    def settle_recovering(self, leader_last: int) -> None:
+        """A follower that matches the leader's tail (`leader_last`, its dirty offset) needs no
+        more requests, so it is not recovering: its next append is a normal, tail-sized one
+        asking for a flush, and the recovery throttle no longer applies to it. Whether it has
+        flushed yet does not matter (its own deferred flush takes care of that, and only
+        flushed offsets count for the commit index anyway). Needed because a reply or flush
+        report can raise match_index to the tail while the last chunk sent (a resend after
+        a reset, to a follower that already held the rest) stopped short of it, and then no
+        further chunk is planned that would clear the flag."""
+        if self.recovering and self.match_index >= leader_last:
+            self.recovering = False
 
     def note_flushed(self, offset: int) -> None:
         """A verified flushed offset. Flushed data survives crashes, so the follower's log

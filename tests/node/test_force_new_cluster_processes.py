@@ -25,7 +25,16 @@ from test_disk_loss_processes import node_dir, status, wait_whole, write
 pytestmark = pytest.mark.slow
 
 
-def read_all(address: str, upto: int) -> dict[int, bytes]:
+def read_all(cluster: LocalCluster, node_id: int, upto: int,
+             timeout: float = 60.0) -> dict[int, bytes]:
+    """Every record of `node_id` up to offset `upto`. A node serves only what it knows is
+    committed (its high watermark): a forced leader commits its old log only once an entry of
+    its own term commits, and a follower learns the commit index from the leader's next
+    message. So first wait, bounded, until its high watermark covers `upto`; an empty fetch
+    after that is a real gap, and the caller's comparison reports it."""
+    wait_for(lambda: status(cluster, node_id).get("high_watermark", -1) >= upto,
+             f"node {node_id}'s high watermark to reach offset {upto}", timeout)
+    address = cluster.addresses[node_id]
     out: dict[int, bytes] = {}
     with BlockingClient(address, timeout=20) as c:
         offset = 0
@@ -79,7 +88,7 @@ def test_a_survivor_forced_into_a_new_cluster_leads_alone_then_the_others_rejoin
                  "the forced survivor to lead alone", 60)
         st = status(cluster, survivor)
         assert st["voters"] == [survivor]
-        got = read_all(cluster.addresses[survivor], max(acked))
+        got = read_all(cluster, survivor, max(acked))
         assert all(got.get(off) == v for off, v in acked.items()), "the survivor lost data"
         with BlockingClient(cluster.addresses[survivor], timeout=20) as c:
             write(c, acked, "alone", 20)
@@ -95,8 +104,5 @@ def test_a_survivor_forced_into_a_new_cluster_leads_alone_then_the_others_rejoin
             write(c, acked, "three-again", 20)
         upto = max(acked)
         for n in cluster.addresses:
-            # (a follower serves what it knows is committed: its high watermark)
-            wait_for(lambda n=n: status(cluster, n).get("high_watermark", -1) >= upto,
-                     f"node {n} to catch up", 60)
-            got = read_all(cluster.addresses[n], upto)
+            got = read_all(cluster, n, upto)
             assert all(got.get(off) == v for off, v in acked.items()), f"node {n} lacks data"

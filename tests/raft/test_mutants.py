@@ -29,6 +29,7 @@ import pytest
 
 import test_core
 import test_quiesce
+import test_recovering_flag
 import test_retention
 import test_disk_loss_rules
 import test_force_new_cluster
@@ -193,6 +194,13 @@ MUTANTS = [
            "            if fresh:\n",
            "            if fresh or msg.last_appended > pr.match_index:\n",
            (test_safety_rules.test_a_stale_success_reply_does_not_raise_match,)),
+    Mutant("a follower a reply showed at the leader's tail stays recovering",
+           "raft.core.leader", "LeaderSide._send_append",
+           "pr.settle_recovering(log.dirty_offset)",
+           "pass",
+           (functools.partial(
+               test_recovering_flag.test_a_follower_that_matches_the_leaders_tail_is_not_recovering,
+               *test_recovering_flag.row(test_recovering_flag.RESENT_CHUNK_REPLY)),)),
     Mutant("a node runs on after a storage fault (no fail-stop)",
            "raft.node.group", "RaftGroup.fail",
            "            self.on_fatal()\n",
