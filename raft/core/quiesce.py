@@ -215,8 +215,8 @@ class Quiescence:
             return f"has matched {pr.match_index} and flushed {pr.flushed_offset} of {last}"
         if pr.inflight or pr.probe_sent or pr.state != ProgressState.REPLICATE:
             return "has requests in flight or is being probed"
-        # (Not `recovering`: that flag is only updated when a chunk is sent, and stays set when
-        # the last chunk's flush report, not another request, caught the follower up.)
+        # (Not `recovering`: matched and flushed to the leader's last offset, above, is the
+        # condition; the flag only says how the next request is planned.)
         if pr.busy or pr.repair_at >= 0:
             return "is busy or under repair"
         return ""

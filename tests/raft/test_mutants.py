@@ -438,7 +438,8 @@ MUTANTS = [
            "raft.node.client_requests", "ClientRequests._read_request",
            "refusal = conn.auth.authorize(conn.session, t) if conn.auth.enabled else None",
            "refusal = None",
-           (test_security_unit.test_a_node_refuses_a_forbidden_request_before_dispatch,)),
+           (test_security_unit
+            .test_a_node_refuses_a_revoked_tokens_next_request_on_its_open_connection,)),
     # -- what a node appends for a client -------------------------------------------------------
     Mutant("a payload holding other than `count` records is appended",
            "storage.records", "check_records",

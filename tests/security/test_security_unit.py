@@ -444,6 +444,51 @@ def test_a_node_refuses_a_forbidden_request_before_dispatch() -> None:
     assert seen["admin_offset"] > seen["dirty_before"]
 
 
+def test_a_node_refuses_a_revoked_tokens_next_request_on_its_open_connection() -> None:
+    """The node-wide check before dispatch is the only one that knows a token was revoked
+    (the per-topic check after routing looks at permissions only): a reader's connection
+    stays open across the SIGHUP reload that revoked its token, and its next fetch is
+    UNAUTHENTICATED, not served."""
+    from raft.client import Client, RaftlogError
+    from raft.node.server import Node
+    from storage.memory import MemoryLog
+
+    p = shared_pki()
+    path = Path(tempfile.mkdtemp()) / "auth.toml"
+    path.write_text(p.auth_file.read_text())
+    settings = p.node_settings(1)
+    settings["auth_file"] = str(path)
+    config = NodeConfig(node_id=1, data_dir="/nonexistent", peers={1: "127.0.0.1:0"},
+                        tick_ms=10, election_ticks=5, **settings)
+    seen: dict[str, object] = {}
+
+    async def main() -> None:
+        node = Node(config, log_storage=MemoryLog())
+        async with trio.open_nursery() as nursery:
+            await nursery.start(node.run)
+            try:
+                with trio.fail_after(20):
+                    while not node.is_leader():
+                        await trio.sleep(0.01)
+                async with Client(node.address, tls_ca=str(p.ca),
+                                  token=p.tokens["reader"]) as c:
+                    seen["before"] = (await c.fetch(0)).high_watermark
+                    table = AuthTable.load(path)
+                    kept = {n: pr for n, pr in table.principals.items() if n != "reader"}
+                    path.write_text(AuthTable(kept).to_toml())
+                    node.reload_security()  # what SIGHUP does
+                    try:
+                        seen["after"] = (await c.fetch(0)).high_watermark
+                    except RaftlogError as e:
+                        seen["refused"] = str(e)
+            finally:
+                node.request_shutdown()
+
+    trio.run(main)
+    assert isinstance(seen["before"], int), seen
+    assert "after" not in seen and "revoked" in str(seen.get("refused")), seen
+
+
 def test_security_settings_from_toml(tmp_path: Path) -> None:
     p = shared_pki()
     toml = tmp_path / "node.toml"
