@@ -210,3 +210,5 @@ def test_demo_measures_failover_from_the_kill() -> None:
     m = re.search(r"writes succeeded again (\d+\.\d+) s after the kill", res.stdout)
     assert m, res.stdout
     assert float(m.group(1)) >= 0.3, m.group(0)
+    # The topic step: keyed records over 4 partitions, each key in its partition, read back.
+    assert "each key in its partition, in order, read" in res.stdout, res.stdout[-3000:]
