@@ -103,10 +103,14 @@ class SimNode:
         self.epoch += 1
         self.inbox.clear()
         self.held.clear()
-        self.log.crash()
+        self._lose_unflushed()
         self.core = None
         self.restarts += 1
         self.on_event(self, "crash")
+
+    def _lose_unflushed(self) -> None:
+        """What the crash does to storage: the log drops what it had not flushed."""
+        self.log.crash()
 
     def fail_stop(self, error: StorageError) -> None:
         """A storage fault the node cannot trust itself after: stop now (what the runtime's

@@ -56,17 +56,8 @@ class GroupReplica(SimNode):
         assert self.host is not None
         return self.host.store.open_log(self.group)
 
-    def crash(self) -> None:
-        """The process died (TopicsNode.crash crashes the store once for every group)."""
-        if not self.up:
-            return
-        self.up = False
-        self.epoch += 1
-        self.inbox.clear()
-        self.held.clear()
-        self.core = None
-        self.restarts += 1
-        self.on_event(self, "crash")
+    def _lose_unflushed(self) -> None:
+        """Nothing per group: TopicsNode.crash crashes the store once for every group."""
 
     def fail_stop(self, error: StorageError) -> None:
         assert self.host is not None
