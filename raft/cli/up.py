@@ -175,10 +175,20 @@ class _Stop:
 def grow_default_topic(cluster: LocalCluster, partitions: int) -> str:
     """`up --partitions N`: the default topic with at least N partitions; what happened, as
     one line to print."""
-    from raft.client import RaftlogError
+    from raft.client import RaftlogError, UnknownTopicError
 
     try:
-        info = cluster.client.topic("default", refresh=True)
+        # The default topic's partition leads before the controller has applied its bootstrap
+        # (the metadata names no topic until then): wait for it, bounded.
+        deadline = time.monotonic() + 60.0
+        while True:
+            try:
+                info = cluster.client.topic("default", refresh=True)
+                break
+            except UnknownTopicError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
         if info.partition_count >= partitions:
             return (f"topic default: {info.partition_count} partitions (--partitions "
                     f"{partitions} asks for no more)")

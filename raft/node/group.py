@@ -56,6 +56,7 @@ from raft.node.errors import NodeFailed
 from raft.node.flusher import NodeFlusher
 from raft.node.identity import ClusterIdentity
 from raft.node.load_service import LoadService
+from raft.node.log_open import open_log_with_progress
 from raft.node.outbox import GroupOutbox, Links
 from raft.node.retention import RetentionTask
 from raft.core.retention import RetentionPolicy
@@ -65,8 +66,7 @@ from raft.core.incarnation import Standing
 from raft.core.raft import RaftConfig, RaftCore
 from raft.core.ready import ProduceAnswer, StorageWork
 from raft.core.types import Acks, ErrorCode, Role
-from storage import open_log
-from storage.api import DataDirLocked, DiskFull, IoMode, LogStorage, Meta, StorageError
+from storage.api import DiskFull, IoMode, LogStorage, Meta, StorageError
 from storage.batch import Batch
 
 if TYPE_CHECKING:
@@ -75,7 +75,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("raftlog.node")
 
-OPEN_PROGRESS_EVERY_S = 2.0
 # With a full disk, a flush (or a metadata save) is retried this often until space returns.
 DISK_FULL_RETRY_S = 1.0
 LOAD_CHECK_TICKS = 20  # how often (in ticks) the leader looks for timed-out staged loads
@@ -578,25 +577,3 @@ class RaftGroup:
                 return
         if batches:
             self.kick()
-
-
-async def open_log_with_progress(config: NodeConfig) -> LogStorage:
-    """Open `<data_dir>/node-<id>/` in a worker thread, printing progress for long opens
-    (a large LMDB log may take a while to verify its tail)."""
-    path = config.check_data_dir()
-    started = trio.current_time()
-    async with trio.open_nursery() as nursery:
-        async def progress() -> None:
-            while True:
-                await trio.sleep(OPEN_PROGRESS_EVERY_S)
-                log.warning("opening_log path=%s elapsed_s=%.0f", path,
-                            trio.current_time() - started)
-        nursery.start_soon(progress)
-        try:
-            opened = await trio.to_thread.run_sync(open_log, path)
-        except DataDirLocked as e:
-            raise ConfigError(str(e)) from None
-        except StorageError as e:  # LogInconsistent, an I/O error
-            raise NodeFailed(f"cannot open the log in {path}: {e}") from e
-        nursery.cancel_scope.cancel()
-    return opened
