@@ -362,7 +362,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         first = self._configs[0]
         boot = first if first.offset < 0 else self._bootstrap_config()
         return SnapshotContext(self.cfg.producer_window, self.cfg.max_producers,
-                               boot.config.to_dict())
+                               boot.config.to_dict(), tuple(self.cfg.snapshot_sections))
 
     def _restore_start_state(self, state: StartState) -> None:
         """Take the tables from the state at a new log start (after a state transfer reset the

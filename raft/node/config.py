@@ -123,6 +123,9 @@ FLAG_HELP = {
     "scrub_slice_kib": "KiB one scrub slice reads, in a worker thread",
     "retention_respect_subscriptions": "retention never deletes past the lowest subscription "
                                        "position, within the retention valves",
+    "controller_retention_bytes": "bytes of controller log (the cluster's metadata) kept; "
+                                  "older entries are folded into the metadata stored with the "
+                                  "log start (0 = keep the whole log)",
     "subscription_expiry_ms": "drop a subscription nobody opened or committed for this long, "
                               "e.g. 604800000 for a week (0 = never)",
 }
@@ -228,6 +231,11 @@ class NodeConfig:
     retention_max_ms: int | None = None
     # Valve: below this much free disk (MiB), stop holding data back for members. 0 = off.
     low_disk_mb: int = 0
+    # The controller's log (group 0, the cluster's metadata) keeps about this many bytes; what
+    # is cut is folded into the metadata stored with the log start, so nothing is lost and a
+    # node far behind gets that state instead of every command since the cluster began
+    # (Kafka's KRaft snapshots its metadata log the same way). 0 = keep the whole log.
+    controller_retention_bytes: int = 16 << 20
     # -- subscriptions (raft/core/subscription_table.py, docs/SUBSCRIPTIONS.md) -----------------------------
     # Retention never deletes past the lowest subscription position (within retention's valves,
     # --retention-max-ms and --low-disk-mb). Off: retention ignores subscriptions.
@@ -414,11 +422,24 @@ class NodeConfig:
                 raise ConfigError(f"{name} must be >= {least}, got {value}; leave it unset "
                                   f"to keep everything")
             setattr(self, name, value)
+        value = self.controller_retention_bytes
+        if isinstance(value, str):
+            value = self.controller_retention_bytes = parse_size(value,
+                                                                 "controller_retention_bytes")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"controller_retention_bytes must be a size >= 0 (0 = keep the "
+                              f"whole controller log), got {value!r}")
         try:
             self.retention_policy()
         except ValueError as e:
             raise ConfigError(f"{e}; raise --retention-max-ms or lower --retention-min-ms"
                               ) from None
+
+    def controller_retention_policy(self) -> Any:
+        """The controller log's retention: its size limit alone (the node's age and valve flags
+        are for data: the metadata has no age after which it may go)."""
+        from raft.core.retention import RetentionPolicy
+        return RetentionPolicy(self.controller_retention_bytes or None).validate()
 
     def retention_policy(self) -> Any:
         """The sans-IO policy (raft.core.retention.RetentionPolicy) these settings describe."""

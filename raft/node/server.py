@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from raft.controller import section as controller_section
 from raft.node import api
 from raft.node.config import ConfigError, NodeConfig, format_address
 from raft.node.api.admin import status_map
@@ -53,7 +54,7 @@ from raft.node.group import RaftGroup
 from raft.node.identity import not_member_message
 from raft.node.looplag import LoopLag
 from raft.node.metrics import SUBSCRIPTION_SERIES_MAX, NodeMetrics
-from raft.node.topic_settings import SettingsInForce
+from raft.node.topic_settings import GroupSettings, SettingsInForce
 from raft.node.peer import PeerLink
 from raft.node.registry import GroupRegistry
 from raft.node.topic_runtime import DEFAULT_GROUP, TopicRuntime, partition_series
@@ -114,7 +115,11 @@ class Node:
         self.group.metrics = self.metrics  # the node's role/term series are the default's
         self.controller_group = self._new_group(CONTROLLER_GROUP, None, None,
                                                 random.Random(rng.getrandbits(64)))
-        self.controller_group.retained = False  # see raft.node.controller: never cut yet
+        # The controller's log is cut like a partition's, by its own size limit
+        # (--controller-retention-bytes), its metadata travelling in the state at the log start.
+        self.controller_group.snapshot_sections = (controller_section.SECTION,)
+        ctl_settings = GroupSettings(config.controller_retention_policy(), None)
+        self.controller_group.settings_of = lambda: ctl_settings
         self.topics = TopicRuntime(self)
         self.metrics_address: str | None = None  # where /metrics is served, once running
         self.api = self._context(self.group)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from raft.core import messages as m
 from raft.core.raft import RaftConfig, RaftCore
 from raft.core.ready import ProduceAnswer, Ready, StorageWork
-from raft.core.retention import Plan, RetentionPolicy, core_holds, plan
+from raft.core.retention import Hold, Plan, RetentionPolicy, core_holds, plan
 from raft.sim.loop import EventLoop
 from raft.core.types import Role
 from storage.api import DiskFull, Meta, StorageError
@@ -169,7 +169,7 @@ class SimNode:
     def _retain(self) -> None:
         core = self.core
         assert core is not None and self.retention is not None
-        p = plan(self.log, self.retention, core_holds(core.status()),
+        p = plan(self.log, self.retention, self.retention_holds(),
                  now_ms=self.loop.now // 1000, free_bytes=None, ctx=core.snapshot_context())
         d = p.decision
         if d.cut <= d.start:
@@ -183,6 +183,11 @@ class SimNode:
         epoch = self.epoch
         delay = self.rng.randint(self.disk.min_flush_us, self.disk.max_flush_us)
         self.loop.after(delay, lambda: self._persist_start(epoch))
+
+    def retention_holds(self) -> list[Hold]:
+        """What retention must keep: the core's holds (commit index, flushed offset, members)."""
+        assert self.core is not None
+        return list(core_holds(self.core.status()))
 
     def _persist_start(self, epoch: int) -> None:
         if epoch != self.epoch or not self.up:

@@ -57,6 +57,9 @@ class SimConfig:
     # per node; the admin keeps the partition count between these bounds.
     topics: bool = False
     partitions: tuple[int, int] = (10, 50)
+    # RetentionPolicy fields for the controller's log (group 0) in the topics profile: cut
+    # with its metadata in the state at the log start, as the runtime does. None = keep it.
+    controller_retention: dict[str, Any] | None = None
 
 
 @dataclass
