@@ -725,6 +725,12 @@ MUTANTS = [
            (_in_tmp(test_controller_retention.
                     test_a_cut_controller_log_keeps_the_metadata_and_a_restart_restores_it,
                     "memory"),)),
+    Mutant("a log's append ignores the node-wide dirty-tail limit",
+           "storage.lmdb_log", "LmdbLog.append",
+           "self._tail_share.budget.check(size)",
+           "pass",
+           (_in_tmp(test_store.test_the_dirty_tails_of_all_logs_share_one_node_wide_limit,
+                    "lmdb"),)),
     Mutant("the simulation's controller log is cut without its metadata",
            "raft.sim.topics_node", "TopicsNode._start_replica",
            "sections = (controller_section.SECTION,) if group == CONTROLLER else ()",
