@@ -115,7 +115,10 @@ FLAG_HELP = {
     "max_timeout_ms": "the longest timeout a client may ask for",
     "max_fetch_wait_ms": "the longest long poll a fetch may ask for",
     "shutdown_transfer_ms": "on SIGTERM a leader hands leadership over for at most this long",
-    "recovery_rate": "limit on recovery traffic in MiB/s (0 = unlimited)",
+    "recovery_rate": "limit on recovery traffic in MiB/s, all partitions of the node together "
+                     "(0 = unlimited)",
+    "recovery_streams": "followers this node's partitions catch up at once, all partitions "
+                        "together; more wait their turn (0 = no limit)",
     "recovery_burst": "MiB the recovery limit may bank while idle",
     "join": "start outside the configuration and wait to be added with `raftlog add-node`",
     "scrub_rate": "re-read flushed batches in the background at this many MiB/s to find "
@@ -182,6 +185,10 @@ class NodeConfig:
     recovery_rate: float = 0.0
     # Tokens the recovery limit may bank while idle, in MiB.
     recovery_burst: float = 4.0
+    # Catch-up streams (partition, follower) this node leads at once, every partition together:
+    # a node back after an outage lags in all its partitions, and without a bound each of
+    # their leaders would stream to it at once (recovery/budget.py). 0 = no limit.
+    recovery_streams: int = 32
     # Start outside the configuration: this node waits to be added (`raftlog add-node`) instead
     # of counting itself a voter of the --peers it was given.
     join: bool = False
@@ -326,6 +333,10 @@ class NodeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ConfigError(f"{name} must be a number >= 0 (MiB/s or MiB), got {value!r}")
+        if isinstance(self.recovery_streams, bool) or not isinstance(self.recovery_streams, int) \
+                or self.recovery_streams < 0:
+            raise ConfigError(f"recovery_streams must be an integer >= 0 (0 = no limit), got "
+                              f"{self.recovery_streams!r}")
         if self.recovery_rate and not self.recovery_burst:
             raise ConfigError("recovery_burst must be above 0 when recovery_rate is set")
         if (isinstance(self.scrub_rate, bool) or not isinstance(self.scrub_rate, (int, float))

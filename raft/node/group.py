@@ -104,6 +104,9 @@ class RaftGroup:
         # flags). Snapshot sections only this group carries (the controller's metadata).
         self.retained = True
         self.snapshot_sections: tuple[Any, ...] = ()
+        # The node's recovery budget shared by its groups (recovery/budget.py); None: the
+        # group's own throttle (a group run on its own, as in tests).
+        self.recovery_budget: Any = None
         # Where a partition reads its topic's settings (raft.node.topic_settings; set by the
         # node's TopicRuntime before the core starts); None: the node's flags, fixed.
         self.settings_of: Callable[[], GroupSettings] | None = None
@@ -195,7 +198,9 @@ class RaftGroup:
             raft_cfg = RaftConfig(node_id=self.node_id, voters=voters, learners=[],
                                   **self.config.raft_kwargs(),
                                   snapshot_sections=self.snapshot_sections)
-            self.core = RaftCore(raft_cfg, self.log, self._rng)
+            budget = self.recovery_budget
+            self.core = RaftCore(raft_cfg, self.log, self._rng, recovery=None if budget is None
+                                 else budget.for_group(self.group_id))
         except (TypeError, ValueError) as e:
             raise ConfigError(f"raft settings: {e}; check --raft KEY=VALUE options and "
                               f"the [raft] table of the config file") from None

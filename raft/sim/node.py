@@ -17,6 +17,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from raft.core import messages as m
 from raft.core.raft import RaftConfig, RaftCore
@@ -76,6 +77,11 @@ class SimNode:
         self.planned: Plan | None = None  # the retention cut about to be applied
         self.start()
 
+    def recovery(self) -> Any:
+        """The node's recovery budget for this core (recovery/budget.py); None: the core's own
+        throttle (one group per node)."""
+        return None
+
     def _open_log(self) -> MemoryLog:
         """A log of its own; a group on a many-group node (raft/sim/topics_node.py) opens
         its log from the node's store instead."""
@@ -84,7 +90,7 @@ class SimNode:
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         self.core = RaftCore(self.make_config(self.node_id), self.log,
-                             random.Random(self.rng.getrandbits(64)))
+                             random.Random(self.rng.getrandbits(64)), recovery=self.recovery())
         self.up = True
         self.paused = False
         self.flushing = False

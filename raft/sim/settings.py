@@ -60,6 +60,9 @@ class SimConfig:
     # RetentionPolicy fields for the controller's log (group 0) in the topics profile: cut
     # with its metadata in the state at the log start, as the runtime does. None = keep it.
     controller_retention: dict[str, Any] | None = None
+    # Recovery slots per node shared by its groups (recovery/budget.py; 0 = no limit): few, so
+    # catch-ups after crashes and partitions queue for them.
+    recovery_streams: int = 2
 
 
 @dataclass

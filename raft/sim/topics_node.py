@@ -35,6 +35,7 @@ from raft.core.raft import RaftConfig
 from raft.core.retention import Hold, RetentionPolicy
 from raft.core.types import Acks
 from raft.sim.node import DiskModel, SimNode
+from recovery.budget import GroupRecovery, RecoveryBudget
 from storage.api import StorageError
 from storage.batch import Batch, BatchKind, CorruptBatch
 from storage.memory import MemoryLog, MemoryStore
@@ -60,6 +61,10 @@ class GroupReplica(SimNode):
 
     def _lose_unflushed(self) -> None:
         """Nothing per group: TopicsNode.crash crashes the store once for every group."""
+
+    def recovery(self) -> GroupRecovery | None:
+        """The node's recovery budget, shared by its groups as the runtime shares it."""
+        return self.host.recovery.for_group(self.group) if self.host is not None else None
 
     def retention_holds(self) -> list[Hold]:
         """The controller's log is never cut past what its node has applied (as the runtime's
@@ -112,6 +117,9 @@ class TopicsNode:
         self.tick_us = tick_us
         self.disk = disk or DiskModel()
         self.store = MemoryStore(max_tail_bytes=64 << 20)
+        # One recovery budget per node (a few slots: the schedules make them contended).
+        self.recovery = RecoveryBudget(sim.cfg.recovery_streams,
+                                       clock=lambda: self.loop.now // self.tick_us)
         cut = sim.cfg.controller_retention
         self.controller_retention = None if cut is None else RetentionPolicy(**cut).validate()
         self.replicas: dict[int, GroupReplica] = {}

@@ -73,6 +73,9 @@ import test_reconciler  # noqa: E402  (tests/node: the node's topics)
 import test_topic_settings_inproc  # noqa: E402  (tests/node: per-topic settings in force)
 import test_replica_moves_inproc  # noqa: E402  (tests/node: replica moves)
 import test_controller_retention  # noqa: E402  (tests/node: the controller log's retention)
+# The node's recovery budget is killed by its own tests (tests/recovery).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "recovery"))
+import test_budget  # noqa: E402
 # The many-group simulation's routing and reconciling rules are killed by its seeds (tests/sim).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "sim"))
 import test_topics_sim  # noqa: E402
@@ -731,6 +734,16 @@ MUTANTS = [
            "pass",
            (_in_tmp(test_store.test_the_dirty_tails_of_all_logs_share_one_node_wide_limit,
                     "lmdb"),)),
+    Mutant("a recovering stream ignores the node's recovery slots",
+           "raft.core.leader", "LeaderSide._send_append",
+           "not budget.may_send(pr.node_id, self.cfg.recovery_chunk_bytes):",
+           "False:",
+           (test_budget.test_a_second_partitions_lagging_follower_waits_for_the_only_slot,)),
+    Mutant("a follower the commit quorum needs waits for a recovery slot",
+           "raft.core.leader", "LeaderSide._quorum_needs",
+           "return healthy < majority(len(voters))",
+           "return False",
+           (test_budget.test_a_follower_the_quorum_needs_is_never_held_back,)),
     Mutant("the simulation's controller log is cut without its metadata",
            "raft.sim.topics_node", "TopicsNode._start_replica",
            "sections = (controller_section.SECTION,) if group == CONTROLLER else ()",
