@@ -22,6 +22,8 @@ from __future__ import annotations
 import abc
 import enum
 import os
+import threading
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -53,11 +55,84 @@ class OffsetOutOfRange(StorageError):
 class TailFull(StorageError):
     """The unflushed tail hit its byte limit: flush before appending more (backpressure)."""
 
-    def __init__(self, unflushed: int, limit: int) -> None:
+    def __init__(self, unflushed: int, limit: int, what: str = "the in-memory tail") -> None:
         super().__init__(
-            f"{unflushed} unflushed bytes reached the in-memory tail limit of {limit}; wait for "
+            f"{unflushed} unflushed bytes reached {what} limit of {limit}; wait for "
             f"the running flush to finish (or raise max_tail_bytes)"
         )
+
+
+class TailBudget:
+    """The unflushed bytes of every log of one store together, under one limit: a node with a
+    thousand partitions holds at most `limit` bytes of dirty tails in memory, not a thousand
+    times one log's limit. Each log reports every change of its own unflushed bytes
+    (`adjust`), so the sum is exact by construction; an append that would pass the limit
+    while any tail is dirty is refused TailFull (a flush frees it: leaders flush at once,
+    followers within their deferred-flush bound). Thread-safe: appends run on the event loop,
+    flushes in worker threads."""
+
+    __slots__ = ("limit", "used", "_lock")
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"the tail limit must be positive, got {limit}")
+        self.limit = limit
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def check(self, size: int) -> None:
+        """Raise TailFull if `size` more bytes would pass the limit (one batch larger than the
+        limit still goes when nothing else is dirty)."""
+        used = self.used
+        if used and used + size > self.limit:
+            raise TailFull(used + size, self.limit, "the store's (node-wide) tail")
+
+    def adjust(self, delta: int) -> None:
+        if delta:
+            with self._lock:
+                self.used += delta
+                assert self.used >= 0, f"tail budget went negative ({self.used})"
+
+    def share(self, owner: object) -> "TailShare":
+        """`owner`'s account (its unflushed bytes) in this budget, released when the owner is
+        garbage-collected (a log nobody closed must not hold the node's budget forever)."""
+        share = TailShare(self)
+        weakref.finalize(owner, share.release)
+        return share
+
+
+class TailShare:
+    """One log's unflushed bytes, counted in its store's TailBudget. A log sets it on every
+    change (under its own lock) and releases it when it drops its tail (closed, dropped, or
+    garbage-collected: the owner registers `release` with weakref.finalize)."""
+
+    __slots__ = ("budget", "bytes")
+
+    def __init__(self, budget: TailBudget) -> None:
+        self.budget = budget
+        self.bytes = 0
+
+    def set(self, nbytes: int) -> None:
+        self.budget.adjust(nbytes - self.bytes)
+        self.bytes = nbytes
+
+    def release(self) -> None:
+        self.set(0)
+
+
+class CountsTail:
+    """A log whose `_unflushed` bytes live in its TailShare (so the store's budget sees every
+    change); the log sets `_tail_share` before touching `_unflushed`."""
+
+    _tail_share: TailShare
+
+    @property
+    def _unflushed(self) -> int:
+        return self._tail_share.bytes
+
+    @_unflushed.setter
+    def _unflushed(self, nbytes: int) -> None:
+        self._tail_share.set(nbytes)
 
 
 class DiskFull(StorageError):

@@ -66,6 +66,7 @@ import lmdb
 from storage import lmdb_format as fmt
 from storage.api import (
     DEFAULT_MAX_TAIL_BYTES,
+    CountsTail,
     LEGACY_GROUP,
     IoMode,
     LogInconsistent,
@@ -108,7 +109,7 @@ class FlushPart:
     nbytes: int
 
 
-class LmdbLog(LmdbDamage, LogStorage):
+class LmdbLog(LmdbDamage, CountsTail, LogStorage):
     """`storage.api.LogStorage` on LMDB. See the module docstring for the threading rules."""
 
     def __init__(self, path: str | os.PathLike[str], max_tail_bytes: int = DEFAULT_MAX_TAIL_BYTES,
@@ -145,7 +146,7 @@ class LmdbLog(LmdbDamage, LogStorage):
         # Dirty batches, oldest first; their bases for bisect.
         self._tail: list[Batch] = []
         self._tail_bases: list[int] = []
-        self._unflushed = 0
+        self._tail_share = store.tail_budget.share(self)  # `_unflushed`, counted node-wide
         # (first offset, term) at every term change across the whole log, for term_at.
         self._term_firsts: list[int] = []
         self._term_terms: list[int] = []
@@ -270,6 +271,7 @@ class LmdbLog(LmdbDamage, LogStorage):
                 size += b.size
             if self._unflushed and self._unflushed + size > self._max_tail_bytes:
                 raise TailFull(self._unflushed + size, self._max_tail_bytes)
+            self._tail_share.budget.check(size)
             for b in batches:
                 self._tail.append(b)
                 self._tail_bases.append(b.base_offset)
@@ -590,6 +592,7 @@ class LmdbLog(LmdbDamage, LogStorage):
         """Closed (the store closed or dropped it, or close()). Caller holds _write_lock."""
         with self._lock:
             self._closed = True
+            self._tail_share.release()  # its unflushed batches are dropped
 
     def __repr__(self) -> str:
         return (f"LmdbLog(path={self.path!r}, group={self.group_id}, start={self._start}, "

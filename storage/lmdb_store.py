@@ -34,7 +34,8 @@ from typing import Any, TypeVar
 import lmdb
 
 from storage import lmdb_format as fmt
-from storage.api import DEFAULT_MAX_TAIL_BYTES, LEGACY_GROUP, DiskFull, IoMode, LogStore, StorageError
+from storage.api import (DEFAULT_MAX_TAIL_BYTES, LEGACY_GROUP, DiskFull, IoMode, LogStore,
+                         StorageError, TailBudget)
 from storage.dirlock import lock_dir, unlock_dir
 from storage.lmdb_space import GROUP, KeySpace, group_prefix
 
@@ -70,6 +71,8 @@ class LmdbStore(LogStore):
         self._log_type = log_type
         self.path = os.fspath(path)
         self._max_tail_bytes = max_tail_bytes
+        # Every log's dirty tail together stays under max_tail_bytes (node-wide, not per log).
+        self.tail_budget = TailBudget(max_tail_bytes)
         self._verify_tail_bytes = verify_tail_bytes
         self._max_map_size = max(max_map_size, map_size)
         self._write_lock = threading.Lock()

@@ -42,7 +42,9 @@ from storage.api import (
     ScrubSlice,
     StorageError,
     StorageIOError,
+    TailBudget,
     TailFull,
+    TailShare,
 )
 from storage.batch import Batch, CorruptBatch
 from storage.damage import Damage, DamageSet
@@ -74,7 +76,24 @@ class MemoryLog(LogStorage):
         self.open_findings: list[str] = []
         # op -> exceptions to raise, in order, at its next durable writes (see fail_next).
         self._faults: dict[str, list[StorageError]] = {}
+        # Unflushed bytes, counted in the store's node-wide TailBudget once there are any.
+        self._ub = 0
+        self._tail_share: TailShare | None = None
         self._load_durable()
+
+    @property
+    def _unflushed_bytes(self) -> int:
+        return self._ub
+
+    @_unflushed_bytes.setter
+    def _unflushed_bytes(self, nbytes: int) -> None:
+        self._ub = nbytes
+        share = self._tail_share
+        if share is None:
+            if not nbytes:
+                return
+            share = self._tail_share = self.store.tail_budget.share(self)
+        share.set(nbytes)
 
     # -- fault injection (simulation) -----------------------------------------------------------
     def fail_next(self, op: str, exc: StorageError | type[StorageError] | None = None, *,
@@ -262,6 +281,7 @@ class MemoryLog(LogStorage):
             size += b.size
         if self._unflushed_bytes and self._unflushed_bytes + size > self._max_tail_bytes:
             raise TailFull(self._unflushed_bytes + size, self._max_tail_bytes)
+        self.store.tail_budget.check(size)
         for b in batches:
             self._batches.append(b)
             self._bases.append(b.base_offset)
@@ -497,6 +517,8 @@ class MemoryStore(LogStore):
 
     def __init__(self, max_tail_bytes: int = DEFAULT_MAX_TAIL_BYTES) -> None:
         self._max_tail_bytes = max_tail_bytes
+        # Every log's dirty tail together stays under max_tail_bytes (node-wide, not per log).
+        self.tail_budget = TailBudget(max_tail_bytes)
         self._logs: dict[int, MemoryLog] = {}  # every log the "disk" holds
         self._opened: set[int] = set()
         self.commits = 0  # durable changes committed (each one fsync in the LMDB store)
@@ -528,8 +550,10 @@ class MemoryStore(LogStore):
     def drop_log(self, group_id: int) -> None:
         """Delete the group's log, data and metadata (one commit); a later open_log starts it
         empty with a new identity."""
-        if self._logs.pop(group_id, None) is not None:
+        dropped = self._logs.pop(group_id, None)
+        if dropped is not None:
             self.commits += 1
+            dropped._unflushed_bytes = 0  # its tail goes with it
         self._opened.discard(group_id)
 
     def flush(self, logs: Iterable[MemoryLog]) -> dict[int, int]:  # type: ignore[override]

@@ -2,6 +2,7 @@
 
     raftlog token create --auth-file auth.toml --principal reader --permissions consume
     raftlog token create --auth-file auth.toml --principal reader --replace   # rotate
+    raftlog token create --auth-file auth.toml --principal app --topics produce:orders.*,consume:logs
     raftlog token revoke --auth-file auth.toml --principal reader
 
 `create` prints the token once, on stdout, and stores only its SHA-256 digest; `--replace`
@@ -16,6 +17,7 @@ import os
 import sys
 from pathlib import Path
 
+from raft.controller.access import TopicGrant, parse_grant
 from raft.node.auth import (AuthFileError, AuthTable, Permission, Principal, new_token,
                             token_digest)
 from raft.node.config import ConfigError
@@ -49,6 +51,17 @@ def _permissions(text: str | None) -> frozenset[Permission] | None:
                           f"{', '.join(p.value for p in Permission)}") from None
 
 
+def _grants(text: str | None) -> tuple[TopicGrant, ...] | None:
+    """`--topics produce:orders.*,consume:logs` as grants; None when not given (keep the
+    principal's); an empty string drops every grant."""
+    if text is None:
+        return None
+    try:
+        return tuple(parse_grant(g.strip()) for g in text.split(",") if g.strip())
+    except ValueError as e:
+        raise ConfigError(f"--topics: {e}") from None
+
+
 def _rebuild(principals: dict[str, Principal]) -> AuthTable:
     """Through the loader's checks, so what is written is what a node will accept."""
     return AuthTable.from_dict({"principals": {
@@ -64,14 +77,18 @@ def cmd_create(args: argparse.Namespace) -> int:
     principals = dict(table.principals)
     old = principals.get(args.principal)
     perms = _permissions(args.permissions)
-    if old is None and perms is None:
+    grants = _grants(args.topics)
+    if old is None and perms is None and grants is None:
         raise ConfigError(f"principal {args.principal!r} is new: say what it may do with "
-                          f"--permissions (produce, consume, admin; comma-separated)")
+                          f"--permissions (produce, consume, admin; comma-separated: on "
+                          f"every topic) or --topics (e.g. produce:orders.*,consume:logs)")
+    if old is None and perms is None:
+        perms = frozenset()  # topic grants only
     token = new_token()
     digests = (() if args.replace or old is None else old.token_digests) + (token_digest(token),)
     principals[args.principal] = Principal(
         args.principal, perms if perms is not None else old.permissions, digests,  # type: ignore[union-attr]
-        old.grants if old is not None else ())  # topic grants are kept (edited in the file)
+        grants if grants is not None else (old.grants if old is not None else ()))
     try:
         _save(path, _rebuild(principals))
     except AuthFileError as e:
@@ -110,7 +127,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--principal", required=True, help="who the token authenticates")
     q.add_argument("--permissions", metavar="LIST",
                    help="comma-separated: produce, consume, admin (required for a new "
-                        "principal; replaces the old list when given)")
+                        "principal unless --topics is given; replaces the old list when given)")
+    q.add_argument("--topics", metavar="GRANTS",
+                   help="comma-separated topic grants PERMISSION:TOPIC or PERMISSION:PREFIX* "
+                        "(e.g. produce:orders.*,consume:logs); replaces the principal's grants "
+                        "when given, '' drops them (docs/SECURITY.md)")
     q.add_argument("--replace", action="store_true",
                    help="drop the principal's other tokens (rotation)")
     q.set_defaults(func=cmd_create)

@@ -55,7 +55,8 @@ class MetadataFollower:
             raise MetadataGap(f"the controller log starts at {start} with no metadata stored "
                               f"with that start: this node cannot rebuild the cluster's "
                               f"metadata; register the controller snapshot section "
-                              f"(raft.controller.section.register) before cutting the log")
+                              f"(raft.controller.section.SECTION in group 0's RaftConfig."
+                              f"snapshot_sections) before cutting the log")
         self.position = start
 
     def catch_up(self, commit_index: int, max_batches: int = 1024) -> list[Applied]:

@@ -5,11 +5,10 @@ must travel with the new log start, like the producer and loads tables do
 (raft/core/snapshot.py). This module gives that section: an empty metadata for an empty log,
 folding each committed CONTROL batch of the controller's, and the snapshot map both ways.
 
-It is not registered at import. The section registry is process-wide (every group's snapshots
-carry every registered section), and only the controller group holds controller entries: the
-runtime that runs many groups decides whether sections become per group, or registers this one
-and lets data partitions carry an empty metadata map. `register()` is the one-line hook for the
-latter, and `SECTION` the object for the former. See docs/DESIGN.md, "Controller".
+It is not registered at import: the section registry is process-wide (every group's snapshots
+carry every registered section), and only the controller group holds controller entries. The
+runtime passes `SECTION` in group 0's RaftConfig.snapshot_sections instead, so only group 0's
+snapshots carry it (docs/DESIGN.md, "Controller").
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from typing import Any
 
 from raft.controller.commands import is_controller_payload
 from raft.controller.state import ClusterMetadata
-from raft.core.snapshot import Section, SnapshotContext, register_section
+from raft.core.snapshot import Section, SnapshotContext
 from storage.batch import Batch, BatchKind
 
 SECTION_NAME = "controller"
@@ -48,7 +47,3 @@ def _load(raw: Any, ctx: SnapshotContext) -> ClusterMetadata:
 
 SECTION = Section(SECTION_NAME, _fresh, apply_batch, _dump, _load)
 
-
-def register() -> None:
-    """Add the controller metadata to every snapshot this process makes (see the docstring)."""
-    register_section(SECTION)

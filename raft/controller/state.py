@@ -118,6 +118,10 @@ class Partition:
     index: int
     group: int
     replicas: tuple[int, ...]  # first = preferred leader
+    # The replicas it was created with: its founding voters, which start the group knowing
+    # each other; a replica moved in later joins as a non-member (raft.node.reconciler). Kept
+    # in the state, not rebuilt from the create entry, since retention cuts that entry.
+    founders: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -235,7 +239,8 @@ class ClusterMetadata:
     def _add_partitions(self, topic: Topic, replicas: tuple[tuple[int, ...], ...]) -> list[Effect]:
         effects = []
         for r in replicas:
-            p = Partition(topic.name, len(topic.partitions), self._allocate_group(), tuple(r))
+            p = Partition(topic.name, len(topic.partitions), self._allocate_group(), tuple(r),
+                          tuple(r))
             topic.partitions.append(p)
             self.groups[p.group] = p
             effects.append(Effect(EffectKind.GROUP_CREATED, p.group, p.topic, p.index,
@@ -377,7 +382,8 @@ class ClusterMetadata:
             "nodes": [[n.node_id, n.address, n.status.value]
                       for _, n in sorted(self.nodes.items())],
             "topics": [[t.name, t.topic_id, t.settings.to_raw(),
-                        [[p.group, list(p.replicas)] for p in t.partitions]]
+                        [[p.group, list(p.replicas), list(p.founders)]
+                         for p in t.partitions]]
                        for _, t in sorted(self.topics.items())],
             "tombstones": [[t.group, t.topic, t.partition, t.deleted_at]
                            for _, t in sorted(self.tombstones.items())],
@@ -419,16 +425,16 @@ def _from_snapshot(raw: Any) -> ClusterMetadata:
             raise ValueError(f"topic {name!r}: a valid name, listed once")
         topic = Topic(name, _int_field(topic_id, "topic id", 0),
                       TopicSettings.from_raw(settings, f"topic {name!r}"))
-        for index, (group, replicas) in enumerate(partitions):
+        for index, (group, replicas, founders) in enumerate(partitions):
             group = _int_field(group, "group id", FIRST_DATA_GROUP)
             if group >= meta.next_group_id or group in meta.groups:
                 raise ValueError(f"group {group} of topic {name!r}: below next_group_id "
                                  f"{meta.next_group_id} and held once")
-            if not isinstance(replicas, list) or not replicas or \
-                    len(set(replicas)) != len(replicas) or \
-                    any(isinstance(n, bool) or n not in meta.nodes for n in replicas):
-                raise ValueError(f"group {group}: replicas must be distinct known nodes")
-            p = Partition(name, index, group, tuple(replicas))
+            for what, ids in (("replicas", replicas), ("founders", founders)):
+                if not isinstance(ids, list) or not ids or len(set(ids)) != len(ids) or \
+                        any(isinstance(n, bool) or n not in meta.nodes for n in ids):
+                    raise ValueError(f"group {group}: {what} must be distinct known nodes")
+            p = Partition(name, index, group, tuple(replicas), tuple(founders))
             topic.partitions.append(p)
             meta.groups[group] = p
         if not topic.partitions:

@@ -7,7 +7,7 @@ Ticks are the runtime's unit of time; the runtime maps them to milliseconds
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Rng(Protocol):
@@ -70,6 +70,10 @@ class RaftConfig:
     # Only safe to turn on in a runtime that feeds node liveness (peer_down / peer_up):
     # without it a quiesced follower would not notice its leader's node dying.
     quiesce_ticks: int = 6
+    # Snapshot sections only this group's state at the log start carries, besides the
+    # registered ones (raft.core.snapshot.Section; group 0 passes the controller's metadata,
+    # raft.controller.section), so its log can be cut without data partitions carrying them.
+    snapshot_sections: tuple[Any, ...] = ()
 
     def validate(self) -> "RaftConfig":
         def positive(name: str) -> None:

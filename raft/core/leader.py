@@ -38,6 +38,7 @@ from storage.batch import Batch, CorruptBatch
 
 if TYPE_CHECKING:
     from raft.core.config import RaftConfig
+    from recovery.budget import GroupRecovery
     from recovery.ratelimit import TokenBucket
     from storage.api import LogStorage
 
@@ -50,6 +51,7 @@ class LeaderSide:
     log: "LogStorage"
     _stream_limits: StreamLimits
     _recovery_throttle: "TokenBucket | None"
+    _recovery_budget: "GroupRecovery | None"
 
     def transfer_leadership(self, to: int | None = None) -> None:
         """Hand leadership to `to` (or the most caught-up voter): catch it up, then TimeoutNow."""
@@ -140,12 +142,22 @@ class LeaderSide:
         if self.leader is None:
             return
         log = self.log
-        throttle = self._recovery_throttle
+        throttle, budget = self._recovery_throttle, self._recovery_budget
         # Every reply handler ends here, so a follower that a reply or flush report showed
         # at our tail stops counting as recovering before anything is planned for it.
         pr.settle_recovering(log.dirty_offset)
+        if budget is not None and not pr.recovering:
+            budget.done(pr.node_id)  # caught up (or never behind): its slot is free
         while pr.can_send(self.cfg.max_inflight, self.cfg.max_inflight_bytes):
-            if (throttle is not None and pr.recovering
+            if budget is not None:
+                # The node's budget (recovery/budget.py): a recovering stream needs one of the
+                # node's recovery slots and its bytes; a later tick resumes one held here. A
+                # follower this group's commit quorum cannot do without goes first: the budget
+                # bounds background catch-up, it must never stop a partition's writes.
+                if pr.recovering and not self._quorum_needs(pr) and \
+                        not budget.may_send(pr.node_id, self.cfg.recovery_chunk_bytes):
+                    return
+            elif (throttle is not None and pr.recovering
                     and throttle.delay_for(self.cfg.recovery_chunk_bytes) > 0):
                 return  # the recovery budget is spent: a later tick resumes the stream
             try:
@@ -165,10 +177,25 @@ class LeaderSide:
                                        log_start_reset=chunk.log_start_reset,
                                        snapshot=log.snapshot if chunk.log_start_reset else None))
             pr.sent(self._seq, chunk.last_offset, chunk.nbytes)
-            if throttle is not None and not chunk.flush and chunk.batches:
-                throttle.take(chunk.nbytes)
+            if not chunk.flush and chunk.batches:
+                if budget is not None:
+                    budget.sent(chunk.nbytes)
+                elif throttle is not None:
+                    throttle.take(chunk.nbytes)
             if pr.state == ProgressState.PROBE or chunk.at_tail:
                 return
+
+    def _quorum_needs(self, pr: FollowerProgress) -> bool:
+        """Whether the leader and its caught-up voters (replicating, not recovering, heard
+        this quorum round) are short of a majority without `pr`: then `pr` catching up is what
+        the group's writes wait for."""
+        lead = self.leader
+        assert lead is not None
+        voters = self.config.voters
+        healthy = 1 + sum(1 for q in lead.progress.values()
+                          if q is not pr and q.node_id in voters and not q.recovering
+                          and q.state == ProgressState.REPLICATE and q.recent_active)
+        return healthy < majority(len(voters))
 
     def _handle_append_reply(self, msg: m.AppendEntriesReply) -> None:
         pr = self._progress_of(msg.src)

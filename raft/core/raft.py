@@ -49,6 +49,7 @@ from raft.core.ready import FollowerStatus, HardState, ProduceAnswer, Ready, Sta
 from raft.core.repair import CopyCensus, Repairs
 from raft.core.types import Acks, ErrorCode, InvariantViolation, Role
 from recovery.deferred_flush import DeferredFlush
+from recovery.budget import GroupRecovery
 from recovery.ratelimit import TokenBucket
 from recovery.stream import StreamLimits
 from storage.api import LogStorage, StorageError
@@ -65,7 +66,8 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
     # Every core starts as a follower; only the _become_* methods below change the role.
     role: Role = Role.FOLLOWER
 
-    def __init__(self, cfg: RaftConfig, log: LogStorage, rng: Rng) -> None:
+    def __init__(self, cfg: RaftConfig, log: LogStorage, rng: Rng,
+                 recovery: GroupRecovery | None = None) -> None:
         self.cfg = cfg.validate()
         self.log = log
         self.rng = rng
@@ -100,7 +102,11 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
                                            cfg.recovery_flush_per_chunk, cfg.max_append_batches)
         self._ticks = 0  # the recovery throttle's clock
         self._recovery_throttle: TokenBucket | None = None
-        if cfg.recovery_rate_bytes_per_tick:
+        # The node's recovery budget (recovery/budget.py), shared by every group of the
+        # process: slots for concurrent catch-ups and one byte rate. Given, it replaces the
+        # group's own throttle below.
+        self._recovery_budget = recovery
+        if cfg.recovery_rate_bytes_per_tick and recovery is None:
             self._recovery_throttle = TokenBucket(
                 cfg.recovery_rate_bytes_per_tick,
                 cfg.recovery_burst_bytes or cfg.recovery_chunk_bytes, lambda: self._ticks)
@@ -362,7 +368,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         first = self._configs[0]
         boot = first if first.offset < 0 else self._bootstrap_config()
         return SnapshotContext(self.cfg.producer_window, self.cfg.max_producers,
-                               boot.config.to_dict())
+                               boot.config.to_dict(), tuple(self.cfg.snapshot_sections))
 
     def _restore_start_state(self, state: StartState) -> None:
         """Take the tables from the state at a new log start (after a state transfer reset the
@@ -434,6 +440,8 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
     def _step_down(self, lead: LeaderState) -> None:
         """What only a leader held goes with its leadership; its waiting writes are told."""
         self.leader = None
+        if self._recovery_budget is not None:
+            self._recovery_budget.release()  # its catch-up streams end with its leadership
         for w in lead.waiting:
             self._answer(w.request_id, ErrorCode.LEADERSHIP_LOST, leader_id=self.leader_id,
                          message=("leadership changed before the write committed; it may or may "

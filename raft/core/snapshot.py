@@ -48,6 +48,20 @@ class SnapshotContext:
     producer_window: int = 8
     max_producers: int = 100_000
     bootstrap_config: dict[str, Any] = field(default_factory=lambda: {"voters": [1]})
+    # Sections only this group's snapshots carry, after the registered ones (the controller's
+    # metadata in group 0: raft.controller.section). Registered sections are every group's.
+    extra: tuple["Section", ...] = ()
+
+    def sections(self) -> dict[str, "Section"]:
+        """Every section this group's snapshots carry, by name, registered ones first."""
+        if not self.extra:
+            return SECTIONS
+        out = dict(SECTIONS)
+        for s in self.extra:
+            if s.name in out and out[s.name] is not s:
+                raise ValueError(f"snapshot section {s.name!r} is registered already")
+            out[s.name] = s
+        return out
 
 
 @dataclass(slots=True, frozen=True)
@@ -93,11 +107,16 @@ class StartState:
     states: dict[str, Any]
     # Sections of names this build does not know: carried through as they came.
     unknown: dict[str, Any] = field(default_factory=dict)
+    # The sections this state folds (SnapshotContext.sections()): the registered ones, plus a
+    # group's own (the controller's metadata) when its context names them.
+    sections: dict[str, Section] = field(default_factory=lambda: SECTIONS)
 
     @staticmethod
     def fresh(ctx: SnapshotContext, start: int = 0) -> "StartState":
         """The state of an empty log that starts at `start` (0 for a new log)."""
-        return StartState(start, {name: s.fresh(ctx, start) for name, s in SECTIONS.items()})
+        sections = ctx.sections()
+        return StartState(start, {name: s.fresh(ctx, start) for name, s in sections.items()},
+                          sections=sections)
 
     @staticmethod
     def from_snapshot(snapshot: Any, ctx: SnapshotContext) -> "StartState":
@@ -114,23 +133,24 @@ class StartState:
             raise ValueError("the state at the log start needs an integer start_offset >= 0 "
                              "and a map of sections")
         states = {}
-        for name, s in SECTIONS.items():
+        known = ctx.sections()
+        for name, s in known.items():
             states[name] = (s.fresh(ctx, start) if name not in sections
                             else s.load(sections[name], ctx))
-        unknown = {k: v for k, v in sections.items() if k not in SECTIONS}
-        return StartState(start, states, unknown)
+        unknown = {k: v for k, v in sections.items() if k not in known}
+        return StartState(start, states, unknown, known)
 
     def apply(self, batch: Batch) -> None:
         """Fold the next batch (it must start at start_offset): the state moves past it."""
         if batch.base_offset != self.start_offset:
             raise ValueError(f"the state at offset {self.start_offset} cannot fold a batch at "
                              f"{batch.base_offset}: fold batches in order, without gaps")
-        for name, s in SECTIONS.items():
+        for name, s in self.sections.items():
             s.apply(self.states[name], batch)
         self.start_offset = batch.last_offset + 1
 
     def to_snapshot(self) -> dict[str, Any]:
         sections = dict(self.unknown)
-        for name, s in SECTIONS.items():
+        for name, s in self.sections.items():
             sections[name] = s.dump(self.states[name], self.start_offset)
         return {"v": SNAPSHOT_VERSION, "start_offset": self.start_offset, "sections": sections}

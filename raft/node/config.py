@@ -115,7 +115,10 @@ FLAG_HELP = {
     "max_timeout_ms": "the longest timeout a client may ask for",
     "max_fetch_wait_ms": "the longest long poll a fetch may ask for",
     "shutdown_transfer_ms": "on SIGTERM a leader hands leadership over for at most this long",
-    "recovery_rate": "limit on recovery traffic in MiB/s (0 = unlimited)",
+    "recovery_rate": "limit on recovery traffic in MiB/s, all partitions of the node together "
+                     "(0 = unlimited)",
+    "recovery_streams": "followers this node's partitions catch up at once, all partitions "
+                        "together; more wait their turn (0 = no limit)",
     "recovery_burst": "MiB the recovery limit may bank while idle",
     "join": "start outside the configuration and wait to be added with `raftlog add-node`",
     "scrub_rate": "re-read flushed batches in the background at this many MiB/s to find "
@@ -123,6 +126,9 @@ FLAG_HELP = {
     "scrub_slice_kib": "KiB one scrub slice reads, in a worker thread",
     "retention_respect_subscriptions": "retention never deletes past the lowest subscription "
                                        "position, within the retention valves",
+    "controller_retention_bytes": "bytes of controller log (the cluster's metadata) kept; "
+                                  "older entries are folded into the metadata stored with the "
+                                  "log start (0 = keep the whole log)",
     "subscription_expiry_ms": "drop a subscription nobody opened or committed for this long, "
                               "e.g. 604800000 for a week (0 = never)",
 }
@@ -179,6 +185,10 @@ class NodeConfig:
     recovery_rate: float = 0.0
     # Tokens the recovery limit may bank while idle, in MiB.
     recovery_burst: float = 4.0
+    # Catch-up streams (partition, follower) this node leads at once, every partition together:
+    # a node back after an outage lags in all its partitions, and without a bound each of
+    # their leaders would stream to it at once (recovery/budget.py). 0 = no limit.
+    recovery_streams: int = 32
     # Start outside the configuration: this node waits to be added (`raftlog add-node`) instead
     # of counting itself a voter of the --peers it was given.
     join: bool = False
@@ -228,6 +238,11 @@ class NodeConfig:
     retention_max_ms: int | None = None
     # Valve: below this much free disk (MiB), stop holding data back for members. 0 = off.
     low_disk_mb: int = 0
+    # The controller's log (group 0, the cluster's metadata) keeps about this many bytes; what
+    # is cut is folded into the metadata stored with the log start, so nothing is lost and a
+    # node far behind gets that state instead of every command since the cluster began
+    # (Kafka's KRaft snapshots its metadata log the same way). 0 = keep the whole log.
+    controller_retention_bytes: int = 16 << 20
     # -- subscriptions (raft/core/subscription_table.py, docs/SUBSCRIPTIONS.md) -----------------------------
     # Retention never deletes past the lowest subscription position (within retention's valves,
     # --retention-max-ms and --low-disk-mb). Off: retention ignores subscriptions.
@@ -318,6 +333,10 @@ class NodeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ConfigError(f"{name} must be a number >= 0 (MiB/s or MiB), got {value!r}")
+        if isinstance(self.recovery_streams, bool) or not isinstance(self.recovery_streams, int) \
+                or self.recovery_streams < 0:
+            raise ConfigError(f"recovery_streams must be an integer >= 0 (0 = no limit), got "
+                              f"{self.recovery_streams!r}")
         if self.recovery_rate and not self.recovery_burst:
             raise ConfigError("recovery_burst must be above 0 when recovery_rate is set")
         if (isinstance(self.scrub_rate, bool) or not isinstance(self.scrub_rate, (int, float))
@@ -414,11 +433,24 @@ class NodeConfig:
                 raise ConfigError(f"{name} must be >= {least}, got {value}; leave it unset "
                                   f"to keep everything")
             setattr(self, name, value)
+        value = self.controller_retention_bytes
+        if isinstance(value, str):
+            value = self.controller_retention_bytes = parse_size(value,
+                                                                 "controller_retention_bytes")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"controller_retention_bytes must be a size >= 0 (0 = keep the "
+                              f"whole controller log), got {value!r}")
         try:
             self.retention_policy()
         except ValueError as e:
             raise ConfigError(f"{e}; raise --retention-max-ms or lower --retention-min-ms"
                               ) from None
+
+    def controller_retention_policy(self) -> Any:
+        """The controller log's retention: its size limit alone (the node's age and valve flags
+        are for data: the metadata has no age after which it may go)."""
+        from raft.core.retention import RetentionPolicy
+        return RetentionPolicy(self.controller_retention_bytes or None).validate()
 
     def retention_policy(self) -> Any:
         """The sans-IO policy (raft.core.retention.RetentionPolicy) these settings describe."""

@@ -16,9 +16,11 @@ the admin commands proposed through it (issue 26; docs/DESIGN.md "The controller
   once the entry committed AND this node applied it, with the verdict its own apply reached.
 - Listeners (`on_applied`) hear of every applied step: the reconciler starts and stops groups.
 
-Retention: the controller's log is not cut this round (its group runs without a retention
-policy). Cutting it needs the metadata snapshot section registered per group
-(raft.controller.section); the follower already restores from it.
+Retention: the controller's log is cut by its own size limit (`controller_retention_bytes`);
+the metadata at the new log start travels with it as a snapshot section of group 0 only
+(raft.controller.section, passed in RaftConfig.snapshot_sections), so a restarted node, or one
+whose log a state transfer reset, restores it from there. Retention never cuts past what this
+node has applied (the `metadata` hold).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ import trio
 from raft.controller.bootstrap import bootstrap_commands
 from raft.controller.commands import Command, MalformedCommand, UnsupportedCommand, encode_command
 from raft.controller.follower import MetadataFollower, MetadataGap
-from raft.controller.state import ApplyResult, ClusterMetadata, EffectKind
+from raft.controller.state import ApplyResult, ClusterMetadata
+from raft.core.retention import Hold
 from raft.core.types import Acks, ErrorCode, Role
 from storage.batch import Batch, BatchKind
 
@@ -70,11 +73,6 @@ class ControllerService:
         self._applied = trio.Event()
         self._bootstrapped_term = -1
         self.on_applied: list[Callable[[], None]] = []
-        # group -> the replica list it was created with (its founding voters). The metadata
-        # keeps only the current (desired) replicas; a replica moved in later must join as a
-        # non-member instead of founding (raft.node.reconciler). Rebuilt by replaying the
-        # controller log on restart.
-        self.founders: dict[int, tuple[int, ...]] = {}
 
     @property
     def metadata(self) -> ClusterMetadata:
@@ -94,6 +92,14 @@ class ControllerService:
         except MetadataGap as e:
             self.group.fail(e, "controller restore")
             raise
+        retention = self.group.retention
+        if retention is not None:  # never cut what this node has not applied yet: proposers
+            # wait for their entries' verdicts, and listeners for each step's effects
+            retention.holders.register("metadata", self._retention_holds)
+
+    def _retention_holds(self) -> list[Hold]:
+        follower = self.follower
+        return [] if follower is None else [Hold("metadata", follower.position, False)]
 
     def caught_up(self) -> bool:
         """Whether the metadata here is as current as this node can know: every controller
@@ -152,11 +158,6 @@ class ControllerService:
             return 0
         for a in applied:
             self._results[a.offset] = a.result
-            for effect in a.result.effects:
-                if effect.kind is EffectKind.GROUP_CREATED:
-                    self.founders[effect.group] = effect.replicas
-                elif effect.kind is EffectKind.GROUP_REMOVED:
-                    self.founders.pop(effect.group, None)
             if not a.result.ok:
                 log.info("controller_refused node=%d offset=%d refusal=%s reason=%s",
                          self.group.node_id, a.offset, a.result.refusal.value, a.result.reason)

@@ -100,9 +100,13 @@ class RaftGroup:
         # The group whose metadata keeps the cluster id (the node sets it: the default topic's,
         # which owns the legacy key space, so data directories from before topics keep theirs).
         self.keeps_identity = False
-        # Whether the node's retention flags cut this group's log (the controller's is never
-        # cut this round: its metadata snapshot section is not registered per group yet).
+        # Whether retention cuts this group's log (its policy: settings_of, else the node's
+        # flags). Snapshot sections only this group carries (the controller's metadata).
         self.retained = True
+        self.snapshot_sections: tuple[Any, ...] = ()
+        # The node's recovery budget shared by its groups (recovery/budget.py); None: the
+        # group's own throttle (a group run on its own, as in tests).
+        self.recovery_budget: Any = None
         # Where a partition reads its topic's settings (raft.node.topic_settings; set by the
         # node's TopicRuntime before the core starts); None: the node's flags, fixed.
         self.settings_of: Callable[[], GroupSettings] | None = None
@@ -192,8 +196,11 @@ class RaftGroup:
             # detector (raft.node.liveness) feeds peer_down / peer_up, so a quiesced follower
             # notices its leader's node dying; `--raft quiesce_ticks=0` turns it off.
             raft_cfg = RaftConfig(node_id=self.node_id, voters=voters, learners=[],
-                                  **self.config.raft_kwargs())
-            self.core = RaftCore(raft_cfg, self.log, self._rng)
+                                  **self.config.raft_kwargs(),
+                                  snapshot_sections=self.snapshot_sections)
+            budget = self.recovery_budget
+            self.core = RaftCore(raft_cfg, self.log, self._rng, recovery=None if budget is None
+                                 else budget.for_group(self.group_id))
         except (TypeError, ValueError) as e:
             raise ConfigError(f"raft settings: {e}; check --raft KEY=VALUE options and "
                               f"the [raft] table of the config file") from None

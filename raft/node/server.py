@@ -34,11 +34,13 @@ import functools
 import logging
 import os
 import random
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from raft.controller import section as controller_section
 from raft.node import api
 from raft.node.config import ConfigError, NodeConfig, format_address
 from raft.node.api.admin import status_map
@@ -53,7 +55,7 @@ from raft.node.group import RaftGroup
 from raft.node.identity import not_member_message
 from raft.node.looplag import LoopLag
 from raft.node.metrics import SUBSCRIPTION_SERIES_MAX, NodeMetrics
-from raft.node.topic_settings import SettingsInForce
+from raft.node.topic_settings import GroupSettings, SettingsInForce
 from raft.node.peer import PeerLink
 from raft.node.registry import GroupRegistry
 from raft.node.topic_runtime import DEFAULT_GROUP, TopicRuntime, partition_series
@@ -64,6 +66,7 @@ from raft.protocol.raft_frames import messages_from_frame
 from raft.protocol.requests import CONTROLLER_GROUP
 from raft.protocol.streams import FrameReader
 from raft.core.types import ErrorCode, Role
+from recovery.budget import RecoveryBudget
 from storage.api import IoMode, LogStorage
 
 if TYPE_CHECKING:
@@ -109,12 +112,22 @@ class Node:
         # the cluster id), and the controller, group 0, whose log comes from the same store.
         # Both take their voters from --peers (or join). `node.group`, `node.core` and
         # `node.log` are the default topic's.
+        # One recovery budget for every group: at most recovery_streams followers caught up at
+        # once and one byte rate (recovery/budget.py), on the node's tick clock.
+        knobs, tick_ms = config.raft_kwargs(), config.tick_ms
+        self.recovery_budget = RecoveryBudget(
+            config.recovery_streams, knobs.get("recovery_rate_bytes_per_tick", 0),
+            knobs.get("recovery_burst_bytes", 0), lambda: int(time.monotonic() * 1000) // tick_ms)
         self.group = self._new_group(DEFAULT_GROUP, log_storage, None, rng)
         self.group.keeps_identity = True
         self.group.metrics = self.metrics  # the node's role/term series are the default's
         self.controller_group = self._new_group(CONTROLLER_GROUP, None, None,
                                                 random.Random(rng.getrandbits(64)))
-        self.controller_group.retained = False  # see raft.node.controller: never cut yet
+        # The controller's log is cut like a partition's, by its own size limit
+        # (--controller-retention-bytes), its metadata travelling in the state at the log start.
+        self.controller_group.snapshot_sections = (controller_section.SECTION,)
+        ctl_settings = GroupSettings(config.controller_retention_policy(), None)
+        self.controller_group.settings_of = lambda: ctl_settings
         self.topics = TopicRuntime(self)
         self.metrics_address: str | None = None  # where /metrics is served, once running
         self.api = self._context(self.group)
@@ -134,6 +147,7 @@ class Node:
         group.identity = self.transport.identity  # one cluster id, for links and groups
         group.on_membership_change = self._sync_links
         group.flusher = self.flusher
+        group.recovery_budget = self.recovery_budget
         if group_id != CONTROLLER_GROUP:  # a partition follows its topic's settings
             group.settings_of = functools.partial(self.settings.of, group_id)
         return group

@@ -84,7 +84,10 @@ class TopicRuntime:
             self.node.set_peer_address(node_id, address)
 
     def founders_of(self, group_id: int) -> tuple[int, ...] | None:
-        return self.controller.founders.get(group_id)
+        """The replicas `group_id` was created with (None: not a live group here). They are in
+        the metadata (Partition.founders), so a cut controller log keeps them."""
+        p = self.controller.metadata.groups.get(group_id)
+        return p.founders if p is not None else None
 
     def still_named(self, group_id: int) -> bool:
         group = self.node.registry.get(group_id)

@@ -15,8 +15,8 @@ lookup: the resolved settings are cached per group and the cache is dropped afte
 controller step (`on_applied`), which also wakes the retention tasks that had nothing to do
 (an idle retention task waits on an event, never on a timer: no per-tick work per partition).
 
-The controller's own group (0) keeps no retention yet (its snapshot section is not registered
-per group: raft.node.controller).
+The controller's own group (0) runs its own size limit instead (`controller_retention_bytes`,
+set by the node: raft.node.server, raft.node.controller).
 """
 
 from __future__ import annotations

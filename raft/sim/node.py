@@ -17,11 +17,12 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from raft.core import messages as m
 from raft.core.raft import RaftConfig, RaftCore
 from raft.core.ready import ProduceAnswer, Ready, StorageWork
-from raft.core.retention import Plan, RetentionPolicy, core_holds, plan
+from raft.core.retention import Hold, Plan, RetentionPolicy, core_holds, plan
 from raft.sim.loop import EventLoop
 from raft.core.types import Role
 from storage.api import DiskFull, Meta, StorageError
@@ -76,6 +77,11 @@ class SimNode:
         self.planned: Plan | None = None  # the retention cut about to be applied
         self.start()
 
+    def recovery(self) -> Any:
+        """The node's recovery budget for this core (recovery/budget.py); None: the core's own
+        throttle (one group per node)."""
+        return None
+
     def _open_log(self) -> MemoryLog:
         """A log of its own; a group on a many-group node (raft/sim/topics_node.py) opens
         its log from the node's store instead."""
@@ -84,7 +90,7 @@ class SimNode:
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         self.core = RaftCore(self.make_config(self.node_id), self.log,
-                             random.Random(self.rng.getrandbits(64)))
+                             random.Random(self.rng.getrandbits(64)), recovery=self.recovery())
         self.up = True
         self.paused = False
         self.flushing = False
@@ -169,7 +175,7 @@ class SimNode:
     def _retain(self) -> None:
         core = self.core
         assert core is not None and self.retention is not None
-        p = plan(self.log, self.retention, core_holds(core.status()),
+        p = plan(self.log, self.retention, self.retention_holds(),
                  now_ms=self.loop.now // 1000, free_bytes=None, ctx=core.snapshot_context())
         d = p.decision
         if d.cut <= d.start:
@@ -183,6 +189,11 @@ class SimNode:
         epoch = self.epoch
         delay = self.rng.randint(self.disk.min_flush_us, self.disk.max_flush_us)
         self.loop.after(delay, lambda: self._persist_start(epoch))
+
+    def retention_holds(self) -> list[Hold]:
+        """What retention must keep: the core's holds (commit index, flushed offset, members)."""
+        assert self.core is not None
+        return list(core_holds(self.core.status()))
 
     def _persist_start(self, epoch: int) -> None:
         if epoch != self.epoch or not self.up:

@@ -369,7 +369,14 @@ PROFILES: dict[str, dict[str, Any]] = {
     "topics": {"topics": True, "clients": 4, "mean_fault_gap_us": 150_000,
                "faults": ("partition", "one_way", "crash", "crash_leader", "pause", "loss",
                           "duplicate", DISK_LOSS),
-               "quiet_phase": False},
+               "quiet_phase": False,
+               # The controller log is cut small (its metadata travels with the log start),
+               # and the valve lets a member that is down fall behind the start, so restarted
+               # and wiped nodes get the metadata by state transfer.
+               "controller_retention": {"max_bytes": 1200, "valve_age_ms": 150},
+               # Small appends, so nodes back from a crash or a partition recover in many
+               # chunks and queue for their node's two recovery slots (recovery/budget.py).
+               "raft": {"max_append_bytes": 256, "recovery_chunk_bytes": 128}},
 }
 
 

@@ -57,6 +57,12 @@ class SimConfig:
     # per node; the admin keeps the partition count between these bounds.
     topics: bool = False
     partitions: tuple[int, int] = (10, 50)
+    # RetentionPolicy fields for the controller's log (group 0) in the topics profile: cut
+    # with its metadata in the state at the log start, as the runtime does. None = keep it.
+    controller_retention: dict[str, Any] | None = None
+    # Recovery slots per node shared by its groups (recovery/budget.py; 0 = no limit): few, so
+    # catch-ups after crashes and partitions queue for them.
+    recovery_streams: int = 2
 
 
 @dataclass

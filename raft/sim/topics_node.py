@@ -27,12 +27,15 @@ from typing import Any
 
 from raft.controller.bootstrap import bootstrap_commands
 from raft.controller.commands import decode_control, encode_command
+from raft.controller import section as controller_section
 from raft.controller.follower import MetadataFollower
 import raft.controller.reconcile as reconciler
 from raft.core import messages as m
 from raft.core.raft import RaftConfig
+from raft.core.retention import Hold, RetentionPolicy
 from raft.core.types import Acks
 from raft.sim.node import DiskModel, SimNode
+from recovery.budget import GroupRecovery, RecoveryBudget
 from storage.api import StorageError
 from storage.batch import Batch, BatchKind, CorruptBatch
 from storage.memory import MemoryLog, MemoryStore
@@ -58,6 +61,19 @@ class GroupReplica(SimNode):
 
     def _lose_unflushed(self) -> None:
         """Nothing per group: TopicsNode.crash crashes the store once for every group."""
+
+    def recovery(self) -> GroupRecovery | None:
+        """The node's recovery budget, shared by its groups as the runtime shares it."""
+        return self.host.recovery.for_group(self.group) if self.host is not None else None
+
+    def retention_holds(self) -> list[Hold]:
+        """The controller's log is never cut past what its node has applied (as the runtime's
+        `metadata` hold: raft/node/controller.py)."""
+        holds = super().retention_holds()
+        follower = self.host.follower if self.host is not None else None
+        if self.group == CONTROLLER and follower is not None:
+            holds.append(Hold("metadata", follower.position, False))
+        return holds
 
     def fail_stop(self, error: StorageError) -> None:
         assert self.host is not None
@@ -101,6 +117,11 @@ class TopicsNode:
         self.tick_us = tick_us
         self.disk = disk or DiskModel()
         self.store = MemoryStore(max_tail_bytes=64 << 20)
+        # One recovery budget per node (a few slots: the schedules make them contended).
+        self.recovery = RecoveryBudget(sim.cfg.recovery_streams,
+                                       clock=lambda: self.loop.now // self.tick_us)
+        cut = sim.cfg.controller_retention
+        self.controller_retention = None if cut is None else RetentionPolicy(**cut).validate()
         self.replicas: dict[int, GroupReplica] = {}
         self.follower: MetadataFollower | None = None
         self.up = False
@@ -114,6 +135,7 @@ class TopicsNode:
         self.flushed_groups = 0  # groups written by those rounds (group commit: > rounds)
         self.sync_pending = False
         self.boot_term = -1  # the controller term this node last proposed bootstrap in
+        self.metadata_restores = 0  # metadata taken from a cut controller log's start
         self.start()
 
     # -- what the nemesis and liveness see -------------------------------------------------
@@ -282,6 +304,8 @@ class TopicsNode:
                 return  # the proposal stopped the node (a storage fault)
         while True:  # one batch at a time: the metadata is checked after every entry
             before = self.follower.position
+            if before < self.controller.log.start_offset:
+                self.metadata_restores += 1  # a state transfer moved the start past it
             for a in self.follower.catch_up(core.commit_index, max_batches=1):
                 self.sim.on_applied(self, a)
             if self.follower.position == before:
@@ -328,7 +352,7 @@ class TopicsNode:
         on_disk = [g for g in self.store.group_ids() if g != CONTROLLER]
         plan = reconciler.reconcile(meta, self.node_id, running, on_disk)
         for p in plan.start:
-            self._start_replica(p.group, p.replicas)
+            self._start_replica(p.group, p.founders or p.replicas)
             if not self.up:
                 return
         for g in plan.stop:
@@ -342,15 +366,18 @@ class TopicsNode:
 
     def _start_replica(self, group: int, voters: tuple[int, ...]) -> None:
         knobs = self.knobs
+        sections = (controller_section.SECTION,) if group == CONTROLLER else ()
         replica = self.replicas.get(group)
         if replica is None:
             replica = GroupReplica(
                 self.node_id, self.loop, random.Random(self.rng.getrandbits(64)),
-                lambda nid: RaftConfig(node_id=nid, voters=list(voters), **knobs),
+                lambda nid: RaftConfig(node_id=nid, voters=list(voters), **knobs,
+                                       snapshot_sections=sections),
                 lambda msg, g=group: self.sim.send(g, msg),
                 lambda nid, a, g=group: self.sim.on_answer(g, nid, a),
                 self.sim.on_replica_event, tick_us=self.tick_us, disk=self.disk,
                 persist_hard_state=self.sim.cfg.persist_hard_state,
+                retention=self.controller_retention if group == CONTROLLER else None,
                 group=group, host=self)  # SimNode.__post_init__ opens the log and starts
             self.replicas[group] = replica
         else:

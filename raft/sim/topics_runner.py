@@ -384,6 +384,11 @@ class TopicsSimulation:
                  "restarts_seen": self.liveness.restarts_seen if self.liveness else 0,
                  "restarts": sum(n.restarts for n in self.nodes.values()),
                  "flush_rounds": sum(n.flush_rounds for n in self.nodes.values()),
-                 "flushed_groups": sum(n.flushed_groups for n in self.nodes.values())}
+                 "flushed_groups": sum(n.flushed_groups for n in self.nodes.values()),
+                 "controller_cuts": sum(n.controller.retention_cuts for n in self.nodes.values()
+                                        if CONTROLLER in n.replicas),
+                 "metadata_restores": sum(n.metadata_restores for n in self.nodes.values()),
+                 "recovery_granted": sum(n.recovery.granted for n in self.nodes.values()),
+                 "recovery_denied": sum(n.recovery.denied for n in self.nodes.values())}
         return SimResult(cfg.seed, violations, self.trace.hexdigest(), stats,
                          list(self.trace_tail), cfg.profile, cfg.quiesce)

@@ -235,8 +235,24 @@ def test_snapshot_round_trip_equals_the_state() -> None:
     assert again.to_snapshot() == meta.to_snapshot()
 
 
+def test_founders_survive_a_move_and_the_snapshot() -> None:
+    """A partition keeps the replicas it was created with after a move, and in the snapshot: a
+    node restored from a cut controller log must still know it founded the group (or joins it)."""
+    meta = with_orders()
+    before = meta.partition("orders", 1)
+    founders = before.founders
+    assert founders == before.replicas
+    run(meta, MoveReplicas("orders", 1, (4, 3, 1)))
+    assert meta.partition("orders", 1).founders == founders
+    again = ClusterMetadata.from_snapshot(msgpack.unpackb(msgpack.packb(meta.to_snapshot())))
+    assert again.partition("orders", 1).founders == founders
+    assert again.partition("orders", 1).replicas == (4, 3, 1)
+
+
 @pytest.mark.parametrize("damage", [
     lambda s: s.update(v=2),
+    lambda s: s["topics"][0][3][0].__setitem__(2, []),  # no founders
+
     lambda s: s.update(next_group_id=1),  # below the groups it holds
     lambda s: s["topics"][0][3].append([2, [1, 2]]),  # a group held twice
     lambda s: s["topics"][0][3][0].__setitem__(1, [1, 99]),  # an unknown node

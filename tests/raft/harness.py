@@ -20,9 +20,11 @@ from storage.records import encode_values
 
 
 class Cluster:
-    def __init__(self, n: int = 3, *, seed: int = 1, **knobs: Any) -> None:
+    def __init__(self, n: int = 3, *, seed: int = 1, recovery: Any = None,
+                 **knobs: Any) -> None:
         self.ids = list(range(1, n + 1))
         self.knobs = knobs
+        self.recovery = recovery  # a recovery.budget.GroupRecovery every core shares, or None
         self.seed = seed
         self.logs = {i: MemoryLog() for i in self.ids}
         self.cores: dict[int, RaftCore] = {}
@@ -42,7 +44,8 @@ class Cluster:
 
     def _new_core(self, i: int, voters: list[int] | None = None) -> RaftCore:
         cfg = RaftConfig(node_id=i, voters=voters or self.ids, **self.knobs)
-        return RaftCore(cfg, self.logs[i], random.Random(self.seed * 1000 + i))
+        return RaftCore(cfg, self.logs[i], random.Random(self.seed * 1000 + i),
+                        recovery=self.recovery)
 
     # -- driving ---------------------------------------------------------------------------
     def process(self, i: int) -> None:

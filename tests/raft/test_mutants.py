@@ -72,6 +72,10 @@ import test_flusher  # noqa: E402  (tests/node, on the path above)
 import test_reconciler  # noqa: E402  (tests/node: the node's topics)
 import test_topic_settings_inproc  # noqa: E402  (tests/node: per-topic settings in force)
 import test_replica_moves_inproc  # noqa: E402  (tests/node: replica moves)
+import test_controller_retention  # noqa: E402  (tests/node: the controller log's retention)
+# The node's recovery budget is killed by its own tests (tests/recovery).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "recovery"))
+import test_budget  # noqa: E402
 # The many-group simulation's routing and reconciling rules are killed by its seeds (tests/sim).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "sim"))
 import test_topics_sim  # noqa: E402
@@ -716,6 +720,48 @@ MUTANTS = [
            "if known is not None and epoch > known and (observer, peer) not in self.down:",
            "if False:",
            (test_topics_sim.test_a_peer_that_restarted_unseen_wakes_its_quiet_followers,)),
+    # Retention of the controller log (raft/node/controller.py, raft/controller/state.py).
+    Mutant("group 0's snapshots do not carry the controller's metadata",
+           "raft.node.server", "Node.__init__",
+           "self.controller_group.snapshot_sections = (controller_section.SECTION,)",
+           "self.controller_group.snapshot_sections = ()",
+           (_in_tmp(test_controller_retention.
+                    test_a_cut_controller_log_keeps_the_metadata_and_a_restart_restores_it,
+                    "memory"),)),
+    Mutant("a log's append ignores the node-wide dirty-tail limit",
+           "storage.lmdb_log", "LmdbLog.append",
+           "self._tail_share.budget.check(size)",
+           "pass",
+           (_in_tmp(test_store.test_the_dirty_tails_of_all_logs_share_one_node_wide_limit,
+                    "lmdb"),)),
+    Mutant("a recovering stream ignores the node's recovery slots",
+           "raft.core.leader", "LeaderSide._send_append",
+           "not budget.may_send(pr.node_id, self.cfg.recovery_chunk_bytes):",
+           "False:",
+           (test_budget.test_a_second_partitions_lagging_follower_waits_for_the_only_slot,)),
+    Mutant("a follower the commit quorum needs waits for a recovery slot",
+           "raft.core.leader", "LeaderSide._quorum_needs",
+           "return healthy < majority(len(voters))",
+           "return False",
+           (test_budget.test_a_follower_the_quorum_needs_is_never_held_back,)),
+    Mutant("the simulation's controller log is cut without its metadata",
+           "raft.sim.topics_node", "TopicsNode._start_replica",
+           "sections = (controller_section.SECTION,) if group == CONTROLLER else ()",
+           "sections = ()",
+           (test_topics_sim.
+            test_the_controller_log_is_cut_and_a_node_behind_its_start_restores_the_metadata,)),
+    Mutant("the controller's snapshot forgets which replicas founded each partition",
+           "raft.controller.state", "_from_snapshot",
+           "p = Partition(name, index, group, tuple(replicas), tuple(founders))",
+           "p = Partition(name, index, group, tuple(replicas), tuple(replicas))",
+           (test_controller_state.test_founders_survive_a_move_and_the_snapshot,)),
+    Mutant("retention cuts controller entries this node has not applied yet",
+           "raft.node.controller", "ControllerService.open",
+           'retention.holders.register("metadata", self._retention_holds)',
+           "pass",
+           (_in_tmp(test_controller_retention.
+                    test_a_cut_controller_log_keeps_the_metadata_and_a_restart_restores_it,
+                    "memory"),)),
     # Quiescence in the runtime (raft/node/liveness.py, raft/node/registry.py).
     Mutant("the node's failure detector never reports a silent peer down",
            "raft.node.liveness", "NodeLiveness.check",

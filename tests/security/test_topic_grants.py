@@ -128,6 +128,31 @@ def test_token_create_and_revoke_keep_a_principals_topic_grants(tmp_path: Path) 
     assert [str(g) for g in AuthTable.load(path).principals["orders-app"].grants] == ORDERS_GRANTS
 
 
+def test_token_create_sets_replaces_and_drops_topic_grants(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    """`--topics` gives a new principal grants only (nothing node-wide), replaces an existing
+    principal's grants, '' drops them; a bad grant is refused and the file is left as it was."""
+    from raft.cli.main import main as cli_main
+    path = tmp_path / "auth.toml"
+    assert cli_main(["token", "create", "--auth-file", str(path), "--principal", "app",
+                     "--topics", "produce:orders.*, consume:logs"]) == 0
+    app = AuthTable.load(path).principals["app"]
+    assert [str(g) for g in app.grants] == ["produce:orders.*", "consume:logs"]
+    assert app.permissions == frozenset()
+    assert cli_main(["token", "create", "--auth-file", str(path), "--principal", "app",
+                     "--topics", "admin:team-a.*"]) == 0
+    app = AuthTable.load(path).principals["app"]
+    assert [str(g) for g in app.grants] == ["admin:team-a.*"] and len(app.token_digests) == 2
+    before = path.read_text()
+    assert cli_main(["token", "create", "--auth-file", str(path), "--principal", "app",
+                     "--topics", "write:x"]) != 0
+    assert "--topics" in capsys.readouterr().err and path.read_text() == before
+    assert cli_main(["token", "create", "--auth-file", str(path), "--principal", "app",
+                     "--topics", "", "--permissions", "consume"]) == 0
+    app = AuthTable.load(path).principals["app"]
+    assert app.grants == () and {p.value for p in app.permissions} == {"consume"}
+
+
 def test_a_sighup_reload_brings_grants_in_and_a_bad_grant_keeps_the_previous_table() -> None:
     path, token = grants_file()
     text = path.read_text()

@@ -137,6 +137,33 @@ def test_drop_log_removes_its_data_durably_and_leaves_the_others(impl: str,
     store.close()
 
 
+def test_the_dirty_tails_of_all_logs_share_one_node_wide_limit(impl: str, tmp_path: Path) -> None:
+    """A store's max_tail_bytes bounds every log's unflushed bytes together (a thousand
+    partitions do not hold a thousand times one log's limit in memory): an append past it is
+    refused TailFull, whichever log holds the dirty bytes, and a flush, a drop or a close of
+    the logs that hold them frees room."""
+    from storage.api import TailFull
+    size = batch(0).size
+    store = open_store(None if impl == "memory" else tmp_path, map_size=1 << 20,
+                       max_tail_bytes=3 * size)
+    a, b, c = (store.open_log(g) for g in (2, 3, 4))
+    a.append([batch(0), batch(1)])
+    b.append([batch(0)])
+    assert store.tail_budget.used == 3 * size
+    with pytest.raises(TailFull, match="node-wide"):
+        c.append([batch(0)])  # c has nothing dirty of its own: the node's limit refuses it
+    store.flush([a])
+    c.append([batch(0)])
+    with pytest.raises(TailFull):
+        a.append([batch(2), batch(3)])
+    store.drop_log(3)  # b's dirty batch goes with it
+    a.append([batch(2)])
+    assert store.tail_budget.used == 2 * size  # a's new batch and c's
+    store.flush([a, c])
+    assert store.tail_budget.used == 0
+    store.close()
+
+
 def test_a_reopened_store_finds_its_groups(impl: str, tmp_path: Path) -> None:
     store = make(impl, tmp_path)
     assert store.group_ids() == []
@@ -409,6 +436,10 @@ class StoreMachine(RuleBasedStateMachine):
             assert log.flushed_offset == self.flushed[g], g
             assert log.dirty_offset == self._dirty(g), g
             assert log.read(0, 1 << 30) == self.model[g], g
+        # The node-wide tail budget counts exactly the unflushed bytes of the logs held.
+        unflushed = sum(b.size for g in GROUPS for b in self.model[g]
+                        if b.last_offset > self.flushed[g])
+        assert self.store.tail_budget.used == unflushed
 
 
 class MemoryStoreMachine(StoreMachine):
