@@ -49,6 +49,7 @@ from typing import Protocol
 import trio
 
 from raft.core.messages import Message
+from raft.node import trace
 from raft.node.config import parse_address
 from raft.node.identity import NOT_MEMBER_MARK, ClusterIdentity
 from raft.node.tls import NodeTLS, PeerIdentityError, dial_tls, handshake_failure
@@ -396,6 +397,8 @@ class PeerLink:
             self.sent_messages += len(msgs)
             self.sent_frames += 1
             last_write = trio.current_time()
+            if trace.ENABLED:
+                trace.frame_written(msgs, self.peer_id)
 
 
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:
