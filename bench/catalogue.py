@@ -12,8 +12,9 @@ from types import ModuleType
 # Latency first: it measures single fsynced writes, and should not share the disk with the
 # writeback of the gigabytes the produce workload leaves behind.
 WORKLOADS = ("latency", "produce", "fetch", "failover")
-# `--only` choices: the measures of the workloads that have several (bench/workloads/partitions.py).
-MEASURES = ("throughput", "keyed", "fsyncs", "idle", "create", "failover")
+# `--only` choices: the measures of the workloads that have several (bench/workloads/partitions.py;
+# trace: `closed` traces closed-loop writers instead of the open-loop rate).
+MEASURES = ("throughput", "keyed", "fsyncs", "idle", "create", "failover", "closed")
 
 
 def available_workloads() -> list[str]:

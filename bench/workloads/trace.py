@@ -41,6 +41,8 @@ from storage.records import encode_values
 
 TRACE_RATE = 200
 SAMPLE_EVERY = 2
+CLOSED_WRITERS = 64
+CLOSED_SAMPLE_EVERY = 8
 RECORD_SIZE = 100
 WARMUP_S = 0.5
 IDLE_S = 2.0  # measuring the idle cluster's CPU
@@ -157,6 +159,47 @@ async def _drive(addr: str, rate: float, duration: float) -> tuple[list[Sample],
     return list(samples.values()), answered, *window
 
 
+async def _drive_closed(addr: str, writers: int, duration: float) -> tuple[list[Sample], int,
+                                                                          float, float]:
+    """`writers` connections, one record in flight each, for WARMUP_S + duration; one write
+    in CLOSED_SAMPLE_EVERY per writer traced."""
+    payload = encode_values([b"x" * RECORD_SIZE])
+    conns = [await AsyncConn.open(addr) for _ in range(writers)]
+    t0 = time.monotonic()
+    m0, m1 = t0 + WARMUP_S, t0 + WARMUP_S + duration
+    samples: list[Sample] = []
+    answered = 0
+
+    async def writer(conn: AsyncConn, w: int) -> None:
+        nonlocal answered
+        k = 0
+        while time.monotonic() < m1:
+            k += 1
+            rid = conn.new_id()
+            frame = Produce(payload, 1, Acks.QUORUM, 5000).to_frame(rid)
+            sample = None
+            if time.monotonic() >= m0 and k % CLOSED_SAMPLE_EVERY == 0:
+                frame["trace"] = w * 1_000_000 + rid
+                sample = Sample(frame["trace"], time.monotonic())
+            await conn.send_raw(pack(frame))
+            while True:
+                r = await conn.recv()
+                if r.get("id") == rid:
+                    break
+            if error_code(r) is None:
+                answered += 1
+                if sample is not None:
+                    sample.received, sample.offset = time.monotonic(), r["last_offset"]
+                    samples.append(sample)
+
+    async with trio.open_nursery() as nursery:
+        for w, conn in enumerate(conns):
+            nursery.start_soon(writer, conn, w)
+    for conn in conns:
+        await conn.aclose()
+    return samples, answered, m0, m1
+
+
 def _load_events(trace_dir: str, pids: dict[int, int]) -> tuple[dict, dict]:
     """(series by (node, kind, group, peer), request hops by (trace id, kind)) from the
     nodes' trace files."""
@@ -209,6 +252,27 @@ def _cpu(pids: dict[int, int]) -> dict[int, float | None]:
     return {node: cpu_seconds(pid) for pid, node in pids.items()}
 
 
+def _thread_cpu(pids: dict[int, int]) -> dict[int, tuple[float, float]]:
+    """Per node: CPU seconds of its main thread (the event loop) and of its other threads
+    (flushes, disk reads)."""
+    out = {}
+    for pid, node in pids.items():
+        main = other = 0.0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    rest = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            secs = (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+            if int(tid) == pid:
+                main += secs
+            else:
+                other += secs
+        out[node] = (main, other)
+    return out
+
+
 def run(ctx: Ctx) -> tuple[list[dict], dict]:
     cfg = ctx.cfg
     trace_dir = os.path.join(ctx.data_dir or cfg.base_dir or "/tmp", "trace")
@@ -221,16 +285,24 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
             leader = cluster.wait_for_leader()
             cluster.wait_caught_up()
             pids = {n.proc.pid: n.node_id for n in cluster.nodes.values() if n.proc}
-            ctx.describe(f"trace: quorum {TRACE_RATE}/s, 1 in {SAMPLE_EVERY} traced")
+            closed = "closed" in cfg.only
+            ctx.describe(f"trace: quorum {TRACE_RATE}/s, 1 in {SAMPLE_EVERY} traced" if not closed
+                         else f"trace: {CLOSED_WRITERS} closed-loop writers")
             idle0 = _cpu(pids)
             time.sleep(IDLE_S)  # the cluster's own CPU without writes (ticks, heartbeats)
             cpu0 = _cpu(pids)
+            threads0 = _thread_cpu(pids)
             idle = {n: None if idle0[n] is None or cpu0[n] is None
                     else (cpu0[n] - idle0[n]) / IDLE_S for n in cpu0}
             t_cpu = time.monotonic()
-            samples, answered, w0, w1 = trio.run(_drive, cluster.nodes[leader].addr,
-                                                 TRACE_RATE, duration)
+            if closed:
+                samples, answered, w0, w1 = trio.run(_drive_closed, cluster.nodes[leader].addr,
+                                                     CLOSED_WRITERS, duration)
+            else:
+                samples, answered, w0, w1 = trio.run(_drive, cluster.nodes[leader].addr,
+                                                     TRACE_RATE, duration)
             cpu1 = _cpu(pids)
+            threads1 = _thread_cpu(pids)
             elapsed = time.monotonic() - t_cpu
     finally:
         if before is None:
@@ -247,13 +319,38 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
             sends[group] += len(s.times)
     group = max(sends, key=sends.__getitem__) if sends else 0
     stamps = [_stamps(s, leader, followers, group, series, hops) for s in samples]
+    # Group commit at work: writes per leader flush and per append frame to each follower.
+    batching = {"writes": answered}
+    for name, key in (("leader_flushes", (leader, "flush_start", group, 0)),
+                      *((f"appends_to_n{f}", (leader, "net_send", group, f))
+                        for f in followers)):
+        n = len(series[key].times) if key in series else 0
+        batching[name] = n
+        batching[f"writes_per_{name}"] = answered / n if n else None
     net = {n: None if cpu0[n] is None or cpu1[n] is None or idle[n] is None
            else cpu1[n] - idle[n] * elapsed for n in cpu1}
-    return _report(ctx, stamps, answered, cpu0, cpu1, net, leader, len(samples))
+    what = (f"{CLOSED_WRITERS} closed-loop writers ({answered / (elapsed or 1):.0f} writes/s)"
+            if closed else f"{TRACE_RATE}/s")
+    figures, details = _report(ctx, stamps, answered, cpu0, cpu1, net, leader, len(samples),
+                               what)
+    details["batching"] = batching
+    split = {n: ((threads1[n][0] - threads0[n][0]) * 1e3 / max(1, answered),
+                 (threads1[n][1] - threads0[n][1]) * 1e3 / max(1, answered)) for n in threads0}
+    details["cpu_ms_per_write_threads"] = {str(n): v for n, v in split.items()}
+    tline = "CPU ms per write, event loop / other threads: " + ", ".join(
+        f"n{n} {a:.3f} / {b:.3f}" for n, (a, b) in sorted(split.items()))
+    print(tline)
+    details["table"].append(tline)
+    line = ("group commit: " + ", ".join(
+        f"{k[len('writes_per_'):]} {v:.1f} writes each" for k, v in batching.items()
+        if k.startswith("writes_per_") and v is not None))
+    print(line)
+    details["table"].append(line)
+    return figures, details
 
 
 def _report(ctx: Ctx, stamps: list[dict], answered: int, cpu0: dict, cpu1: dict, net: dict,
-            leader: int, sampled: int) -> tuple[list[dict], dict]:
+            leader: int, sampled: int, what: str) -> tuple[list[dict], dict]:
     lim = ctx.limits
     floor = {k: (lim.get(k) or {}).get("p50") for k in ("fsync_ms", "lmdb_commit_ms",
                                                          "rpc_floor_ms")}
@@ -280,7 +377,7 @@ def _report(ctx: Ctx, stamps: list[dict], answered: int, cpu0: dict, cpu1: dict,
     figures.append(figure("trace.cpu_ms_per_write.net_of_idle", "trace",
                           "CPU ms per write (all nodes, net of idle)", "ms", [net_cpu],
                           better="lower"))
-    lines = [f"trace: {sampled} sampled quorum writes of {RECORD_SIZE} B at {TRACE_RATE}/s "
+    lines = [f"trace: {sampled} sampled quorum writes of {RECORD_SIZE} B at {what} "
              f"(leader n{leader}); load {os.getloadavg()[0]:.2f}",
              f"{'stage':<40} {'n':>5} {'p50 ms':>8} {'p99 ms':>8}"]
     for r in rows:

@@ -388,6 +388,8 @@ class PeerLink:
                           size, self._max_frame)
                 self.dropped_messages += len(msgs)
                 continue
+            if trace.ENABLED:  # (stamped as the write starts: the peer may read it before
+                trace.frame_written(msgs, self.peer_id)  # this task runs again)
             if size < SPLIT_WRITE_BYTES:
                 await stream.send_all(b"".join(pieces))  # a heartbeat stays one segment
             else:
@@ -397,8 +399,6 @@ class PeerLink:
             self.sent_messages += len(msgs)
             self.sent_frames += 1
             last_write = trio.current_time()
-            if trace.ENABLED:
-                trace.frame_written(msgs, self.peer_id)
 
 
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:
