@@ -217,18 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     return serve(vars(args), prog="raftlog")
 
 
-# How long a thread may hold the GIL while another waits for it (Python's default: 5 ms).
-# A flush's worker thread wakes from its fsync needing the GIL to hand the result back, and a
-# busy event loop made it wait up to the full interval per flush: `raftlog bench trace` showed
-# it as the flush's "hand-off out" stage (p99 5-14 ms at 200 writes/s). Issue 28.
-GIL_SWITCH_INTERVAL_S = 0.0005
-
-
 def serve(settings: dict[str, Any], prog: str = "raftlog serve") -> int:
     """Validate settings (flag values, or --config's TOML plus flags) and run the node until
     SIGTERM. Exit code 0 after a clean stop, 2 after a configuration error (one line on
     stderr saying what to fix)."""
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         config = NodeConfig.from_args(settings)
         config.check_data_dir()
