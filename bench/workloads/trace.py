@@ -22,6 +22,8 @@ from __future__ import annotations
 import bisect
 import glob
 import os
+import shutil
+import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -275,8 +277,7 @@ def _thread_cpu(pids: dict[int, int]) -> dict[int, tuple[float, float]]:
 
 def run(ctx: Ctx) -> tuple[list[dict], dict]:
     cfg = ctx.cfg
-    trace_dir = os.path.join(ctx.data_dir or cfg.base_dir or "/tmp", "trace")
-    os.makedirs(trace_dir, exist_ok=True)
+    trace_dir = tempfile.mkdtemp(prefix="raftlog-trace-", dir=ctx.data_dir or cfg.base_dir)
     duration = cfg.duration * cfg.repeats
     before = os.environ.get("RAFTLOG_TRACE")
     os.environ["RAFTLOG_TRACE"] = trace_dir
@@ -311,6 +312,8 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
             os.environ["RAFTLOG_TRACE"] = before
     ctx.advance("trace")
     series, hops = _load_events(trace_dir, pids)
+    if not cfg.keep:
+        shutil.rmtree(trace_dir, ignore_errors=True)
     nodes = sorted(pids.values())
     followers = [n for n in nodes if n != leader]
     sends = defaultdict(int)

@@ -1,9 +1,9 @@
 """Write tracing for `raftlog bench trace`: where a quorum write's time goes, hop by hop.
 
-Off unless the node starts with RAFTLOG_TRACE=<dir> in its environment (the trace bench sets
-it for the clusters it starts); then every hook below is one module-attribute test
-(`if trace.ENABLED:`) on the hot path, and nothing else. Why an environment variable and not a
-flag: it is a measuring tool for the bench, not a setting an operator keeps.
+On only when the node starts with RAFTLOG_TRACE=<dir> in its environment (the trace bench sets
+it for the clusters it starts). Off, each hook on the hot path is one module-attribute test
+(`if trace.ENABLED:`) and nothing else. Why an environment variable and not a flag: it is a
+measuring tool for the bench, not a setting an operator keeps.
 
 What is recorded, all on CLOCK_MONOTONIC (`time.monotonic()`), which every process on one
 machine shares, so the bench lines up the client's and all nodes' events without clock sync:
@@ -14,7 +14,7 @@ machine shares, so the bench lines up the client's and all nodes' events without
   writes' offsets afterwards): a flush's start and end (on the loop, and inside the worker
   thread: the difference is the thread hand-off), frames written to and read from peers
   (appends by their last offset, replies by the flushed offset they report), appends done on
-  a follower, and each rise of the commit index.
+  a follower, and the commit index at every Ready the group processes.
 
 The events stay in memory (bounded: MAX_EVENTS) and are written at exit to
 <dir>/trace-<pid>.msgpack, after the bench's clean stop (SIGTERM).
