@@ -12,8 +12,11 @@ from types import ModuleType
 # Latency first: it measures single fsynced writes, and should not share the disk with the
 # writeback of the gigabytes the produce workload leaves behind.
 WORKLOADS = ("latency", "produce", "fetch", "failover")
-# `--only` choices: the measures of the workloads that have several (bench/workloads/partitions.py).
-MEASURES = ("throughput", "keyed", "fsyncs", "idle", "create", "failover")
+# `--only` choices: the measures of the workloads that have several (bench/workloads/partitions.py,
+# and trace's `closed`: 64 closed-loop writers instead of the open-loop rate).
+PARTITION_MEASURES = ("throughput", "keyed", "fsyncs", "idle", "create", "failover")
+TRACE_MEASURES = ("closed",)
+MEASURES = (*PARTITION_MEASURES, *TRACE_MEASURES)
 
 
 def available_workloads() -> list[str]:

@@ -45,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "removed when it ends; the next one starts with the space back)")
     p.add_argument("--only", default="", metavar="A,B",
                    help="run only these measures of a workload that has several (partitions: "
-                        "throughput,keyed,fsyncs,idle,create,failover)")
+                        "throughput,keyed,fsyncs,idle,create,failover; trace: closed, 64 "
+                        "closed-loop writers instead of 200 writes/s)")
     p.add_argument("--partitions", type=int, default=None,
                    help="the large partition count of `partitions` (default 1000; 4 with "
                         "--quick)")

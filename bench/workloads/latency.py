@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import trio
 
+from bench.closed_loop import ClosedArgs, closed_worker
 from bench.disk import DiskNeed
+from bench.partitions_probe import cpu_seconds
 from bench.results import figure
 from bench.stats import Histogram, Summary
 from bench.wire import AsyncConn, error_code, produce_frame
@@ -29,6 +31,9 @@ RECORD_SIZE = 100
 DEFAULT_RATES = (200, 1000, 2000)
 QUICK_RATES = (200,)
 _TIMER_SLACK = 0.001
+CLOSED_WRITERS = 64
+CLOSED_PROCS = 2  # worker processes the closed-loop writers are spread over
+CLOSED_TARGET_RPS = 10_000
 
 
 @dataclass(slots=True)
@@ -141,7 +146,7 @@ def disk_need(ctx_cfg) -> DiskNeed:  # noqa: ANN001
 
 
 def steps(ctx_cfg) -> int:
-    return len(rates(ctx_cfg)) * ctx_cfg.repeats
+    return (len(rates(ctx_cfg)) + 1) * ctx_cfg.repeats  # (+1: closed64)
 
 
 def _ms(us: float | None) -> float | None:
@@ -209,4 +214,55 @@ def measure(ctx: Ctx, cluster: Cluster, prefix: str, label: str) -> tuple[list[d
             "cdf_ms": [(v / 1e3, f) for v, f in merged.cdf()],
             "p50_ms": _ms(merged.percentile(0.5)), "p99_ms": _ms(merged.percentile(0.99)),
             "p999_ms": _ms(merged.percentile(0.999)), "max_ms": _ms(merged.max)})
+    closed_figures, details["closed64"] = measure_closed(ctx, cluster, leader, prefix, label)
+    figures.extend(closed_figures)
     return figures, details
+
+
+def measure_closed(ctx: Ctx, cluster: Cluster, leader: int, prefix: str,
+                   label: str) -> tuple[list[dict], dict]:
+    """CLOSED_WRITERS single-record quorum writers, one record in flight each (issue 28:
+    the leader must batch them, group commit): writes/s, latency, and CPU ms per write of
+    the nodes (utime+stime), the figure that holds up on a loaded machine."""
+    cfg = ctx.cfg
+    warmup = 0.2 if cfg.quick else 0.5
+    per = CLOSED_WRITERS // CLOSED_PROCS
+    args = [ClosedArgs(cluster.nodes[leader].addr, per, warmup, cfg.duration)
+            for _ in range(CLOSED_PROCS)]
+    pids = {n.node_id: n.proc.pid for n in cluster.nodes.values() if n.proc}
+    reps = []
+    with WorkerGroup(closed_worker, args) as group:
+        for r in range(cfg.repeats):
+            ctx.describe(f"latency{label} closed-loop {CLOSED_WRITERS} writers (repeat {r + 1})")
+            cluster.wait_caught_up()
+            cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
+            _, results = group.round(timeout=warmup + cfg.duration + 30)
+            cpu1 = {k: cpu_seconds(p) for k, p in pids.items()}
+            h = Histogram()
+            for res in results:
+                h.merge(Histogram.from_json(res["latency"]))
+            ok = sum(res["ok"] for res in results)
+            # The CPU window spans the whole round (warm-up too): per write answered in it,
+            # the measured ones scaled up by the round's length.
+            total = ok * (warmup + cfg.duration) / cfg.duration
+            cpu = {str(k): None if cpu0[k] is None or cpu1[k] is None
+                   else (cpu1[k] - cpu0[k]) * 1e3 / max(1.0, total) for k in pids}
+            reps.append({"rps": ok / cfg.duration, "p50_ms": _ms(h.percentile(0.5)),
+                         "p99_ms": _ms(h.percentile(0.99)), "cpu_ms_per_write": cpu,
+                         "errors": [res["errors"] for res in results]})
+            ctx.advance("latency")
+    params = {"writers": CLOSED_WRITERS, "acks": "quorum", "record_size": RECORD_SIZE}
+    base = f"{prefix}.closed{CLOSED_WRITERS}.quorum"
+    cpu_all = [sum(v for v in x["cpu_ms_per_write"].values() if v is not None) for x in reps]
+    figures = [
+        figure(f"{base}.rps", "latency", f"latency{label} closed-loop {CLOSED_WRITERS} writers",
+               "req/s", [x["rps"] for x in reps], params=params,
+               target=(">=", CLOSED_TARGET_RPS)),
+        figure(f"{base}.p50", "latency", f"latency{label} closed{CLOSED_WRITERS} p50", "ms",
+               [x["p50_ms"] for x in reps], better="lower", params=params),
+        figure(f"{base}.p99", "latency", f"latency{label} closed{CLOSED_WRITERS} p99", "ms",
+               [x["p99_ms"] for x in reps], better="lower", params=params),
+        figure(f"{base}.cpu_ms_per_write", "latency",
+               f"latency{label} closed{CLOSED_WRITERS} CPU ms per write (all nodes)", "ms",
+               cpu_all, better="lower", params=params)]
+    return figures, {"writers": CLOSED_WRITERS, "leader": leader, "repeats": reps}

@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from bench.catalogue import MEASURES
+from bench.catalogue import PARTITION_MEASURES as MEASURES
 from bench.disk import DiskNeed
 from bench.partitions_load import KeyedArgs, keyed_worker
 from bench.partitions_probe import (MetricsCluster, Window, led_partitions, load_average,

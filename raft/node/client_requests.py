@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from raft.core.types import ErrorCode
-from raft.node import api
+from raft.node import api, trace
 from raft.node.auth import NAMES_TOPIC
 from raft.protocol.fields import get_int
 from raft.protocol.framing import WireError, encode_frame
@@ -102,7 +102,10 @@ class ClientRequests:
                 f"group {group_id} does not run on node {self._node.node_id}: it runs groups "
                 f"{groups}; send the request to a node that runs it, or leave out the group "
                 f"field and name the topic and partition", {"groups": groups}))
-        return _Incoming(t, rid, started, execute, request, ctx)
+        incoming = _Incoming(t, rid, started, execute, request, ctx)
+        if trace.ENABLED and type(frame.get("trace")) is int:  # a sampled write (bench trace)
+            incoming.trace = (frame["trace"], trace.now())
+        return incoming
 
     def _authorize_topic(self, conn: Any, t: str, request: Any,
                          group_id: int | None) -> ErrorReply | None:
@@ -128,6 +131,8 @@ class ClientRequests:
                       scope: trio.CancelScope) -> None:
         self._active += 1
         self.idle = trio.Event() if self._active == 1 else self.idle
+        if incoming.trace is not None:  # (set only while tracing: raft.node.trace)
+            trace.begin_request(*incoming.trace)
         try:
             if incoming.refusal is not None:
                 frame = incoming.refusal.to_frame(incoming.rid)
@@ -141,6 +146,8 @@ class ClientRequests:
             try:
                 async with conn.send_lock:
                     await conn.stream.send_all(data)
+                if trace.ENABLED:
+                    trace.request_hop("sent")
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 scope.cancel()  # the client went away; drop its other requests too
         finally:
@@ -169,3 +176,4 @@ class _Incoming:
     request: Any = None
     ctx: api.ApiContext | None = None  # the request's group's
     refusal: ErrorReply | None = None
+    trace: tuple[int, float] | None = None  # a sampled write: (trace id, read at)

@@ -62,6 +62,7 @@ from raft.node.retention import RetentionTask
 from raft.core.retention import RetentionPolicy
 from raft.node.scrubber import Scrubber
 from raft.node.subscription_service import SubscriptionService
+from raft.node import trace
 from raft.core.incarnation import Standing
 from raft.core.raft import RaftConfig, RaftCore
 from raft.core.ready import ProduceAnswer, StorageWork
@@ -399,8 +400,12 @@ class RaftGroup:
                 self.fail(e, "propose")
                 return core_id, None
             self.kick()
+            if trace.ENABLED:
+                trace.request_hop("propose")
             with trio.move_on_after(timeout_s):
                 await pending.event.wait()
+            if trace.ENABLED:
+                trace.request_hop("woken")
         finally:
             self._pending.pop(core_id, None)
         return core_id, pending.answer
@@ -503,6 +508,8 @@ class RaftGroup:
 
     async def _process_ready(self) -> None:
         rd = self.core.ready()
+        if trace.ENABLED:
+            trace.event("commit", self.group_id, self.core.commit_index)
         if rd.hard_state is not None:
             # A term or vote must be durable before anyone can see a message that depends on it.
             await self._save_meta(rd.hard_state)

@@ -104,6 +104,8 @@ class NodeMetrics:
             self.connections.labels(kind)
         self.partition_series_max = PARTITION_SERIES_MAX  # the cap (tests lower it)
         self._produce = {}  # acks -> (latency child) cached: label lookups take a lock
+        self._requests: dict[tuple[str, str], Any] = {}  # (type, code) -> counter child
+        self._produce_requests: dict[tuple[str, str], Any] = {}  # (acks, code) -> child
         self._state: Callable[[], dict[str, Any] | None] = lambda: None
         self._token: trio.lowlevel.TrioToken | None = None
         self._campaign_term = 0
@@ -145,7 +147,13 @@ class NodeMetrics:
     def request_done(self, t: str, reply: dict[str, Any], started: float,
                      acks: str | None) -> None:
         code = "OK" if reply.get("ok") else str((reply.get("error") or {}).get("code", "?"))
-        self.requests.labels(t, code).inc()
+        # Labelled children cached: labels() costs several microseconds a call, and this runs
+        # for every request (issue 28: per-write cost).
+        key = (t, code)
+        counter = self._requests.get(key)
+        if counter is None:
+            counter = self._requests[key] = self.requests.labels(t, code)
+        counter.inc()
         if code != "OK":
             self.errors.labels(code).inc()
         if t == "produce" and acks is not None:
@@ -153,7 +161,11 @@ class NodeMetrics:
             if child is None:
                 child = self._produce[acks] = self.produce_latency.labels(acks)
             child.observe(time.perf_counter() - started)
-            self.produce_requests.labels(acks, code).inc()
+            key = (acks, code)
+            counter = self._produce_requests.get(key)
+            if counter is None:
+                counter = self._produce_requests[key] = self.produce_requests.labels(acks, code)
+            counter.inc()
         elif t == "fetch" and code == "OK":
             n = sum(len(b.get("payload", b"")) for b in reply.get("batches", ()))
             if n:

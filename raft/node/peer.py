@@ -49,6 +49,7 @@ from typing import Protocol
 import trio
 
 from raft.core.messages import Message
+from raft.node import trace
 from raft.node.config import parse_address
 from raft.node.identity import NOT_MEMBER_MARK, ClusterIdentity
 from raft.node.tls import NodeTLS, PeerIdentityError, dial_tls, handshake_failure
@@ -387,6 +388,8 @@ class PeerLink:
                           size, self._max_frame)
                 self.dropped_messages += len(msgs)
                 continue
+            if trace.ENABLED:  # (stamped as the write starts: the peer may read it before
+                trace.frame_written(msgs, self.peer_id)  # this task runs again)
             if size < SPLIT_WRITE_BYTES:
                 await stream.send_all(b"".join(pieces))  # a heartbeat stays one segment
             else:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from raft.controller import section as controller_section
-from raft.node import api
+from raft.node import api, trace
 from raft.node.config import ConfigError, NodeConfig, format_address
 from raft.node.api.admin import status_map
 from raft.node.api.fetch import visible_hw
@@ -522,8 +522,12 @@ class Node:
                 raise WireError(f'peer connections carry only "raft" frames, got '
                                 f'{frame["t"]!r}')
             items = messages_from_frame(frame)
+            if trace.ENABLED:
+                trace.frame_read(items, conn.peer_id, "read")
             if self.core is not None and not self._closing:
                 await self.registry.deliver_frame(items, from_peer=conn.peer_id)
+                if trace.ENABLED:
+                    trace.frame_read(items, conn.peer_id, "stepped")
 
 @dataclass(slots=True, eq=False)
 class _Conn:
