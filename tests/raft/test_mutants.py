@@ -72,6 +72,7 @@ import test_flusher  # noqa: E402  (tests/node, on the path above)
 import test_reconciler  # noqa: E402  (tests/node: the node's topics)
 import test_topic_settings_inproc  # noqa: E402  (tests/node: per-topic settings in force)
 import test_replica_moves_inproc  # noqa: E402  (tests/node: replica moves)
+import test_liveness_lag  # noqa: E402  (tests/node: the detector under a peer's lag)
 # The many-group simulation's routing and reconciling rules are killed by its seeds (tests/sim).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "sim"))
 import test_topics_sim  # noqa: E402
@@ -681,10 +682,22 @@ MUTANTS = [
             .test_a_partition_moves_to_a_new_node_while_a_producer_writes,)),
     Mutant("the leader balancer asks for every transfer the planner would make at once",
            "raft.node.leader_balance", "LeaderBalancer.once",
-           "max_transfers=self.settings.max_transfers)",
+           "max_transfers=room)",
            "max_transfers=1_000)",
            (test_replica_moves_inproc
             .test_leadership_goes_back_to_preferred_replicas_a_few_at_a_time,)),
+    Mutant("the leader balancer does not count its transfers still under way",
+           "raft.node.leader_balance", "LeaderBalancer.once",
+           "room = min(self.settings.max_transfers, self.settings.max_in_flight - in_flight)",
+           "room = self.settings.max_transfers",
+           (test_replica_moves_inproc
+            .test_the_balancer_bounds_transfers_under_way_and_waits_for_a_settled_node,)),
+    Mutant("the leader balancer gives leaderships to a node the moment it is seen up",
+           "raft.node.leader_balance", "LeaderBalancer._live",
+           "if liveness.up_for(p, now) >= settle}",
+           "}",
+           (test_replica_moves_inproc
+            .test_the_balancer_bounds_transfers_under_way_and_waits_for_a_settled_node,)),
     Mutant("a request for (topic, partition) is routed ignoring the partition",
            "raft.node.topics", "resolve",
            "p = t.partitions[partition]",
@@ -722,6 +735,12 @@ MUTANTS = [
            "if peer not in self.down and (now - heard > limit",
            "if False and (now - heard > limit",
            (test_quiesce_inproc.test_killing_the_leader_of_50_quiesced_groups_fails_over_without_a_herd,)),
+    Mutant("the node's failure detector ignores the peer's own recent silences",
+           "raft.node.liveness", "NodeLiveness.check",
+           "limit = self.down_s + slack + self.peer_slack(peer, now)",
+           "limit = self.down_s + slack",
+           (test_liveness_lag
+            .test_a_peer_that_came_back_from_a_long_silence_gets_that_silence_as_slack,)),
     Mutant("the node's ticker skips awake groups",
            "raft.node.registry", "GroupRegistry.tick_awake",
            "            group.tick()\n",
