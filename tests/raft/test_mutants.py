@@ -73,6 +73,7 @@ import test_reconciler  # noqa: E402  (tests/node: the node's topics)
 import test_topic_settings_inproc  # noqa: E402  (tests/node: per-topic settings in force)
 import test_replica_moves_inproc  # noqa: E402  (tests/node: replica moves)
 import test_liveness_lag  # noqa: E402  (tests/node: the detector under a peer's lag)
+import test_peer_lanes  # noqa: E402  (tests/node: a link's lanes and a stream's rules)
 # The many-group simulation's routing and reconciling rules are killed by its seeds (tests/sim).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "sim"))
 import test_topics_sim  # noqa: E402
@@ -729,6 +730,18 @@ MUTANTS = [
            "if known is not None and epoch > known and (observer, peer) not in self.down:",
            "if False:",
            (test_topics_sim.test_a_peer_that_restarted_unseen_wakes_its_quiet_followers,)),
+    Mutant("a stream queues every heartbeat while one is still waiting",
+           "raft.node.outbox", "PeerStream.send",
+           "if kind in self._beats:  # one already queued: it will leave as this one",
+           "if False:",
+           (test_peer_lanes
+            .test_a_heartbeat_sent_while_one_is_queued_replaces_it_and_leaves_in_its_place,)),
+    Mutant("a queued heartbeat leaves as it was, not as the newest sent after it",
+           "raft.node.outbox", "PeerStream.leaving",
+           "msg = self._beats.pop(kind, msg)",
+           "self._beats.pop(kind, msg)",
+           (test_peer_lanes
+            .test_a_heartbeat_sent_while_one_is_queued_replaces_it_and_leaves_in_its_place,)),
     # Quiescence in the runtime (raft/node/liveness.py, raft/node/registry.py).
     Mutant("the node's failure detector never reports a silent peer down",
            "raft.node.liveness", "NodeLiveness.check",
