@@ -37,6 +37,7 @@ import test_membership_safety
 import test_safety_rules
 import test_state_transfer
 import test_subscriptions
+import test_first_election
 
 # The runtime's fail-stop rule is killed by a node test.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "node"))
@@ -742,6 +743,18 @@ MUTANTS = [
            "self._beats.pop(kind, msg)",
            (test_peer_lanes
             .test_a_heartbeat_sent_while_one_is_queued_replaces_it_and_leaves_in_its_place,)),
+    Mutant("a new partition's other replicas do not hold back their first election",
+           "raft.core.election", "Elections.first_election",
+           "self._election_elapsed = -2 * self.cfg.election_ticks",
+           "pass",
+           (test_first_election
+            .test_held_back_replicas_still_campaign_and_an_older_group_is_left_alone,)),
+    Mutant("a new partition's preferred replica waits out a full timeout for its first election",
+           "raft.core.election", "Elections.first_election",
+           "max(self._election_elapsed, self._randomized_timeout - 1)",
+           "self._election_elapsed",
+           (test_first_election
+            .test_the_preferred_replica_campaigns_first_and_wins_the_first_term,)),
     # Quiescence in the runtime (raft/node/liveness.py, raft/node/registry.py).
     Mutant("the node's failure detector never reports a silent peer down",
            "raft.node.liveness", "NodeLiveness.check",
