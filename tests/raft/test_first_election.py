@@ -45,3 +45,26 @@ def test_held_back_replicas_still_campaign_and_an_older_group_is_left_alone() ->
     c.cores[3].first_election(False)
     n, who = ticks_until_someone_campaigns(c)
     assert n < 2 * E
+
+
+def test_failed_campaigns_widen_the_timeout_spread_until_a_leader_is_known() -> None:
+    """Votes that never arrive (an overloaded loop, a partition): each campaign that times out
+    doubles the random spread of the next timeout (up to 8 x), so candidates that keep
+    colliding drift apart; once a leader is heard of, the spread is back to [e, 2e)."""
+    widest = 0
+    for seed in range(1, 11):
+        c = Cluster(3, seed=seed, election_ticks=E)
+        c.filter = lambda msg: False  # nothing gets through
+        c.tick(40 * E)
+        for core in c.cores.values():
+            assert core._failed_campaigns >= 3
+            assert E <= core._randomized_timeout < 9 * E
+            widest = max(widest, core._randomized_timeout)
+        c.filter = lambda msg: True
+        leader = c.elect(max_ticks=40 * E)
+        c.tick(2)
+        for i, core in c.cores.items():
+            assert core._failed_campaigns == 0
+            if i != leader:
+                assert E <= core._randomized_timeout < 2 * E
+    assert widest >= 2 * E  # some timeout drew from the widened spread

@@ -755,6 +755,12 @@ MUTANTS = [
            "self._election_elapsed",
            (test_first_election
             .test_the_preferred_replica_campaigns_first_and_wins_the_first_term,)),
+    Mutant("failed campaigns do not widen the election timeout's spread",
+           "raft.core.raft", "RaftCore._reset_randomized_timeout",
+           "spread = e << min(self._failed_campaigns, MAX_BACKOFF_DOUBLINGS)",
+           "spread = e",
+           (test_first_election
+            .test_failed_campaigns_widen_the_timeout_spread_until_a_leader_is_known,)),
     # Quiescence in the runtime (raft/node/liveness.py, raft/node/registry.py).
     Mutant("the node's failure detector never reports a silent peer down",
            "raft.node.liveness", "NodeLiveness.check",
