@@ -7,7 +7,11 @@ verdicts enter every group's core as inputs (`peer_down` / `peer_up`), never as 
 the simulation models it (raft/sim/liveness.py):
 
 - Anything heard from a peer node counts: every peer frame it sends us, for any group, with
-  any messages, or none (GroupRegistry.deliver_frame calls `heard`).
+  any messages, or none (GroupRegistry.deliver_frame calls `heard`), and again once we have
+  finished stepping it (raft.node.server): a frame of a thousand groups' messages is stepped
+  in slices behind our run queue, and at load 26-29 that took over 2 s, so the peer's next
+  frame waited unread and the hard cap below reported a live peer down (measured:
+  docs/PERFORMANCE.md).
 - A link that has written nothing for `ping_s` writes a ping (raft.node.peer.PeerLink: a raft
   frame with no messages, which any node decodes as an empty frame), so an idle pair still
   hears from each other every `ping_s` without a message per group.

@@ -510,6 +510,9 @@ class Node:
             items = messages_from_frame(frame)
             if self.core is not None and not self._closing:
                 await self.registry.deliver_frame(items, from_peer=conn.peer_id)
+                # The time spent stepping its frame (in slices, behind our run queue) is ours,
+                # not the peer's silence: its next frame may wait unread in the socket.
+                self.transport.liveness.heard(conn.peer_id)
 
 @dataclass(slots=True, eq=False)
 class _Conn:
