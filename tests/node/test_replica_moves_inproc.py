@@ -222,6 +222,9 @@ async def test_the_balancer_bounds_transfers_under_way_and_waits_for_a_settled_n
     async with running_cluster(3) as cluster:
         groups = await all_leaderships_to_node_1(cluster, 6)
         balancer = cluster.node(1).topics.balancer
+        with trio.fail_after(DEADLINE_S):  # a round does nothing before the node caught up
+            while not cluster.node(1).topics.controller.caught_up():
+                await trio.sleep(0.02)
         balancer.settings.max_transfers = 4
         balancer.settings.settle_ms = 10**9  # nobody has been up that long
         assert balancer.once(trio.current_time()) == 0
