@@ -77,6 +77,22 @@ class Elections:
                                          transfer=kind.skips_lease,
                                          incarnation=self.incarnation))
 
+    def first_election(self, preferred: bool) -> None:
+        """A brand-new group (term 0, no leader heard of) whose runtime knows which replica
+        should lead first (a partition's preferred replica): that one campaigns at its next
+        tick, the others wait two election timeouts longer than usual before they would.
+        Why: a topic create starts hundreds of groups on every node at once; with equal random
+        timeouts their replicas campaign together, and when messages take about as long as the
+        timeout spread (an overloaded loop) the pre-votes all pass and the votes split, term
+        after term (measured at 1,000 partitions: docs/PERFORMANCE.md). Liveness only: any
+        replica still campaigns when its own (longer) timeout runs out."""
+        if self.term != 0 or self.leader_id is not None or self.role != Role.FOLLOWER:
+            return
+        if preferred:
+            self._election_elapsed = max(self._election_elapsed, self._randomized_timeout - 1)
+        else:
+            self._election_elapsed = -2 * self.cfg.election_ticks
+
     def _won(self, kind: Campaign) -> None:
         """A majority granted: a won pre-vote earns the real vote, a real vote leadership."""
         if kind == Campaign.PRE_VOTE:

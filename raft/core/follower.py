@@ -119,6 +119,9 @@ class FollowerSide:
         """A message from this term's leader: a (pre-)candidate of this term steps down."""
         if self.role != Role.FOLLOWER:
             self._become_follower(self.term, leader)
+        elif self._failed_campaigns:
+            self._failed_campaigns = 0  # a leader at last: timeouts back to [e, 2e)
+            self._reset_randomized_timeout()
         self.leader_id = leader
         self._election_elapsed = 0
 

@@ -55,6 +55,9 @@ from recovery.stream import StreamLimits
 from storage.api import LogStorage, StorageError
 from storage.batch import Batch, BatchKind
 
+# The election timeout's random spread doubles at most this many times after failed campaigns.
+MAX_BACKOFF_DOUBLINGS = 3
+
 
 class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, Repairs,
                Quiescence):
@@ -93,6 +96,8 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
 
         self._election_elapsed = 0
         self._randomized_timeout = 0
+        # Campaigns in a row that timed out without a leader (see _reset_randomized_timeout).
+        self._failed_campaigns = 0
         self._reset_randomized_timeout()
         self._votes: dict[int, bool] = {}
         # Exists only while leading (raft/core/leader_state.py).
@@ -387,12 +392,20 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         timeout = self._randomized_timeout * (2 if self._damaged() else 1)
         if (self._election_elapsed >= timeout and self.is_voter()
                 and self._may_campaign()):
+            if self.role is not Role.FOLLOWER:
+                self._failed_campaigns += 1  # our last campaign timed out: split or unheard
             self._election_elapsed = 0
             self._campaign(Campaign.PRE_VOTE if self.cfg.pre_vote else Campaign.ELECTION)
 
     def _reset_randomized_timeout(self) -> None:
+        """A random timeout in [e, 2e) ticks; after campaigns that timed out in a row, the
+        spread doubles with each (up to 8e): when votes take about as long as the spread (an
+        overloaded node, hundreds of groups electing at once), equal spreads make the same
+        candidates collide term after term, and a wider one separates them. Back to [e, 2e)
+        once a leader is known. Timing only: safety never depends on it."""
         e = self.cfg.election_ticks
-        self._randomized_timeout = e + self.rng.randrange(e)
+        spread = e << min(self._failed_campaigns, MAX_BACKOFF_DOUBLINGS)
+        self._randomized_timeout = e + self.rng.randrange(spread)
 
     def _enter_term(self, term: int, voted_for: int | None) -> None:
         """A new term: a new vote (durable before anyone sees a message of it) and nothing
@@ -413,6 +426,8 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         self.leader_id = leader
         self._quiesced = False
         self._election_elapsed = 0
+        if leader is not None:
+            self._failed_campaigns = 0
         self._reset_randomized_timeout()
         self._votes = {}
         if lead is not None:
@@ -450,6 +465,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
     def _become_leader(self) -> None:
         self.role = Role.LEADER
         self.leader_id = self.node_id
+        self._failed_campaigns = 0
         self._quiesced = False
         self.leader = LeaderState({node_id: self._new_progress(node_id)
                                    for node_id in self.config.members if node_id != self.node_id})

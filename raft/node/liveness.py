@@ -7,7 +7,11 @@ verdicts enter every group's core as inputs (`peer_down` / `peer_up`), never as 
 the simulation models it (raft/sim/liveness.py):
 
 - Anything heard from a peer node counts: every peer frame it sends us, for any group, with
-  any messages, or none (GroupRegistry.deliver_frame calls `heard`).
+  any messages, or none (GroupRegistry.deliver_frame calls `heard`), and again once we have
+  finished stepping it (raft.node.server): a frame of a thousand groups' messages is stepped
+  in slices behind our run queue, and at load 26-29 that took over 2 s, so the peer's next
+  frame waited unread and the hard cap below reported a live peer down (measured:
+  docs/PERFORMANCE.md).
 - A link that has written nothing for `ping_s` writes a ping (raft.node.peer.PeerLink: a raft
   frame with no messages, which any node decodes as an empty frame), so an idle pair still
   hears from each other every `ping_s` without a message per group.
@@ -25,6 +29,16 @@ the simulation models it (raft/sim/liveness.py):
   Neither may postpone a verdict for ever (a node overloaded for good would then never see a
   dead peer go down): a peer with no frame for MAX_SLACK_FACTOR x `down_s` is down, whatever
   our lateness.
+- A stall on the PEER's side (its loop lagging behind its run queue, its link's queue behind a
+  burst) is a silence our lateness cannot see. Each peer's recent silences that ended with a
+  frame (it was alive all along), longer than two ping intervals, are remembered for GAP_MEMORY_S, and the longest of them,
+  less the ping interval, is added to that peer's timeout: a peer that went quiet for 0.9 s
+  and came back a few seconds ago is not reported down after 0.5 s of the same. On a quiet
+  machine the gaps are the ping interval and the timeout is what it was; under load it grows
+  with what the peer has shown, up to the MAX_SLACK_FACTOR cap above. (Measured: at load 13-16
+  on this 2-core machine, peers' silences of 0.56-1.1 s against 0.5 s gave a false down every
+  few seconds per pair, and each woke every group the pair shares: docs/PERFORMANCE.md.)
+  Safety never rests on the detector: it only decides when quiet groups wake and campaign.
 
 The peers watched are the node's links (`peers()`: the union of its groups' members), read at
 each check, so links opened and closed by membership changes need no bookkeeping here. A peer
@@ -48,6 +62,9 @@ CHECKS_PER_TIMEOUT = 5
 LATENESS_WINDOW = 3 * CHECKS_PER_TIMEOUT
 # However late we are, a peer silent this many timeouts (by its last frame) is down.
 MAX_SLACK_FACTOR = 4
+# A peer's silences (gaps between its frames that ended with a frame) count this long.
+GAP_MEMORY_S = 30.0
+GAP_HISTORY = 32
 
 
 def derived_timeouts(tick_ms: int, election_ticks: int, down_ms: int | None) -> tuple[float,
@@ -76,6 +93,9 @@ class NodeLiveness:
         self.on_change: Callable[[int, bool], None] = lambda peer, up: None
         self._last_heard: dict[int, float] = {}  # moved forward by our own stalls
         self._last_frame: dict[int, float] = {}  # when a frame really came
+        self._up_since: dict[int, float] = {}  # when it was last reported (or presumed) up
+        # Per peer: (when, seconds) of its recent silences longer than two ping intervals.
+        self._gaps: dict[int, collections.deque[tuple[float, float]]] = {}
         self.down: set[int] = set()
         self.reported_down = 0
         self.reported_up = 0
@@ -85,16 +105,42 @@ class NodeLiveness:
     def heard(self, peer: int) -> None:
         """A frame from `peer` arrived (any group, any messages, or a ping)."""
         now = trio.current_time()
+        frame = self._last_frame.get(peer)
+        if frame is not None and 2 * self.ping_s < now - frame <= MAX_SLACK_FACTOR * self.down_s:
+            # It was silent and came back: lag on its side (or the link's), not an outage.
+            gaps = self._gaps.get(peer)
+            if gaps is None:
+                gaps = self._gaps[peer] = collections.deque(maxlen=GAP_HISTORY)
+            gaps.append((now, now - frame))
         self._last_heard[peer] = now
         self._last_frame[peer] = now
         if peer in self.down:
             self.down.discard(peer)
+            self._up_since[peer] = now
             self.reported_up += 1
             log.warning("peer_up node=%d peer=%d: heard from it again", self.node_id, peer)
             self.on_change(peer, True)
 
     def is_up(self, peer: int) -> bool:
         return peer not in self.down
+
+    def peer_slack(self, peer: int, now: float) -> float:
+        """What `peer`'s own recent silences add to its timeout: the longest in the last
+        GAP_MEMORY_S, less the ping interval (0 when it has shown none)."""
+        gaps = self._gaps.get(peer)
+        if not gaps:
+            return 0.0
+        while gaps and now - gaps[0][0] > GAP_MEMORY_S:
+            gaps.popleft()
+        return max((g for _, g in gaps), default=self.ping_s) - self.ping_s
+
+    def up_for(self, peer: int, now: float) -> float:
+        """Seconds since `peer` was last reported up (or presumed up, at our start or when
+        first watched); -1 while it is down. The leader balancer gives leaderships only to
+        nodes up for a while (raft.node.leader_balance)."""
+        if peer in self.down:
+            return -1.0
+        return now - self._up_since.setdefault(peer, now)
 
     def status(self) -> dict[str, Any]:
         """Per watched peer: up or down, and seconds since we last heard from it."""
@@ -107,9 +153,8 @@ class NodeLiveness:
         return out
 
     def check(self, now: float, slack: float = 0.0) -> None:
-        """Report down every watched peer silent for longer than the timeout (plus `slack`,
-        our own recent lateness)."""
-        limit = self.down_s + slack
+        """Report down every watched peer silent for longer than the timeout plus `slack` (our
+        own recent lateness) plus the peer's own recent silences (peer_slack)."""
         for peer in self.peers():
             if peer == self.node_id:
                 continue
@@ -117,8 +162,10 @@ class NodeLiveness:
             if heard is None:  # newly watched: presumed up, as at a start
                 self._last_heard[peer] = now
                 self._last_frame[peer] = now
+                self._up_since.setdefault(peer, now)
                 continue
             frame = self._last_frame.get(peer, heard)
+            limit = self.down_s + slack + self.peer_slack(peer, now)
             if peer not in self.down and (now - heard > limit
                                           or now - frame > MAX_SLACK_FACTOR * self.down_s):
                 self.down.add(peer)
@@ -135,6 +182,7 @@ class NodeLiveness:
         for peer in self.peers():
             self._last_heard.setdefault(peer, now)
             self._last_frame.setdefault(peer, now)
+            self._up_since.setdefault(peer, now)
         due = now + interval
         while True:
             await trio.sleep_until(due)

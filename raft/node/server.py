@@ -528,6 +528,9 @@ class Node:
                 await self.registry.deliver_frame(items, from_peer=conn.peer_id)
                 if trace.ENABLED:
                     trace.frame_read(items, conn.peer_id, "stepped")
+                # The time spent stepping its frame (in slices, behind our run queue) is ours,
+                # not the peer's silence: its next frame may wait unread in the socket.
+                self.transport.liveness.heard(conn.peer_id)
 
 @dataclass(slots=True, eq=False)
 class _Conn:

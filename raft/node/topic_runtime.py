@@ -102,7 +102,13 @@ class TopicRuntime:
 
     async def add_group(self, group_id: int, voters: list[int], log_storage: LogStorage, *,
                         owns_log: bool = False) -> Any:
-        return await self.node.add_group(group_id, voters, log_storage, owns_log=owns_log)
+        group = await self.node.add_group(group_id, voters, log_storage, owns_log=owns_log)
+        partition = self.metadata.groups.get(group_id)
+        if partition is not None and group.core is not None and partition.replicas:
+            # A new partition's preferred replica campaigns first, the others later
+            # (RaftCore.first_election): one election per group at a topic create.
+            group.core.first_election(partition.replicas[0] == self.node_id)
+        return group
 
     async def remove_group(self, group_id: int) -> None:
         await self.node.remove_group(group_id)

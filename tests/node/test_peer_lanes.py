@@ -106,3 +106,34 @@ def test_one_link_carries_several_streams_and_each_stream_keeps_its_own_rules() 
     a.send(again)
     assert link.superseded_messages == 1
     assert [x.seq for x in _frame(link)] == [5, 2]
+
+
+def test_a_heartbeat_sent_while_one_is_queued_replaces_it_and_leaves_in_its_place() -> None:
+    link, stream = _link()
+    stream.send(m.Heartbeat(1, 2, 1, 10, 7))
+    stream.send(m.RequestVoteReply(1, 2, 1, True))
+    stream.send(m.Heartbeat(1, 2, 1, 11, 8))
+    stream.send(m.Heartbeat(1, 2, 1, 12, 9))
+    stream.send(m.HeartbeatReply(1, 2, 1, 3, 5, 1, 5, 1))
+    stream.send(m.HeartbeatReply(1, 2, 1, 4, 6, 1, 6, 1))
+    assert len(link._control) == 3  # one heartbeat, the vote reply, one heartbeat reply
+    out = _frame(link)
+    assert [type(x) for x in out] == [m.Heartbeat, m.RequestVoteReply, m.HeartbeatReply]
+    assert (out[0].commit_index, out[0].seq) == (12, 9)  # the newest, in the oldest's place
+    assert (out[2].seq, out[2].dirty_offset) == (4, 6)
+    # Once it has left, the next heartbeat queues again; a lost connection forgets them.
+    stream.send(m.Heartbeat(1, 2, 1, 13, 10))
+    assert [x.commit_index for x in _frame(link)] == [13]
+    stream.send(m.Heartbeat(1, 2, 1, 14, 11))
+    link._drop_queue()
+    stream.send(m.Heartbeat(1, 2, 1, 15, 12))
+    assert [x.commit_index for x in _frame(link)] == [15]
+
+
+def test_heartbeats_of_different_groups_on_one_link_are_not_merged() -> None:
+    link, a = _link()
+    b = PeerStream(link, 1)
+    a.send(m.Heartbeat(1, 2, 1, 1, 1))
+    b.send(m.Heartbeat(1, 2, 1, 2, 1))
+    a.send(m.Heartbeat(1, 2, 1, 3, 2))
+    assert [(g, x.commit_index) for g, x in link._next_frame()] == [(0, 3), (1, 2)]

@@ -163,28 +163,35 @@ async def test_the_cli_moves_a_partition_and_waits_until_its_configuration_follo
         assert bad.returncode != 0 and "node 9 is not registered" in bad.stderr
 
 
+async def all_leaderships_to_node_1(cluster, partitions: int) -> dict[int, int]:
+    """A topic "b" whose every partition node 1 leads (its preferred leaders spread over the
+    three nodes), the balancers' timers off: {group: preferred node}."""
+    for node in cluster.nodes:  # rounds driven by the test, not the timer
+        node.topics.balancer.settings.enabled = False
+        node.topics.balancer.settings.stable_ms = 0
+        node.topics.balancer.settings.settle_ms = 0
+    await create(cluster, "b", partitions, 3)
+    meta = cluster.node(1).topics.metadata
+    groups = {p.group: p.replicas[0] for p in meta.topics["b"].partitions}
+    assert len(set(groups.values())) == 3  # placement spreads the preferred leaders
+    with trio.fail_after(DEADLINE_S):
+        while True:
+            leaders = {g: await partition_leader(cluster, g) for g in groups}
+            if all(n.node_id == 1 for n in leaders.values()):
+                break
+            for g, n in leaders.items():
+                core = n.registry.get(g).core
+                if n.node_id != 1 and core.leader.transfer_target is None:
+                    core.transfer_leadership(1)
+                    n.registry.get(g).kick()
+            await trio.sleep(0.05)
+    return groups
+
+
 @trio_test
 async def test_leadership_goes_back_to_preferred_replicas_a_few_at_a_time() -> None:
     async with running_cluster(3) as cluster:
-        for node in cluster.nodes:  # rounds driven by the test, not the timer
-            node.topics.balancer.settings.enabled = False
-            node.topics.balancer.settings.stable_ms = 0
-        await create(cluster, "b", 6, 3)
-        meta = cluster.node(1).topics.metadata
-        groups = {p.group: p.replicas[0] for p in meta.topics["b"].partitions}
-        assert len(set(groups.values())) == 3  # placement spreads the preferred leaders
-        # Every leadership to node 1.
-        with trio.fail_after(DEADLINE_S):
-            while True:
-                leaders = {g: await partition_leader(cluster, g) for g in groups}
-                if all(n.node_id == 1 for n in leaders.values()):
-                    break
-                for g, n in leaders.items():
-                    core = n.registry.get(g).core
-                    if n.node_id != 1 and core.leader.transfer_target is None:
-                        core.transfer_leadership(1)
-                        n.registry.get(g).kick()
-                await trio.sleep(0.05)
+        groups = await all_leaderships_to_node_1(cluster, 6)
         misplaced = sum(1 for preferred in groups.values() if preferred != 1)
         assert misplaced == 4
         limit = 2
@@ -206,6 +213,38 @@ async def test_leadership_goes_back_to_preferred_replicas_a_few_at_a_time() -> N
                     await trio.sleep(0.02)
         assert rounds[0] == limit  # more were wanted than one round may move
         assert sum(rounds) >= misplaced and len([r for r in rounds if r]) >= 2
+
+
+@trio_test
+async def test_the_balancer_bounds_transfers_under_way_and_waits_for_a_settled_node() -> None:
+    """Transfers still under way count against `max_in_flight` (rounds do not pile them up),
+    and a node the failure detector has not reported up for `settle_ms` gets none."""
+    async with running_cluster(3) as cluster:
+        groups = await all_leaderships_to_node_1(cluster, 6)
+        balancer = cluster.node(1).topics.balancer
+        with trio.fail_after(DEADLINE_S):  # a round does nothing before the node caught up
+            while not cluster.node(1).topics.controller.caught_up():
+                await trio.sleep(0.02)
+        balancer.settings.max_transfers = 4
+        balancer.settings.settle_ms = 10**9  # nobody has been up that long
+        assert balancer.once(trio.current_time()) == 0
+        balancer.settings.settle_ms = 0
+        balancer.settings.max_in_flight = 1
+        # Two rounds with no await between them: the first transfer is still under way.
+        assert balancer.once(trio.current_time()) == 1
+        assert balancer.once(trio.current_time()) == 0
+        balancer.settings.max_in_flight = 4
+        with trio.fail_after(DEADLINE_S):
+            while True:
+                leaders = {g: (await partition_leader(cluster, g)).node_id for g in groups}
+                if leaders == groups:
+                    break
+                under_way = sum(1 for g in groups
+                                if (c := cluster.node(1).registry.get(g).core).leader is not None
+                                and c.leader.transfer_target is not None)
+                assert under_way <= 4
+                balancer.once(trio.current_time())
+                await trio.sleep(0.05)
 
 
 @trio_test

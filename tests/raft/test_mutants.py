@@ -37,6 +37,7 @@ import test_membership_safety
 import test_safety_rules
 import test_state_transfer
 import test_subscriptions
+import test_first_election
 
 # The runtime's fail-stop rule is killed by a node test.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "node"))
@@ -76,6 +77,8 @@ import test_controller_retention  # noqa: E402  (tests/node: the controller log'
 # The node's recovery budget is killed by its own tests (tests/recovery).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "recovery"))
 import test_budget  # noqa: E402
+import test_liveness_lag  # noqa: E402  (tests/node: the detector under a peer's lag)
+import test_peer_lanes  # noqa: E402  (tests/node: a link's lanes and a stream's rules)
 # The many-group simulation's routing and reconciling rules are killed by its seeds (tests/sim).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "sim"))
 import test_topics_sim  # noqa: E402
@@ -685,10 +688,22 @@ MUTANTS = [
             .test_a_partition_moves_to_a_new_node_while_a_producer_writes,)),
     Mutant("the leader balancer asks for every transfer the planner would make at once",
            "raft.node.leader_balance", "LeaderBalancer.once",
-           "max_transfers=self.settings.max_transfers)",
+           "max_transfers=room)",
            "max_transfers=1_000)",
            (test_replica_moves_inproc
             .test_leadership_goes_back_to_preferred_replicas_a_few_at_a_time,)),
+    Mutant("the leader balancer does not count its transfers still under way",
+           "raft.node.leader_balance", "LeaderBalancer.once",
+           "room = min(self.settings.max_transfers, self.settings.max_in_flight - in_flight)",
+           "room = self.settings.max_transfers",
+           (test_replica_moves_inproc
+            .test_the_balancer_bounds_transfers_under_way_and_waits_for_a_settled_node,)),
+    Mutant("the leader balancer gives leaderships to a node the moment it is seen up",
+           "raft.node.leader_balance", "LeaderBalancer._live",
+           "if liveness.up_for(p, now) >= settle}",
+           "}",
+           (test_replica_moves_inproc
+            .test_the_balancer_bounds_transfers_under_way_and_waits_for_a_settled_node,)),
     Mutant("a request for (topic, partition) is routed ignoring the partition",
            "raft.node.topics", "resolve",
            "p = t.partitions[partition]",
@@ -762,12 +777,48 @@ MUTANTS = [
            (_in_tmp(test_controller_retention.
                     test_a_cut_controller_log_keeps_the_metadata_and_a_restart_restores_it,
                     "memory"),)),
+    Mutant("a stream queues every heartbeat while one is still waiting",
+           "raft.node.outbox", "PeerStream.send",
+           "if kind in self._beats:  # one already queued: it will leave as this one",
+           "if False:",
+           (test_peer_lanes
+            .test_a_heartbeat_sent_while_one_is_queued_replaces_it_and_leaves_in_its_place,)),
+    Mutant("a queued heartbeat leaves as it was, not as the newest sent after it",
+           "raft.node.outbox", "PeerStream.leaving",
+           "msg = self._beats.pop(kind, msg)",
+           "self._beats.pop(kind, msg)",
+           (test_peer_lanes
+            .test_a_heartbeat_sent_while_one_is_queued_replaces_it_and_leaves_in_its_place,)),
+    Mutant("a new partition's other replicas do not hold back their first election",
+           "raft.core.election", "Elections.first_election",
+           "self._election_elapsed = -2 * self.cfg.election_ticks",
+           "pass",
+           (test_first_election
+            .test_held_back_replicas_still_campaign_and_an_older_group_is_left_alone,)),
+    Mutant("a new partition's preferred replica waits out a full timeout for its first election",
+           "raft.core.election", "Elections.first_election",
+           "max(self._election_elapsed, self._randomized_timeout - 1)",
+           "self._election_elapsed",
+           (test_first_election
+            .test_the_preferred_replica_campaigns_first_and_wins_the_first_term,)),
+    Mutant("failed campaigns do not widen the election timeout's spread",
+           "raft.core.raft", "RaftCore._reset_randomized_timeout",
+           "spread = e << min(self._failed_campaigns, MAX_BACKOFF_DOUBLINGS)",
+           "spread = e",
+           (test_first_election
+            .test_failed_campaigns_widen_the_timeout_spread_until_a_leader_is_known,)),
     # Quiescence in the runtime (raft/node/liveness.py, raft/node/registry.py).
     Mutant("the node's failure detector never reports a silent peer down",
            "raft.node.liveness", "NodeLiveness.check",
            "if peer not in self.down and (now - heard > limit",
            "if False and (now - heard > limit",
            (test_quiesce_inproc.test_killing_the_leader_of_50_quiesced_groups_fails_over_without_a_herd,)),
+    Mutant("the node's failure detector ignores the peer's own recent silences",
+           "raft.node.liveness", "NodeLiveness.check",
+           "limit = self.down_s + slack + self.peer_slack(peer, now)",
+           "limit = self.down_s + slack",
+           (test_liveness_lag
+            .test_a_peer_that_came_back_from_a_long_silence_gets_that_silence_as_slack,)),
     Mutant("the node's ticker skips awake groups",
            "raft.node.registry", "GroupRegistry.tick_awake",
            "            group.tick()\n",
