@@ -105,7 +105,7 @@ class Reconciler:
         host = self.host
         running = [g for g in host.running_groups() if g not in UNMANAGED]
         on_disk = [g for g in host.store.group_ids() if g not in UNMANAGED]
-        return reconcile(host.metadata, host.node_id, running, on_disk)
+        return reconcile(host.metadata, host.node_id, running, on_disk, _shard(host))
 
     async def reconcile_once(self, limit: int = MAX_ACTIONS_PER_PASS) -> bool:
         """One bounded pass; True when work was left for the next one."""
@@ -140,7 +140,7 @@ class Reconciler:
             self.dropped.append(group_id)
             log.info("partition_moved_away node=%d group=%d (its configuration no longer "
                      "names this node: stopped, data dropped)", host.node_id, group_id)
-        assigned = meta.groups_of(host.node_id)
+        assigned = meta.groups_of(host.node_id, _shard(host))
         resume = sorted(g for g in host.store.group_ids() if g not in UNMANAGED
                         and g in meta.groups and g not in assigned and g not in running)
         for group_id in resume:
@@ -184,6 +184,11 @@ class Reconciler:
         if self.host.store.io_mode is IoMode.INLINE:
             return fn(*args)
         return await trio.to_thread.run_sync(fn, *args)
+
+
+def _shard(host: Any) -> int | None:
+    """The shard whose partitions this process runs (None: a host without shards)."""
+    return getattr(host, "shard", None)
 
 
 def data_groups(ids: Iterable[int]) -> list[int]:

@@ -27,8 +27,10 @@ from typing import Any
 import trio
 
 from raft.controller.commands import RegisterNode
-from raft.controller.state import DEFAULT_TOPIC, ClusterMetadata
+from raft.controller.state import DEFAULT_TOPIC, ClusterMetadata, shard_address
+from raft.node.config import ConfigError
 from raft.node.controller import ControllerService
+from raft.node.shard_feed import FeedWriter, ShardFollower, feed_fds
 from raft.node.reconciler import UNMANAGED, Reconciler
 from raft.node.leader_balance import LeaderBalancer
 from raft.node.replica_moves import ReplicaMover
@@ -57,7 +59,23 @@ class TopicRuntime:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.node_id = node.node_id
-        self.controller = ControllerService(node.controller_group, self._founders)
+        # Shards (docs/SHARDS.md): the controller lives on shard 0; shard k follows what
+        # shard 0 applied (raft.node.shard_feed) and runs the partitions placed on shard k.
+        self.shard = node.config.shard
+        writes, read = feed_fds()
+        self.feed: FeedWriter | None = None
+        self.controller: Any
+        if self.shard == 0:
+            self.controller = ControllerService(node.controller_group, self._founders)
+            self.controller.shards = node.config.shards
+            if writes:
+                self.feed = FeedWriter(writes, self)
+                self.controller.on_applied.append(self.feed.kick)
+        elif read is None:
+            raise ConfigError(f"shard {self.shard} follows the controller through its "
+                              f"supervisor: run `raftlog serve --shards N`, not a shard alone")
+        else:
+            self.controller = ShardFollower(read, self.shard)
         self.reconciler = Reconciler(self)
         self.controller.on_applied.append(self.reconciler.kick)
         # Settings changes (topic alter) take effect on the running partitions at once.
@@ -80,6 +98,7 @@ class TopicRuntime:
         return self.node.registry.ids()
 
     def know_node(self, node_id: int, address: str) -> None:
+        address = shard_address(address, self.shard)  # shard i talks to shard i only
         if node_id != self.node_id and node_id not in self.node.peer_addresses:
             self.node.set_peer_address(node_id, address)
 
@@ -108,7 +127,10 @@ class TopicRuntime:
     def start(self, nursery: trio.Nursery) -> None:
         nursery.start_soon(self.controller.run)
         nursery.start_soon(self.reconciler.run)
-        nursery.start_soon(self._mirror_membership)
+        if self.feed is not None:
+            nursery.start_soon(self.feed.run)
+        if self.shard == 0:  # (shard k's own group 0 is not the controller)
+            nursery.start_soon(self._mirror_membership)
         nursery.start_soon(self.mover.run)
         nursery.start_soon(self.balancer.run)
 
@@ -161,12 +183,15 @@ class TopicRuntime:
             return  # not bootstrapped yet: the bootstrap registers the founders
         for n in sorted(have.voters):
             address = have.addresses.get(n) or self.node.peer_address(n)
-            if n not in meta.nodes and address:
-                await self.controller.propose(RegisterNode(n, address), timeout)
+            if n not in meta.nodes and address:  # (every node runs as many shards)
+                await self.controller.propose(RegisterNode(n, address, self.node.config.shards),
+                                              timeout)
                 return
 
     # -- routing -------------------------------------------------------------------------------
     def leader_of(self, group_id: int) -> tuple[int | None, str | None]:
+        if self.shard and group_id in self.unmanaged:  # shard 0's groups
+            return self.controller.leader_hint if group_id == CONTROLLER_GROUP else (None, None)
         group = self.node.registry.get(group_id)
         if group is None or group.core is None:
             return None, None
@@ -183,6 +208,12 @@ class TopicRuntime:
             return self.resolve(getattr(request, "topic", DEFAULT_TOPIC),
                                 getattr(request, "partition", 0) if partition is None
                                 else partition)
+        if self.shard and group_id in self.unmanaged and t not in CONTROLLER_REQUESTS:
+            return Resolved(None, ErrorReply(
+                ErrorCode.NOT_LEADER,
+                f"group {group_id} lives on shard 0 of each node; this is shard {self.shard} "
+                f"(`metadata` says where each partition's shard listens)",
+                {"leader_id": None, "group": group_id}))
         if group_id == CONTROLLER_GROUP and t not in CONTROLLER_REQUESTS:
             return Resolved(None, ErrorReply(
                 ErrorCode.BAD_REQUEST,
@@ -204,12 +235,16 @@ class TopicRuntime:
     def resolve(self, topic: str, partition: int) -> Resolved:
         """The group a request for (topic, partition) goes to here, or the refusal."""
         meta = self.metadata
-        if topic == DEFAULT_TOPIC and partition == 0:
+        if topic == DEFAULT_TOPIC and partition == 0 and self.shard == 0:
             return Resolved(DEFAULT_GROUP)  # from boot, before the controller's first commit
         if not meta.topics:
             if topic != DEFAULT_TOPIC:
                 return Resolved(None, unknown_topic(_with_default(meta), topic))
             return Resolved(None, unknown_partition(_default_only(), partition))
+        if self.shard:  # shard k runs its own partitions only (its groups 0, 1 are not)
+            return resolve(meta, topic, partition,
+                           lambda g: g in self.node.registry and g not in self.unmanaged,
+                           self.node.peer_address, self.shard)
         return resolve(meta, topic, partition, lambda g: g in self.node.registry,
                        self.node.peer_address)
 
