@@ -203,6 +203,9 @@ class TopicRuntime:
         """The group a client request goes to: its explicit `group` (never the controller's
         for a request that is not the controller's own), else its (topic, partition)."""
         group_id = request.group
+        if group_id is None and self.shard and t == "status" and \
+                getattr(request, "topic", DEFAULT_TOPIC) == DEFAULT_TOPIC:
+            return Resolved(DEFAULT_GROUP)  # this shard process's own status
         if group_id is None:
             partition = getattr(request, "topic_partition", None)
             return self.resolve(getattr(request, "topic", DEFAULT_TOPIC),
@@ -254,8 +257,8 @@ class TopicRuntime:
         meta = self.metadata
         lines = []
         for group_id in self.node.registry.ids():
-            if group_id == CONTROLLER_GROUP:
-                continue
+            if group_id == CONTROLLER_GROUP or (self.shard and group_id in self.unmanaged):
+                continue  # (shard k's own groups 0 and 1 are no partitions: docs/SHARDS.md)
             group = self.node.registry.get(group_id)
             core = group.core
             p = meta.groups.get(group_id)
@@ -271,9 +274,9 @@ class TopicRuntime:
                           "learners": list(core.config.learners),
                           "replicas": None if p is None else list(p.replicas),
                           "move": _move_step(self.mover.steps.get(group_id))})
-        ctl = self.node.controller_group.core
+        ctl = self.node.controller_group.core if self.shard == 0 else None
         leader, address = self.leader_of(CONTROLLER_GROUP)
-        return {"partitions": lines,
+        return {"partitions": lines, "shard": self.shard, "shards": self.node.config.shards,
                 "controller": {"leader": leader, "leader_address": address,
                                "applied": meta.applied,
                                "role": None if ctl is None else ctl.role.value,
@@ -291,7 +294,8 @@ def partition_series(runtime: TopicRuntime, limit: int) -> dict[str, Any]:
     rows = []
     for group in runtime.node.registry.groups():
         group_id, core = group.group_id, group.core
-        if group_id == CONTROLLER_GROUP or core is None or group.log is None:
+        if group_id == CONTROLLER_GROUP or core is None or group.log is None or \
+                (runtime.shard and group_id in runtime.unmanaged):
             continue
         p = meta.groups.get(group_id)
         topic, index = ((p.topic, p.index) if p is not None else (DEFAULT_TOPIC, 0)
