@@ -36,6 +36,9 @@ log = logging.getLogger("raftlog.node")
 
 FEEDS_ENV = "RAFTLOG_SHARD_FEEDS"  # shard 0: "fd,fd,..." (write ends, shard 1..K-1)
 FEED_ENV = "RAFTLOG_CONTROLLER_FEED"  # shard k: "fd" (its read end)
+REPORTS_ENV = "RAFTLOG_SHARD_REPORTS"  # shard 0: "fd,fd,..." (read ends of the reports)
+REPORT_ENV = "RAFTLOG_SHARD_REPORT"  # shard k: "fd" (the write end of its report)
+REPORT_EVERY_S = 0.2  # how often a shard looks for leadership changes of its partitions
 RESEND_CHECK_S = 0.5  # how often the writer looks at the controller's leader (it moves alone)
 MAX_FEED_FRAME = 256 * 1024 * 1024
 _LEN = struct.Struct(">I")
@@ -46,21 +49,94 @@ def encode_feed(state: dict[str, Any]) -> bytes:
     return _LEN.pack(len(body)) + body
 
 
+async def read_frames(stream: Any, take: Callable[[dict[str, Any]], None]) -> None:
+    """Frames from `stream` until EOF, each decoded and given to `take` (only the newest of
+    those read together: every frame is a whole state)."""
+    buffer = bytearray()
+    while True:
+        chunk = await stream.receive_some(1 << 20)
+        if not chunk:
+            return
+        buffer += chunk
+        newest = None
+        while len(buffer) >= _LEN.size:
+            (size,) = _LEN.unpack_from(buffer)
+            if size > MAX_FEED_FRAME:
+                raise ValueError(f"shard feed frame of {size} bytes")
+            if len(buffer) < _LEN.size + size:
+                break
+            newest = bytes(buffer[_LEN.size:_LEN.size + size])
+            del buffer[:_LEN.size + size]
+        if newest is not None:
+            take(msgpack.unpackb(newest, raw=False, strict_map_key=False))
+
+
+def local_leaders(runtime: Any) -> dict[int, int]:
+    """{group: leader id} of the partitions this shard runs whose leader it knows."""
+    out = {}
+    for group in runtime.node.registry.groups():
+        gid, core = group.group_id, group.core
+        if core is not None and core.leader_id is not None and \
+                (gid not in runtime.unmanaged or runtime.shard == 0):
+            out[gid] = core.leader_id
+    return out
+
+
+class LeaderReporter:
+    """Shard k's side of the way back: the leaders of its partitions, when they change, so
+    shard 0 (and through its feed every shard) answers `metadata` with every partition's
+    leader (clients go straight to it: docs/SHARDS.md)."""
+
+    def __init__(self, fd: int, runtime: Any) -> None:
+        self.fd = fd
+        self.runtime = runtime
+
+    async def run(self) -> None:
+        stream = trio.lowlevel.FdStream(self.fd)
+        last: dict[int, int] | None = None
+        while True:
+            leaders = local_leaders(self.runtime)
+            if leaders != last:
+                try:
+                    await stream.send_all(encode_feed({"leaders": sorted(leaders.items())}))
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    return  # shard 0 stopped: the supervisor stops the node
+                last = leaders
+            await trio.sleep(REPORT_EVERY_S)
+
+
 class FeedWriter:
     """Shard 0's side: the applied controller metadata to every other shard of this node."""
 
-    def __init__(self, fds: list[int], runtime: Any) -> None:
+    def __init__(self, fds: list[int], runtime: Any, reports: list[int] = ()) -> None:
         self.fds = fds
+        self.reports = list(reports)
         self.runtime = runtime  # raft.node.topic_runtime.TopicRuntime
         self._changed = trio.Event()
         self.sent = 0
+        self.remote: dict[int, dict[int, int]] = {}  # shard -> {group: leader} it reported
 
     def kick(self) -> None:
         self._changed.set()
 
+    def leaders(self) -> dict[int, int]:
+        """Every shard's partitions' leaders, as far as known here."""
+        out = local_leaders(self.runtime)
+        for reported in self.remote.values():
+            out.update(reported)
+        return out
+
     def _key(self) -> tuple[Any, ...]:
         ctl = self.runtime.controller
-        return ctl.applied, ctl.leader(), ctl.caught_up()
+        return (ctl.applied, ctl.leader(), ctl.caught_up(),
+                tuple(sorted(self.leaders().items())))
+
+    async def _read_reports(self, shard: int, fd: int) -> None:
+        def take(state: dict[str, Any]) -> None:
+            self.remote[shard] = {int(g): int(n) for g, n in state["leaders"]}
+            self.kick()
+
+        await read_frames(trio.lowlevel.FdStream(fd), take)
 
     def state(self) -> dict[str, Any]:
         ctl = self.runtime.controller
@@ -70,9 +146,15 @@ class FeedWriter:
         return {"meta": meta.to_snapshot(),
                 "founders": [[g, list(f)] for g, f in sorted(ctl.founders.items())],
                 "leader": leader, "address": None if info is None else info.address,
-                "caught_up": ctl.caught_up()}
+                "caught_up": ctl.caught_up(), "leaders": sorted(self.leaders().items())}
 
     async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            for shard, fd in enumerate(self.reports, start=1):
+                nursery.start_soon(self._read_reports, shard, fd)
+            await self._write()
+
+    async def _write(self) -> None:
         streams = [trio.lowlevel.FdStream(fd) for fd in self.fds]
         last: tuple[Any, ...] | None = None
         while streams:
@@ -103,6 +185,7 @@ class ShardFollower:
         self._metadata = ClusterMetadata()
         self.founders: dict[int, tuple[int, ...]] = {}
         self.leader_hint: tuple[int | None, str | None] = (None, None)
+        self.leaders: dict[int, int] = {}  # group -> leader id, every shard's (shard 0 merged)
         self._caught_up = False
         self._applied = trio.Event()
         self.on_applied: list[Callable[[], None]] = []
@@ -131,6 +214,7 @@ class ShardFollower:
         self.founders = {int(g): tuple(f) for g, f in state["founders"]}
         self.leader_hint = (state.get("leader"), state.get("address"))
         self._caught_up = bool(state.get("caught_up"))
+        self.leaders = {int(g): int(n) for g, n in state.get("leaders") or ()}
         self.states += 1
         self._applied.set()
         self._applied = trio.Event()
@@ -138,26 +222,9 @@ class ShardFollower:
             listener()
 
     async def run(self) -> None:
-        stream = trio.lowlevel.FdStream(self.fd)
-        buffer = bytearray()
-        while True:
-            chunk = await stream.receive_some(1 << 20)
-            if not chunk:
-                log.warning("shard_feed_ended shard=%d (shard 0 stopped; the supervisor "
-                            "stops the node)", self.shard)
-                return
-            buffer += chunk
-            newest = None
-            while len(buffer) >= _LEN.size:
-                (size,) = _LEN.unpack_from(buffer)
-                if size > MAX_FEED_FRAME:
-                    raise ValueError(f"controller feed frame of {size} bytes")
-                if len(buffer) < _LEN.size + size:
-                    break
-                newest = bytes(buffer[_LEN.size:_LEN.size + size])
-                del buffer[:_LEN.size + size]
-            if newest is not None:  # only the newest state matters
-                self.take(msgpack.unpackb(newest, raw=False, strict_map_key=False))
+        await read_frames(trio.lowlevel.FdStream(self.fd), self.take)
+        log.warning("shard_feed_ended shard=%d (shard 0 stopped; the supervisor stops the "
+                    "node)", self.shard)
 
     async def wait_applied(self, offset: int) -> bool:
         while self._metadata.applied < offset:
@@ -171,9 +238,15 @@ class ShardFollower:
                                 f"node {leader} ({address}); this is shard {self.shard}")
 
 
-def feed_fds(env: dict[str, str] | None = None) -> tuple[list[int], int | None]:
-    """(write fds for shard 0, read fd for shard k) from the supervisor's environment."""
+def _fds(env: Any, name: str) -> list[int]:
+    return [int(x) for x in env.get(name, "").split(",") if x]
+
+
+def feed_fds(env: dict[str, str] | None = None) -> tuple[list[int], list[int], int | None,
+                                                         int | None]:
+    """From the supervisor's environment: shard 0's feed write ends and report read ends;
+    shard k's feed read end and report write end."""
     env = os.environ if env is None else env
-    writes = [int(x) for x in env.get(FEEDS_ENV, "").split(",") if x]
-    read = env.get(FEED_ENV)
-    return writes, int(read) if read else None
+    read, report = _fds(env, FEED_ENV), _fds(env, REPORT_ENV)
+    return (_fds(env, FEEDS_ENV), _fds(env, REPORTS_ENV), read[0] if read else None,
+            report[0] if report else None)

@@ -34,7 +34,7 @@ from typing import Any
 
 from raft.controller.state import shard_address
 from raft.node.config import ConfigError, NodeConfig
-from raft.node.shard_feed import FEED_ENV, FEEDS_ENV
+from raft.node.shard_feed import FEED_ENV, FEEDS_ENV, REPORT_ENV, REPORTS_ENV
 
 SETTINGS_ENV = "RAFTLOG_SHARD_SETTINGS"  # a shard's settings, as JSON
 LAYOUT_FILE = "shards"  # DATA_DIR/node-<id>/shards: how many shards wrote this data
@@ -111,20 +111,22 @@ class Supervisor:
             raise ConfigError("with --shards above 1 give a fixed port (--listen or --peers): "
                               "shard k listens on that port + k")
         check_layout(config)
-        feeds = [os.pipe() for _ in range(1, config.shards)]
+        feeds = [os.pipe() for _ in range(1, config.shards)]  # shard 0 -> shard k
+        reports = [os.pipe() for _ in range(1, config.shards)]  # shard k -> shard 0
         for shard in range(config.shards):
             env = dict(os.environ)
             env[SETTINGS_ENV] = json.dumps(shard_settings(config, shard))
             if shard == 0:
-                fds = [w for _, w in feeds]
-                env[FEEDS_ENV] = ",".join(map(str, fds))
+                fds = [w for _, w in feeds] + [r for r, _ in reports]
+                env[FEEDS_ENV] = ",".join(str(w) for _, w in feeds)
+                env[REPORTS_ENV] = ",".join(str(r) for r, _ in reports)
             else:
-                fds = [feeds[shard - 1][0]]
-                env[FEED_ENV] = str(fds[0])
+                fds = [feeds[shard - 1][0], reports[shard - 1][1]]
+                env[FEED_ENV], env[REPORT_ENV] = str(fds[0]), str(fds[1])
             self.shards.append(subprocess.Popen(
                 [sys.executable, "-m", "raft.node.shard_main"], env=env, pass_fds=fds,
                 preexec_fn=_die_with_parent))
-        for r, w in feeds:  # the shards hold them now
+        for r, w in feeds + reports:  # the shards hold them now
             os.close(r)
             os.close(w)
         print(f"{self.prog}: node {config.node_id} runs {config.shards} shards (pids "

@@ -30,7 +30,7 @@ from raft.controller.commands import RegisterNode
 from raft.controller.state import DEFAULT_TOPIC, ClusterMetadata, shard_address
 from raft.node.config import ConfigError
 from raft.node.controller import ControllerService
-from raft.node.shard_feed import FeedWriter, ShardFollower, feed_fds
+from raft.node.shard_feed import FeedWriter, LeaderReporter, ShardFollower, feed_fds
 from raft.node.reconciler import UNMANAGED, Reconciler
 from raft.node.leader_balance import LeaderBalancer
 from raft.node.replica_moves import ReplicaMover
@@ -62,20 +62,23 @@ class TopicRuntime:
         # Shards (docs/SHARDS.md): the controller lives on shard 0; shard k follows what
         # shard 0 applied (raft.node.shard_feed) and runs the partitions placed on shard k.
         self.shard = node.config.shard
-        writes, read = feed_fds()
+        writes, reports, read, report = feed_fds()
         self.feed: FeedWriter | None = None
+        self.reporter: LeaderReporter | None = None
         self.controller: Any
         if self.shard == 0:
             self.controller = ControllerService(node.controller_group, self._founders)
             self.controller.shards = node.config.shards
             if writes:
-                self.feed = FeedWriter(writes, self)
+                self.feed = FeedWriter(writes, self, reports)
                 self.controller.on_applied.append(self.feed.kick)
         elif read is None:
             raise ConfigError(f"shard {self.shard} follows the controller through its "
                               f"supervisor: run `raftlog serve --shards N`, not a shard alone")
         else:
             self.controller = ShardFollower(read, self.shard)
+            if report is not None:
+                self.reporter = LeaderReporter(report, self)
         self.reconciler = Reconciler(self)
         self.controller.on_applied.append(self.reconciler.kick)
         # Settings changes (topic alter) take effect on the running partitions at once.
@@ -129,6 +132,8 @@ class TopicRuntime:
         nursery.start_soon(self.reconciler.run)
         if self.feed is not None:
             nursery.start_soon(self.feed.run)
+        if self.reporter is not None:
+            nursery.start_soon(self.reporter.run)
         if self.shard == 0:  # (shard k's own group 0 is not the controller)
             nursery.start_soon(self._mirror_membership)
         nursery.start_soon(self.mover.run)
@@ -190,14 +195,26 @@ class TopicRuntime:
 
     # -- routing -------------------------------------------------------------------------------
     def leader_of(self, group_id: int) -> tuple[int | None, str | None]:
-        if self.shard and group_id in self.unmanaged:  # shard 0's groups
-            return self.controller.leader_hint if group_id == CONTROLLER_GROUP else (None, None)
+        if self.shard and group_id == CONTROLLER_GROUP:  # shard 0's
+            return self.controller.leader_hint
         group = self.node.registry.get(group_id)
-        if group is None or group.core is None:
-            return None, None
+        if group is None or group.core is None or (self.shard and group_id in self.unmanaged):
+            return self._other_shard_leader(group_id)
         leader = group.core.leader_id
         return leader, self.node.peer_address(leader) if leader != self.node_id \
             else self.node.address
+
+    def _other_shard_leader(self, group_id: int) -> tuple[int | None, str | None]:
+        """The leader of a partition another shard of this node runs, as that shard reported
+        it (through shard 0: raft.node.shard_feed), at its shard's address."""
+        leaders = (self.feed.leaders() if self.feed is not None
+                   else getattr(self.controller, "leaders", {}))
+        leader = leaders.get(group_id)
+        if leader is None:
+            return None, None
+        meta = self.metadata
+        p = meta.groups.get(group_id)
+        return leader, meta.shard_address(leader, 0 if p is None else p.shard)
 
     def route(self, t: str, request: Any) -> Resolved:
         """The group a client request goes to: its explicit `group` (never the controller's

@@ -133,6 +133,13 @@ def test_two_shards_serve_a_topic_fail_stop_together_and_recover(tmp_path: Path)
         for shard in (0, 1):
             wait_for(lambda s=shard: running(shard_address(base, s)) == wanted[s],
                      f"shard {shard} to run its partitions", 60)
+        def leaders_named() -> bool:  # shard 0 names shard 1's leaders too (its reports)
+            parts = [p for t in metadata(base)["topics"] if t["name"] == "orders"
+                     for p in t["partitions"]]
+            return all(p["leader_address"] == shard_address(base, placed[p["partition"]])
+                       for p in parts)
+
+        wait_for(leaders_named, "the metadata to name each partition's leader at its shard")
         where = partition_addresses(metadata(base), "orders")
         for p, shard in placed.items():  # the metadata sends each partition to its shard
             assert where[p][0] == shard_address(base, shard), (p, where[p])
