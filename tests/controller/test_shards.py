@@ -143,3 +143,24 @@ def test_shard_addresses_are_the_next_ports():
 def test_an_entry_before_shards_decodes_as_shard_0():
     raw = encode_command(AlterTopicPartitions("t", 2, ((1,),)))
     assert decode_command(raw).new_shards == ()
+
+
+def test_a_shard_process_reconciles_only_its_own_partitions():
+    """Shard k starts the partitions placed on shard k, and no other (two processes running
+    one group would be two replicas of one node: double votes)."""
+    from raft.controller.reconcile import reconcile
+
+    meta = founded(2, 2)
+    run(meta, CreateTopic("t", ((1, 2), (2, 1), (1, 2)), shards=(0, 1, 1)))
+    for shard, want in ((0, {1, 2}), (1, {3, 4})):
+        plan = reconcile(meta, 1, [], [], shard)
+        assert {p.group for p in plan.start} == want, (shard, plan)
+    assert {p.group for p in reconcile(meta, 1, [], []).start} == {1, 2, 3, 4}
+
+
+def test_a_shard_beyond_a_replicas_count_is_refused():
+    """(The killer of the mutant that drops the rule: tests/raft/test_mutants.py.)"""
+    meta = founded(2, 2)
+    [result] = run(meta, CreateTopic("t", ((1, 2),), shards=(2,)))
+    assert result.refusal is Refusal.INVALID_REPLICAS, result
+    assert "t" not in meta.topics
