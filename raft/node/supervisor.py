@@ -162,7 +162,10 @@ class Supervisor:
                 continue
             self.shards[shard].returncode = os.waitstatus_to_exitcode(status)
             code = self.shards[shard].returncode
-            if failed is None and (not self.stopping or code not in (0, 130)):
+            # Stopping, a shard ends cleanly (0, or 130 after Ctrl-C), or by the signal it
+            # was sent if it had not started listening for it yet.
+            clean = (0, 130, -signal.SIGTERM, -signal.SIGINT)
+            if failed is None and (not self.stopping or code not in clean):
                 failed = (shard, code)
                 self._fail_stop(shard, code)
         if failed is not None:

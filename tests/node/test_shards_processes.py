@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from raft.cli.localcluster import LocalCluster, wait_for
-from storage.records import encode_values
+from storage.records import Record, encode_values
 from test_topics_processes import call
 from test_topics_processes import values as _values
 
@@ -120,7 +120,7 @@ def admin_create(address: str, name: str, partitions: int, replicas: int,
 
 def test_two_shards_serve_a_topic_fail_stop_together_and_recover(tmp_path: Path) -> None:
     with LocalCluster(tmp_path, nodes=1, shards=2) as cluster:
-        cluster.wait_leader()
+        cluster.wait_leader(timeout=120)
         base = cluster.addresses[1]
         created = admin_create(base, "orders", 4, 1)
         assert created["ok"], created
@@ -166,8 +166,22 @@ def test_two_shards_serve_a_topic_fail_stop_together_and_recover(tmp_path: Path)
                      == acked[p], f"partition {p} to hold what was acked", 60)
             produce(partition_addresses(metadata(base), "orders")[p], "orders", p, b"after")
 
+        # The client library routes by the metadata alone (the node's shard 0 address is all
+        # it is given): keyed records land in their partitions on both shards and read back.
+        from raft.client import BlockingClient
+
+        with BlockingClient([base], timeout=30) as c:
+            sent = c.produce_to_topic([Record(b"v", f"key{i}".encode()) for i in range(32)],
+                                      topic="orders")
+            assert {p for p, _ in sent} == {0, 1, 2, 3}, sent
+            for p, offset in sent:
+                got = c.fetch(offset, topic="orders", partition=p).records
+                assert got, (p, offset)
+
         # Another shard count on the same data is refused, saying what to do.
-        cluster.terminate(1)
+        seen = len(cluster.node_log(1))
+        assert cluster.terminate(1, timeout=60) == 0  # SIGTERM: every shard stops cleanly
+        assert "fail-stop" not in cluster.node_log(1)[seen:]
         refused = subprocess.run(
             [sys.executable, "-m", "raft.cli", "serve", "--node-id", "1", "--data-dir",
              str(tmp_path), "--peers", f"1={base}", "--shards", "3"],
@@ -179,7 +193,7 @@ def test_two_shards_serve_a_topic_fail_stop_together_and_recover(tmp_path: Path)
 
 def test_three_nodes_of_two_shards_survive_the_kill_of_a_node(tmp_path: Path) -> None:
     with LocalCluster(tmp_path, nodes=3, shards=2) as cluster:
-        cluster.wait_leader()
+        cluster.wait_leader(timeout=120)  # six processes starting on a loaded machine
         addresses = list(cluster.addresses.values())
         created = admin_create(addresses[0], "orders", 4, 3, addresses[1:])
         assert created["ok"], created
