@@ -141,8 +141,8 @@ class Supervisor:
             self.stopping = True
             self.stop_signal = signum
         for p in self.shards:
-            if p.poll() is None:
-                p.send_signal(signum)
+            if p.returncode is None:  # (not poll(): only the wait loop reaps, so no exit
+                os.kill(p.pid, signum)  # goes unexamined; an unreaped pid is not reused)
 
     def run(self) -> int:
         """Start the shards and wait; the exit code (0 clean stop, 130 Ctrl-C, 3 fail-stop)."""
@@ -150,7 +150,7 @@ class Supervisor:
             signal.signal(signum, self._forward)
         self.start()
         failed: tuple[int, int] | None = None
-        while any(p.poll() is None for p in self.shards):
+        while any(p.returncode is None for p in self.shards):
             try:
                 pid, status = os.wait()
             except ChildProcessError:
