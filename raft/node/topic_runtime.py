@@ -204,6 +204,25 @@ class TopicRuntime:
         return leader, self.node.peer_address(leader) if leader != self.node_id \
             else self.node.address
 
+    def _shard_lines(self, meta: ClusterMetadata) -> list[dict[str, Any]]:
+        """Shard 0's view of every shard of this node (docs/SHARDS.md): its address, the
+        partitions placed on it and how many of them it leads (its reports); [] with one."""
+        shards = self.node.config.shards
+        if self.shard or shards == 1:
+            return []
+        leaders = self.feed.leaders() if self.feed is not None else {}
+        info = meta.nodes.get(self.node_id)
+        out = []
+        for k in range(shards):
+            placed = meta.groups_of(self.node_id, k)
+            if k == 0 and DEFAULT_GROUP not in placed and DEFAULT_GROUP in self.node.registry:
+                placed = {**placed, DEFAULT_GROUP: None}
+            out.append({"shard": k,
+                        "address": None if info is None else shard_address(info.address, k),
+                        "partitions": len(placed),
+                        "leading": sum(1 for g in placed if leaders.get(g) == self.node_id)})
+        return out
+
     def _other_shard_leader(self, group_id: int) -> tuple[int | None, str | None]:
         """The leader of a partition another shard of this node runs, as that shard reported
         it (through shard 0: raft.node.shard_feed), at its shard's address."""
@@ -294,6 +313,7 @@ class TopicRuntime:
         ctl = self.node.controller_group.core if self.shard == 0 else None
         leader, address = self.leader_of(CONTROLLER_GROUP)
         return {"partitions": lines, "shard": self.shard, "shards": self.node.config.shards,
+                "node_shards": self._shard_lines(meta),
                 "controller": {"leader": leader, "leader_address": address,
                                "applied": meta.applied,
                                "role": None if ctl is None else ctl.role.value,

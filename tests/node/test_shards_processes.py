@@ -140,6 +140,11 @@ def test_two_shards_serve_a_topic_fail_stop_together_and_recover(tmp_path: Path)
                        for p in parts)
 
         wait_for(leaders_named, "the metadata to name each partition's leader at its shard")
+        # Shard 0's status has the node's view of each shard: 3 partitions on shard 0 (the
+        # default topic's and 2 of orders), 2 on shard 1, each led there (RF 1).
+        per_shard = call(base, "status")["status"]["node_shards"]
+        assert [(s["shard"], s["address"], s["partitions"], s["leading"]) for s in per_shard] \
+            == [(0, base, 3, 3), (1, shard_address(base, 1), 2, 2)], per_shard
         where = partition_addresses(metadata(base), "orders")
         for p, shard in placed.items():  # the metadata sends each partition to its shard
             assert where[p][0] == shard_address(base, shard), (p, where[p])
