@@ -20,6 +20,7 @@ from typing import Any
 
 import trio
 
+from bench.disk import DiskNeed
 from bench.harness import serve_command
 from bench.partitions_load import KeyedArgs, keyed_worker
 from bench.partitions_probe import cpu_seconds, load_average
@@ -45,6 +46,11 @@ def sizes(cfg: Any) -> dict[str, Any]:
     if cfg.quick:
         return {"shards": (1, 2), "partitions": 4, "producers": 2}
     return {"shards": tuple(range(1, top + 1)), "partitions": 16, "producers": 8}
+
+
+def disk_need(cfg: Any) -> DiskNeed:
+    """Throughput only, bounded by the measured seconds: nothing is read back."""
+    return DiskNeed()
 
 
 def steps(cfg: Any) -> int:
