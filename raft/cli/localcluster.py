@@ -87,13 +87,18 @@ class LocalCluster:
     # cluster's own client needs to talk to it (tls_ca, token, ...).
     node_args: Callable[[int], list[str]] | None = None
     client_options: dict[str, Any] = field(default_factory=dict)
+    # Shard processes per node (docs/SHARDS.md): node i's shard k listens on its port + k, so
+    # nodes' ports are `shards` apart.
+    shards: int = 1
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
         if self.nodes < 1:
             raise ValueError("a cluster needs at least one node (--nodes 3 is usual)")
-        ports = ([self.base_port + i for i in range(self.nodes)] if self.base_port
-                 else free_ports(self.nodes))
+        k = self.shards
+        ports = ([self.base_port + i * k for i in range(self.nodes)] if self.base_port
+                 else free_ports(self.nodes) if k == 1
+                 else free_ports(self.nodes * k, consecutive=True)[::k])
         self.addresses = {i + 1: f"127.0.0.1:{p}" for i, p in enumerate(ports)}
         self.joining: set[int] = set()
         self.started_at: dict[int, float] = {}  # node id -> time.monotonic() of its last start
@@ -110,7 +115,8 @@ class LocalCluster:
     def command(self, node_id: int) -> list[str]:
         extra = ["--join"] if node_id in self.joining else []
         return [sys.executable, "-m", "raft.cli", "serve", "--node-id", str(node_id),
-                "--data-dir", str(self.data_dir), "--peers", self.peers_spec, *self.extra_args,
+                "--data-dir", str(self.data_dir), "--peers", self.peers_spec,
+                *(["--shards", str(self.shards)] if self.shards > 1 else []), *self.extra_args,
                 *(self.node_args(node_id) if self.node_args else []), *extra]
 
     def new_node(self) -> int:

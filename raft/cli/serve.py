@@ -35,7 +35,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     usable_data_dir(Path(args.data_dir))  # before --tls writes its certificates there
     up_settings.check_server_args(args.server_arg)
     config = up_settings.check_config_file(args.config) if args.config else None
-    cluster = LocalCluster(Path(args.data_dir), nodes=args.nodes, base_port=args.base_port)
+    cluster = LocalCluster(Path(args.data_dir), nodes=args.nodes, base_port=args.base_port,
+                           shards=args.shards)
     tls = _up_tls(args, cluster)
     cluster.node_args = up_settings.node_args(args.server_arg, config, cluster.node_args)
     configs = up_settings.check_nodes(cluster)
@@ -117,6 +118,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="grow the topic `default` to N partitions once the cluster is up "
                         "(commands without --topic use its partition 0; --topic default "
                         "spreads by key over all N)")
+    p.add_argument("--shards", type=positive_int, default=1, metavar="K",
+                   help="shard processes per node (default 1; docs/SHARDS.md): node i's shard "
+                        "k listens on its port + k, so nodes' ports are K apart")
     p.add_argument("--tls", action="store_true",
                    help="TLS on every connection, with a throw-away CA and node certificates "
                         "made under DATA_DIR/tls/ (reused on restart); clients pass "

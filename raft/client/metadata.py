@@ -47,6 +47,8 @@ class PartitionInfo:
     replicas: tuple[int, ...]
     leader: int | None = None
     leader_address: str | None = None
+    # A partition off shard 0 (docs/SHARDS.md): where its shard of each replica listens.
+    replica_addresses: tuple[str, ...] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -80,7 +82,8 @@ class Metadata:
             parts = sorted((PartitionInfo(
                 name, int(p["partition"]), int(p.get("group", -1)),
                 tuple(int(r) for r in p.get("replicas") or ()),
-                p.get("leader"), p.get("leader_address") or None)
+                p.get("leader"), p.get("leader_address") or None,
+                tuple(str(a) for a in p.get("replica_addresses") or () if a))
                 for p in t.get("partitions") or []), key=lambda p: p.partition)
             topics[name] = TopicInfo(name, tuple(parts), dict(t.get("settings") or {}))
         return cls(reply.get("controller"), reply.get("controller_address") or None,
@@ -114,7 +117,10 @@ class Metadata:
         except UnknownTopicError:
             return []
         out = [p.leader_address] if p.leader_address else []
-        out += [self.nodes[r] for r in p.replicas if self.nodes.get(r)]
+        if p.replica_addresses:  # the partition's shard of each replica: no extra hop
+            out += list(p.replica_addresses)
+        else:
+            out += [self.nodes[r] for r in p.replicas if self.nodes.get(r)]
         return list(dict.fromkeys(out))
 
 
@@ -220,7 +226,7 @@ class MetadataCache:
         parts = list(info.partitions)
         old = parts[partition]
         parts[partition] = PartitionInfo(old.topic, old.partition, old.group, old.replicas,
-                                         leader, address)
+                                         leader, address, old.replica_addresses)
         topics = dict(meta.topics)
         topics[topic] = TopicInfo(info.name, tuple(parts), info.settings)
         self.current = Metadata(meta.controller, meta.controller_address, meta.applied,

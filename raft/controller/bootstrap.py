@@ -16,12 +16,15 @@ from raft.controller.state import DEFAULT_TOPIC, ClusterMetadata
 
 
 def bootstrap_commands(founders: Mapping[int, str],
-                       settings: TopicSettings = TopicSettings()) -> list[Command]:
-    """The commands that found a cluster of `founders` ({node id: address})."""
+                       settings: TopicSettings = TopicSettings(),
+                       shards: int = 1) -> list[Command]:
+    """The commands that found a cluster of `founders` ({node id: address}), each running
+    `shards` shard processes (every node of a cluster runs the same number: docs/SHARDS.md).
+    The default topic's partition is on shard 0, with the controller."""
     if not founders:
         raise ValueError("a cluster needs at least one founding node")
     ids = sorted(founders)
-    commands: list[Command] = [RegisterNode(n, founders[n]) for n in ids]
+    commands: list[Command] = [RegisterNode(n, founders[n], shards) for n in ids]
     commands.append(CreateTopic(DEFAULT_TOPIC, (tuple(ids),), settings))
     return commands
 

@@ -44,6 +44,7 @@ MAX_PARTITIONS = 10_000  # per topic
 MAX_REPLICAS = 16  # replicas of one partition
 MAX_ADDRESS_CHARS = 512
 MAX_NODE_ID = 2**31 - 1
+MAX_SHARDS = 1024  # shard processes of one node (docs/SHARDS.md)
 
 
 class CommandType(str, Enum):
@@ -106,6 +107,28 @@ def _assignment(raw: dict[str, Any], key: str, op: str) -> tuple[tuple[int, ...]
     return tuple(_node_list(r, f"{key}[{i}]", op) for i, r in enumerate(value))
 
 
+def _shards(raw: dict[str, Any], key: str, op: str, count: int) -> tuple[int, ...]:
+    """One shard index per partition (docs/SHARDS.md), or () when the key is absent: every
+    partition on shard 0, which is what an entry written before shards means."""
+    value = raw.get(key)
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)) or len(value) != count or any(
+            isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < MAX_SHARDS
+            for s in value):
+        raise MalformedCommand(f"{op}: {key} must be a list of {count} shard indexes "
+                               f"(0..{MAX_SHARDS - 1}), one per partition")
+    return tuple(value)
+
+
+def _with_shards(fields: dict[str, Any], key: str, shards: tuple[int, ...]) -> dict[str, Any]:
+    """Written only when some partition is off shard 0: entries of a node with one shard stay
+    byte for byte what they were before shards."""
+    if any(shards):
+        fields[key] = list(shards)
+    return fields
+
+
 # -- settings ----------------------------------------------------------------------------------
 @dataclass(slots=True, frozen=True)
 class TopicSettings:
@@ -160,20 +183,24 @@ class CreateTopic:
     name: str
     replicas: tuple[tuple[int, ...], ...]
     settings: TopicSettings = TopicSettings()
+    # The shard index of each partition on every one of its replicas (docs/SHARDS.md); () =
+    # every partition on shard 0.
+    shards: tuple[int, ...] = ()
 
     @property
     def partitions(self) -> int:
         return len(self.replicas)
 
     def _fields(self) -> dict[str, Any]:
-        return {"name": self.name, "replicas": [list(r) for r in self.replicas],
-                "settings": self.settings.to_raw()}
+        return _with_shards({"name": self.name, "replicas": [list(r) for r in self.replicas],
+                             "settings": self.settings.to_raw()}, "shards", self.shards)
 
     @staticmethod
     def _parse(raw: dict[str, Any], op: str) -> "CreateTopic":
-        return CreateTopic(_str(raw, "name", op, most=MAX_NAME_CHARS),
-                           _assignment(raw, "replicas", op),
-                           TopicSettings.from_raw(raw.get("settings", {}), op))
+        replicas = _assignment(raw, "replicas", op)
+        return CreateTopic(_str(raw, "name", op, most=MAX_NAME_CHARS), replicas,
+                           TopicSettings.from_raw(raw.get("settings", {}), op),
+                           _shards(raw, "shards", op, len(replicas)))
 
 
 @dataclass(slots=True, frozen=True)
@@ -185,16 +212,19 @@ class AlterTopicPartitions:
     name: str
     partitions: int
     new_replicas: tuple[tuple[int, ...], ...]
+    new_shards: tuple[int, ...] = ()  # as CreateTopic.shards, for the added partitions
 
     def _fields(self) -> dict[str, Any]:
-        return {"name": self.name, "partitions": self.partitions,
-                "new_replicas": [list(r) for r in self.new_replicas]}
+        return _with_shards({"name": self.name, "partitions": self.partitions,
+                             "new_replicas": [list(r) for r in self.new_replicas]},
+                            "new_shards", self.new_shards)
 
     @staticmethod
     def _parse(raw: dict[str, Any], op: str) -> "AlterTopicPartitions":
+        replicas = _assignment(raw, "new_replicas", op)
         return AlterTopicPartitions(_str(raw, "name", op, most=MAX_NAME_CHARS),
                                     _int(raw, "partitions", op, least=1, most=MAX_PARTITIONS),
-                                    _assignment(raw, "new_replicas", op))
+                                    replicas, _shards(raw, "new_shards", op, len(replicas)))
 
 
 @dataclass(slots=True, frozen=True)
@@ -270,14 +300,21 @@ class RegisterNode:
     T: ClassVar[CommandType] = CommandType.REGISTER_NODE
     node_id: int
     address: str
+    # Shard processes the node runs (docs/SHARDS.md): shard k listens on the address's port
+    # + k. Written only when not 1, so a one-shard node's entry is what it was before shards.
+    shards: int = 1
 
     def _fields(self) -> dict[str, Any]:
-        return {"node_id": self.node_id, "address": self.address}
+        fields: dict[str, Any] = {"node_id": self.node_id, "address": self.address}
+        if self.shards != 1:
+            fields["shards"] = self.shards
+        return fields
 
     @staticmethod
     def _parse(raw: dict[str, Any], op: str) -> "RegisterNode":
+        shards = _int(raw, "shards", op, least=1, most=MAX_SHARDS) if "shards" in raw else 1
         return RegisterNode(_int(raw, "node_id", op, least=1, most=MAX_NODE_ID),
-                            _str(raw, "address", op, most=MAX_ADDRESS_CHARS))
+                            _str(raw, "address", op, most=MAX_ADDRESS_CHARS), shards)
 
 
 @dataclass(slots=True, frozen=True)

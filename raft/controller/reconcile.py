@@ -36,11 +36,12 @@ class ReconcilePlan:
 
 
 def reconcile(meta: ClusterMetadata, node_id: int, running: Iterable[int],
-              on_disk: Iterable[int] = ()) -> ReconcilePlan:
-    """The difference between what `node_id` runs / stores and what `meta` assigns it.
-    `running` and `on_disk` hold data group ids (the controller, group 0, is not one)."""
+              on_disk: Iterable[int] = (), shard: int | None = None) -> ReconcilePlan:
+    """The difference between what `node_id` runs / stores and what `meta` assigns it (on
+    `shard` of it, when the node runs shards: docs/SHARDS.md). `running` and `on_disk` hold
+    data group ids (the controller, group 0, is not one)."""
     running_set, disk = set(running), set(on_disk)
-    assigned = meta.groups_of(node_id)
+    assigned = meta.groups_of(node_id, shard)
     start = tuple(assigned[g] for g in sorted(assigned) if g not in running_set)
     held = running_set | disk
     delete = tuple(sorted(g for g in held if meta.is_deleted(g)))

@@ -122,6 +122,7 @@ class Partition:
     # each other; a replica moved in later joins as a non-member (raft.node.reconciler). Kept
     # in the state, not rebuilt from the create entry, since retention cuts that entry.
     founders: tuple[int, ...] = ()
+    shard: int = 0  # the shard index it lives on, the same on every replica (docs/SHARDS.md)
 
 
 @dataclass(slots=True)
@@ -135,8 +136,21 @@ class Topic:
 @dataclass(slots=True)
 class NodeInfo:
     node_id: int
-    address: str
+    address: str  # shard 0's
     status: NodeStatus = NodeStatus.ACTIVE
+    shards: int = 1  # shard processes it runs; shard k listens on shard_address(address, k)
+
+
+def shard_address(address: str, shard: int) -> str:
+    """Where shard `shard` of a node whose shard 0 listens on `address` listens: the next
+    ports (docs/SHARDS.md). Shard 0 is `address` itself, whatever its form."""
+    if shard == 0:
+        return address
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"address {address!r} has no port: shard {shard} listens on its "
+                         f"port + {shard}")
+    return f"{host}:{int(port) + shard}"
 
 
 @dataclass(slots=True, frozen=True)
@@ -206,8 +220,24 @@ class ClusterMetadata:
                                 f"active nodes")
         return None
 
+    def _shard_error(self, replicas: tuple[int, ...], shard: int,
+                     what: str) -> ApplyResult | None:
+        """A partition lives on shard `shard` of every replica: each must run that many."""
+        short = [n for n in replicas if n in self.nodes and self.nodes[n].shards <= shard]
+        if short:
+            return _refused(Refusal.INVALID_REPLICAS,
+                            f"{what}: shard {shard} does not exist on node(s) {short} "
+                            f"(shards: {[self.nodes[n].shards for n in short]}); a partition "
+                            f"lives on the same shard index on every replica")
+        return None
+
     def _assignment_error(self, replicas: tuple[tuple[int, ...], ...],
-                          name: str, first: int) -> ApplyResult | None:
+                          name: str, first: int,
+                          shards: tuple[int, ...] = ()) -> ApplyResult | None:
+        if shards and len(shards) != len(replicas):
+            return _refused(Refusal.INVALID_REPLICAS,
+                            f"topic {name!r}: {len(replicas)} partitions but {len(shards)} "
+                            f"shard indexes")
         sizes = {len(r) for r in replicas}
         if len(sizes) > 1:
             return _refused(Refusal.INVALID_REPLICAS,
@@ -215,6 +245,8 @@ class ClusterMetadata:
                             f" got {sorted(sizes)}")
         for i, r in enumerate(replicas):
             err = self._replica_error(r, f"topic {name!r} partition {first + i}")
+            if err is None and shards:
+                err = self._shard_error(r, shards[i], f"topic {name!r} partition {first + i}")
             if err is not None:
                 return err
         return None
@@ -229,18 +261,20 @@ class ClusterMetadata:
         if not cmd.replicas:
             return _refused(Refusal.INVALID_PARTITIONS,
                             f"topic {cmd.name!r} needs at least one partition")
-        err = self._assignment_error(cmd.replicas, cmd.name, 0)
+        err = self._assignment_error(cmd.replicas, cmd.name, 0, cmd.shards)
         if err is not None:
             return err
         topic = Topic(cmd.name, offset, cmd.settings)
         self.topics[cmd.name] = topic
-        return ApplyResult(effects=tuple(self._add_partitions(topic, cmd.replicas)))
+        return ApplyResult(effects=tuple(self._add_partitions(topic, cmd.replicas,
+                                                              cmd.shards)))
 
-    def _add_partitions(self, topic: Topic, replicas: tuple[tuple[int, ...], ...]) -> list[Effect]:
+    def _add_partitions(self, topic: Topic, replicas: tuple[tuple[int, ...], ...],
+                        shards: tuple[int, ...] = ()) -> list[Effect]:
         effects = []
-        for r in replicas:
+        for i, r in enumerate(replicas):
             p = Partition(topic.name, len(topic.partitions), self._allocate_group(), tuple(r),
-                          tuple(r))
+                          tuple(r), shards[i] if shards else 0)
             topic.partitions.append(p)
             self.groups[p.group] = p
             effects.append(Effect(EffectKind.GROUP_CREATED, p.group, p.topic, p.index,
@@ -265,10 +299,11 @@ class ClusterMetadata:
             return _refused(Refusal.INVALID_REPLICAS,
                             f"topic {cmd.name!r} has {rf} replicas per partition; new "
                             f"partitions need as many")
-        err = self._assignment_error(cmd.new_replicas, cmd.name, have)
+        err = self._assignment_error(cmd.new_replicas, cmd.name, have, cmd.new_shards)
         if err is not None:
             return err
-        return ApplyResult(effects=tuple(self._add_partitions(topic, cmd.new_replicas)))
+        return ApplyResult(effects=tuple(self._add_partitions(topic, cmd.new_replicas,
+                                                              cmd.new_shards)))
 
     def _set_settings(self, offset: int, cmd: SetTopicSettings) -> ApplyResult:
         topic = self.topics.get(cmd.name)
@@ -315,7 +350,8 @@ class ClusterMetadata:
                             f"{where}: replicas {list(cmd.replicas)} name a node twice")
         # Nodes it already has may stay even if decommissioned (a move drains them one at a
         # time); nodes it gains must be registered and active.
-        err = self._replica_error(tuple(n for n in cmd.replicas if n not in p.replicas), where)
+        gained = tuple(n for n in cmd.replicas if n not in p.replicas)
+        err = self._replica_error(gained, where) or self._shard_error(gained, p.shard, where)
         if err is not None:
             return err
         previous, p.replicas = p.replicas, tuple(cmd.replicas)
@@ -331,9 +367,14 @@ class ClusterMetadata:
         if not cmd.address:
             return _refused(Refusal.MALFORMED, "a node's address must not be empty")
         if info is None:
-            self.nodes[cmd.node_id] = NodeInfo(cmd.node_id, cmd.address)
-        else:
-            info.address = cmd.address
+            self.nodes[cmd.node_id] = NodeInfo(cmd.node_id, cmd.address, shards=cmd.shards)
+            return ApplyResult()
+        held = max((p.shard for p in self.groups_of(cmd.node_id).values()), default=-1)
+        if cmd.shards <= held:
+            return _refused(Refusal.INVALID_REPLICAS,
+                            f"node {cmd.node_id} holds partitions on shard {held}; it cannot "
+                            f"register {cmd.shards} shard(s) (move those replicas first)")
+        info.address, info.shards = cmd.address, cmd.shards
         return ApplyResult()
 
     def _decommission_node(self, offset: int, cmd: DecommissionNode) -> ApplyResult:
@@ -367,9 +408,15 @@ class ClusterMetadata:
     def active_nodes(self) -> list[int]:
         return sorted(n for n, i in self.nodes.items() if i.status is NodeStatus.ACTIVE)
 
-    def groups_of(self, node_id: int) -> dict[int, Partition]:
-        """The data groups whose replica set names `node_id`."""
-        return {g: p for g, p in self.groups.items() if node_id in p.replicas}
+    def groups_of(self, node_id: int, shard: int | None = None) -> dict[int, Partition]:
+        """The data groups whose replica set names `node_id` (on `shard` only, if given)."""
+        return {g: p for g, p in self.groups.items() if node_id in p.replicas
+                and (shard is None or p.shard == shard)}
+
+    def shard_address(self, node_id: int, shard: int) -> str | None:
+        """Where shard `shard` of node `node_id` listens (None: not registered)."""
+        info = self.nodes.get(node_id)
+        return None if info is None else shard_address(info.address, shard)
 
 
     # -- snapshot: the metadata as a msgpack-able map (the controller log's retention) ------
@@ -379,10 +426,14 @@ class ClusterMetadata:
             "v": SNAPSHOT_VERSION,
             "applied": self.applied,
             "next_group_id": self.next_group_id,
-            "nodes": [[n.node_id, n.address, n.status.value]
+            # A node's shard count and a partition's shard are written only when not the
+            # one-shard default: a one-shard cluster's snapshot is what it was before shards.
+            "nodes": [[n.node_id, n.address, n.status.value, *([n.shards] if n.shards != 1
+                                                              else [])]
                       for _, n in sorted(self.nodes.items())],
             "topics": [[t.name, t.topic_id, t.settings.to_raw(),
-                        [[p.group, list(p.replicas), list(p.founders)]
+                        [[p.group, list(p.replicas), list(p.founders),
+                          *([p.shard] if p.shard else [])]
                          for p in t.partitions]]
                        for _, t in sorted(self.topics.items())],
             "tombstones": [[t.group, t.topic, t.partition, t.deleted_at]
@@ -415,17 +466,18 @@ def _from_snapshot(raw: Any) -> ClusterMetadata:
         raise ValueError(f"expected a map with v={SNAPSHOT_VERSION}")
     meta = ClusterMetadata(_int_field(raw["applied"], "applied"),
                            _int_field(raw["next_group_id"], "next_group_id", FIRST_DATA_GROUP))
-    for node_id, address, status in raw["nodes"]:
+    for node_id, address, status, *more in raw["nodes"]:
         node_id = _int_field(node_id, "node id", 1)
-        if not isinstance(address, str) or node_id in meta.nodes:
+        if not isinstance(address, str) or node_id in meta.nodes or len(more) > 1:
             raise ValueError(f"node {node_id}: a string address, listed once")
-        meta.nodes[node_id] = NodeInfo(node_id, address, NodeStatus(status))
+        meta.nodes[node_id] = NodeInfo(node_id, address, NodeStatus(status),
+                                       _int_field(more[0], "shards", 1) if more else 1)
     for name, topic_id, settings, partitions in raw["topics"]:
         if not isinstance(name, str) or topic_name_error(name) or name in meta.topics:
             raise ValueError(f"topic {name!r}: a valid name, listed once")
         topic = Topic(name, _int_field(topic_id, "topic id", 0),
                       TopicSettings.from_raw(settings, f"topic {name!r}"))
-        for index, (group, replicas, founders) in enumerate(partitions):
+        for index, (group, replicas, founders, *more) in enumerate(partitions):
             group = _int_field(group, "group id", FIRST_DATA_GROUP)
             if group >= meta.next_group_id or group in meta.groups:
                 raise ValueError(f"group {group} of topic {name!r}: below next_group_id "
@@ -434,7 +486,10 @@ def _from_snapshot(raw: Any) -> ClusterMetadata:
                 if not isinstance(ids, list) or not ids or len(set(ids)) != len(ids) or \
                         any(isinstance(n, bool) or n not in meta.nodes for n in ids):
                     raise ValueError(f"group {group}: {what} must be distinct known nodes")
-            p = Partition(name, index, group, tuple(replicas), tuple(founders))
+            shard = _int_field(more[0], "shard", 0) if more else 0
+            if len(more) > 1 or any(meta.nodes[n].shards <= shard for n in replicas):
+                raise ValueError(f"group {group}: shard {shard} must exist on every replica")
+            p = Partition(name, index, group, tuple(replicas), tuple(founders), shard)
             topic.partitions.append(p)
             meta.groups[group] = p
         if not topic.partitions:

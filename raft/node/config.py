@@ -57,6 +57,25 @@ def raft_default(name: str) -> Any:
     return {f.name: f.default for f in dataclasses.fields(RaftConfig)}[name]
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), what `--shards auto` uses."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _parse_shards(text: str) -> int:
+    if text == "auto":
+        return usable_cores()
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shards takes a number or auto, got {text!r}"
+                                         ) from None
+    return value
+
+
 def _parse_raft_options(items: list[str]) -> dict[str, Any]:
     """['k=v', ...] -> {k: int | float | bool | str}."""
     out: dict[str, Any] = {}
@@ -192,6 +211,11 @@ class NodeConfig:
     # Start outside the configuration: this node waits to be added (`raftlog add-node`) instead
     # of counting itself a voter of the --peers it was given.
     join: bool = False
+    # Shard processes (docs/SHARDS.md): with more than one, `raftlog serve` supervises that
+    # many processes, shard k in DATA_DIR/node-<id>/shard-<k>/ on the listen port + k. `shard`
+    # is which one this process is (set by the supervisor).
+    shards: int = 1
+    shard: int = 0
     # -- disk loss and corruption (docs/DISK-LOSS.md) -----------------------------------------
     # The background scrubber re-reads flushed batches at this many MiB/s, checking every
     # checksum, so damage is found (and re-fetched) before a read or a failover needs the data;
@@ -263,6 +287,13 @@ class NodeConfig:
 
     @property
     def node_dir(self) -> Path:
+        if self.shards > 1:
+            return self.base_node_dir / f"shard-{self.shard}"
+        return self.base_node_dir
+
+    @property
+    def base_node_dir(self) -> Path:
+        """DATA_DIR/node-<id>: the node's data (one shard), or its shards' directories."""
         return Path(self.data_dir) / f"node-{self.node_id}"
 
     def liveness_timeouts(self) -> tuple[float, float]:
@@ -302,6 +333,10 @@ class NodeConfig:
             self.listen_address  # validates this node's peer entry
         if not str(self.data_dir):
             raise ConfigError("data dir is empty; pass --data-dir DIR")
+        if not (isinstance(self.shards, int) and 1 <= self.shards <= 1024
+                and isinstance(self.shard, int) and 0 <= self.shard < self.shards):
+            raise ConfigError(f"shards {self.shards!r} must be 1..1024 (--shards N, or auto: "
+                              f"the usable cores) and shard {self.shard!r} below it")
         self.data_dir = Path(self.data_dir)
         positive = ("tick_ms", "max_frame_bytes", "max_inflight_per_connection",
                     "peer_queue_messages", "peer_queue_bytes", "reconnect_min_ms",
@@ -534,6 +569,10 @@ class NodeConfig:
                             help="address to listen on (default: this node's --peers entry)")
         parser.add_argument("--peers", metavar="ID=HOST:PORT,...",
                             help="every node of the cluster, this one included")
+        parser.add_argument("--shards", type=_parse_shards, metavar="N|auto",
+                            help="shard processes for this node (default 1; auto = the usable "
+                                 "cores): shard k listens on the listen port + k and keeps "
+                                 "its data in DATA_DIR/node-<id>/shard-<k>/ (docs/SHARDS.md)")
         parser.add_argument("--log-level", help="DEBUG, INFO, WARNING (default), ERROR")
         parser.add_argument("--log-format", choices=LOG_FORMATS,
                             help="text (key=value, default) or json (one object per line)")

@@ -73,6 +73,7 @@ class ControllerService:
         self._applied = trio.Event()
         self._bootstrapped_term = -1
         self.on_applied: list[Callable[[], None]] = []
+        self.shards = 1  # what the bootstrap registers each founder with (docs/SHARDS.md)
 
     @property
     def metadata(self) -> ClusterMetadata:
@@ -196,7 +197,7 @@ class ControllerService:
         log.info("controller_bootstrap node=%d term=%d founders=%s", group.node_id, core.term,
                  founders)
         now = int(time.time() * 1000)
-        for command in bootstrap_commands(founders):
+        for command in bootstrap_commands(founders, shards=self.shards):
             batch = Batch.create(encode_command(command), 1, kind=BatchKind.CONTROL,
                                  timestamp_ms=now)
             try:

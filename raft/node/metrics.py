@@ -118,6 +118,13 @@ class NodeMetrics:
         except Exception:  # no /proc: skip process metrics
             pass
 
+    def shard_info(self, shard: int, shards: int) -> None:
+        """`raftlog_shard_info{shard, shards} 1`: which shard process of its node this is
+        (docs/SHARDS.md: shard k serves /metrics on the metrics port + k; a node's totals are
+        the sum over its K shards, e.g. `sum without (shard, instance)` on a join by it)."""
+        Gauge("raftlog_shard_info", "Which shard process of its node this is (1 per process)",
+              ["shard", "shards"], registry=self.registry).labels(str(shard), str(shards)).set(1)
+
     def unknown_group(self, peer: int, count: int) -> None:
         """`count` messages from `peer` were for a group this node does not run."""
         self.unknown_group_messages.labels(str(peer)).inc(count)

@@ -106,7 +106,7 @@ class Reconciler:
         running = [g for g in host.running_groups() if g not in UNMANAGED]
         stored = host.store.group_ids() if stored is None else stored
         on_disk = [g for g in stored if g not in UNMANAGED]
-        return reconcile(host.metadata, host.node_id, running, on_disk)
+        return reconcile(host.metadata, host.node_id, running, on_disk, _shard(host))
 
     async def reconcile_once(self, limit: int = MAX_ACTIONS_PER_PASS) -> bool:
         """One bounded pass; True when work was left for the next one."""
@@ -146,7 +146,7 @@ class Reconciler:
             self.dropped.append(group_id)
             log.info("partition_moved_away node=%d group=%d (its configuration no longer "
                      "names this node: stopped, data dropped)", host.node_id, group_id)
-        assigned = meta.groups_of(host.node_id)
+        assigned = meta.groups_of(host.node_id, _shard(host))
         gone = set(self.dropped[-actions:]) if actions else set()  # dropped by this pass
         resume = sorted(g for g in stored if g not in UNMANAGED and g not in gone
                         and g in meta.groups and g not in assigned and g not in running)
@@ -191,6 +191,11 @@ class Reconciler:
         if self.host.store.io_mode is IoMode.INLINE:
             return fn(*args)
         return await trio.to_thread.run_sync(fn, *args)
+
+
+def _shard(host: Any) -> int | None:
+    """The shard whose partitions this process runs (None: a host without shards)."""
+    return getattr(host, "shard", None)
 
 
 def data_groups(ids: Iterable[int]) -> list[int]:

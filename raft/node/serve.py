@@ -217,12 +217,20 @@ def main(argv: list[str] | None = None) -> int:
     return serve(vars(args), prog="raftlog")
 
 
-def serve(settings: dict[str, Any], prog: str = "raftlog serve") -> int:
+def serve(settings: dict[str, Any], prog: str = "raftlog serve", *,
+          as_shard: bool = False) -> int:
     """Validate settings (flag values, or --config's TOML plus flags) and run the node until
     SIGTERM. Exit code 0 after a clean stop, 2 after a configuration error (one line on
-    stderr saying what to fix)."""
+    stderr saying what to fix). With --shards above 1 this process supervises that many
+    shard processes (raft.node.supervisor); `as_shard` is one of them."""
+    from raft.node import supervisor
+
     try:
         config = NodeConfig.from_args(settings)
+        if not as_shard:
+            supervisor.check_layout(config)
+            if config.shards > 1:
+                return supervisor.supervise(config, prog)
         config.check_data_dir()
         code = trio.run(_serve_and_announce, config, prog, instruments=slow_step_instruments())
     except ConfigError as e:

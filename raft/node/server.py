@@ -93,6 +93,7 @@ class Node:
         rng = rng or random.Random(int.from_bytes(os.urandom(8), "big"))
         self._rng = rng
         self.metrics = NodeMetrics()
+        self.metrics.shard_info(config.shard, config.shards)  # docs/SHARDS.md
         self.gate = Gate(config, self.metrics)
         self.transport = PeerTransport(config, rng, tls=lambda: self.gate.tls)
         # One flusher for the node: group commit across its groups (raft.node.flusher).

@@ -27,8 +27,10 @@ from typing import Any
 import trio
 
 from raft.controller.commands import RegisterNode
-from raft.controller.state import DEFAULT_TOPIC, ClusterMetadata
+from raft.controller.state import DEFAULT_TOPIC, ClusterMetadata, shard_address
+from raft.node.config import ConfigError
 from raft.node.controller import ControllerService
+from raft.node.shard_feed import FeedWriter, LeaderReporter, ShardFollower, feed_fds
 from raft.node.reconciler import UNMANAGED, Reconciler
 from raft.node.leader_balance import LeaderBalancer
 from raft.node.replica_moves import ReplicaMover
@@ -57,7 +59,26 @@ class TopicRuntime:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.node_id = node.node_id
-        self.controller = ControllerService(node.controller_group, self._founders)
+        # Shards (docs/SHARDS.md): the controller lives on shard 0; shard k follows what
+        # shard 0 applied (raft.node.shard_feed) and runs the partitions placed on shard k.
+        self.shard = node.config.shard
+        writes, reports, read, report = feed_fds()
+        self.feed: FeedWriter | None = None
+        self.reporter: LeaderReporter | None = None
+        self.controller: Any
+        if self.shard == 0:
+            self.controller = ControllerService(node.controller_group, self._founders)
+            self.controller.shards = node.config.shards
+            if writes:
+                self.feed = FeedWriter(writes, self, reports)
+                self.controller.on_applied.append(self.feed.kick)
+        elif read is None:
+            raise ConfigError(f"shard {self.shard} follows the controller through its "
+                              f"supervisor: run `raftlog serve --shards N`, not a shard alone")
+        else:
+            self.controller = ShardFollower(read, self.shard)
+            if report is not None:
+                self.reporter = LeaderReporter(report, self)
         self.reconciler = Reconciler(self)
         self.controller.on_applied.append(self.reconciler.kick)
         # Settings changes (topic alter) take effect on the running partitions at once.
@@ -80,6 +101,7 @@ class TopicRuntime:
         return self.node.registry.ids()
 
     def know_node(self, node_id: int, address: str) -> None:
+        address = shard_address(address, self.shard)  # shard i talks to shard i only
         if node_id != self.node_id and node_id not in self.node.peer_addresses:
             self.node.set_peer_address(node_id, address)
 
@@ -117,7 +139,12 @@ class TopicRuntime:
     def start(self, nursery: trio.Nursery) -> None:
         nursery.start_soon(self.controller.run)
         nursery.start_soon(self.reconciler.run)
-        nursery.start_soon(self._mirror_membership)
+        if self.feed is not None:
+            nursery.start_soon(self.feed.run)
+        if self.reporter is not None:
+            nursery.start_soon(self.reporter.run)
+        if self.shard == 0:  # (shard k's own group 0 is not the controller)
+            nursery.start_soon(self._mirror_membership)
         nursery.start_soon(self.mover.run)
         nursery.start_soon(self.balancer.run)
 
@@ -170,28 +197,71 @@ class TopicRuntime:
             return  # not bootstrapped yet: the bootstrap registers the founders
         for n in sorted(have.voters):
             address = have.addresses.get(n) or self.node.peer_address(n)
-            if n not in meta.nodes and address:
-                await self.controller.propose(RegisterNode(n, address), timeout)
+            if n not in meta.nodes and address:  # (every node runs as many shards)
+                await self.controller.propose(RegisterNode(n, address, self.node.config.shards),
+                                              timeout)
                 return
 
     # -- routing -------------------------------------------------------------------------------
     def leader_of(self, group_id: int) -> tuple[int | None, str | None]:
+        if self.shard and group_id == CONTROLLER_GROUP:  # shard 0's
+            return self.controller.leader_hint
         group = self.node.registry.get(group_id)
-        if group is None or group.core is None:
-            return None, None
+        if group is None or group.core is None or (self.shard and group_id in self.unmanaged):
+            return self._other_shard_leader(group_id)
         leader = group.core.leader_id
         return leader, self.node.peer_address(leader) if leader != self.node_id \
             else self.node.address
+
+    def _shard_lines(self, meta: ClusterMetadata) -> list[dict[str, Any]]:
+        """Shard 0's view of every shard of this node (docs/SHARDS.md): its address, the
+        partitions placed on it and how many of them it leads (its reports); [] with one."""
+        shards = self.node.config.shards
+        if self.shard or shards == 1:
+            return []
+        leaders = self.feed.leaders() if self.feed is not None else {}
+        info = meta.nodes.get(self.node_id)
+        out = []
+        for k in range(shards):
+            placed = meta.groups_of(self.node_id, k)
+            if k == 0 and DEFAULT_GROUP not in placed and DEFAULT_GROUP in self.node.registry:
+                placed = {**placed, DEFAULT_GROUP: None}
+            out.append({"shard": k,
+                        "address": None if info is None else shard_address(info.address, k),
+                        "partitions": len(placed),
+                        "leading": sum(1 for g in placed if leaders.get(g) == self.node_id)})
+        return out
+
+    def _other_shard_leader(self, group_id: int) -> tuple[int | None, str | None]:
+        """The leader of a partition another shard of this node runs, as that shard reported
+        it (through shard 0: raft.node.shard_feed), at its shard's address."""
+        leaders = (self.feed.leaders() if self.feed is not None
+                   else getattr(self.controller, "leaders", {}))
+        leader = leaders.get(group_id)
+        if leader is None:
+            return None, None
+        meta = self.metadata
+        p = meta.groups.get(group_id)
+        return leader, meta.shard_address(leader, 0 if p is None else p.shard)
 
     def route(self, t: str, request: Any) -> Resolved:
         """The group a client request goes to: its explicit `group` (never the controller's
         for a request that is not the controller's own), else its (topic, partition)."""
         group_id = request.group
+        if group_id is None and self.shard and t == "status" and \
+                getattr(request, "topic", DEFAULT_TOPIC) == DEFAULT_TOPIC:
+            return Resolved(DEFAULT_GROUP)  # this shard process's own status
         if group_id is None:
             partition = getattr(request, "topic_partition", None)
             return self.resolve(getattr(request, "topic", DEFAULT_TOPIC),
                                 getattr(request, "partition", 0) if partition is None
                                 else partition)
+        if self.shard and group_id in self.unmanaged and t not in CONTROLLER_REQUESTS:
+            return Resolved(None, ErrorReply(
+                ErrorCode.NOT_LEADER,
+                f"group {group_id} lives on shard 0 of each node; this is shard {self.shard} "
+                f"(`metadata` says where each partition's shard listens)",
+                {"leader_id": None, "group": group_id}))
         if group_id == CONTROLLER_GROUP and t not in CONTROLLER_REQUESTS:
             return Resolved(None, ErrorReply(
                 ErrorCode.BAD_REQUEST,
@@ -213,12 +283,16 @@ class TopicRuntime:
     def resolve(self, topic: str, partition: int) -> Resolved:
         """The group a request for (topic, partition) goes to here, or the refusal."""
         meta = self.metadata
-        if topic == DEFAULT_TOPIC and partition == 0:
+        if topic == DEFAULT_TOPIC and partition == 0 and self.shard == 0:
             return Resolved(DEFAULT_GROUP)  # from boot, before the controller's first commit
         if not meta.topics:
             if topic != DEFAULT_TOPIC:
                 return Resolved(None, unknown_topic(_with_default(meta), topic))
             return Resolved(None, unknown_partition(_default_only(), partition))
+        if self.shard:  # shard k runs its own partitions only (its groups 0, 1 are not)
+            return resolve(meta, topic, partition,
+                           lambda g: g in self.node.registry and g not in self.unmanaged,
+                           self.node.peer_address, self.shard)
         return resolve(meta, topic, partition, lambda g: g in self.node.registry,
                        self.node.peer_address)
 
@@ -228,8 +302,8 @@ class TopicRuntime:
         meta = self.metadata
         lines = []
         for group_id in self.node.registry.ids():
-            if group_id == CONTROLLER_GROUP:
-                continue
+            if group_id == CONTROLLER_GROUP or (self.shard and group_id in self.unmanaged):
+                continue  # (shard k's own groups 0 and 1 are no partitions: docs/SHARDS.md)
             group = self.node.registry.get(group_id)
             core = group.core
             p = meta.groups.get(group_id)
@@ -245,9 +319,10 @@ class TopicRuntime:
                           "learners": list(core.config.learners),
                           "replicas": None if p is None else list(p.replicas),
                           "move": _move_step(self.mover.steps.get(group_id))})
-        ctl = self.node.controller_group.core
+        ctl = self.node.controller_group.core if self.shard == 0 else None
         leader, address = self.leader_of(CONTROLLER_GROUP)
-        return {"partitions": lines,
+        return {"partitions": lines, "shard": self.shard, "shards": self.node.config.shards,
+                "node_shards": self._shard_lines(meta),
                 "controller": {"leader": leader, "leader_address": address,
                                "applied": meta.applied,
                                "role": None if ctl is None else ctl.role.value,
@@ -265,7 +340,8 @@ def partition_series(runtime: TopicRuntime, limit: int) -> dict[str, Any]:
     rows = []
     for group in runtime.node.registry.groups():
         group_id, core = group.group_id, group.core
-        if group_id == CONTROLLER_GROUP or core is None or group.log is None:
+        if group_id == CONTROLLER_GROUP or core is None or group.log is None or \
+                (runtime.shard and group_id in runtime.unmanaged):
             continue
         p = meta.groups.get(group_id)
         topic, index = ((p.topic, p.index) if p is not None else (DEFAULT_TOPIC, 0)

@@ -15,6 +15,7 @@ killed by it).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -60,7 +61,8 @@ def unknown_partition(topic: Topic, partition: int) -> ErrorReply:
 
 
 def resolve(meta: ClusterMetadata, topic: str, partition: int,
-            runs: Callable[[int], bool], address_of: Callable[[int], str | None]) -> Resolved:
+            runs: Callable[[int], bool], address_of: Callable[[int], str | None],
+            shard: int = 0) -> Resolved:
     """The group of partition `partition` of `topic` if this node runs it; else the refusal:
     UNKNOWN_TOPIC naming what exists, or NOT_LEADER naming the partition's replicas when this
     node holds none of it (`runs(group)` is False)."""
@@ -72,6 +74,8 @@ def resolve(meta: ClusterMetadata, topic: str, partition: int,
     p = t.partitions[partition]
     if runs(p.group):
         return Resolved(p.group)
+    if p.shard != shard:  # another shard's: where that shard of each replica listens
+        address_of = functools.partial(_shard_address, meta, p.shard)
     return Resolved(None, ErrorReply(
         ErrorCode.NOT_LEADER,
         f"this node holds no replica of topic {topic!r} partition {partition} (group "
@@ -82,16 +86,29 @@ def resolve(meta: ClusterMetadata, topic: str, partition: int,
          "replica_addresses": [address_of(n) for n in p.replicas]}))
 
 
-def partition_map(p: Partition, leader_of: LeaderOf) -> dict[str, Any]:
+def _shard_address(meta: ClusterMetadata, shard: int, node: int) -> str | None:
+    return meta.shard_address(node, shard)
+
+
+def partition_map(p: Partition, leader_of: LeaderOf,
+                  meta: ClusterMetadata | None = None) -> dict[str, Any]:
     leader, address = leader_of(p.group)
-    return {"partition": p.index, "group": p.group, "replicas": list(p.replicas),
-            "leader": leader, "leader_address": address}
+    out = {"partition": p.index, "group": p.group, "replicas": list(p.replicas),
+           "leader": leader, "leader_address": address}
+    if p.shard and meta is not None:
+        # Off shard 0: where that shard of each replica listens, so a client goes straight
+        # there (docs/SHARDS.md). A node that does not run the partition's shard may not know
+        # its leader: the client asks the replicas, which redirect to it.
+        out["shard"] = p.shard
+        out["replica_addresses"] = [meta.shard_address(n, p.shard) for n in p.replicas]
+    return out
 
 
-def topic_map(t: Topic, leader_of: LeaderOf) -> dict[str, Any]:
+def topic_map(t: Topic, leader_of: LeaderOf,
+              meta: ClusterMetadata | None = None) -> dict[str, Any]:
     """A topic as `metadata` and the admin requests answer it."""
     return {"name": t.name, "settings": t.settings.to_raw(),
-            "partitions": [partition_map(p, leader_of) for p in t.partitions]}
+            "partitions": [partition_map(p, leader_of, meta) for p in t.partitions]}
 
 
 def metadata_map(meta: ClusterMetadata, names: list[str] | None, leader_of: LeaderOf,
@@ -102,6 +119,7 @@ def metadata_map(meta: ClusterMetadata, names: list[str] | None, leader_of: Lead
                                                       if n in meta.topics]
     return {"controller": controller[0], "controller_address": controller[1],
             "applied": meta.applied,
-            "nodes": [{"node_id": n.node_id, "address": n.address, "status": n.status.value}
+            "nodes": [{"node_id": n.node_id, "address": n.address, "status": n.status.value,
+                       **({"shards": n.shards} if n.shards != 1 else {})}
                       for n in sorted(meta.nodes.values(), key=lambda n: n.node_id)],
-            "topics": [topic_map(meta.topics[n], leader_of) for n in chosen]}
+            "topics": [topic_map(meta.topics[n], leader_of, meta) for n in chosen]}

@@ -66,6 +66,7 @@ import test_load_service  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "controller"))
 import test_controller_state  # noqa: E402
 import test_placement  # noqa: E402
+import test_shards  # noqa: E402  (partitions on (node, shard): docs/SHARDS.md)
 # The store's group commit across logs is killed by the storage tests (tests/storage).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
 import test_store  # noqa: E402
@@ -655,6 +656,21 @@ MUTANTS = [
            "                replicas[n] += 1",
            "                pass",
            (test_placement.test_placement_counts_the_replicas_nodes_already_hold,)),
+    Mutant("a partition is placed on a shard one of its replicas does not run",
+           "raft.controller.state", "ClusterMetadata._shard_error",
+           "if n in self.nodes and self.nodes[n].shards <= shard]",
+           "if False]",
+           (test_shards.test_a_shard_beyond_a_replicas_count_is_refused,)),
+    Mutant("a reconciler starts the partitions of every shard in each shard process",
+           "raft.controller.state", "ClusterMetadata.groups_of",
+           "and (shard is None or p.shard == shard)}",
+           "}",
+           (test_shards.test_a_shard_process_reconciles_only_its_own_partitions,)),
+    Mutant("the per-shard admission limit is not enforced",
+           "raft.controller.placement", "place_shards",
+           "load.replicas.get((n, s), 0) < shard_limit",
+           "True",
+           (test_shards.test_the_per_shard_admission_limit_refuses_a_full_node,)),
     Mutant("the rebalance planner moves replicas without bound",
            "raft.controller.rebalance", "plan_rebalance",
            "while len(moves) < max_moves:",

@@ -1,0 +1,59 @@
+"""The shard layout of a data directory (raft/node/supervisor.py, docs/SHARDS.md): a node keeps
+the shard count its data was written with; another is refused with what to do; each shard's
+settings move its ports up by its index."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raft.node.config import ConfigError, NodeConfig
+from raft.node.supervisor import check_layout, shard_settings
+
+
+def config(tmp_path: Path, shards: int, shard: int = 0) -> NodeConfig:
+    return NodeConfig(node_id=1, data_dir=tmp_path, shards=shards, shard=shard,
+                      peers={1: "127.0.0.1:7100", 2: "127.0.0.1:7200"},
+                      metrics_listen="127.0.0.1:9100").validate()
+
+
+def test_the_first_sharded_start_records_its_count_and_a_repeat_passes(tmp_path):
+    check_layout(config(tmp_path, 2))
+    assert (tmp_path / "node-1" / "shards").read_text().strip() == "2"
+    check_layout(config(tmp_path, 2))
+
+
+@pytest.mark.parametrize("first,then", [(2, 1), (2, 4), (1, 2)])
+def test_another_count_is_refused_saying_how_to_change_it(tmp_path, first, then):
+    if first == 1:  # a one-shard node's data: files directly in node-1/
+        (tmp_path / "node-1").mkdir()
+        (tmp_path / "node-1" / "data.mdb").write_bytes(b"x")
+    else:
+        check_layout(config(tmp_path, first))
+    with pytest.raises(ConfigError) as e:
+        check_layout(config(tmp_path, then))
+    assert f"written with --shards {first}" in str(e.value)
+    assert f"start it with --shards {first}" in str(e.value)
+    assert "raftlog topic move" in str(e.value)
+
+
+def test_a_one_shard_node_keeps_todays_layout(tmp_path):
+    one = config(tmp_path, 1)
+    check_layout(one)
+    assert one.node_dir == tmp_path / "node-1"
+    assert not (tmp_path / "node-1" / "shards").exists()
+
+
+def test_shard_k_listens_and_reaches_peers_on_ports_plus_k(tmp_path):
+    k1 = shard_settings(config(tmp_path, 3), 1)
+    assert k1["peers"] == {"1": "127.0.0.1:7101", "2": "127.0.0.1:7201"}
+    assert k1["metrics_listen"] == "127.0.0.1:9101" and k1["shard"] == 1
+    c = NodeConfig.from_dict(k1)
+    assert c.node_dir == tmp_path / "node-1" / "shard-1"
+    assert c.listen_address == ("127.0.0.1", 7101)
+
+
+def test_a_shard_index_outside_the_count_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="shards"):
+        config(tmp_path, 2, shard=2)
