@@ -165,10 +165,11 @@ class RaftGroup:
         if self.failure is None:
             self.failure = exc
             self.closing = True
-            log.critical("node_failed node=%d where=%s error=%s: %s; stopping without a final "
-                         "flush. Restart the node: it recovers from its flushed log (if it "
-                         "fails again, see docs/STORAGE-SAFETY.md)", self.node_id, where,
-                         type(exc).__name__, exc)
+            # With the traceback: a fail-stop is rare and must be diagnosable from the log.
+            log.critical("node_failed node=%d group=%d where=%s error=%s: %s; stopping without "
+                         "a final flush. Restart the node: it recovers from its flushed log (if "
+                         "it fails again, see docs/STORAGE-SAFETY.md)", self.node_id,
+                         self.group_id, where, type(exc).__name__, exc, exc_info=exc)
             self.on_fatal()
 
     # -- opening and closing -----------------------------------------------------------------------
