@@ -65,13 +65,14 @@ import contextlib
 import os
 import socket
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import trio
 
 from raft.client.errors import (OffsetOutOfRangeError, RaftlogError,
                                 SubscriptionPositionRemoved, UndecodableBatchError)
+from raft.client.reader_lifecycle import ReaderLifecycle
 from raft.client.results import FetchedRecord, UndecodableBatch
 from raft.client.subscription_calls import Where
 
@@ -90,7 +91,7 @@ def default_consumer_id() -> str:
     return f"{host}:{os.getpid()}:{os.urandom(3).hex()}"
 
 
-class Consumer:
+class Consumer(ReaderLifecycle):
     def __init__(self, client: Any, subscription: str, *, auto_commit_ms: int = 1000,
                  start: Where = "start", exclusive: bool = False,
                  lease_ms: int = DEFAULT_LEASE_MS, consumer_id: str | None = None,
@@ -167,9 +168,6 @@ class Consumer:
         return sub
 
     # -- iterating -----------------------------------------------------------------------------
-    def __aiter__(self) -> AsyncIterator[FetchedRecord]:
-        return self
-
     async def __anext__(self) -> FetchedRecord:
         if self._closed:
             raise StopAsyncIteration
@@ -324,10 +322,7 @@ class Consumer:
     async def aclose(self) -> None:
         """Commit what was processed (the record handed out last counts as processed: you
         are closing after it) and give up the lease."""
-        if self._closed:
-            return
-        self._closed = True
-        if not self._opened:
+        if not self._closing():
             return
         self._processed = self._handed
         try:
@@ -337,23 +332,10 @@ class Consumer:
                 await self.client.subscription_release(self.subscription, self.consumer_id,
                                                        **self.where)
 
-    async def __aenter__(self) -> "Consumer":
-        return self
-
-    async def __aexit__(self, exc_type: Any, *exc: Any) -> None:
-        with trio.CancelScope(shield=exc_type is not None):
-            if exc_type is None:
-                await self.aclose()
-            else:
-                await self._close_after_error()
-
     async def _close_after_error(self) -> None:
         """Processing failed (or was interrupted): commit only what finished before the record
         in hand, which the next consumer reads again; give up the lease."""
-        if self._closed:
-            return
-        self._closed = True
-        if not self._opened:
+        if not self._closing():
             return
         # Best effort: the error being raised matters more than these; a commit that fails
         # only means a longer re-read (at least once either way).

@@ -31,7 +31,7 @@ holder reads again from the last committed position (at least once). A released 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, Literal
 
 import trio
@@ -39,13 +39,14 @@ import trio
 from raft.client.consumer import DEFAULT_LEASE_MS, Consumer, default_consumer_id
 from raft.client.errors import RaftlogError, SubscriptionLeased
 from raft.client.metadata import DEFAULT_TOPIC
+from raft.client.reader_lifecycle import ReaderLifecycle
 from raft.client.results import FetchedRecord, UndecodableBatch
 from raft.client.subscription_calls import Where
 from raft.core import subscription_members
 from raft.core.subscription_members import PartitionView, Plan
 
 
-class TopicSubscription:
+class TopicSubscription(ReaderLifecycle):
     def __init__(self, client: Any, topic: str | None, subscription: str, *,
                  member_id: str | None = None, lease_ms: int = DEFAULT_LEASE_MS,
                  heartbeat_ms: int | None = None, auto_commit_ms: int = 1000,
@@ -208,9 +209,6 @@ class TopicSubscription:
             self.on_revoked(p, "lost")
 
     # -- reading -------------------------------------------------------------------------------
-    def __aiter__(self) -> AsyncIterator[FetchedRecord]:
-        return self
-
     async def __anext__(self) -> FetchedRecord:
         if self._closed:
             raise StopAsyncIteration
@@ -313,10 +311,7 @@ class TopicSubscription:
     async def aclose(self) -> None:
         """Commit what was processed (the record handed out last counts), release every held
         partition, and leave: the others take them over at their next round."""
-        if self._closed:
-            return
-        self._closed = True
-        if not self._opened:
+        if not self._closing():
             return
         self._mark_processed()
         for p in list(self.readers):
@@ -336,10 +331,7 @@ class TopicSubscription:
     async def _close_after_error(self) -> None:
         """Processing failed: commit only what finished before the record in hand, release,
         leave (best effort; the leases expire otherwise)."""
-        if self._closed:
-            return
-        self._closed = True
-        if not self._opened:
+        if not self._closing():
             return
         with contextlib.suppress(RaftlogError):
             await self._commit_all(mark=False)
@@ -349,16 +341,6 @@ class TopicSubscription:
                 await self.client.subscription_release(self.subscription, self.member_id,
                                                        **self._where(p))
         await self._leave()
-
-    async def __aenter__(self) -> "TopicSubscription":
-        return self
-
-    async def __aexit__(self, exc_type: Any, *exc: Any) -> None:
-        with trio.CancelScope(shield=exc_type is not None):
-            if exc_type is None:
-                await self.aclose()
-            else:
-                await self._close_after_error()
 
 
 __all__ = ["TopicSubscription"]

@@ -40,12 +40,31 @@ SETTING_FIELDS = ("retention_bytes", "retention_ms", "max_record_bytes")
 
 
 def _settings(frame: dict[str, Any], where: str) -> dict[str, int]:
-    """The per-topic settings a frame sets (absent or nil: not set)."""
+    """The per-topic settings a frame sets (absent or nil: not set), as keyword arguments of
+    the request that carries them."""
     out = {}
     for key in SETTING_FIELDS:
         if frame.get(key) is not None:
             out[key] = get_int(frame, key, minimum=1, maximum=MAX_SETTING, where=where)
     return out
+
+
+def _admin_frame(t: str, rid: int, fields: dict[str, Any],
+                 timeout_ms: int | None) -> dict[str, Any]:
+    """An admin request's frame: its fields, and its timeout when it has one."""
+    if timeout_ms is not None:
+        fields["timeout_ms"] = timeout_ms
+    return request_frame(t, rid, fields)
+
+
+class _CarriesSettings:
+    """The requests that set per-topic settings (create, alter): one reading of which are set,
+    so a new setting is a new SETTING_FIELDS name and field, nothing more."""
+
+    __slots__ = ()
+
+    def settings(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in SETTING_FIELDS if getattr(self, k) is not None}
 
 
 @dataclass(slots=True)
@@ -74,7 +93,7 @@ class Metadata:
 
 
 @dataclass(slots=True)
-class TopicCreate:
+class TopicCreate(_CarriesSettings):
     """Create topic `name` with `partitions` partitions of `replicas` replicas each; settings
     not given follow the cluster's defaults."""
 
@@ -95,23 +114,16 @@ class TopicCreate:
         partitions = get_int(frame, "partitions", minimum=1, maximum=MAX_PARTITIONS, where=w)
         replicas = get_int(frame, "replicas", minimum=1, maximum=MAX_REPLICAS, where=w)
         settings = _settings(frame, w)
-        return cls(name, partitions, replicas, settings.get("retention_bytes"),
-                   settings.get("retention_ms"), settings.get("max_record_bytes"),
-                   limits.timeout_ms(frame, w))
-
-    def settings(self) -> dict[str, int]:
-        return {k: getattr(self, k) for k in SETTING_FIELDS if getattr(self, k) is not None}
+        return cls(name, partitions, replicas, **settings, timeout_ms=limits.timeout_ms(frame, w))
 
     def to_frame(self, rid: int) -> dict[str, Any]:
         fields: dict[str, Any] = {"name": self.name, "partitions": self.partitions,
                                   "replicas": self.replicas, **self.settings()}
-        if self.timeout_ms is not None:
-            fields["timeout_ms"] = self.timeout_ms
-        return request_frame(self.T, rid, fields)
+        return _admin_frame(self.T, rid, fields, self.timeout_ms)
 
 
 @dataclass(slots=True)
-class TopicAlter:
+class TopicAlter(_CarriesSettings):
     """Grow topic `name` to `partitions` partitions (never shrink: keys would move) and/or set
     its settings; what is not given stays as it is."""
 
@@ -133,20 +145,13 @@ class TopicAlter:
             partitions = get_int(frame, "partitions", minimum=1, maximum=MAX_PARTITIONS,
                                  where=w)
         settings = _settings(frame, w)
-        return cls(name, partitions, settings.get("retention_bytes"),
-                   settings.get("retention_ms"), settings.get("max_record_bytes"),
-                   limits.timeout_ms(frame, w))
-
-    def settings(self) -> dict[str, int]:
-        return {k: getattr(self, k) for k in SETTING_FIELDS if getattr(self, k) is not None}
+        return cls(name, partitions, **settings, timeout_ms=limits.timeout_ms(frame, w))
 
     def to_frame(self, rid: int) -> dict[str, Any]:
         fields: dict[str, Any] = {"name": self.name, **self.settings()}
         if self.partitions is not None:
             fields["partitions"] = self.partitions
-        if self.timeout_ms is not None:
-            fields["timeout_ms"] = self.timeout_ms
-        return request_frame(self.T, rid, fields)
+        return _admin_frame(self.T, rid, fields, self.timeout_ms)
 
 
 @dataclass(slots=True)
@@ -164,10 +169,7 @@ class TopicDelete:
         return cls(topic_name(frame.get("name"), w, "name"), limits.timeout_ms(frame, w))
 
     def to_frame(self, rid: int) -> dict[str, Any]:
-        fields: dict[str, Any] = {"name": self.name}
-        if self.timeout_ms is not None:
-            fields["timeout_ms"] = self.timeout_ms
-        return request_frame(self.T, rid, fields)
+        return _admin_frame(self.T, rid, {"name": self.name}, self.timeout_ms)
 
 
 @dataclass(slots=True)
@@ -199,9 +201,7 @@ class TopicMove:
     def to_frame(self, rid: int) -> dict[str, Any]:
         fields: dict[str, Any] = {"name": self.name, "partition": self.partition,
                                   "replicas": list(self.replicas)}
-        if self.timeout_ms is not None:
-            fields["timeout_ms"] = self.timeout_ms
-        return request_frame(self.T, rid, fields)
+        return _admin_frame(self.T, rid, fields, self.timeout_ms)
 
 
 TopicRequest = Metadata | TopicCreate | TopicAlter | TopicDelete | TopicMove

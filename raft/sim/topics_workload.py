@@ -20,13 +20,12 @@ from raft.controller.placement import PlacementError, plan_create_topic, plan_gr
 from raft.controller.state import DEFAULT_TOPIC, ClusterMetadata
 from raft.core.ready import ProduceAnswer
 from raft.core.types import Acks, ErrorCode
+from raft.sim.retrying_producers import RetryingProducers
 from storage.batch import Batch, BatchKind
 from storage.records import encode_values
 
 # raft.sim.topics_runner.TopicsSimulation, which builds on this module (so not imported here).
 TopicsSimulation = Any
-
-REQUEST_TIMEOUT_US = 300_000
 
 
 @dataclass
@@ -41,7 +40,7 @@ class TopicClient:
 
 
 @dataclass
-class TopicsWorkload:
+class TopicsWorkload(RetryingProducers):
     sim: "TopicsSimulation"
     rng: random.Random
     think_us: tuple[int, int] = (500, 10_000)
@@ -119,12 +118,6 @@ class TopicsWorkload:
             return c.group
         return self.rng.choice(sorted(groups))
 
-    def _next(self, c: TopicClient) -> None:
-        if self.stopped or c.outstanding is not None:
-            return
-        c.acks = self.rng.choices([Acks.QUORUM, Acks.LEADER, Acks.NONE], [6, 3, 1])[0]
-        self._send(c)
-
     def _send(self, c: TopicClient) -> None:
         if self.stopped:
             return
@@ -141,7 +134,6 @@ class TopicsWorkload:
         seq = c.sequences.setdefault(group, 0)
         rid = self.sim.next_request_id()
         value = f"g{group}-c{c.cid}-s{seq}".encode()
-        c.outstanding = rid
         self.requests[rid] = (c, group, seq, c.acks, value)
         batch = Batch.create(encode_values([value]), 1, producer_id=c.producer_id,
                              sequence=seq, timestamp_ms=self.sim.loop.now // 1000)
@@ -152,31 +144,16 @@ class TopicsWorkload:
                 self.sent += 1
 
         self.sim.loop.after(self.rng.randint(100, 2_000), arrive)
-        self.sim.loop.after(REQUEST_TIMEOUT_US, lambda: self._timeout(c, rid))
-
-    def _timeout(self, c: TopicClient, rid: int) -> None:
-        if c.outstanding == rid:
-            c.outstanding = None
-            c.hint = None
-            self._retry(c)
-
-    def _retry(self, c: TopicClient) -> None:
-        if self.stopped:
-            return
-        self.sim.loop.after(self.rng.randint(1_000, 20_000),
-                            lambda: (c.outstanding is None) and self._send(c))
+        self._expect(c, rid)
 
     def owns(self, rid: int) -> bool:
         return rid in self.requests
 
     def on_answer(self, group: int, node_id: int, a: ProduceAnswer) -> None:
-        req = self.requests.pop(a.request_id, None)
+        req = self._claim(a)
         if req is None:
             return
         c, g, seq, acks, value = req
-        if c.outstanding != a.request_id:
-            return
-        c.outstanding = None
         if a.error == ErrorCode.OK:
             prev = self.acked.get((g, value))
             if prev is not None and prev[1] != a.base_offset:
@@ -185,12 +162,5 @@ class TopicsWorkload:
             self.acked[(g, value)] = (acks, a.base_offset)
             if acks == Acks.QUORUM:
                 self.quorum_acked.setdefault(g, {})[value] = a.base_offset
-            c.hint = node_id
             c.sequences[g] = seq + 1
-            self.sim.loop.after(self.rng.randint(*self.think_us), lambda: self._next(c))
-        elif a.error == ErrorCode.NOT_LEADER:
-            c.hint = a.leader_id
-            self._retry(c)
-        else:
-            c.hint = None
-            self._retry(c)
+        self._follow(c, node_id, a)

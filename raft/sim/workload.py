@@ -8,12 +8,11 @@ import random
 from dataclasses import dataclass, field
 
 from raft.core.ready import ProduceAnswer
+from raft.sim.retrying_producers import RetryingProducers
 from raft.sim.world import World
 from raft.core.types import Acks, ErrorCode
 from storage.batch import Batch
 from storage.records import encode_values
-
-REQUEST_TIMEOUT_US = 300_000
 
 
 @dataclass
@@ -28,7 +27,7 @@ class Client:
 
 
 @dataclass
-class Workload:
+class Workload(RetryingProducers):
     sim: World
     rng: random.Random
     clients: list[Client] = field(default_factory=list)
@@ -51,12 +50,6 @@ class Workload:
     def _value(self, c: Client) -> bytes:
         return f"c{c.cid}-s{c.sequence}".encode()
 
-    def _next(self, c: Client) -> None:
-        if self.stopped or c.outstanding is not None:
-            return
-        c.acks = self.rng.choices([Acks.QUORUM, Acks.LEADER, Acks.NONE], [6, 3, 1])[0]
-        self._send(c)
-
     def _send(self, c: Client) -> None:
         if self.stopped:
             return  # (a retry scheduled before the workload stopped)
@@ -66,7 +59,6 @@ class Workload:
         rid = self.next_rid
         self.next_rid += 1
         value = self._value(c)
-        c.outstanding = rid
         c.attempts += 1
         self.requests[rid] = (c, c.sequence, c.acks, value)
         batch = Batch.create(encode_values([value]), 1, producer_id=c.producer_id,
@@ -80,28 +72,13 @@ class Workload:
             self.sent += 1
 
         self.sim.loop.after(delay, arrive)
-        self.sim.loop.after(REQUEST_TIMEOUT_US, lambda: self._timeout(c, rid))
-
-    def _timeout(self, c: Client, rid: int) -> None:
-        if c.outstanding == rid:
-            c.outstanding = None
-            c.hint = None
-            self._retry(c)
-
-    def _retry(self, c: Client) -> None:
-        if self.stopped:
-            return
-        self.sim.loop.after(self.rng.randint(1_000, 20_000),
-                            lambda: (c.outstanding is None) and self._send(c))
+        self._expect(c, rid)
 
     def on_answer(self, node_id: int, a: ProduceAnswer) -> None:
-        req = self.requests.pop(a.request_id, None)
+        req = self._claim(a)
         if req is None:
             return
         c, seq, acks, value = req
-        if c.outstanding != a.request_id:
-            return  # a late answer to a request already retried
-        c.outstanding = None
         if a.error == ErrorCode.OK:
             prev = self.acked.get(value)
             if prev is not None and prev[1] != a.base_offset:
@@ -111,13 +88,6 @@ class Workload:
             self.acked[value] = (acks, a.base_offset)
             if acks == Acks.QUORUM:
                 self.quorum_acked[value] = a.base_offset
-            c.hint = node_id
             c.sequence += 1
             c.attempts = 0
-            self.sim.loop.after(self.rng.randint(*self.think_us), lambda: self._next(c))
-        elif a.error == ErrorCode.NOT_LEADER:
-            c.hint = a.leader_id
-            self._retry(c)
-        else:
-            c.hint = None
-            self._retry(c)
+        self._follow(c, node_id, a)

@@ -26,9 +26,11 @@ class FakeGroup:
         self.flushed: list[int] = []
         self.full: list[DiskFull] = []
         self.failed: list[tuple[BaseException, str]] = []
+        self.heard_flushed = trio.Event()
 
     def on_flushed(self, flushed: int) -> None:
         self.flushed.append(flushed)  # as told: each group must hear exactly its own offset
+        self.heard_flushed.set()
 
     def on_flush_disk_full(self, e: DiskFull) -> None:
         self.full.append(e)
@@ -44,6 +46,14 @@ def append(log: Any, n: int) -> None:
 
 def run(body: Any) -> None:
     trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def all_flushed(groups: list[FakeGroup], within_s: float = 30.0) -> None:
+    """Until every group has heard its flush (woken by the flusher, no polling), failing
+    after `within_s` (trio's clock: virtual under MockClock) instead of hanging the suite."""
+    with trio.fail_after(within_s):
+        for g in groups:
+            await g.heard_flushed.wait()
 
 
 @pytest.fixture(params=["memory", "lmdb"])
@@ -67,12 +77,13 @@ def test_groups_asking_together_share_one_fsync(store: Any, n: int) -> None:
                 flusher.request(g)  # idempotent while pending
             before = store.commits
             nursery.start_soon(flusher.run)
-            while not all(g.flushed for g in groups):
-                await trio.sleep(0.001)
+            await all_flushed(groups)
             assert store.commits - before == 1 and flusher.flushes == 1
             nursery.cancel_scope.cancel()
 
-    run(body)
+    # The real clock: the LMDB store flushes in a worker thread, and a mock clock would jump
+    # to the deadline while the loop waits for it.
+    trio.run(body)
     assert [g.flushed for g in groups] == [[g.log.dirty_offset] for g in groups]
     assert all(g.log.unflushed_bytes == 0 for g in groups)
     assert metrics.fsyncs._value.get() == store.commits  # every commit counted once
@@ -92,8 +103,7 @@ def test_a_full_disk_is_retried_and_the_groups_refuse_writes_meanwhile() -> None
                 append(g.log, 2)
                 flusher.request(g)
             started = trio.current_time()
-            while not all(g.flushed for g in groups):
-                await trio.sleep(0.01)
+            await all_flushed(groups)  # the memory store flushes inline: virtual time is safe
             # Two refusals, each waited out before the retry; nothing written meanwhile.
             assert trio.current_time() - started >= 2 * DISK_FULL_RETRY_S
             nursery.cancel_scope.cancel()
@@ -138,9 +148,7 @@ def test_appends_made_while_a_flush_runs_wait_for_the_next(tmp_path: Path) -> No
             await trio.testing.wait_all_tasks_blocked()
             append(b.log, 2)
             flusher.request(b)
-            with trio.fail_after(30):
-                while not (a.flushed and b.flushed):
-                    await trio.sleep(0.001)
+            await all_flushed([a, b])
             nursery.cancel_scope.cancel()
 
     trio.run(body)

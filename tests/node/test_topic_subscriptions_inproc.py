@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from unittest import mock
 
 import pytest
@@ -34,6 +34,40 @@ def leader_clock() -> Iterator[list[int]]:
     with mock.patch.object(subscription_service, "_wall_ms",
                            lambda: int(time.time() * 1000) + shift[0]):
         yield shift
+
+
+@asynccontextmanager
+async def topic_t(deadline_s: float) -> AsyncIterator[Client]:
+    """A client of a 3-node cluster with topic "t" (PARTITIONS partitions, 3 replicas each),
+    all within one deadline: the setup every test here starts from."""
+    async with running_cluster(3) as cluster:
+        servers = [n.address for n in cluster.nodes]
+        with trio.fail_after(deadline_s):
+            async with Client(servers, timeout=DEADLINE_S) as c:
+                await c.create_topic("t", partitions=PARTITIONS, replicas=3)
+                yield c
+
+
+async def produce_each(c: Client, values: Callable[[int], list[bytes]]) -> set[tuple[int, int]]:
+    """Write `values(partition)` to every partition of "t" in turn: the (partition, offset)
+    pairs written."""
+    sent: set[tuple[int, int]] = set()
+    async with Producer(c, topic="t", linger=0) as p:
+        for part in range(PARTITIONS):
+            offs = await p.send_many(values(part), partition=part)
+            sent.update((part, o) for o in offs)
+    return sent
+
+
+async def take(m: TopicSubscription, n: int,
+               into: list[tuple[int, int, str]]) -> list[tuple[int, int]]:
+    """The member's next `n` records, noted in `into`: their (partition, offset) pairs."""
+    out = []
+    for _ in range(n):
+        r = await m.__anext__()
+        into.append((r.partition, r.offset, m.member_id))
+        out.append((r.partition, r.offset))
+    return out
 
 
 async def settle(members: list[TopicSubscription], total: int = PARTITIONS,
@@ -65,209 +99,174 @@ def member(c: Client, name: str) -> TopicSubscription:
 @trio_test
 async def test_members_share_a_topic_rebalance_and_fence_a_member_that_stops() -> None:
     with leader_clock() as shift:
-        async with running_cluster(3) as cluster:
-            servers = [n.address for n in cluster.nodes]
-            with trio.fail_after(DEADLINE_S * 6):
-                async with Client(servers, timeout=DEADLINE_S) as c:
-                    await c.create_topic("t", partitions=PARTITIONS, replicas=3)
-                    produced: set[tuple[int, int]] = set()
+        async with topic_t(DEADLINE_S * 6) as c:
+            produced: set[tuple[int, int]] = set()
 
-                    async def produce(n: int) -> None:
-                        async with Producer(c, topic="t", linger=0) as p:
-                            for part in range(PARTITIONS):
-                                offs = await p.send_many([f"{part}:{i}".encode()
-                                                          for i in range(n)], partition=part)
-                                produced.update((part, o) for o in offs)
+            async def produce(n: int) -> None:
+                produced.update(await produce_each(
+                    c, lambda part: [f"{part}:{i}".encode() for i in range(n)]))
 
-                    got: list[tuple[int, int, str]] = []
-                    await produce(5)
-                    a, b = member(c, "A"), member(c, "B")
-                    await a.open()
-                    await b.open()
-                    held = await settle([a, b])
-                    assert sorted(map(len, held.values())) == [3, 3]
-                    assert set(a.assigned).isdisjoint(b.assigned)
-                    await drain(a, got)
-                    await drain(b, got)
+            got: list[tuple[int, int, str]] = []
+            await produce(5)
+            a, b = member(c, "A"), member(c, "B")
+            await a.open()
+            await b.open()
+            held = await settle([a, b])
+            assert sorted(map(len, held.values())) == [3, 3]
+            assert set(a.assigned).isdisjoint(b.assigned)
+            await drain(a, got)
+            await drain(b, got)
 
-                    # A third member joins: each of A and B gives up one partition.
-                    await produce(5)
-                    c3 = member(c, "C")
-                    await c3.open()
-                    before = {m.member_id: set(m.assigned) for m in (a, b)}
-                    held = await settle([a, b, c3])
-                    assert sorted(map(len, held.values())) == [2, 2, 2]
-                    assert all(len(before[m] & set(held[m])) == 2 for m in ("A", "B"))
-                    for m in (a, b, c3):
-                        await drain(m, got)
-                    assert Counter((p, o) for p, o, _ in got) == Counter(produced)
+            # A third member joins: each of A and B gives up one partition.
+            await produce(5)
+            c3 = member(c, "C")
+            await c3.open()
+            before = {m.member_id: set(m.assigned) for m in (a, b)}
+            held = await settle([a, b, c3])
+            assert sorted(map(len, held.values())) == [2, 2, 2]
+            assert all(len(before[m] & set(held[m])) == 2 for m in ("A", "B"))
+            for m in (a, b, c3):
+                await drain(m, got)
+            assert Counter((p, o) for p, o, _ in got) == Counter(produced)
 
-                    # A closes (commits, releases, leaves): B and C take its partitions.
-                    await produce(5)
-                    a_had = set(a.assigned)
-                    await drain(a, got)
-                    await a.aclose()
-                    held = await settle([b, c3])
-                    assert sorted(map(len, held.values())) == [3, 3]
-                    assert a_had <= set(held["B"]) | set(held["C"])
-                    for m in (b, c3):
-                        await drain(m, got)
-                    assert Counter((p, o) for p, o, _ in got) == Counter(produced)
+            # A closes (commits, releases, leaves): B and C take its partitions.
+            await produce(5)
+            a_had = set(a.assigned)
+            await drain(a, got)
+            await a.aclose()
+            held = await settle([b, c3])
+            assert sorted(map(len, held.values())) == [3, 3]
+            assert a_had <= set(held["B"]) | set(held["C"])
+            for m in (b, c3):
+                await drain(m, got)
+            assert Counter((p, o) for p, o, _ in got) == Counter(produced)
 
-                    # C reads, commits some, processes two more, then stops renewing.
-                    await produce(5)
-                    c_had = c3.assigned
-                    for _ in range(3):
-                        r = await c3.__anext__()
-                        got.append((r.partition, r.offset, "C"))
-                    await c3.commit()
-                    late = []
-                    for _ in range(2):
-                        r = await c3.__anext__()
-                        late.append((r.partition, r.offset))
-                        got.append((r.partition, r.offset, "C"))
-                    shift[0] += LEASE_MS * 2 // 3
-                    await b.rebalance()  # B renews; C does not
-                    shift[0] += LEASE_MS // 2  # past C's lease, within B's
-                    held = await settle([b])
-                    assert held["B"] == list(range(PARTITIONS))
-                    # C's late commit is refused: it loses its partitions, positions stay.
-                    lost_at = {p: (await c.subscription("g", topic="t", partition=p))["position"]
-                               for p in c_had}
-                    with pytest.raises(SubscriptionLeased):
-                        await c.subscription_commit("g", lost_at[c_had[0]] + 1, consumer="C",
-                                                    lease_ms=LEASE_MS, topic="t",
-                                                    partition=c_had[0])
-                    await c3.commit()  # refused where it had something to commit
-                    assert {p for p, _ in late} <= set(c3.lost)
-                    await c3.rebalance()  # its next round shows B holding the rest
-                    assert c3.assigned == [] and sorted(c3.lost) == sorted(c_had)
-                    for p in c_had:
-                        sub = await c.subscription("g", topic="t", partition=p)
-                        assert sub["position"] == lost_at[p] and sub["lease_holder"] == "B"
-                    await drain(b, got)
-                    # At least once: every record; twice only what C processed after its last
-                    # commit (B read it again from the committed position).
-                    counts = Counter((p, o) for p, o, _ in got)
-                    assert set(counts) == produced
-                    assert sorted(k for k, n in counts.items() if n > 1) == sorted(late)
-                    # Every partition's position is past its last record (positions only move forward, so
-                    # each offset was committed once).
-                    for p in range(PARTITIONS):
-                        sub = await c.subscription("g", topic="t", partition=p)
-                        assert sub["position"] > max(o for q, o in produced if q == p)
-                        assert sub["lag_records"] == 0
-                    await b.aclose()
-                    await c3.aclose()  # C came back in its last round: it leaves too
-                    listed = await c.subscription("g", topic="t", partition=0)
-                    assert listed["members"] == [] and listed["lease_holder"] is None
+            # C reads, commits some, processes two more, then stops renewing.
+            await produce(5)
+            c_had = c3.assigned
+            await take(c3, 3, got)
+            await c3.commit()
+            late = await take(c3, 2, got)
+            shift[0] += LEASE_MS * 2 // 3
+            await b.rebalance()  # B renews; C does not
+            shift[0] += LEASE_MS // 2  # past C's lease, within B's
+            held = await settle([b])
+            assert held["B"] == list(range(PARTITIONS))
+            # C's late commit is refused: it loses its partitions, positions stay.
+            lost_at = {p: (await c.subscription("g", topic="t", partition=p))["position"]
+                       for p in c_had}
+            with pytest.raises(SubscriptionLeased):
+                await c.subscription_commit("g", lost_at[c_had[0]] + 1, consumer="C",
+                                            lease_ms=LEASE_MS, topic="t",
+                                            partition=c_had[0])
+            await c3.commit()  # refused where it had something to commit
+            assert {p for p, _ in late} <= set(c3.lost)
+            await c3.rebalance()  # its next round shows B holding the rest
+            assert c3.assigned == [] and sorted(c3.lost) == sorted(c_had)
+            for p in c_had:
+                sub = await c.subscription("g", topic="t", partition=p)
+                assert sub["position"] == lost_at[p] and sub["lease_holder"] == "B"
+            await drain(b, got)
+            # At least once: every record; twice only what C processed after its last
+            # commit (B read it again from the committed position).
+            counts = Counter((p, o) for p, o, _ in got)
+            assert set(counts) == produced
+            assert sorted(k for k, n in counts.items() if n > 1) == sorted(late)
+            # Every partition's position is past its last record (positions only move forward, so
+            # each offset was committed once).
+            for p in range(PARTITIONS):
+                sub = await c.subscription("g", topic="t", partition=p)
+                assert sub["position"] > max(o for q, o in produced if q == p)
+                assert sub["lag_records"] == 0
+            await b.aclose()
+            await c3.aclose()  # C came back in its last round: it leaves too
+            listed = await c.subscription("g", topic="t", partition=0)
+            assert listed["members"] == [] and listed["lease_holder"] is None
 
 
 @trio_test
 async def test_a_member_restarted_under_its_id_resumes_its_partitions_from_their_commits() -> None:
-    async with running_cluster(3) as cluster:
-        servers = [n.address for n in cluster.nodes]
-        with trio.fail_after(DEADLINE_S * 4):
-            async with Client(servers, timeout=DEADLINE_S) as c:
-                await c.create_topic("t", partitions=PARTITIONS, replicas=3)
-                produced: set[tuple[int, int]] = set()
-                async with Producer(c, topic="t", linger=0) as p:
-                    for part in range(PARTITIONS):
-                        offs = await p.send_many([b"v"] * 5, partition=part)
-                        produced.update((part, o) for o in offs)
-                got: list[tuple[int, int, str]] = []
-                a, b = member(c, "A"), member(c, "B")
-                await a.open()
-                await b.open()
-                held = await settle([a, b])
-                for _ in range(4):
-                    r = await a.__anext__()
-                    got.append((r.partition, r.offset, "A"))
-                await a.commit()
-                uncommitted = []
-                for _ in range(2):
-                    r = await a.__anext__()
-                    got.append((r.partition, r.offset, "A"))
-                    uncommitted.append((r.partition, r.offset))
-                # A dies here (no commit, no release) and comes back under the same id: its
-                # leases are its own, so it takes its partitions back at once.
-                again = member(c, "A")
-                assert await again.open() == held["A"]
-                assert (await settle([again, b])) == held
-                await drain(again, got)
-                await drain(b, got)
-                counts = Counter((p, o) for p, o, _ in got)
-                assert set(counts) == produced
-                assert sorted(k for k, n in counts.items() if n > 1) == sorted(uncommitted)
-                for p in range(PARTITIONS):
-                    assert (await c.subscription("g", topic="t", partition=p))["lag_records"] == 0
+    async with topic_t(DEADLINE_S * 4) as c:
+        produced = await produce_each(c, lambda part: [b"v"] * 5)
+        got: list[tuple[int, int, str]] = []
+        a, b = member(c, "A"), member(c, "B")
+        await a.open()
+        await b.open()
+        held = await settle([a, b])
+        await take(a, 4, got)
+        await a.commit()
+        uncommitted = await take(a, 2, got)
+        # A dies here (no commit, no release) and comes back under the same id: its
+        # leases are its own, so it takes its partitions back at once.
+        again = member(c, "A")
+        assert await again.open() == held["A"]
+        assert (await settle([again, b])) == held
+        await drain(again, got)
+        await drain(b, got)
+        counts = Counter((p, o) for p, o, _ in got)
+        assert set(counts) == produced
+        assert sorted(k for k, n in counts.items() if n > 1) == sorted(uncommitted)
+        for p in range(PARTITIONS):
+            assert (await c.subscription("g", topic="t", partition=p))["lag_records"] == 0
 
 
 @trio_test
 async def test_members_iterating_on_their_own_share_and_hand_over_exactly_once() -> None:
     """The rounds run inside the iterators (heartbeat 200 ms), records arrive while they read,
     a member closes half-way: every record is delivered once."""
-    async with running_cluster(3) as cluster:
-        servers = [n.address for n in cluster.nodes]
-        with trio.fail_after(DEADLINE_S * 4):
-            async with Client(servers, timeout=DEADLINE_S) as c:
-                await c.create_topic("t", partitions=PARTITIONS, replicas=3)
-                produced: set[tuple[int, int]] = set()
-                got: list[tuple[int, int, str]] = []
-                seen: set[tuple[int, int]] = set()
-                all_seen = [trio.Event()]
+    async with topic_t(DEADLINE_S * 4) as c:
+        produced: set[tuple[int, int]] = set()
+        got: list[tuple[int, int, str]] = []
+        seen: set[tuple[int, int]] = set()
+        all_seen = [trio.Event()]
 
-                def check() -> None:
-                    if produced <= seen:
-                        all_seen[0].set()
+        def check() -> None:
+            if produced <= seen:
+                all_seen[0].set()
 
-                async def produce(n: int) -> None:
-                    sent: set[tuple[int, int]] = set()
-                    async with Producer(c, topic="t", linger=0) as p:
-                        for part in range(PARTITIONS):
-                            offs = await p.send_many([b"v"] * n, partition=part)
-                            sent.update((part, o) for o in offs)
-                    produced.update(sent)  # all at once: check() must not see half of it
-                    all_seen[0] = trio.Event()
-                    check()
+        async def produce(n: int) -> None:
+            sent = await produce_each(c, lambda part: [b"v"] * n)
+            produced.update(sent)  # all at once: check() must not see half of it
+            all_seen[0] = trio.Event()
+            check()
 
-                members: dict[str, TopicSubscription] = {}
-                shared = trio.Event()
+        members: dict[str, TopicSubscription] = {}
+        shared = trio.Event()
 
-                def moved(*_: object) -> None:
-                    if sorted(len(m.assigned) for m in members.values()) == [2, 2, 2]:
-                        shared.set()
+        def moved(*_: object) -> None:
+            if sorted(len(m.assigned) for m in members.values()) == [2, 2, 2]:
+                shared.set()
 
-                async def seen_all() -> None:
-                    await all_seen[0].wait()
+        async def seen_all() -> None:
+            await all_seen[0].wait()
 
-                async def run(name: str, scope: trio.CancelScope) -> None:
-                    with scope:
-                        async with TopicSubscription(c, "t", "g", member_id=name,
-                                                     lease_ms=10_000, heartbeat_ms=200,
-                                                     auto_commit_ms=50, max_wait=0.2,
-                                                     on_assigned=moved,
-                                                     on_revoked=moved) as m:
-                            members[name] = m
-                            async for r in m:
-                                got.append((r.partition, r.offset, name))
-                                seen.add((r.partition, r.offset))
-                                check()
+        async def run(name: str, scope: trio.CancelScope) -> None:
+            with scope:
+                async with TopicSubscription(c, "t", "g", member_id=name,
+                                             lease_ms=10_000, heartbeat_ms=200,
+                                             auto_commit_ms=50, max_wait=0.2,
+                                             on_assigned=moved,
+                                             on_revoked=moved) as m:
+                    members[name] = m
+                    async for r in m:
+                        got.append((r.partition, r.offset, name))
+                        seen.add((r.partition, r.offset))
+                        check()
 
-                scopes = {n: trio.CancelScope() for n in "ABC"}
-                async with trio.open_nursery() as nursery:
-                    for n in "ABC":
-                        nursery.start_soon(run, n, scopes[n])
-                    await shared.wait()  # 2/2/2, reached by the members' own rounds
-                    await produce(10)
-                    await seen_all()
-                    # C leaves gracefully: its iterator ends at the next record boundary.
-                    scopes["C"].cancel()
-                    await produce(10)
-                    await seen_all()
-                    for s in scopes.values():
-                        s.cancel()
-                counts = Counter((p, o) for p, o, _ in got)
-                assert set(counts) == produced
-                assert [k for k, n in counts.items() if n > 1] == []
-                assert {m for _, _, m in got} >= {"A", "B"}
+        scopes = {n: trio.CancelScope() for n in "ABC"}
+        async with trio.open_nursery() as nursery:
+            for n in "ABC":
+                nursery.start_soon(run, n, scopes[n])
+            await shared.wait()  # 2/2/2, reached by the members' own rounds
+            await produce(10)
+            await seen_all()
+            # C leaves gracefully: its iterator ends at the next record boundary.
+            scopes["C"].cancel()
+            await produce(10)
+            await seen_all()
+            for s in scopes.values():
+                s.cancel()
+        counts = Counter((p, o) for p, o, _ in got)
+        assert set(counts) == produced
+        assert [k for k, n in counts.items() if n > 1] == []
+        assert {m for _, _, m in got} >= {"A", "B"}
