@@ -146,6 +146,8 @@ class GroupRegistry:
         if self._liveness is not None:  # what the node's detector knows now
             for node_id in sorted(self._liveness.down):
                 group.peer_state(node_id, False)
+        if group.scrub_scheduler is not None:  # the node's one scrub task visits it
+            group.scrub_scheduler.add(group.scrubber)
         if self._nursery is not None:
             self._start(entry)
 
@@ -185,6 +187,8 @@ class GroupRegistry:
         entry.scope.cancel()
         if entry.started:
             await entry.done.wait()
+        if entry.group.scrub_scheduler is not None:  # not while a scrub reads its log
+            await entry.group.scrub_scheduler.forget(entry.group.scrubber)
         entry.group.mark_closed()
         return entry.group
 

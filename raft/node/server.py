@@ -56,6 +56,7 @@ from raft.node.metrics import SUBSCRIPTION_SERIES_MAX, NodeMetrics
 from raft.node.topic_settings import SettingsInForce
 from raft.node.peer import PeerLink
 from raft.node.registry import GroupRegistry
+from raft.node.scrub_scheduler import NodeScrubber
 from raft.node.topic_runtime import DEFAULT_GROUP, TopicRuntime, partition_series
 from raft.node.transport import PeerTransport
 from raft.protocol.framing import FrameTooLarge, WireError, encode_frame
@@ -94,6 +95,9 @@ class Node:
         self.transport = PeerTransport(config, rng, tls=lambda: self.gate.tls)
         # One flusher for the node: group commit across its groups (raft.node.flusher).
         self.flusher = NodeFlusher(self.metrics)
+        # One scrub task for the node: every group's log at one byte rate, several small logs
+        # per worker-thread call (raft.node.scrub_scheduler).
+        self.scrub_scheduler = NodeScrubber(config.scrub_rate, config.scrub_slice_kib * 1024)
         # One trio loop per node: one monitor, whatever the number of groups.
         self.loop_lag = LoopLag()
         # The registry hears the node's failure detector (raft.node.liveness) and tells every
@@ -134,6 +138,7 @@ class Node:
         group.identity = self.transport.identity  # one cluster id, for links and groups
         group.on_membership_change = self._sync_links
         group.flusher = self.flusher
+        group.scrub_scheduler = self.scrub_scheduler
         if group_id != CONTROLLER_GROUP:  # a partition follows its topic's settings
             group.settings_of = functools.partial(self.settings.of, group_id)
         return group
@@ -351,6 +356,7 @@ class Node:
                 async with trio.open_nursery() as driver:
                     self._before_serving()
                     driver.start_soon(self.flusher.run)
+                    driver.start_soon(self.scrub_scheduler.run)
                     # Each group's tasks in a nursery of its own, and the node's one ticker.
                     self.registry.attach(driver, self.config.tick_ms / 1000)
                     self._running = True

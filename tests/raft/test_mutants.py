@@ -72,6 +72,7 @@ import test_flusher  # noqa: E402  (tests/node, on the path above)
 import test_reconciler  # noqa: E402  (tests/node: the node's topics)
 import test_topic_settings_inproc  # noqa: E402  (tests/node: per-topic settings in force)
 import test_replica_moves_inproc  # noqa: E402  (tests/node: replica moves)
+import test_scrub_scheduler  # noqa: E402  (tests/node: the node's one scrub task)
 # The many-group simulation's routing and reconciling rules are killed by its seeds (tests/sim).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "sim"))
 import test_topics_sim  # noqa: E402
@@ -105,6 +106,16 @@ class Mutant:
 
 
 MUTANTS = [
+    Mutant("a batched scrub call hands each log's findings to a neighbour's group",
+           "raft.node.scrub_scheduler", "NodeScrubber._call",
+           "for target, res in zip(picked, results):",
+           "for target, res in zip(picked[1:] + picked[:1], results):",
+           (test_scrub_scheduler.test_damage_found_in_a_batched_call_goes_to_its_own_group,)),
+    Mutant("a read error in a batched scrub call is dropped instead of fail-stopping its group",
+           "raft.node.scrub_scheduler", "scrub_batch",
+           "out.append(e)",
+           "out.append(None)",
+           (test_scrub_scheduler.test_a_read_error_in_a_batched_call_fail_stops_its_own_group_only,)),
     Mutant("a store flush credits a log with its dirty offset, not what its transaction held",
            "storage.lmdb_log", "LmdbLog._flush_apply",
            "self._flushed = part.end",
