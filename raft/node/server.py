@@ -99,7 +99,8 @@ class Node:
         # per worker-thread call (raft.node.scrub_scheduler).
         self.scrub_scheduler = NodeScrubber(config.scrub_rate, config.scrub_slice_kib * 1024)
         # One trio loop per node: one monitor, whatever the number of groups.
-        self.loop_lag = LoopLag()
+        # Its samples also feed the metrics histogram: one probe, not two timers.
+        self.loop_lag = LoopLag(on_sample=self.metrics.loop_lag.observe)
         # The registry hears the node's failure detector (raft.node.liveness) and tells every
         # group's core; the transport owns the detector (its links ping).
         self.registry = GroupRegistry(self.node_id, self.metrics,
@@ -350,7 +351,6 @@ class Node:
                      self.transport.identity.cluster_id or "none",
                      self.transport.identity.state.value)
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.metrics.run_loop_probe)
                 nursery.start_soon(self.loop_lag.run)
                 self.transport.start(nursery, *self._wanted_members())
                 async with trio.open_nursery() as driver:

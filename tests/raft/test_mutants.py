@@ -738,6 +738,11 @@ MUTANTS = [
            "            group.tick()\n",
            "            pass\n",
            (test_quiesce_inproc.test_a_follower_catches_up_and_quiesces_only_with_ticks,)),
+    Mutant("an input that wakes a group does not wake the sleeping ticker",
+           "raft.node.registry", "GroupRegistry._woke",
+           "self._any_awake.set()",
+           "pass",
+           (test_quiesce_inproc.test_killing_the_leader_of_50_quiesced_groups_fails_over_without_a_herd,)),
 ]
 
 
