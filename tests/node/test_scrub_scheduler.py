@@ -11,9 +11,11 @@ from typing import Any
 import trio
 import trio.testing
 
+from inproc_cluster import running_cluster, trio_test
 from raft.node.scrub_scheduler import MAX_BATCH, NodeScrubber
 from raft.node.scrubber import IDLE_PASS_S, Scrubber
 from storage.memory import MemoryLog
+from test_multigroup_inproc import add_groups
 from test_scrubber import Host, flushed_log
 
 SLICE = 64 << 10
@@ -122,3 +124,21 @@ def test_a_forgotten_group_is_not_visited_and_off_at_rate_zero() -> None:
     off, off_hosts, _s = node_of([flushed_log(2, 100)], rate=0)
     run_for(off, 5.0)
     assert off.calls == 0 and off_hosts[0].calls == 0
+
+
+@trio_test
+async def test_a_node_scrubs_every_group_from_its_one_task_and_forgets_removed_ones() -> None:
+    """In a running node the groups start no scrub task of their own: the node's scheduler
+    holds each group's scrubber from `add_group` until `remove_group`."""
+    async with running_cluster(3) as cluster:
+        await cluster.wait_leader()
+        await add_groups(cluster, [101, 102])
+        for node in cluster.nodes:
+            assert len(node.scrub_scheduler) == len(node.registry) == 4
+            assert all(g.scrub_scheduler is node.scrub_scheduler
+                       for g in node.registry.groups())
+        node = cluster.nodes[0]
+        removed = node.registry.get(102)
+        await node.remove_group(102)
+        assert len(node.scrub_scheduler) == 3
+        assert removed.scrubber not in node.scrub_scheduler._targets
