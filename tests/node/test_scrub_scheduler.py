@@ -5,7 +5,6 @@ group whose log it was in, never to a neighbour in the batch."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -38,8 +37,7 @@ def node_of(logs: list[MemoryLog], rate: float = 64.0,
     return scheduler, hosts, scrubbers
 
 
-def run_for(scheduler: NodeScrubber, seconds: float,
-            during: Callable[[], Any] | None = None) -> None:
+def run_for(scheduler: NodeScrubber, seconds: float) -> None:
     async def main() -> None:
         with trio.move_on_after(seconds):
             await scheduler.run()
@@ -112,10 +110,10 @@ def test_a_read_error_in_a_batched_call_fail_stops_its_own_group_only() -> None:
 
 
 def test_a_forgotten_group_is_not_visited_and_off_at_rate_zero() -> None:
-    scheduler, hosts, _ = node_of([flushed_log(2, 100) for _ in range(2)])
+    scheduler, hosts, scrubbers = node_of([flushed_log(2, 100) for _ in range(2)])
 
     async def main() -> None:
-        await scheduler.forget(_[1])
+        await scheduler.forget(scrubbers[1])
         with trio.move_on_after(5.0):
             await scheduler.run()
 
