@@ -44,7 +44,8 @@ FLAG_HELP = {
                         "together; more wait their turn (0 = no limit)",
     "recovery_burst": "MiB the recovery limit may bank while idle",
     "join": "start outside the configuration and wait to be added with `raftlog add-node`",
-    "scrub_rate": "re-read flushed batches in the background at this many MiB/s to find "
+    "scrub_rate": "re-read flushed batches in the background at this many MiB/s (for the whole "
+                  "node, shared by all its partitions) to find "
                   "damage early (0 = off; docs/DISK-LOSS.md)",
     "scrub_slice_kib": "KiB one scrub slice reads, in a worker thread",
     "retention_respect_subscriptions": "retention never deletes past the lowest subscription "

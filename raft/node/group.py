@@ -11,7 +11,9 @@ raft.node.registry, runs under the node and can stop on its own):
   node's one flush writes every asking group's tail in one transaction and one fsync (group
   commit across groups), then calls `on_flushed` with this group's own flushed offset;
 - the catch-up sampler (raft.node.catchup) behind `status`;
-- the scrubber (raft.node.scrubber), re-reading the flushed log at `scrub_rate`.
+- no scrub task: the group's scrubber (raft.node.scrubber) keeps its place in the log, and the
+  node's one scrub scheduler (raft.node.scrub_scheduler, given as `scrub_scheduler`) visits it
+  (a group started without one scrubs on its own).
 
 Driver contract (raft/core/ready.py), in the order the Ready loop applies it: persist `hard_state`
 (fsync) BEFORE enqueueing `messages`; request a flush when `flush` is set; route `answers` to the
@@ -60,6 +62,7 @@ from raft.node.log_open import open_log_with_progress
 from raft.node.outbox import GroupOutbox, Links
 from raft.node.retention import RetentionTask
 from raft.core.retention import RetentionPolicy
+from raft.node.scrub_scheduler import NodeScrubber
 from raft.node.scrubber import Scrubber
 from raft.node.subscription_service import SubscriptionService
 from raft.node import trace
@@ -128,6 +131,8 @@ class RaftGroup:
         self._known_config: ClusterConfig | None = None
         self.catchup = CatchupTracker(self)
         self.scrubber = Scrubber(self, config.scrub_rate, config.scrub_slice_kib * 1024)
+        # The node's one scrub scheduler (Node sets it; the registry adds the scrubber to it).
+        self.scrub_scheduler: NodeScrubber | None = None
         self.closing = False
         self._meta = Meta()
         self._wake = trio.Event()
@@ -239,7 +244,8 @@ class RaftGroup:
             nursery.start_soon(self.flusher.run)
         nursery.start_soon(self._loads_loop)
         nursery.start_soon(self.retention.run)  # idle (an event wait) while it keeps all
-        nursery.start_soon(self.scrubber.run)
+        if self.scrub_scheduler is None:
+            nursery.start_soon(self.scrubber.run)
         nursery.start_soon(self.subs.run)
 
     async def hand_over_leadership(self) -> None:

@@ -35,7 +35,6 @@ LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0
                    2.0, 5.0, 10.0)
 RECORDS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 50_000,
                    200_000)
-LOOP_PROBE_S = 0.1  # how often the event-loop lag probe wakes up
 # Per-subscription series are bounded: a cluster may hold 100,000 subscriptions, a scrape must
 # not. The ones furthest behind are exported (those are the ones to watch);
 # raftlog_subscription_series_left_out says how many were not.
@@ -77,7 +76,8 @@ class NodeMetrics:
                                        "one flush (group commit size)", buckets=RECORDS_BUCKETS,
                                        registry=reg)
         self.loop_lag = Histogram("raftlog_event_loop_lag_seconds", "How late the trio loop "
-                                  "ran a timer (a blocked loop delays every request)",
+                                  "ran a timer (a blocked loop delays every request); "
+                                  "fed by the node's one loop-lag probe (raft.node.looplag)",
                                   buckets=LATENCY_BUCKETS, registry=reg)
         self.elections_started = Counter("raftlog_elections_started", "Elections this node "
                                          "started (it became a candidate in a new term)",
@@ -200,13 +200,6 @@ class NodeMetrics:
             self._last_leader = leader_id
             self.leader_changes.inc()
         self._last_role = role
-
-    async def run_loop_probe(self) -> None:
-        """Sleep a little, again and again, and record how late the loop woke us."""
-        while True:
-            due = trio.current_time() + LOOP_PROBE_S
-            await trio.sleep_until(due)
-            self.loop_lag.observe(max(0.0, trio.current_time() - due))
 
     # -- HTTP ------------------------------------------------------------------------------------
     def start_http(self, address: str) -> str:

@@ -16,7 +16,7 @@ node pair. The consensus core does not know group ids; the runtime does, here:
   any input that reaches its core (RaftGroup.kick, which every input path calls: a peer
   message, a proposal, a flush report, a liveness report, `wake`), and the ticker drops it when
   it finds its core quiesced. A quiesced group then costs no per-tick work at all: the ticker
-  never visits it.
+  never visits it, and while no group is awake the ticker itself sleeps until one wakes.
 - Node liveness (raft.node.liveness, owned by the node's transport): every peer frame
   delivered here, pings included, counts as hearing from its sender; the detector's verdicts go
   to every group's core (`peer_down` / `peer_up`: a core ignores nodes outside its
@@ -83,6 +83,8 @@ class GroupRegistry:
             liveness.on_change = self.peer_state
         self._nursery: trio.Nursery | None = None
         self.ticks = 0  # ticks of the node's ticker so far (tests count frames per tick)
+        self.sleeps = 0  # times the ticker found no group awake and slept until one woke
+        self._any_awake = trio.Event()  # set by every input (`_woke`): the ticker's alarm
         self.unknown_group_messages = 0
         self._unknown_logged_at: float | None = None
         self._unknown_since_log = 0
@@ -141,11 +143,13 @@ class GroupRegistry:
         if group.core is None:
             raise ValueError(f"group {group_id}: start its core before adding it")
         entry = self._entries[group_id] = _Entry(group, api)
-        group.on_input = lambda: self._awake.__setitem__(entry, None)
-        self._awake[entry] = None
+        group.on_input = lambda: self._woke(entry)
+        self._woke(entry)
         if self._liveness is not None:  # what the node's detector knows now
             for node_id in sorted(self._liveness.down):
                 group.peer_state(node_id, False)
+        if group.scrub_scheduler is not None:  # the node's one scrub task visits it
+            group.scrub_scheduler.add(group.scrubber)
         if self._nursery is not None:
             self._start(entry)
 
@@ -185,13 +189,31 @@ class GroupRegistry:
         entry.scope.cancel()
         if entry.started:
             await entry.done.wait()
+        if entry.group.scrub_scheduler is not None:  # not while a scrub reads its log
+            await entry.group.scrub_scheduler.forget(entry.group.scrubber)
         entry.group.mark_closed()
         return entry.group
 
+    def _woke(self, entry: _Entry) -> None:
+        """An input reached `entry`'s group: the ticker visits it again (and wakes if asleep)."""
+        self._awake[entry] = None
+        self._any_awake.set()
+
     async def _run_ticker(self, interval: float) -> None:
-        """One Raft tick for every awake group at a time (see the module docstring)."""
+        """One Raft tick for every awake group at a time (see the module docstring). While no
+        group is awake the ticker sleeps on an event, not a timer: a node whose groups are all
+        quiesced makes no tick wake-ups (20 a second at the default tick); the first input
+        that wakes a group wakes the ticker, whose next tick comes one interval later."""
         deadline = trio.current_time()
         while True:
+            if not self._awake:
+                self.sleeps += 1
+                while not self._awake:
+                    if self._any_awake.is_set():
+                        self._any_awake = trio.Event()
+                    else:
+                        await self._any_awake.wait()
+                deadline = trio.current_time()
             deadline += interval
             now = trio.current_time()
             if deadline < now - 10 * interval:  # we were stalled: do not replay missed ticks

@@ -58,6 +58,7 @@ from raft.node.metrics import SUBSCRIPTION_SERIES_MAX, NodeMetrics
 from raft.node.topic_settings import GroupSettings, SettingsInForce
 from raft.node.peer import PeerLink
 from raft.node.registry import GroupRegistry
+from raft.node.scrub_scheduler import NodeScrubber
 from raft.node.topic_runtime import DEFAULT_GROUP, TopicRuntime, partition_series
 from raft.node.transport import PeerTransport
 from raft.protocol.framing import FrameTooLarge, WireError, encode_frame
@@ -98,8 +99,12 @@ class Node:
         self.transport = PeerTransport(config, rng, tls=lambda: self.gate.tls)
         # One flusher for the node: group commit across its groups (raft.node.flusher).
         self.flusher = NodeFlusher(self.metrics)
+        # One scrub task for the node: every group's log at one byte rate, several small logs
+        # per worker-thread call (raft.node.scrub_scheduler).
+        self.scrub_scheduler = NodeScrubber(config.scrub_rate, config.scrub_slice_kib * 1024)
         # One trio loop per node: one monitor, whatever the number of groups.
-        self.loop_lag = LoopLag()
+        # Its samples also feed the metrics histogram: one probe, not two timers.
+        self.loop_lag = LoopLag(on_sample=self.metrics.loop_lag.observe)
         # The registry hears the node's failure detector (raft.node.liveness) and tells every
         # group's core; the transport owns the detector (its links ping).
         self.registry = GroupRegistry(self.node_id, self.metrics,
@@ -149,6 +154,7 @@ class Node:
         group.on_membership_change = self._sync_links
         group.flusher = self.flusher
         group.recovery_budget = self.recovery_budget
+        group.scrub_scheduler = self.scrub_scheduler
         if group_id != CONTROLLER_GROUP:  # a partition follows its topic's settings
             group.settings_of = functools.partial(self.settings.of, group_id)
         return group
@@ -360,12 +366,12 @@ class Node:
                      self.transport.identity.cluster_id or "none",
                      self.transport.identity.state.value)
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.metrics.run_loop_probe)
                 nursery.start_soon(self.loop_lag.run)
                 self.transport.start(nursery, *self._wanted_members())
                 async with trio.open_nursery() as driver:
                     self._before_serving()
                     driver.start_soon(self.flusher.run)
+                    driver.start_soon(self.scrub_scheduler.run)
                     # Each group's tasks in a nursery of its own, and the node's one ticker.
                     self.registry.attach(driver, self.config.tick_ms / 1000)
                     self._running = True

@@ -122,6 +122,7 @@ async def idle_rates(nodes: list[Node], seconds: float = 2.0) -> dict[str, Any]:
     """Over `seconds` of virtual time: frames per node pair per second (both directions), and
     the Raft messages and group ticks there were meanwhile."""
     before, ticks = pair_counts(nodes), sum(n.registry.group_ticks for n in nodes)
+    node_ticks = sum(n.registry.ticks for n in nodes)
     started = trio.current_time()
     await trio.sleep(seconds)
     elapsed = trio.current_time() - started
@@ -134,7 +135,8 @@ async def idle_rates(nodes: list[Node], seconds: float = 2.0) -> dict[str, Any]:
         pings += p - before[(src, dst)][1]
         messages += m - before[(src, dst)][2]
     return {"frames": frames, "pings": pings, "messages": messages,
-            "group_ticks": sum(n.registry.group_ticks for n in nodes) - ticks}
+            "group_ticks": sum(n.registry.group_ticks for n in nodes) - ticks,
+            "node_ticks": sum(n.registry.ticks for n in nodes) - node_ticks}
 
 
 async def produce(node: Node, g: int, value: bytes) -> dict[str, Any]:
@@ -158,6 +160,9 @@ async def test_idle_groups_quiesce_and_links_carry_only_pings_with_1_and_50_grou
         for rates in (one, fifty):
             # Quiet groups send nothing and are not ticked: only the detector's pings move.
             assert rates["messages"] == 0 and rates["group_ticks"] == 0, rates
+            # ... and with no group awake the nodes' tickers sleep: no tick wake-ups either
+            # (at most the one per node that finds its last group quiesced).
+            assert rates["node_ticks"] <= len(cluster.nodes), rates
             assert rates["pings"] > 0, rates
             for pair in ((1, 2), (1, 3), (2, 3)):
                 # One ping per direction per ping interval, at most.

@@ -80,6 +80,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "recovery")
 import test_budget  # noqa: E402
 import test_liveness_lag  # noqa: E402  (tests/node: the detector under a peer's lag)
 import test_peer_lanes  # noqa: E402  (tests/node: a link's lanes and a stream's rules)
+import test_scrub_scheduler  # noqa: E402  (tests/node: the node's one scrub task)
 # The many-group simulation's routing and reconciling rules are killed by its seeds (tests/sim).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "sim"))
 import test_topics_sim  # noqa: E402
@@ -113,6 +114,16 @@ class Mutant:
 
 
 MUTANTS = [
+    Mutant("a batched scrub call hands each log's findings to a neighbour's group",
+           "raft.node.scrub_scheduler", "NodeScrubber._call",
+           "for target, res in zip(picked, results):",
+           "for target, res in zip(picked[1:] + picked[:1], results):",
+           (test_scrub_scheduler.test_damage_found_in_a_batched_call_goes_to_its_own_group,)),
+    Mutant("a read error in a batched scrub call is dropped instead of fail-stopping its group",
+           "raft.node.scrub_scheduler", "scrub_batch",
+           "out.append(e)",
+           "out.append(None)",
+           (test_scrub_scheduler.test_a_read_error_in_a_batched_call_fail_stops_its_own_group_only,)),
     Mutant("a store flush credits a log with its dirty offset, not what its transaction held",
            "storage.lmdb_log", "LmdbLog._flush_apply",
            "self._flushed = part.end",
@@ -840,6 +851,11 @@ MUTANTS = [
            "            group.tick()\n",
            "            pass\n",
            (test_quiesce_inproc.test_a_follower_catches_up_and_quiesces_only_with_ticks,)),
+    Mutant("an input that wakes a group does not wake the sleeping ticker",
+           "raft.node.registry", "GroupRegistry._woke",
+           "self._any_awake.set()",
+           "pass",
+           (test_quiesce_inproc.test_killing_the_leader_of_50_quiesced_groups_fails_over_without_a_herd,)),
 ]
 
 
