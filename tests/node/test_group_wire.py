@@ -158,11 +158,13 @@ def test_a_heartbeat_seq_is_lowered_only_below_its_own_groups_queued_appends() -
 # -- routing a frame's messages to the node's groups ----------------------------------------------
 
 class _FakeGroup:
-    """What the registry routes to: a core (any), `closing`, and `deliver_frame`."""
+    """What the registry routes to: a core (any), `closing`, and `deliver_frame` (no node
+    scrub scheduler to join)."""
 
     def __init__(self) -> None:
         self.core = object()
         self.closing = False
+        self.scrub_scheduler = None
         self.got: list[tuple[int, list[m.Message]]] = []
 
     async def deliver_frame(self, msgs: list[m.Message], *, from_peer: int) -> None:
