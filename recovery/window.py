@@ -55,6 +55,10 @@ class InflightWindow:
         self._requests.clear()
         self.bytes = 0
 
+    def sent_before(self, seq: int) -> bool:
+        """Some request still in the window was sent before `seq` (requests are in seq order)."""
+        return bool(self._requests) and self._requests[0].seq < seq
+
     def lost_before(self, seq: int, follower_dirty: int) -> bool:
         """A request sent before `seq` ends past what the follower has appended, though the
         follower already answered `seq`: that request was lost (a dropped connection or queue)."""

@@ -232,7 +232,15 @@ class Simulation:
             # heartbeat resent while the first answer was slow) are still answered: count from
             # when the longest network delay has passed.
             faults = self.network.faults
-            loop.run_until(loop.now + faults.max_delay_us + faults.slow_delay_us)
+            settle = faults.max_delay_us + faults.slow_delay_us + cfg.liveness_ping_us
+            loop.run_until(loop.now + settle)
+            # A documented wake may still come after the last member went quiet: a node the
+            # failure detector had reported down is heard again (its ping, within a ping
+            # interval of the heal) and its leader checks it. Count from when every member is
+            # quiet again with no such wake pending (still within the quiescing bound).
+            while not self._all_quiesced() and loop.now < bound:
+                loop.run_until(bound, stop=self._all_quiesced)
+                loop.run_until(loop.now + settle)
             sent = self._member_messages()
             loop.run_until(loop.now + cfg.quiet_window_us)
             q["quiet_messages"] = self._member_messages() - sent

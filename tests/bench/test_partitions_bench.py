@@ -36,6 +36,8 @@ def test_quick_partitions_bench_reports_every_figure(tmp_path) -> None:  # noqa:
     ids = {f["id"]: f for f in results["figures"]}
     expect = ["partitions.p1.quorum.MBps", "partitions.p2.quorum.MBps", "partitions.ratio.p2",
               "partitions.keyed2.quorum.MBps", "partitions.keyed2.quorum.p99_ms",
+              "partitions.p1.quorum.cpu_ms_per_MB", "partitions.p2.quorum.cpu_ms_per_MB",
+              "partitions.keyed2.quorum.cpu_ms_per_MB",
               "partitions.fsyncs_ps.p1", "partitions.fsyncs_ps.p2",
               "partitions.fsyncs_ratio.p2", "partitions.idle.frames_ps.p1",
               "partitions.idle.frames_ps.p3", "partitions.idle.frames_ratio.p3",

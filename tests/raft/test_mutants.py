@@ -33,6 +33,7 @@ import test_recovering_flag
 import test_retention
 import test_disk_loss_rules
 import test_force_new_cluster
+import test_heartbeat_accounting
 import test_membership_safety
 import test_safety_rules
 import test_state_transfer
@@ -220,6 +221,18 @@ MUTANTS = [
            (functools.partial(
                test_recovering_flag.test_a_follower_that_matches_the_leaders_tail_is_not_recovering,
                *test_recovering_flag.row(test_recovering_flag.RESENT_CHUNK_REPLY)),)),
+    Mutant("a heartbeat reply that shows nothing lost does not stop the ack clock",
+           "raft.core.leader", "LeaderSide._heartbeat_accounts",
+           "            pr.ticks_since_ack = 0\n",
+           "            pass\n",
+           (test_heartbeat_accounting.
+            test_appends_queued_behind_other_groups_are_not_resent_while_heartbeats_answer,)),
+    Mutant("a heartbeat reply does not free the window of what the follower holds",
+           "raft.core.leader", "LeaderSide._heartbeat_accounts",
+           "pr.acked_bytes += pr.inflight.release_upto(pr.match_index)",
+           "pass",
+           (test_heartbeat_accounting.
+            test_heartbeat_replies_free_the_window_of_a_follower_slow_to_flush,)),
     Mutant("a node runs on after a storage fault (no fail-stop)",
            "raft.node.group", "RaftGroup.fail",
            "            self.on_fatal()\n",

@@ -30,7 +30,10 @@ def test_teeth_applying_uncommitted_entries_is_caught(monkeypatch: pytest.Monkey
     crash can still erase: acknowledged commits go missing, tables diverge."""
     monkeypatch.setattr(raft.sim.subscription_model.SimSubscriptions, "apply_upto",
                         staticmethod(lambda node: node.log.dirty_offset))
-    failed = [seed for seed in range(1, 12)
+    # Seeds 1-15: which schedules catch it moves with any change to the core's trajectories
+    # (seed 11 alone did before heartbeat replies freed the leader's window; 12, 14 and 15
+    # since): the claim is that some schedule does.
+    failed = [seed for seed in range(1, 16)
               if not run_simulation(profile_config(seed, 3, "crashy")).ok]
     assert failed, "no schedule caught a table applied past the commit index"
 
