@@ -101,13 +101,19 @@ class Window:
     counters: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def start(self) -> "Window":
-        self.t0 = time.monotonic()
+        # Scrape first, then read the CPU clocks: rendering /metrics (a series per partition)
+        # is the bench's own work, and must not count as the nodes' idle CPU.
         for i in self.cluster.nodes:
             pid = self.cluster.pid(i)
-            c = cpu_seconds(pid) if pid else None
-            if c is not None:
-                self.cpu[i] = c
+            if pid and cpu_seconds(pid) is not None:
                 self.counters[i] = scrape(self.cluster.metrics[i])
+        self.t0 = time.monotonic()
+        for i in list(self.counters):
+            c = cpu_seconds(self.cluster.pid(i) or 0)
+            if c is None:
+                del self.counters[i]
+            else:
+                self.cpu[i] = c
         return self
 
     def end(self) -> dict[str, dict[int, float]]:
@@ -164,6 +170,27 @@ def terms(view: dict[int, dict[int, tuple[str, int, int]]]) -> dict[int, int]:
         for p, (_role, term, _leader) in parts.items():
             out[p] = max(out.get(p, 0), term)
     return out
+
+
+def wait_quiet(cluster: Cluster, bound_s: float) -> float | None:
+    """Poll every live node's `status` until none has an awake group (all quiesced: elections,
+    the leader balancer's transfers and catch-ups are over): seconds waited, None past
+    `bound_s`. An idle figure taken before that measures the settling, not the idle node."""
+    t0 = time.monotonic()
+    while True:
+        quiet = True
+        for node in cluster.nodes.values():
+            if not node.alive:
+                continue
+            st = status_of(node.addr, timeout=10.0)
+            if st is None or (st.get("groups") or {}).get("awake", 1) != 0:
+                quiet = False
+                break
+        if quiet:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > bound_s:
+            return None
+        time.sleep(0.5)
 
 
 def wait_led(cluster: Cluster, topic: str, partitions: int, bound_s: float,

@@ -30,7 +30,7 @@ from bench.catalogue import PARTITION_MEASURES as MEASURES
 from bench.disk import DiskNeed
 from bench.partitions_load import KeyedArgs, keyed_worker
 from bench.partitions_probe import (MetricsCluster, Window, led_partitions, load_average,
-                                    partition_view, terms, wait_led)
+                                    partition_view, terms, wait_led, wait_quiet)
 from bench.results import figure
 from bench.stats import Histogram
 from bench.workers import WorkerError, WorkerGroup
@@ -40,6 +40,7 @@ from raft.client import Client
 RECORD = 1024
 FSYNC_RATE_BPS = 8 * MB  # the fsync figure's total write rate (quick: 1 MB/s)
 CREATE_BOUND_S = 600.0
+QUIET_BOUND_S = 120.0  # the longest wait for every group to quiesce before an idle window
 FAILOVER_BOUND_S = 120.0
 REBALANCE_BOUND_S = 90.0
 SETTLE_BOUND_S = 90.0  # a fresh topic's leaders reaching their preferred replicas
@@ -259,10 +260,14 @@ def idle(ctx: Ctx, cluster: MetricsCluster, s: dict, det: dict) -> list[dict]:
             raise RuntimeError(f"only {led} of {p} idle partitions led on every node after "
                                f"{ready_s:.0f}s: the largest count that works is lower")
         time.sleep(s["settle"])
+        # Idle means settled: every group quiesced on every node (the balancer moves leaders
+        # 5 s after they are elected, and each transfer wakes its group), within a bound.
+        quiet_s = wait_quiet(cluster, QUIET_BOUND_S)
         w = Window(cluster).start()
         time.sleep(s["idle_s"])
         r = w.end()
         out[str(p)] = {**r, "metadata_led_s": round(meta_s, 2), "led_after_s": round(ready_s, 2),
+                       "quiet_after_s": None if quiet_s is None else round(quiet_s, 2),
                        "load": load_average()}
         fr = _mean(r["frames_ps"])
         frames1 = fr if frames1 is None else frames1

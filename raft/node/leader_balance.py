@@ -67,6 +67,9 @@ class BalanceSettings:
     enabled: bool = True
 
 
+IDLE_MAX_S = 8.0  # the longest pause between rounds while nothing is to be balanced
+
+
 @dataclass(slots=True)
 class LeaderBalancer:
     """One per node (raft.node.topic_runtime.TopicRuntime starts it)."""
@@ -75,12 +78,25 @@ class LeaderBalancer:
     settings: BalanceSettings = field(default_factory=BalanceSettings)
     rounds: list[int] = field(default_factory=list)  # transfers asked per round (tests)
     _led_since: dict[int, float] = field(default_factory=dict)
+    _unsettled: bool = False
 
     async def run(self) -> None:
+        """A round every `interval_ms` while leadership moves or may need to; while rounds
+        find nothing to do and neither the metadata nor the live nodes change, the pause
+        doubles up to IDLE_MAX_S (a round walks every group: an idle node with 1,000
+        partitions must not pay that every second). A node coming or going resets it."""
+        base = self.settings.interval_ms / 1000
+        interval, seen = base, None
         while True:
-            await trio.sleep(self.settings.interval_ms / 1000)
-            if self.settings.enabled:
-                self.once(trio.current_time())
+            await trio.sleep(interval)
+            if not self.settings.enabled:
+                continue
+            now = trio.current_time()
+            asked = self.once(now)
+            state = (self.runtime.metadata.applied, frozenset(self._live(now)))
+            quiet = asked == 0 and state == seen and not self._unsettled
+            interval = min(interval * 2, IDLE_MAX_S) if quiet else base
+            seen = state
 
     def once(self, now: float) -> int:
         """One round; how many transfers it asked for."""
@@ -91,6 +107,7 @@ class LeaderBalancer:
             return 0
         led: dict[int, int | None] = {}
         live = self._live(now)
+        self._unsettled = False  # a group led for less than stable_ms, or a transfer under way
         voters: dict[int, tuple[int, ...]] = {}
         in_flight = 0
         for group_id in node.registry.ids():
@@ -103,6 +120,9 @@ class LeaderBalancer:
             lead = core.leader
             if lead is not None and lead.transfer_target is not None:
                 in_flight += 1
+                self._unsettled = True
+            if now - since < self.settings.stable_ms / 1000:
+                self._unsettled = True
             step = runtime.mover.steps.get(group_id)
             moving = step is not None and step.kind is not MoveStep.DONE
             if (group_id in meta.groups and not moving and lead is not None

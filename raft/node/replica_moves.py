@@ -43,6 +43,7 @@ from raft.core.types import Role
 log = logging.getLogger("raftlog.node")
 
 MOVE_EVERY_TICKS = 10
+IDLE_MAX_S = 8.0  # the longest pause between passes while nothing is to be moved
 MAX_CHANGES_PER_PASS = 8
 # A leaving voter heard from within this many ticks is handed leadership (so it sees its own
 # removal commit); one not heard from longer is removed by the leader directly.
@@ -95,11 +96,22 @@ class ReplicaMover:
         self.steps: dict[int, Step] = {}  # group -> the step its last pass found (status)
 
     async def run(self) -> None:
+        """A pass every MOVE_EVERY_TICKS while moves are under way; while every group this node
+        leads is where the metadata wants it and the metadata does not change, the pause
+        doubles up to IDLE_MAX_S: a pass walks every group, and an idle node with 1,000
+        partitions must not pay that twice a second (issue 26: cost grows with bytes and
+        nodes, not partitions). A new controller entry resets it at the next pass."""
         node = self.runtime.node
-        interval = MOVE_EVERY_TICKS * node.config.tick_ms / 1000
+        base = MOVE_EVERY_TICKS * node.config.tick_ms / 1000
+        interval, seen = base, None
         while True:
             await trio.sleep(interval)
-            self.once()
+            made = self.once()
+            applied = self.runtime.metadata.applied
+            idle = made == 0 and applied == seen and all(
+                s.kind is MoveStep.DONE for s in self.steps.values())
+            interval = min(interval * 2, IDLE_MAX_S) if idle else base
+            seen = applied
 
     def once(self, limit: int = MAX_CHANGES_PER_PASS) -> int:
         """One pass over the groups this node leads; how many changes it proposed."""
