@@ -51,6 +51,12 @@ log = logging.getLogger("raftlog.retention")
 # How often a round runs while there is nothing to delete. Between two rounds the log grows by
 # the write rate times this, which is what the data directory holds beyond the retained size.
 RETENTION_INTERVAL_S = 0.25
+# A quiesced group (no input since its last round) runs a round only when an input comes, its
+# settings change, or time alone could change the decision (an age limit, an age valve, the
+# low-disk valve): then at most every QUIET_MAX_S, sooner for short ages. A node with 1,000
+# idle partitions under a size limit must not make 4,000 rounds (each a status, a disk-usage
+# call and a worker-thread hop) a second: that was 60% of a core (docs/PERFORMANCE.md).
+QUIET_MAX_S = 30.0
 # The loads table catches up in steps of this many bytes, yielding to the event loop between.
 LOADS_CATCHUP_STEP = 4 << 20
 LOADS_CATCHUP_STEPS = 64
@@ -79,6 +85,7 @@ class RetentionTask:
         self.deleted_bytes = 0
         self.deleted_batches = 0
         self.rounds = 0
+        self._cut_last = False  # the last round moved the log start
 
     @property
     def policy(self) -> RetentionPolicy:
@@ -119,11 +126,13 @@ class RetentionTask:
 
     # -- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
+        seen = -1
         while True:
             if not self.policy.active:  # keeps everything: sleep until the settings change
                 await self._wake.wait()
                 self._wake = trio.Event()
                 continue
+            seen = self.group.inputs  # what this round sees; a later input earns another
             try:
                 more = await self.step()
             except DiskFull as e:
@@ -137,10 +146,42 @@ class RetentionTask:
             if more:
                 await trio.lowlevel.checkpoint()
             else:
-                with trio.move_on_after(RETENTION_INTERVAL_S):
-                    await self._wake.wait()  # a settings change starts the next round at once
+                await self._pause(seen)
                 if self._wake.is_set():
                     self._wake = trio.Event()
+
+    async def _pause(self, seen: int) -> None:
+        """Until the next round: RETENTION_INTERVAL_S while the group is awake (writes move
+        the log); while it is quiesced, until an input, a settings change or, when time alone
+        can change the decision, `_quiet_wait_s()`. A settings change always ends it at once."""
+        group = self.group
+        if not getattr(group, "quiet", False) or self._cut_last:
+            # (After a cut: its own kick is an input; the next round comes after the usual
+            # interval, as it always did, not at once.)
+            with trio.move_on_after(RETENTION_INTERVAL_S):
+                await self._wake.wait()
+            return
+        limit = self._quiet_wait_s()
+        with trio.move_on_after(limit if limit is not None else float("inf")):
+            async with trio.open_nursery() as nursery:
+                async def until(wait: Callable[[], Any]) -> None:
+                    await wait()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(until, self._wake.wait)
+                nursery.start_soon(until, lambda: group.until_input(seen))
+
+    def _quiet_wait_s(self) -> float | None:
+        """How long a quiesced group's decision can stay valid with no input: None when only
+        inputs can change it (a size limit alone); QUIET_MAX_S for the low-disk valve (free
+        space moves with other groups' writes, and 30 s is soon enough for one that writes
+        nothing); for an age limit or valve, a twentieth of the shortest (a 7-day age waits
+        30 s, a 3 s valve 0.25 s, as before), within [RETENTION_INTERVAL_S, QUIET_MAX_S]."""
+        p = self.policy
+        ages = [a for a in (p.max_age_ms, p.valve_age_ms) if a]
+        if not ages:
+            return QUIET_MAX_S if p.low_disk_bytes else None
+        return min(QUIET_MAX_S, max(RETENTION_INTERVAL_S, min(ages) / 20_000))
 
     async def step(self) -> bool:
         """One round; True when a slice limit stopped it (there is more to delete now)."""
@@ -168,6 +209,7 @@ class RetentionTask:
         if stale():
             return False
         d = p.decision
+        self._cut_last = d.cut > d.start
         self._note(p, holds, now_ms, free)
         if d.cut > d.start:
             if not p.had_state:

@@ -7,6 +7,8 @@ import argparse
 
 import pytest
 
+from raft.core.retention import RetentionPolicy
+
 from raft.node.config import ConfigError, NodeConfig, parse_duration_ms, parse_size
 
 PEERS = "1=127.0.0.1:7101"
@@ -69,3 +71,19 @@ def test_bad_settings_say_what_to_fix(values: dict, fragment: str) -> None:
     with pytest.raises(ConfigError) as e:
         config(**values)
     assert fragment in str(e.value)
+
+
+@pytest.mark.parametrize("policy,wait_s", [
+    (RetentionPolicy(max_bytes=1 << 20), None),  # size alone: only an input can change it
+    (RetentionPolicy(max_bytes=1 << 20, low_disk_bytes=1 << 20), 30.0),
+    (RetentionPolicy(max_age_ms=7 * 86_400_000), 30.0),  # a week: checked twice a minute
+    (RetentionPolicy(max_bytes=1, valve_age_ms=3000), 0.25),  # short ages: as often as ever
+    (RetentionPolicy(max_age_ms=100_000), 5.0),
+])
+def test_a_quiet_group_waits_for_what_can_change_its_retention(policy, wait_s) -> None:
+    """A quiesced partition runs no retention round until an input, a settings change or,
+    when an age or the low-disk valve is set, a bounded pause: 1,000 idle partitions under a
+    size limit must not make four rounds a second each (raft/node/retention.py)."""
+    from raft.node.retention import RetentionTask
+    task = RetentionTask(object(), policy)
+    assert task._quiet_wait_s() == wait_s
