@@ -3,13 +3,13 @@
 The controller group lives on shard 0 of each node. The supervisor (raft.node.supervisor) gives
 shard 0 the write end of one pipe per other shard, and shard k the read end of its own. Shard 0
 (`FeedWriter`) writes the controller metadata it applied, whenever it changes, as one frame: a
-4-byte big-endian length and a msgpack map {"meta": ClusterMetadata.to_snapshot(), "founders":
-[[group, [node, ...]], ...], "leader": id, "address": shard 0 address of the controller's
+4-byte big-endian length and a msgpack map {"meta": ClusterMetadata.to_snapshot() (each
+partition's founders included), "leader": id, "address": shard 0 address of the controller's
 leader, "caught_up": bool}. Only the newest state matters, so a writer that is behind skips to
 it: a slow reader costs shard 0 nothing but one pending write.
 
 Shard k (`ShardFollower`) stands where shard 0 has raft.node.controller.ControllerService: the
-metadata, the founders of each group, whether the metadata is caught up, the listeners told of
+metadata (with each group's founders), whether the metadata is caught up, the listeners told of
 every new state (the reconciler starts and stops the partitions placed on shard k). It never
 proposes: topic requests go to shard 0 of the controller's leader, as the metadata says.
 
@@ -144,7 +144,6 @@ class FeedWriter:
         leader = ctl.leader()
         info = meta.nodes.get(leader) if leader is not None else None
         return {"meta": meta.to_snapshot(),
-                "founders": [[g, list(f)] for g, f in sorted(ctl.founders.items())],
                 "leader": leader, "address": None if info is None else info.address,
                 "caught_up": ctl.caught_up(), "leaders": sorted(self.leaders().items())}
 
@@ -183,7 +182,6 @@ class ShardFollower:
         self.fd = fd
         self.shard = shard
         self._metadata = ClusterMetadata()
-        self.founders: dict[int, tuple[int, ...]] = {}
         self.leader_hint: tuple[int | None, str | None] = (None, None)
         self.leaders: dict[int, int] = {}  # group -> leader id, every shard's (shard 0 merged)
         self._caught_up = False
@@ -211,7 +209,6 @@ class ShardFollower:
     def take(self, state: dict[str, Any]) -> None:
         """A state from shard 0 (ValueError if malformed: shard 0 wrote it, a bug)."""
         self._metadata = ClusterMetadata.from_snapshot(state["meta"])
-        self.founders = {int(g): tuple(f) for g, f in state["founders"]}
         self.leader_hint = (state.get("leader"), state.get("address"))
         self._caught_up = bool(state.get("caught_up"))
         self.leaders = {int(g): int(n) for g, n in state.get("leaders") or ()}

@@ -270,10 +270,10 @@ def _link(address: str, **kw) -> "PeerLink":
     return PeerLink(1, 2, address, **opts)
 
 
-def _stream(link: "PeerLink") -> "PeerStream":
+def _stream(link: "PeerLink", group: int = 0) -> "PeerStream":
     """What a group queues through (raft.node.outbox): the link alone takes no raft messages."""
     from raft.node.outbox import PeerStream
-    return PeerStream(link, 0)
+    return PeerStream(link, group)
 
 
 def _hb(seq: int) -> m.Heartbeat:
@@ -282,8 +282,9 @@ def _hb(seq: int) -> m.Heartbeat:
 
 def test_peer_link_queue_is_bounded_and_drops() -> None:
     link = _link("127.0.0.1:1", queue_messages=3)
-    stream = _stream(link)
-    accepted = [stream.send(_hb(i)) for i in range(10)]
+    # Ten groups' heartbeats (a group's newer heartbeat takes its queued one's place, so one
+    # group alone never fills the lane: tests/node/test_peer_lanes.py).
+    accepted = [_stream(link, g).send(_hb(i)) for g, i in zip(range(1, 11), range(10))]
     assert accepted == [True] * 3 + [False] * 7
     assert link.status()["dropped"] == 7 and link.status()["queued"] == 3
     big = m.AppendEntries(src=1, dst=2, term=1, prev_offset=-1, prev_term=0,
