@@ -34,13 +34,8 @@ async def closed_worker(a: ClosedArgs, sync: Sync) -> None:
     payload = encode_values([b"x" * a.record_size])
     conns = [await AsyncConn.open(a.addr) for _ in range(a.writers)]
     sync.ready()
-    k = 0
     try:
-        while True:
-            k += 1
-            t0 = await sync.wait_round(k)
-            if t0 is None:
-                return
+        async for k, t0 in sync.rounds():
             sync.report(k, await closed_round(conns, a, payload, t0))
     finally:
         for c in conns:

@@ -60,13 +60,8 @@ async def keyed_worker(a: KeyedArgs, sync: Sync) -> None:
     conns = {addr: await AsyncConn.open(addr) for addr in
              sorted({a.leaders[p] for p in batches})}
     sync.ready()
-    k = 0
     try:
-        while True:
-            k += 1
-            t0 = await sync.wait_round(k)
-            if t0 is None:
-                return
+        async for k, t0 in sync.rounds():
             sync.report(k, await keyed_round(a, conns, batches, t0))
     finally:
         for c in conns.values():

@@ -12,7 +12,7 @@ import multiprocessing as mp
 import queue
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import trio
@@ -51,6 +51,17 @@ class Sync:
             await trio.sleep(delay)
         return t0
 
+    async def rounds(self) -> AsyncIterator[tuple[int, float]]:
+        """(round number, start instant) for rounds 1, 2, ... until the parent stops the
+        workers: every worker's loop, written once."""
+        k = 0
+        while True:
+            k += 1
+            t0 = await self.wait_round(k)
+            if t0 is None:
+                return
+            yield k, t0
+
     @property
     def event(self) -> float:
         return self.event_at.value
@@ -72,8 +83,8 @@ def _entry(fn: Callable, args: Any, q: Any, start_at: Any, round_no: Any, event_
 
 class WorkerGroup:
     """Run `fn(args, sync)` (async) once per args, each in its own process. The function
-    connects, calls sync.ready(), then for round 1, 2, ...: `t0 = await sync.wait_round(k)`,
-    measures, `sync.report(k, result)`; it returns when wait_round gives None."""
+    connects, calls sync.ready(), then `async for k, t0 in sync.rounds():` measures and
+    `sync.report(k, result)`; the loop ends when the parent stops the workers."""
 
     def __init__(self, fn: Callable, arg_list: list[Any]) -> None:
         self.q = _CTX.Queue()

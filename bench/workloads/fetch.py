@@ -33,13 +33,8 @@ class FetchArgs:
 async def fetch_worker(a: FetchArgs, sync: Sync) -> None:
     conn = await AsyncConn.open(a.addr)
     sync.ready()
-    k = 0
     try:
-        while True:
-            k += 1
-            t0 = await sync.wait_round(k)
-            if t0 is None:
-                return
+        async for k, t0 in sync.rounds():
             sync.report(k, await fetch_round(conn, a))
     finally:
         await conn.aclose()

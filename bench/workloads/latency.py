@@ -51,13 +51,8 @@ async def latency_worker(a: LatencyArgs, sync: Sync) -> None:
     payload = encode_values([b"x" * RECORD_SIZE])
     conn = await AsyncConn.open(a.addr, tls_ca=a.tls_ca)
     sync.ready()
-    k = 0
     try:
-        while True:
-            k += 1
-            t0 = await sync.wait_round(k)
-            if t0 is None:
-                return
+        async for k, t0 in sync.rounds():
             sync.report(k, await latency_round(conn, a, payload, t0))
     finally:
         await conn.aclose()

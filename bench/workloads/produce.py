@@ -46,13 +46,8 @@ async def produce_worker(a: ProduceArgs, sync: Sync) -> None:
     payload, count = batch_payload(a.record_size, a.batch_bytes)
     conn = await AsyncConn.open(a.addr, tls_ca=a.tls_ca)
     sync.ready()
-    k = 0
     try:
-        while True:
-            k += 1
-            t0 = await sync.wait_round(k)
-            if t0 is None:
-                return
+        async for k, t0 in sync.rounds():
             result = await produce_round(conn, a, payload, count, t0)
             sync.report(k, result)
             if result["stalled"] or result["lost"]:

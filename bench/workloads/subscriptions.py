@@ -63,12 +63,7 @@ async def commit_worker(a: CommitArgs, sync: Sync) -> None:
         for con in consumers:  # one at a time: the client's connection takes them in turn
             await con.open()
         sync.ready()
-        k = 0
-        while True:
-            k += 1
-            t0 = await sync.wait_round(k)
-            if t0 is None:
-                return
+        async for k, t0 in sync.rounds():
             requests, commits = client.coalescer.requests, client.coalescer.commits
             result = await commit_round(consumers, a, t0)
             result["requests"] = client.coalescer.requests - requests
