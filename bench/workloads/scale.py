@@ -169,12 +169,29 @@ def _node(ctx: Ctx, shards: int, data: str) -> tuple[subprocess.Popen, str]:
     return proc, address
 
 
+def _state(proc: subprocess.Popen, data: str) -> str:
+    """Whether the node process ended (with its log's tail) or is still starting."""
+    code = proc.poll()
+    if code is None:
+        return (f"is still running but did not answer within {START_BOUND_S:.0f} s (a loaded "
+                f"machine: see `uptime`)")
+    try:
+        with open(os.path.join(data, "node.log"), "rb") as f:
+            tail = f.read()[-1500:].decode(errors="replace")
+    except OSError:
+        tail = ""
+    return f"exited with code {code}; its log ends:\n{tail}"
+
+
 def _measure(ctx: Ctx, s: dict, shards: int, det: dict) -> dict[str, list[float]]:
     data = tempfile.mkdtemp(prefix=f"scale{shards}-", dir=ctx.data_dir or ctx.cfg.base_dir)
     proc, address = _node(ctx, shards, data)
     out: dict[str, list[float]] = {}
     try:
-        leaders = trio.run(_create, address, s["partitions"])
+        try:
+            leaders = trio.run(_create, address, s["partitions"])
+        except Exception as e:  # say whether the node died or is slow (a loaded machine)
+            raise RuntimeError(f"{e}; the node {_state(proc, data)}") from None
         warmup = 0.2 if ctx.cfg.quick else 1.0
         for acks in ("leader", "quorum"):
             keys = [[f"k{i}".encode() for i in range(p, s["partitions"] * 8, s["producers"])]
