@@ -50,6 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partitions", type=int, default=None,
                    help="the large partition count of `partitions` (default 1000; 4 with "
                         "--quick)")
+    p.add_argument("--producers", type=int, default=None,
+                   help="load generator processes of `scale` (default 4; 2 with --quick)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -68,6 +70,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                          f"{', '.join(MEASURES)}")
     if args.partitions is not None and args.partitions < 1:
         raise SystemExit("bench: --partitions must be at least 1")
+    if args.producers is not None and args.producers < 1:
+        raise SystemExit("bench: --producers must be at least 1")
     return BenchConfig(
         workloads=list(args.workloads) or list(WORKLOADS), nodes=args.nodes,
         duration=args.duration if args.duration is not None else (0.5 if args.quick else 2.0),
@@ -75,7 +79,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         quick=args.quick, base_dir=args.data_dir, server_args=list(args.server_arg),
         batch_bytes=args.batch_bytes, window=args.window, keep=args.keep,
         only=only,
-        partitions=args.partitions or (4 if args.quick else 1000))
+        partitions=args.partitions or (4 if args.quick else 1000),
+        producers=args.producers)
 
 
 def command(args: argparse.Namespace) -> int:

@@ -48,7 +48,8 @@ def run(cfg: BenchConfig, console: Console, command: list[str] | None = None) ->
         "config": {"workloads": cfg.workloads, "nodes": cfg.nodes, "duration_s": cfg.duration,
                    "repeats": cfg.repeats, "quick": cfg.quick, "batch_bytes": cfg.batch_bytes,
                    "window": cfg.window, "server_args": cfg.server_args,
-                   "keep_data": cfg.keep, "only": cfg.only, "partitions": cfg.partitions},
+                   "keep_data": cfg.keep, "only": cfg.only, "partitions": cfg.partitions,
+                   "producers": cfg.producers},
         "limits": {}, "figures": [], "details": {}, "errors": [], "plots": [],
         "elapsed_s": None,
     }

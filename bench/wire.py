@@ -184,6 +184,21 @@ class AsyncConn:
     async def send_raw(self, frame: bytes) -> None:
         await self.stream.send_all(frame)
 
+    async def send_parts(self, first: bytes, rest: bytes) -> None:
+        """`first` then `rest` in one write where the stream is a plain socket (sendmsg):
+        a pre-encoded frame's small head and its large tail leave as one segment stream,
+        and the node is not woken for the head alone."""
+        sock = getattr(self.stream, "socket", None)
+        if sock is None:  # TLS: one copy
+            await self.stream.send_all(first + rest)
+            return
+        sent = await sock.sendmsg([first, rest])  # (waits until writable)
+        if sent < len(first):
+            await self.stream.send_all(first[sent:])
+            sent = len(first)
+        if sent - len(first) < len(rest):
+            await self.stream.send_all(memoryview(rest)[sent - len(first):])
+
     async def recv(self) -> dict[str, Any]:
         while not self._ready:
             data = await self.stream.receive_some(1 << 20)

@@ -31,6 +31,7 @@ class BenchConfig:
     # `partitions` workload: which of its measures to run (empty: all) and its large count.
     only: list[str] = field(default_factory=list)
     partitions: int = 1000
+    producers: int | None = None  # `scale`: load generator processes (None: its default)
 
 
 @dataclass

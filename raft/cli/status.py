@@ -25,6 +25,8 @@ FOLLOWER_COLUMNS = ("node", "match", "next", "dirty", "flushed", "in flight", "r
                     "bytes behind", "catch-up", "learner", "last heard (ticks)")
 PARTITION_COLUMNS = ("node", "partitions", "leading", "following", "without leader", "topics",
                      "controller")
+SHARD_COLUMNS = ("node", "shard", "address", "partitions", "leading", "groups", "cpu",
+                 "memory", "loop lag max")
 STORAGE_COLUMNS = ("node", "log start", "retained", "retention held by", "deleted",
                    "scrub passes", "scrub found", "subscriptions")
 
@@ -158,6 +160,38 @@ def partition_rows(statuses: dict[str, dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
+def shard_rows(statuses: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """Per node of K > 1 shard processes (docs/SHARDS.md): each shard's figures as its shard
+    0 reports them, then the node's totals (shard "all")."""
+    rows = []
+    for st in sorted((s for s in statuses.values() if "error" not in s and s.get("node_shards")),
+                     key=lambda s: s.get("node_id", 1 << 30)):
+        node = str(st.get("node_id"))
+        lines = [*st["node_shards"], {"shard": "all", "address": "",
+                                      **(st.get("node_totals") or {})}]
+        for line in lines:
+            reported = line.get("reported", True)
+            rows.append([node, str(line["shard"]), line.get("address") or "",
+                         str(line.get("partitions", "-")), str(line.get("leading", "-")),
+                         *(_figure(line, k) if reported else "not reported yet"
+                           for k in ("groups", "cpu_seconds", "rss_bytes",
+                                     "loop_lag_max_ms"))])
+    return rows
+
+
+def _figure(line: dict[str, Any], key: str) -> str:
+    value = line.get(key)
+    if value is None:
+        return "-"
+    if key == "cpu_seconds":
+        return f"{value:,.1f} s"
+    if key == "rss_bytes":
+        return f"{value / 1e6:,.0f} MB"
+    if key == "loop_lag_max_ms":
+        return f"{value:,.1f} ms"
+    return str(value)
+
+
 def storage_rows(statuses: dict[str, dict[str, Any]]) -> list[list[str]]:
     """Per node: what the log holds, what holds retention back (docs/RETENTION.md), the
     scrubber (docs/DISK-LOSS.md) and the subscription table (docs/SUBSCRIPTIONS.md)."""
@@ -210,6 +244,10 @@ def render_status(statuses: dict[str, dict[str, Any]], console: Any = None) -> N
     if partitions:
         _render(console, "partitions per node (`raftlog topic describe NAME` for each topic)",
                 PARTITION_COLUMNS, partitions)
+    shards = shard_rows(statuses)
+    if shards:
+        _render(console, "shards per node (docs/SHARDS.md; `all`: the node's totals)",
+                SHARD_COLUMNS, shards)
     storage = storage_rows(statuses)
     if storage:
         _render(console, "log storage", STORAGE_COLUMNS, storage)

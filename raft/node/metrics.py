@@ -26,7 +26,9 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 
+from raft.controller.state import shard_address
 from raft.node.config import ConfigError, format_address, parse_address
+from raft.node.shard_metrics import shard_registry
 from raft.core.types import Role
 
 log = logging.getLogger("raftlog.node")
@@ -103,6 +105,7 @@ class NodeMetrics:
         for kind in ("client", "peer", "handshake"):
             self.connections.labels(kind)
         self.partition_series_max = PARTITION_SERIES_MAX  # the cap (tests lower it)
+        self.shard, self.shards = 0, 1  # which shard process of its node (shard_info)
         self._produce = {}  # acks -> (latency child) cached: label lookups take a lock
         self._requests: dict[tuple[str, str], Any] = {}  # (type, code) -> counter child
         self._produce_requests: dict[tuple[str, str], Any] = {}  # (acks, code) -> child
@@ -120,8 +123,9 @@ class NodeMetrics:
 
     def shard_info(self, shard: int, shards: int) -> None:
         """`raftlog_shard_info{shard, shards} 1`: which shard process of its node this is
-        (docs/SHARDS.md: shard k serves /metrics on the metrics port + k; a node's totals are
-        the sum over its K shards, e.g. `sum without (shard, instance)` on a join by it)."""
+        With K > 1 every series gets a `shard` label and shard 0's address serves the node's
+        (every shard's series and the totals: raft.node.shard_metrics, docs/SHARDS.md)."""
+        self.shard, self.shards = shard, shards
         Gauge("raftlog_shard_info", "Which shard process of its node this is (1 per process)",
               ["shard", "shards"], registry=self.registry).labels(str(shard), str(shards)).set(1)
 
@@ -207,8 +211,13 @@ class NodeMetrics:
         from prometheus_client import start_http_server
 
         host, port = parse_address(address, what="metrics_listen address")
+        registry = self.registry
+        if self.shards > 1:  # every series labelled by shard; shard 0 serves the node's
+            others = ({k: shard_address(address, k) for k in range(1, self.shards)}
+                      if self.shard == 0 and port else {})
+            registry = shard_registry(self.registry, self.shard, others)
         try:
-            self._httpd, _thread = start_http_server(port, addr=host, registry=self.registry)
+            self._httpd, _thread = start_http_server(port, addr=host, registry=registry)
         except OSError as e:
             raise ConfigError(f"cannot serve metrics on {address}: {e.strerror or e}; pick a "
                               f"free --metrics-listen address") from None

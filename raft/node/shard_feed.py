@@ -39,6 +39,7 @@ FEED_ENV = "RAFTLOG_CONTROLLER_FEED"  # shard k: "fd" (its read end)
 REPORTS_ENV = "RAFTLOG_SHARD_REPORTS"  # shard 0: "fd,fd,..." (read ends of the reports)
 REPORT_ENV = "RAFTLOG_SHARD_REPORT"  # shard k: "fd" (the write end of its report)
 REPORT_EVERY_S = 0.2  # how often a shard looks for leadership changes of its partitions
+FIGURES_EVERY_S = 1.0  # how often a shard sends its figures (shard_figures) all the same
 RESEND_CHECK_S = 0.5  # how often the writer looks at the controller's leader (it moves alone)
 MAX_FEED_FRAME = 256 * 1024 * 1024
 _LEN = struct.Struct(">I")
@@ -82,10 +83,32 @@ def local_leaders(runtime: Any) -> dict[int, int]:
     return out
 
 
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def shard_figures(runtime: Any) -> dict[str, Any]:
+    """This shard process's own figures for the node's `status` (docs/SHARDS.md): the groups
+    it runs, its CPU seconds (every thread: utime+stime), its resident memory and its event
+    loop's largest recent lag. Read from the process itself: cheap, no scrape."""
+    times = os.times()
+    try:
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        rss = None
+    node = runtime.node
+    lag = getattr(node, "loop_lag", None)
+    return {"groups": len(node.registry.ids()), "cpu_seconds": round(times.user +
+                                                                      times.system, 2),
+            "rss_bytes": rss,
+            "loop_lag_max_ms": None if lag is None else lag.snapshot().to_dict()["max_ms"]}
+
+
 class LeaderReporter:
     """Shard k's side of the way back: the leaders of its partitions, when they change, so
     shard 0 (and through its feed every shard) answers `metadata` with every partition's
-    leader (clients go straight to it: docs/SHARDS.md)."""
+    leader (clients go straight to it: docs/SHARDS.md); and its own figures
+    (`shard_figures`, every FIGURES_EVERY_S) for the node's `status`."""
 
     def __init__(self, fd: int, runtime: Any) -> None:
         self.fd = fd
@@ -94,14 +117,18 @@ class LeaderReporter:
     async def run(self) -> None:
         stream = trio.lowlevel.FdStream(self.fd)
         last: dict[int, int] | None = None
+        figures_at = -FIGURES_EVERY_S
         while True:
             leaders = local_leaders(self.runtime)
-            if leaders != last:
+            now = trio.current_time()
+            if leaders != last or now - figures_at >= FIGURES_EVERY_S:
+                report = {"leaders": sorted(leaders.items()),
+                          "figures": shard_figures(self.runtime)}
                 try:
-                    await stream.send_all(encode_feed({"leaders": sorted(leaders.items())}))
+                    await stream.send_all(encode_feed(report))
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     return  # shard 0 stopped: the supervisor stops the node
-                last = leaders
+                last, figures_at = leaders, now
             await trio.sleep(REPORT_EVERY_S)
 
 
@@ -115,6 +142,7 @@ class FeedWriter:
         self._changed = trio.Event()
         self.sent = 0
         self.remote: dict[int, dict[int, int]] = {}  # shard -> {group: leader} it reported
+        self.figures: dict[int, dict[str, Any]] = {}  # shard -> its last shard_figures
 
     def kick(self) -> None:
         self._changed.set()
@@ -133,8 +161,11 @@ class FeedWriter:
 
     async def _read_reports(self, shard: int, fd: int) -> None:
         def take(state: dict[str, Any]) -> None:
-            self.remote[shard] = {int(g): int(n) for g, n in state["leaders"]}
-            self.kick()
+            leaders = {int(g): int(n) for g, n in state["leaders"]}
+            self.figures[shard] = dict(state.get("figures") or {})
+            if leaders != self.remote.get(shard):
+                self.remote[shard] = leaders
+                self.kick()
 
         await read_frames(trio.lowlevel.FdStream(fd), take)
 

@@ -30,7 +30,8 @@ from raft.controller.commands import RegisterNode
 from raft.controller.state import DEFAULT_TOPIC, ClusterMetadata, shard_address
 from raft.node.config import ConfigError
 from raft.node.controller import ControllerService
-from raft.node.shard_feed import FeedWriter, LeaderReporter, ShardFollower, feed_fds
+from raft.node.shard_feed import (FeedWriter, LeaderReporter, ShardFollower, feed_fds,
+                                  shard_figures)
 from raft.node.reconciler import UNMANAGED, Reconciler
 from raft.node.leader_balance import LeaderBalancer
 from raft.node.replica_moves import ReplicaMover
@@ -226,10 +227,14 @@ class TopicRuntime:
             placed = meta.groups_of(self.node_id, k)
             if k == 0 and DEFAULT_GROUP not in placed and DEFAULT_GROUP in self.node.registry:
                 placed = {**placed, DEFAULT_GROUP: None}
+            figures = (shard_figures(self) if k == 0 else
+                       self.feed.figures.get(k, {}) if self.feed is not None else {})
             out.append({"shard": k,
                         "address": None if info is None else shard_address(info.address, k),
                         "partitions": len(placed),
-                        "leading": sum(1 for g in placed if leaders.get(g) == self.node_id)})
+                        "leading": sum(1 for g in placed if leaders.get(g) == self.node_id),
+                        "reported": k == 0 or bool(figures),
+                        **{f: figures.get(f) for f in SHARD_FIGURES}})
         return out
 
     def _other_shard_leader(self, group_id: int) -> tuple[int | None, str | None]:
@@ -321,12 +326,30 @@ class TopicRuntime:
                           "move": _move_step(self.mover.steps.get(group_id))})
         ctl = self.node.controller_group.core if self.shard == 0 else None
         leader, address = self.leader_of(CONTROLLER_GROUP)
+        shard_lines = self._shard_lines(meta)
         return {"partitions": lines, "shard": self.shard, "shards": self.node.config.shards,
-                "node_shards": self._shard_lines(meta),
+                "node_shards": shard_lines, "node_totals": node_totals(shard_lines),
                 "controller": {"leader": leader, "leader_address": address,
                                "applied": meta.applied,
                                "role": None if ctl is None else ctl.role.value,
                                "topics": len(meta.topics)}}
+
+
+SHARD_FIGURES = ("groups", "cpu_seconds", "rss_bytes", "loop_lag_max_ms")
+
+
+def node_totals(lines: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The node's figures over its shards' lines (None with one shard): sums, and the
+    largest loop lag; figures of a shard that has not reported yet are left out."""
+    if not lines:
+        return None
+    out: dict[str, Any] = {"shards": len(lines)}
+    for key in ("partitions", "leading", "groups", "cpu_seconds", "rss_bytes"):
+        vals = [line[key] for line in lines if line.get(key) is not None]
+        out[key] = round(sum(vals), 2) if vals else None
+    lags = [line["loop_lag_max_ms"] for line in lines if line.get("loop_lag_max_ms") is not None]
+    out["loop_lag_max_ms"] = max(lags) if lags else None
+    return out
 
 
 def partition_series(runtime: TopicRuntime, limit: int) -> dict[str, Any]:

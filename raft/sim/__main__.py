@@ -21,8 +21,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verbose", action="store_true", help="print every run's summary")
     p.add_argument("--no-quiesce", action="store_true",
                    help="run without quiescence and node liveness (quiesce_ticks=0)")
+    p.add_argument("--shards", type=int, default=1,
+                   help="shard processes per node (the topics profile; default 1)")
     args = p.parse_args(argv)
-    extra = {"quiesce": False} if args.no_quiesce else {}
+    extra: dict = {"quiesce": False} if args.no_quiesce else {}
+    if args.shards != 1:
+        extra["shards"] = args.shards
     failed = 0
     t0 = time.monotonic()
     for seed in range(args.seed, args.seed + args.runs):

@@ -63,6 +63,10 @@ class SimConfig:
     # Recovery slots per node shared by its groups (recovery/budget.py; 0 = no limit): few, so
     # catch-ups after crashes and partitions queue for them.
     recovery_streams: int = 2
+    # Shard processes per node (docs/SHARDS.md): the nodes register this many, the controller
+    # places each partition on a shard index, and every replica runs on it; a message of a
+    # group must leave and reach the replicas on that shard ("shard to shard" checker).
+    shards: int = 1
 
 
 @dataclass
@@ -74,6 +78,7 @@ class SimResult:
     trace_tail: list[str]
     profile: str = "mixed"
     quiesce: bool = True
+    shards: int = 1
 
     @property
     def ok(self) -> bool:
@@ -89,5 +94,6 @@ class SimResult:
             lines.append(f"  replay: python -m raft.sim --seed {self.seed} "
                          f"--nodes {self.stats.get('nodes')} --profile {self.profile}"
                          + ("" if self.quiesce or self.profile == "noquiesce"
-                            else " --no-quiesce"))
+                            else " --no-quiesce")
+                         + ("" if self.shards == 1 else f" --shards {self.shards}"))
         return "\n".join(lines)

@@ -54,6 +54,7 @@ class GroupReplica(SimNode):
 
     group: int = CONTROLLER
     host: "TopicsNode | None" = None
+    shard: int = 0  # the shard index of its node it runs on (the metadata's Partition.shard)
 
     def _open_log(self) -> MemoryLog:
         assert self.host is not None
@@ -335,7 +336,7 @@ class TopicsNode:
                         have.add(cmd)
             off = batches[-1].last_offset + 1
         founders = {n: f"sim:{n}" for n in self.founders}
-        for cmd in bootstrap_commands(founders):
+        for cmd in bootstrap_commands(founders, shards=self.sim.cfg.shards):
             if cmd in have:
                 continue
             batch = Batch.create(encode_command(cmd), 1, kind=BatchKind.CONTROL,
@@ -352,7 +353,7 @@ class TopicsNode:
         on_disk = [g for g in self.store.group_ids() if g != CONTROLLER]
         plan = reconciler.reconcile(meta, self.node_id, running, on_disk)
         for p in plan.start:
-            self._start_replica(p.group, p.founders or p.replicas)
+            self._start_replica(p.group, p.founders or p.replicas, p.shard)
             if not self.up:
                 return
         for g in plan.stop:
@@ -364,7 +365,7 @@ class TopicsNode:
             if replica is not None:
                 self.sim.on_dropped(self, g, replica)
 
-    def _start_replica(self, group: int, voters: tuple[int, ...]) -> None:
+    def _start_replica(self, group: int, voters: tuple[int, ...], shard: int = 0) -> None:
         knobs = self.knobs
         sections = (controller_section.SECTION,) if group == CONTROLLER else ()
         replica = self.replicas.get(group)
@@ -378,9 +379,12 @@ class TopicsNode:
                 self.sim.on_replica_event, tick_us=self.tick_us, disk=self.disk,
                 persist_hard_state=self.sim.cfg.persist_hard_state,
                 retention=self.controller_retention if group == CONTROLLER else None,
-                group=group, host=self)  # SimNode.__post_init__ opens the log and starts
-            self.replicas[group] = replica
+                group=group, host=self, shard=shard)  # SimNode.__post_init__ opens the
+            self.replicas[group] = replica  # log and starts
         else:
+            if replica.shard != shard:
+                self.sim.fail(group, "shard to shard", f"node {self.node_id} restarts group "
+                              f"{group} on shard {shard}; it ran on shard {replica.shard}")
             reopened = self.store.open_log(group)
             assert reopened is replica.log, "the store handed back another log for the group"
             replica.start()

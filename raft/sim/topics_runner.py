@@ -50,6 +50,7 @@ class Envelope:
 
     group: int
     msg: m.Message
+    shard: int = 0  # the shard index of the sending replica (docs/SHARDS.md)
 
     @property
     def src(self) -> int:
@@ -72,6 +73,7 @@ class TopicsSimulation:
         self.trace = hashlib.blake2b(digest_size=16)
         self.trace_tail: list[str] = []
         self.unrouted = 0
+        self.shard_messages = 0  # messages between replicas on a shard other than 0
         self.admin_proposed = 0
         self._rid = 0
         self._admin_rid = -1
@@ -166,7 +168,8 @@ class TopicsSimulation:
     # -- wiring ----------------------------------------------------------------------------
     def send(self, group: int, msg: m.Message) -> None:
         self._checkers(group).on_send(self.loop.now, msg, self.checked_members(group))  # type: ignore[arg-type]
-        self.network.send(Envelope(group, msg))  # type: ignore[arg-type]
+        sender = self.nodes[msg.src].replicas.get(group)
+        self.network.send(Envelope(group, msg, sender.shard if sender is not None else 0))  # type: ignore[arg-type]
 
     def _deliver(self, env: Envelope) -> None:
         msg = env.msg
@@ -174,7 +177,26 @@ class TopicsSimulation:
                           f"{msg.dst}:{msg.term}".encode())
         if self.liveness is not None:
             self.liveness.heard(msg.dst, msg.src)
+        self._check_shard(env)
         self.nodes[msg.dst].receive(env.group, msg)
+
+    def _check_shard(self, env: Envelope) -> None:
+        """Traffic stays shard to shard: a group's message leaves the shard its sender runs
+        the group on and reaches the same shard index of the receiver (docs/SHARDS.md: a
+        partition lives on one shard index on every replica), and that is the shard the
+        metadata places the partition on."""
+        receiver = self.nodes[env.dst].replicas.get(env.group)
+        if receiver is not None and receiver.shard != env.shard:
+            self.fail(env.group, "shard to shard", f"group {env.group}: node {env.src} shard "
+                      f"{env.shard} sent to node {env.dst}, which runs it on shard "
+                      f"{receiver.shard}")
+        meta = self.oracle()
+        p = meta.groups.get(env.group) if meta is not None else None
+        if p is not None and p.shard != env.shard:
+            self.fail(env.group, "shard to shard", f"group {env.group} is placed on shard "
+                      f"{p.shard}; node {env.src} runs it on shard {env.shard}")
+        if env.shard:
+            self.shard_messages += 1
 
     def on_answer(self, group: int, node_id: int, a: ProduceAnswer) -> None:
         self.trace.update(f"{self.loop.now}:ans:{group}:{node_id}:{a.request_id}:"
@@ -374,6 +396,8 @@ class TopicsSimulation:
                  "events": self.loop.events_run, "messages": self.network.sent,
                  "groups": len(self.group_checkers) - 1,
                  "live_partitions": len(meta.groups) if meta is not None else 0,
+                 "shards": cfg.shards, "shard_messages": self.shard_messages,
+                 "partitions_by_shard": _by_shard(meta, cfg.shards),
                  "topics": len(meta.topics) if meta is not None else 0,
                  "creates": self.workload.creates, "deletes": self.workload.deletes,
                  "grows": self.workload.grows, "admin_proposed": self.admin_proposed,
@@ -391,4 +415,12 @@ class TopicsSimulation:
                  "recovery_granted": sum(n.recovery.granted for n in self.nodes.values()),
                  "recovery_denied": sum(n.recovery.denied for n in self.nodes.values())}
         return SimResult(cfg.seed, violations, self.trace.hexdigest(), stats,
-                         list(self.trace_tail), cfg.profile, cfg.quiesce)
+                         list(self.trace_tail), cfg.profile, cfg.quiesce, cfg.shards)
+
+
+def _by_shard(meta: ClusterMetadata | None, shards: int) -> list[int]:
+    """How many live partitions the controller placed on each shard index."""
+    out = [0] * shards
+    for p in (meta.groups.values() if meta is not None else ()):
+        out[p.shard] += 1
+    return out

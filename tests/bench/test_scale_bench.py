@@ -33,5 +33,10 @@ def test_quick_scale_bench_reports_every_figure(tmp_path) -> None:  # noqa: ANN0
     for acks in ("leader", "quorum"):
         for fid in (f"scale.shards1.{acks}.MBps", f"scale.shards2.{acks}.MBps",
                     f"scale.shards1.{acks}.cpu_s_per_MB", f"scale.shards2.{acks}.cpu_s_per_MB",
-                    f"scale.ratio.shards2.{acks}"):
+                    f"scale.ratio.shards2.{acks}",
+                    f"scale.shards1.{acks}.producers_cpu_s_per_MB",
+                    f"scale.shards2.{acks}.producers_cpu_s_per_MB",
+                    f"scale.shards2.{acks}.MBps_cpu_ceiling"):
             assert ids[fid]["median"] is not None, fid
+    rounds = results["details"]["scale"]["shards2.leader"]
+    assert all(r["producers_cores"] > 0 and r["node_cores"] > 0 for r in rounds), rounds

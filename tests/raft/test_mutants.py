@@ -765,6 +765,12 @@ MUTANTS = [
            "replica = self.replicas.get(group)",
            "replica = self.replicas.get(sorted(self.replicas)[min(group, len(self.replicas) - 1)])",
            (test_topics_sim.test_messages_reach_their_own_group,)),
+    Mutant("a node runs a partition on another shard index than the metadata places it on",
+           "raft.sim.topics_node", "TopicsNode._reconcile",
+           "self._start_replica(p.group, p.founders or p.replicas, p.shard)",
+           "self._start_replica(p.group, p.founders or p.replicas, "
+           "(p.shard + self.node_id) % self.sim.cfg.shards)",
+           (test_topics_sim.test_partitions_are_placed_on_shards_and_traffic_stays_shard_to_shard,)),
     Mutant("the reconciler keeps a deleted topic's groups and logs",
            "raft.controller.reconcile", "reconcile",
            "delete = tuple(sorted(g for g in held if meta.is_deleted(g)))",

@@ -72,6 +72,18 @@ def test_same_seed_same_run() -> None:
     assert c.trace_hash != a.trace_hash
 
 
+def test_partitions_are_placed_on_shards_and_traffic_stays_shard_to_shard() -> None:
+    """Nodes of 2 shards (docs/SHARDS.md): the controller places partitions on both shard
+    indexes, every replica of a partition runs on the shard the metadata gives it, and every
+    message of a group goes from that shard of one node to the same shard of another, under
+    the same faults, with every property kept."""
+    res = run_simulation(profile_config(1, 3, "topics", shards=2))
+    assert res.ok, res.describe()
+    by_shard = res.stats["partitions_by_shard"]
+    assert len(by_shard) == 2 and min(by_shard) > 0, res.stats
+    assert res.stats["shard_messages"] > 0, res.stats
+
+
 # -- teeth ------------------------------------------------------------------------------------
 # These are the killers of the simulation's mutants in tests/raft/test_mutants.py; each fails
 # when the rule it guards is switched off.
