@@ -13,6 +13,7 @@ from raft.core.raft import RaftConfig
 from raft.core.ready import ProduceAnswer
 from raft.core.retention import RetentionPolicy
 from raft.sim.checkers import Checkers, Violation, data_records
+from raft.sim.link_runner import LinkSimulation
 from raft.sim.liveness import NodeLiveness
 from raft.sim.loop import EventLoop
 from raft.sim.nemesis import DISK_LOSS, KINDS, Nemesis
@@ -385,6 +386,17 @@ PROFILES: dict[str, dict[str, Any]] = {
                # Small appends, so nodes back from a crash or a partition recover in many
                # chunks and queue for their node's two recovery slots (recovery/budget.py).
                "raft": {"max_append_bytes": 256, "recovery_chunk_bytes": 128}},
+    # Two clusters and a link (issue 30, raft/sim/link_runner.py): a source cluster with
+    # producers and small retention, a sink cluster whose partitions are mirrors, and a link
+    # that pulls committed batches from the source leaders into the sink leaders; faults on
+    # both clusters and on the link (cuts, loss, duplication, slow paths), and long cuts now
+    # and then let the source delete past the link, which bootstraps (a recorded gap).
+    "link": {"link": True, "clients": 3, "mean_fault_gap_us": 200_000,
+             "faults": ("partition", "one_way", "crash", "crash_leader", "pause", "loss",
+                        "duplicate"),
+             "quiet_phase": False,
+             "retention": {"max_bytes": 4000, "valve_age_ms": 150},
+             "raft": {"max_append_bytes": 1024, "recovery_chunk_bytes": 512}},
 }
 
 
@@ -398,6 +410,8 @@ def profile_config(seed: int, nodes: int, profile: str, **overrides: Any) -> Sim
 def run_simulation(cfg: SimConfig) -> SimResult:
     if cfg.topics:
         return TopicsSimulation(cfg).run()
+    if cfg.link:
+        return LinkSimulation(cfg).run()
     return Simulation(cfg).run()
 
 

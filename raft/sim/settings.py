@@ -63,6 +63,10 @@ class SimConfig:
     # Recovery slots per node shared by its groups (recovery/budget.py; 0 = no limit): few, so
     # catch-ups after crashes and partitions queue for them.
     recovery_streams: int = 2
+    # The link profile (raft/sim/link_runner.py): a source and a sink cluster of `nodes` each
+    # and a link mirroring `link_partitions` partitions between them.
+    link: bool = False
+    link_partitions: int = 2
 
 
 @dataclass
