@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from raft.sim.link_cluster import SimCluster
     from raft.sim.loop import EventLoop
 
-LINK_FAULTS = ("link_cut", "link_cut", "link_loss", "link_duplicate", "link_slow")
+LINK_FAULTS = ("link_cut", "link_cut", "link_partial", "link_loss", "link_duplicate",
+               "link_slow")
 
 
 @dataclass(slots=True)
@@ -49,6 +50,7 @@ class LinkFaults:
     slow: float = 0.02
     slow_delay_us: int = 60_000
     cut: bool = False
+    blocked: frozenset[int] = frozenset()  # source nodes the link cannot reach
 
 
 @dataclass(slots=True, frozen=True)
@@ -119,6 +121,10 @@ class Link:
         if kind == "link_cut":
             f.cut = True
             heal_in *= 2  # long enough, now and then, for the source to delete past it
+        elif kind == "link_partial":
+            ids = sorted(self.source.nodes)
+            f.blocked = frozenset(self.rng.sample(ids, self.rng.randint(1, len(ids) - 1)))
+            kind += f" {sorted(f.blocked)}"
         elif kind == "link_loss":
             f.loss = self.rng.choice([0.1, 0.3, 0.6])
         elif kind == "link_duplicate":
@@ -132,19 +138,20 @@ class Link:
         self.faults = LinkFaults()
 
     # -- the link network ------------------------------------------------------------------
-    def _carry(self, action) -> None:  # noqa: ANN001
+    def _carry(self, action, node: int) -> None:  # noqa: ANN001
+        """A message between the sink and source node `node`, either way."""
         f = self.faults
-        if f.cut or self.rng.random() < f.loss:
+        if f.cut or node in f.blocked or self.rng.random() < f.loss:
             self.stats["link_dropped"] += 1
             return
         for _ in range(2 if self.rng.random() < f.duplicate else 1):
             delay = self.rng.randint(f.min_delay_us, f.max_delay_us)
             if self.rng.random() < f.slow:
                 delay += self.rng.randint(0, f.slow_delay_us)
-            self.loop.after(delay, lambda: self._arrive(action))
+            self.loop.after(delay, lambda: self._arrive(action, node))
 
-    def _arrive(self, action) -> None:  # noqa: ANN001
-        if self.faults.cut:  # a cut that starts while a message is on its way drops it too
+    def _arrive(self, action, node: int) -> None:  # noqa: ANN001
+        if self.faults.cut or node in self.faults.blocked:  # (a cut while on its way)
             self.stats["link_dropped"] += 1
             return
         action()
@@ -186,9 +193,9 @@ class Link:
         def at_source() -> None:
             reply = self._serve(target, group, position)
             if reply is not None:
-                self._carry(lambda: self._on_reply(group, owner, fid, position, reply))
+                self._carry(lambda: self._on_reply(group, owner, fid, position, reply), target)
 
-        self._carry(at_source)
+        self._carry(at_source, target)
 
     def _serve(self, node_id: int, group: int, position: int) -> Reply | None:
         """The source node's fetch handler: committed DATA from `position` (or from its log

@@ -59,9 +59,7 @@ def mirrored_proposal(src: VisibleBatch) -> Batch:
     """The batch the link proposes for one source batch: MIRRORED, tagged with the source's
     visible base, the source's count and timestamp."""
     if CONTRACT:
-        payload = _mirrored.encode_tag(src.base_offset) + src.payload
-        return Batch.create(payload, src.count, kind=BatchKind.MIRRORED,
-                            timestamp_ms=src.timestamp_ms)
+        return _mirrored.mirrored(src.base_offset, src.count, src.timestamp_ms, src.payload)
     _shim_bases[(src.payload, src.timestamp_ms, src.count)] = src.base_offset
     return Batch.create(src.payload, src.count, timestamp_ms=src.timestamp_ms)
 
@@ -71,8 +69,8 @@ def visible_of(b: Batch) -> VisibleBatch | None:
     if CONTRACT:
         if b.kind != BatchKind.MIRRORED:
             return None
-        base, records = _mirrored.decode_tag(b.payload)
-        return VisibleBatch(base, b.count, b.timestamp_ms, records)
+        return VisibleBatch(_mirrored.decode_tag(b.payload), b.count, b.timestamp_ms,
+                            _mirrored.records_of(b))
     if b.kind != BatchKind.DATA:
         return None
     base = _shim_bases[(b.payload, b.timestamp_ms, b.count)]
@@ -98,7 +96,7 @@ def position_refusal(a: ProduceAnswer) -> int | None:
     """The sink's visible end when `a` refuses a MIRRORED proposal by the position rule."""
     if not CONTRACT or a.error.name != "MIRROR_POSITION":
         return None
-    return _mirrored.refused_visible_end(a)
+    return a.visible_end  # type: ignore[attr-defined]
 
 
 # The stand-in's position rule, applied by the link itself (False: none, to see the checker
