@@ -5,8 +5,8 @@ Ready of a source replica, and before every retention cut), so what the source's
 deletes later is still known. The committed prefix is identical on every source replica (the
 per-group Checkers check that), so any replica's log serves.
 
-For every sink replica's committed log, its visible batches (MIRRORED, raft/sim/link_contract.py)
-must be, in log order: strictly increasing in visible offset (no duplicate, no reordering); each
+Every sink partition's committed log is checked as it commits; its visible batches (MIRRORED,
+raft/sim/link_contract.py) must be, in log order: strictly increasing in visible offset (no duplicate, no reordering); each
 identical to the source's committed DATA batch at the same visible offset (count, timestamp,
 payload bytes); and with nothing of the source's skipped between two of them (nor before the
 first) unless a recorded bootstrap gap (raft/sim/link_actor.py) covers it. After the faults heal
@@ -72,92 +72,104 @@ class SourceHistory:
         return self.batches[self.bases[-1]].last_offset if self.bases else -1
 
 
-def sink_visible(replica: "GroupReplica") -> list[VisibleBatch]:
-    """The visible batches of a sink replica's committed log, in log order."""
-    core, log = replica.core, replica.log
-    assert core is not None
-    upto = min(core.commit_index, log.dirty_offset)
-    out: list[VisibleBatch] = []
-    off = log.start_offset
-    while off <= upto:
-        batches, skip_to = read_whole(log, off, 1 << 22)
-        if skip_to >= 0:
-            off = skip_to
-            continue
-        for b in batches:
-            if b.last_offset > upto:
-                return out
-            v = visible_of(b)
-            if v is not None:
-                out.append(v)
-        off = batches[-1].last_offset + 1
-    return out
+@dataclass
+class MirrorProgress:
+    """How far one mirror partition's committed log has been checked."""
+
+    checked_to: int = -1  # sink log offset: every committed batch up to here was checked
+    visible_last: int = -1  # the visible end of what was checked
+    batches: int = 0  # visible batches checked
+    failed: bool = False  # a violation was recorded: stop (one is enough)
 
 
 @dataclass
 class MirrorChecker:
+    """Checks each sink partition's committed log once, as it commits (`on_sink_ready`, after
+    every Ready of a sink replica and before every retention cut of one), against the source's
+    history and the link's recorded bootstrap gaps (`gaps`, the link's own list). The committed
+    prefix is identical on every sink replica (the per-group Checkers check that), so every
+    committed offset is checked once, on whichever replica commits it first."""
+
     source: "SimCluster"
     sink: "SimCluster"
+    gaps: list[Gap]
     history: dict[int, SourceHistory] = field(default_factory=dict)
-    mirrored: dict[int, int] = field(default_factory=dict)  # partition -> visible batches
+    progress: dict[int, MirrorProgress] = field(default_factory=dict)
 
     def on_source_ready(self, replica: "GroupReplica") -> None:
         self.history.setdefault(replica.group, SourceHistory()).advance(replica)
 
-    def _covered(self, gaps: list[Gap], group: int, first: int, last: int) -> bool:
-        return any(g.group == group and g.first <= first and last <= g.last for g in gaps)
+    def on_sink_ready(self, replica: "GroupReplica") -> None:
+        prog = self.progress.setdefault(replica.group, MirrorProgress())
+        core, log = replica.core, replica.log
+        if prog.failed or core is None:
+            return
+        commit = min(core.commit_index, log.dirty_offset)
+        off = prog.checked_to + 1
+        if off > commit or off < log.start_offset:
+            return  # nothing new, or cut here already (checked on another replica)
+        while off <= commit:
+            batches, skip_to = read_whole(log, off, 1 << 20)
+            if skip_to >= 0:
+                return  # damaged here: another replica's copy will be read
+            for b in batches:
+                if b.last_offset > commit:
+                    return
+                v = visible_of(b)
+                if v is not None and not self._check(replica, prog, v):
+                    prog.failed = True
+                    return
+                prog.checked_to = b.last_offset
+            off = batches[-1].last_offset + 1
 
-    def check_replica(self, group: int, node_id: int, replica: "GroupReplica",
-                      gaps: list[Gap]) -> int:
-        """Check one sink replica's committed mirror; returns its committed visible end."""
+    def _covered(self, group: int, first: int, last: int) -> bool:
+        return any(g.group == group and g.first <= first and last <= g.last for g in self.gaps)
+
+    def _check(self, replica: "GroupReplica", prog: MirrorProgress, v: VisibleBatch) -> bool:
+        """One committed visible batch, after those already checked: False on a violation."""
+        group = replica.group
         hist = self.history.get(group, SourceHistory())
-        prev_last = -1
+        prev_last = prog.visible_last
+        where = f"sink node {replica.node_id} partition {group}"
         fail = self.sink.fail
-        visible = sink_visible(replica)
-        self.mirrored[group] = max(self.mirrored.get(group, 0), len(visible))
-        for v in visible:
-            where = f"sink node {node_id} partition {group}"
-            if v.base_offset <= prev_last:
-                fail(group, "mirror: no duplicate, no reordering",
-                     f"{where}: visible batch at {v.base_offset} (count {v.count}) follows "
-                     f"one ending at {prev_last}")
-                return prev_last
-            src = hist.batches.get(v.base_offset)
-            if src is None:
-                fail(group, "mirror: every batch is the source's",
-                     f"{where}: visible batch at {v.base_offset} is no committed DATA batch "
-                     f"of the source (source recorded to {hist.recorded_to})")
-                return prev_last
-            if src != v:
-                fail(group, "mirror: identical offsets, counts, timestamps and bytes",
-                     f"{where}: at {v.base_offset} the mirror has count {v.count} ts "
-                     f"{v.timestamp_ms} {len(v.payload)} bytes, the source count {src.count} "
-                     f"ts {src.timestamp_ms} {len(src.payload)} bytes"
-                     + ("" if src.payload == v.payload else " (payloads differ)"))
-                return prev_last
-            skipped = hist.between(prev_last + 1, v.base_offset - 1)
-            missing = [b for b in skipped
-                       if not self._covered(gaps, group, b, hist.batches[b].last_offset)]
-            if missing:
-                fail(group, "mirror: no gap without a recorded bootstrap",
-                     f"{where}: source batches at {missing[:5]} ({len(missing)} in all) "
-                     f"between visible {prev_last} and {v.base_offset} were never mirrored "
-                     f"and no bootstrap covers them (gaps {[(g.first, g.last) for g in gaps if g.group == group]})")
-                return prev_last
-            prev_last = v.last_offset
-        return prev_last
+        if v.base_offset <= prev_last:
+            fail(group, "mirror: no duplicate, no reordering",
+                 f"{where}: visible batch at {v.base_offset} (count {v.count}) committed "
+                 f"after one ending at {prev_last}")
+            return False
+        src = hist.batches.get(v.base_offset)
+        if src is None:
+            fail(group, "mirror: every batch is the source's",
+                 f"{where}: visible batch at {v.base_offset} is no committed DATA batch of the "
+                 f"source (source recorded to {hist.recorded_to})")
+            return False
+        if src != v:
+            fail(group, "mirror: identical offsets, counts, timestamps and bytes",
+                 f"{where}: at {v.base_offset} the mirror has count {v.count} ts "
+                 f"{v.timestamp_ms} {len(v.payload)} bytes, the source count {src.count} ts "
+                 f"{src.timestamp_ms} {len(src.payload)} bytes"
+                 + ("" if src.payload == v.payload else " (payloads differ)"))
+            return False
+        skipped = hist.between(prev_last + 1, v.base_offset - 1)
+        missing = [b for b in skipped if not self._covered(group, b, hist.batches[b].last_offset)]
+        if missing:
+            gaps = [(g.first, g.last) for g in self.gaps if g.group == group]
+            fail(group, "mirror: no gap without a recorded bootstrap",
+                 f"{where}: source batches at {missing[:5]} ({len(missing)} in all) between "
+                 f"visible {prev_last} and {v.base_offset} were never mirrored and no "
+                 f"bootstrap covers them (gaps {gaps})")
+            return False
+        prog.visible_last = v.last_offset
+        prog.batches += 1
+        return True
 
-    def check(self, gaps: list[Gap]) -> dict[int, int]:
-        """Every sink replica of every partition; the committed visible end per partition
-        (the highest any replica has)."""
-        ends: dict[int, int] = {}
+    def check(self) -> dict[int, int]:
+        """At the end: what every sink replica committed is checked; the committed visible
+        end per partition."""
         for group in self.sink.groups:
-            for node_id, replica in sorted(self.sink.members(group).items()):
-                if replica.core is None:
-                    continue
-                end = self.check_replica(group, node_id, replica, gaps)
-                ends[group] = max(ends.get(group, -1), end)
-        return ends
+            for _, replica in sorted(self.sink.members(group).items()):
+                self.on_sink_ready(replica)
+        return {g: self.progress.get(g, MirrorProgress()).visible_last for g in self.sink.groups}
 
     def caught_up(self) -> bool:
         """Both clusters converged (so every sink log is committed to its end) and every

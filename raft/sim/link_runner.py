@@ -48,15 +48,18 @@ class LinkSimulation:
         groups = list(range(1, cfg.link_partitions + 1))
         retention = (RetentionPolicy(**cfg.retention).validate() if cfg.retention is not None
                      else None)
+        # The stand-in (before the contract) has no `mirror` section: its mirrors keep all.
+        sink_retention = (RetentionPolicy(**cfg.sink_retention).validate()
+                          if cfg.sink_retention is not None and CONTRACT else None)
         common = {"faults": cfg.faults, "mean_fault_gap_us": cfg.mean_fault_gap_us}
         self.source = SimCluster(self, "source", list(range(1, cfg.nodes + 1)), groups, knobs,
                                  retention=retention, translated=False, **common)
         self.sink = SimCluster(self, "sink",
                                list(range(SINK_IDS_FROM, SINK_IDS_FROM + cfg.nodes)), groups,
-                               knobs, retention=None, translated=True, **common)
+                               knobs, retention=sink_retention, translated=True, **common)
         self.link = Link(self.loop, self.source, self.sink,
                          random.Random(self.rng.getrandbits(64)), self.trace_tail)
-        self.mirror = MirrorChecker(self.source, self.sink)
+        self.mirror = MirrorChecker(self.source, self.sink, self.link.gaps)
         self._last_poll = -CONVERGE_POLL_US
         self._last_verdict = False
 
@@ -68,11 +71,12 @@ class LinkSimulation:
     def on_ready(self, cluster: SimCluster, replica: GroupReplica) -> None:
         if cluster is self.source:
             self.mirror.on_source_ready(replica)
+        else:
+            self.mirror.on_sink_ready(replica)
 
     def on_retention_plan(self, cluster: SimCluster, replica: GroupReplica) -> None:
-        """Record what the cut is about to delete while it is still there."""
-        if cluster is self.source:
-            self.mirror.on_source_ready(replica)
+        """Record (check) what the cut is about to delete while it is still there."""
+        self.on_ready(cluster, replica)
 
     # -- the run -------------------------------------------------------------------------------
     def _poll(self) -> bool:
@@ -104,7 +108,7 @@ class LinkSimulation:
                            f"{ {g: h.data_end for g, h in self.mirror.history.items()} }")
         self.source.final_checks(check_data=True)
         self.sink.final_checks(check_data=False)
-        ends = self.mirror.check(self.link.gaps)
+        ends = self.mirror.check()
         return self._result(ends)
 
     def _result(self, ends: dict[int, int]) -> SimResult:
@@ -117,11 +121,15 @@ class LinkSimulation:
                  "requests": self.source.producers.sent,
                  "acked": len(self.source.producers.acked),
                  "source_batches": sum(len(h.bases) for h in self.mirror.history.values()),
-                 "mirrored_batches": sum(self.mirror.mirrored.values()),
+                 "mirrored_batches": sum(p.batches for p in self.mirror.progress.values()),
                  "mirror_ends": ends, **self.link.stats,
                  "restarts": sum(n.restarts for c in (self.source, self.sink)
                                  for n in c.nodes.values()),
                  "retention_cuts": sum(r.retention_cuts for n in self.source.nodes.values()
-                                       for r in n.replicas.values())}
+                                       for r in n.replicas.values()),
+                 "sink_cuts": sum(r.retention_cuts for n in self.sink.nodes.values()
+                                  for r in n.replicas.values()),
+                 "sink_state_transfers": sum(c.state_transfers
+                                             for c in self.sink.group_checkers.values())}
         return SimResult(cfg.seed, violations, self.trace.hexdigest(), stats,
                          list(self.trace_tail), cfg.profile, cfg.quiesce)

@@ -67,6 +67,9 @@ class SimConfig:
     # and a link mirroring `link_partitions` partitions between them.
     link: bool = False
     link_partitions: int = 2
+    # RetentionPolicy fields for the sink's mirror partitions (the source's are `retention`):
+    # cut with the visible end in the `mirror` snapshot section. None = keep everything.
+    sink_retention: dict[str, Any] | None = None
 
 
 @dataclass
