@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from raft.core.ready import ProduceAnswer
 from raft.core.types import Acks, ErrorCode
 from raft.sim.link_contract import (VisibleBatch, mirrored_proposal, position_refusal,
-                                    shim_refuses, visible_end)
+                                    visible_end)
 from storage.api import StorageError
 from storage.batch import BatchKind, CorruptBatch
 
@@ -182,7 +182,7 @@ class Link:
             self._fetch(p, lead)
 
     def _fetch(self, p: Puller, lead) -> None:  # noqa: ANN001
-        position = visible_end(lead.core, lead.log) + 1
+        position = visible_end(lead.core) + 1
         p.fetch_id += 1
         fid, owner, group = p.fetch_id, p.owner, p.group
         p.waiting[fid] = self.loop.now
@@ -240,7 +240,7 @@ class Link:
             self.stats["not_leader"] += 1
             p.source_hint = reply.leader_hint
             return
-        end = visible_end(lead.core, lead.log)
+        end = visible_end(lead.core)
         if reply.start > position and end == position - 1:
             gap = Gap(group, position, reply.start - 1, self.loop.now)
             self.gaps.append(gap)
@@ -248,9 +248,6 @@ class Link:
             self.trace_tail.append(f"{self.loop.now:>10} us  link bootstrap g{group}: source "
                                    f"start {reply.start} past position {position}")
         for vb in reply.batches:
-            if shim_refuses(lead.core, lead.log, vb):
-                self.stats["position_refusals"] += 1
-                continue
             rid = self.sink.next_request_id()
             self.proposals[rid] = (group, vb.base_offset)
             self.stats["proposed"] += 1

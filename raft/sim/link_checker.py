@@ -17,12 +17,14 @@ committed DATA batch within the convergence bound.
 from __future__ import annotations
 
 import bisect
+import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from raft.sim.checkers import read_whole
 from raft.sim.link_actor import Gap
 from raft.sim.link_contract import VisibleBatch, visible_end, visible_of
+from storage import mirrored
 from storage.batch import BatchKind
 
 if TYPE_CHECKING:
@@ -79,6 +81,9 @@ class MirrorProgress:
     checked_to: int = -1  # sink log offset: every committed batch up to here was checked
     visible_last: int = -1  # the visible end of what was checked
     batches: int = 0  # visible batches checked
+    # (log offset of its last record, visible base) of every checked visible batch, in order:
+    # what a consumer of the mirror must read through the read functions.
+    entries: list[tuple[int, int]] = field(default_factory=list)
     failed: bool = False  # a violation was recorded: stop (one is enough)
 
 
@@ -116,9 +121,11 @@ class MirrorChecker:
                 if b.last_offset > commit:
                     return
                 v = visible_of(b)
-                if v is not None and not self._check(replica, prog, v):
-                    prog.failed = True
-                    return
+                if v is not None:
+                    if not self._check(replica, prog, v):
+                        prog.failed = True
+                        return
+                    prog.entries.append((b.last_offset, v.base_offset))
                 prog.checked_to = b.last_offset
             off = batches[-1].last_offset + 1
 
@@ -163,13 +170,66 @@ class MirrorChecker:
         prog.batches += 1
         return True
 
-    def check(self) -> dict[int, int]:
-        """At the end: what every sink replica committed is checked; the committed visible
-        end per partition."""
+    def check(self, rng: random.Random) -> dict[int, int]:
+        """At the end: what every sink replica committed is checked, and read back through the
+        read functions; the committed visible end per partition."""
         for group in self.sink.groups:
             for _, replica in sorted(self.sink.members(group).items()):
                 self.on_sink_ready(replica)
+            for _, replica in sorted(self.sink.members(group).items()):
+                if replica.core is not None and not self.progress[group].failed:
+                    self.check_reads(replica, rng)
         return {g: self.progress.get(g, MirrorProgress()).visible_last for g in self.sink.groups}
+
+    def check_reads(self, replica: "GroupReplica", rng: random.Random) -> None:
+        """What a consumer reads of this replica's committed mirror through the shared read
+        functions (storage/mirrored.py): from the visible start to the visible high watermark
+        exactly the checked batches the log still holds, in order, with each batch's fields;
+        the visible high watermark their end; and a fetch from any visible offset (inside a
+        gap too) starts with the batch holding it or the next one."""
+        group, log, core = replica.group, replica.log, replica.core
+        assert core is not None
+        prog = self.progress.get(group, MirrorProgress())
+        hist = self.history.get(group, SourceHistory())
+        upto = min(core.commit_index, log.dirty_offset)
+        where = f"sink node {replica.node_id} partition {group}"
+        held = [vb for last, vb in prog.entries if log.start_offset <= last <= upto]
+        start = mirrored.visible_start(log)
+        hw = mirrored.run_sync(mirrored.visible_end_upto(log, upto))
+        want_hw = hist.batches[held[-1]].last_offset if held else start - 1
+        if hw != want_hw:
+            self.sink.fail(group, "mirror reads: visible high watermark",
+                           f"{where}: visible_end_upto(commit {upto}) = {hw}, the committed "
+                           f"mirror ends at {want_hw}")
+            return
+        got: list[VisibleBatch] = []
+        pos, hint = start, None
+        while True:
+            out, pos, hint = mirrored.run_sync(mirrored.fetch(log, pos, upto, 700, 7, hint))
+            if not out:
+                break
+            got.extend(VisibleBatch.of_reply(d) for d in out)
+        want = [hist.batches[vb] for vb in held]
+        if got != want:
+            first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
+                         min(len(got), len(want)))
+            self.sink.fail(group, "mirror reads: a consumer reads the committed mirror",
+                           f"{where}: fetching from visible start {start} read {len(got)} "
+                           f"batches, the committed log holds {len(want)}; first difference "
+                           f"at #{first}: {got[first:first + 1]} vs {want[first:first + 1]}")
+            return
+        for _ in range(5):
+            if not want:
+                break
+            v = rng.randint(start, want[-1].last_offset)
+            out, _, _ = mirrored.run_sync(mirrored.fetch(log, v, upto, 1, 1))
+            expect = next(b for b in want if b.last_offset >= v)
+            if not out or VisibleBatch.of_reply(out[0]) != expect:
+                self.sink.fail(group, "mirror reads: a fetch from a visible offset",
+                               f"{where}: fetch from visible {v} returned "
+                               f"{out[:1]}, the batch holding it (or the next) is at "
+                               f"{expect.base_offset}")
+                return
 
     def caught_up(self) -> bool:
         """Both clusters converged (so every sink log is committed to its end) and every
@@ -181,6 +241,6 @@ class MirrorChecker:
             hist = self.history.get(group, SourceHistory())
             if lead is None or lead.core is None:
                 return False
-            if visible_end(lead.core, lead.log) < hist.data_end:
+            if visible_end(lead.core) < hist.data_end:
                 return False
         return True

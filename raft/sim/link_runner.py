@@ -25,7 +25,6 @@ from raft.sim.checkers import Violation
 from raft.sim.link_actor import Link
 from raft.sim.link_checker import MirrorChecker
 from raft.sim.link_cluster import SimCluster
-from raft.sim.link_contract import CONTRACT, reset_shim
 from raft.sim.loop import EventLoop
 from raft.sim.settings import SimConfig, SimResult
 from raft.sim.topics_node import GroupReplica
@@ -37,7 +36,6 @@ SINK_IDS_FROM = 101
 class LinkSimulation:
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
-        reset_shim()
         self.rng = random.Random(cfg.seed)
         self.loop = EventLoop()
         self.trace = hashlib.blake2b(digest_size=16)
@@ -48,9 +46,8 @@ class LinkSimulation:
         groups = list(range(1, cfg.link_partitions + 1))
         retention = (RetentionPolicy(**cfg.retention).validate() if cfg.retention is not None
                      else None)
-        # The stand-in (before the contract) has no `mirror` section: its mirrors keep all.
         sink_retention = (RetentionPolicy(**cfg.sink_retention).validate()
-                          if cfg.sink_retention is not None and CONTRACT else None)
+                          if cfg.sink_retention is not None else None)
         common = {"faults": cfg.faults, "mean_fault_gap_us": cfg.mean_fault_gap_us}
         self.source = SimCluster(self, "source", list(range(1, cfg.nodes + 1)), groups, knobs,
                                  retention=retention, translated=False, **common)
@@ -108,7 +105,7 @@ class LinkSimulation:
                            f"{ {g: h.data_end for g, h in self.mirror.history.items()} }")
         self.source.final_checks(check_data=True)
         self.sink.final_checks(check_data=False)
-        ends = self.mirror.check()
+        ends = self.mirror.check(random.Random(self.rng.getrandbits(64)))
         return self._result(ends)
 
     def _result(self, ends: dict[int, int]) -> SimResult:
@@ -116,7 +113,7 @@ class LinkSimulation:
         violations = [Violation(v.time_us, f"{v.prop} (group {g})", v.detail)
                       for c in (self.source, self.sink) for g, v in c.violations()]
         stats = {"nodes": cfg.nodes, "sim_ms": self.loop.now // 1000,
-                 "events": self.loop.events_run, "contract": CONTRACT,
+                 "events": self.loop.events_run,
                  "messages": self.source.network.sent + self.sink.network.sent,
                  "requests": self.source.producers.sent,
                  "acked": len(self.source.producers.acked),
