@@ -95,6 +95,8 @@ class Link:
     pullers: dict[int, Puller] = field(default_factory=dict)
     gaps: list[Gap] = field(default_factory=list)
     proposals: dict[int, tuple[int, int]] = field(default_factory=dict)  # rid -> (group, base)
+    proposing: int = 0  # the request id being proposed now
+    refused_now: bool = False  # it was refused at once
     stopped: bool = False
     stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("fetches", "replies", "link_dropped", "proposed", "mirrored_acks",
@@ -251,11 +253,14 @@ class Link:
             rid = self.sink.next_request_id()
             self.proposals[rid] = (group, vb.base_offset)
             self.stats["proposed"] += 1
+            self.proposing, self.refused_now = rid, False
             if not lead.host.propose(group, rid, mirrored_proposal(vb), Acks.LEADER):
                 self.proposals.pop(rid, None)
                 return
             if self.sink.leader_of(group) is not lead:
                 return  # the proposal stopped the node or its leadership
+            if self.refused_now:
+                return  # as append_mirrored: stop at the first refusal, resync next fetch
         if reply.batches and not p.waiting:
             self._fetch(p, lead)  # more may be there: go on at once
 
@@ -264,6 +269,9 @@ class Link:
             return
         if a.error == ErrorCode.OK:
             self.stats["mirrored_acks"] += 1
-        elif position_refusal(a) is not None:
+            return
+        if a.request_id == self.proposing:
+            self.refused_now = True  # answered with the append: the proposing loop stops
+        if position_refusal(a) is not None:
             self.stats["position_refusals"] += 1
             self.stats["resyncs"] += 1  # the next fetch goes from the core's visible end
