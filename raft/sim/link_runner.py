@@ -122,6 +122,8 @@ class LinkSimulation:
                  "mirror_ends": ends, **self.link.stats,
                  "restarts": sum(n.restarts for c in (self.source, self.sink)
                                  for n in c.nodes.values()),
+                 "fail_stops": sum(n.fail_stops for c in (self.source, self.sink)
+                                   for n in c.nodes.values()),
                  "retention_cuts": sum(r.retention_cuts for n in self.source.nodes.values()
                                        for r in n.replicas.values()),
                  "sink_cuts": sum(r.retention_cuts for n in self.sink.nodes.values()

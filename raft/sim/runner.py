@@ -16,7 +16,7 @@ from raft.sim.checkers import Checkers, Violation, data_records
 from raft.sim.link_runner import LinkSimulation
 from raft.sim.liveness import NodeLiveness
 from raft.sim.loop import EventLoop
-from raft.sim.nemesis import DISK_LOSS, KINDS, Nemesis
+from raft.sim.nemesis import DISK, DISK_LOSS, KINDS, Nemesis
 from raft.sim.network import Network
 from raft.sim.node import SimNode
 from raft.sim.topics_runner import TopicsSimulation
@@ -389,11 +389,12 @@ PROFILES: dict[str, dict[str, Any]] = {
     # Two clusters and a link (issue 30, raft/sim/link_runner.py): a source cluster with
     # producers and small retention, a sink cluster whose partitions are mirrors, and a link
     # that pulls committed batches from the source leaders into the sink leaders; faults on
-    # both clusters and on the link (cuts, loss, duplication, slow paths), and long cuts now
-    # and then let the source delete past the link, which bootstraps (a recorded gap).
+    # both clusters (storage faults on a node's first partition too: fail-stops, full disks)
+    # and on the link (cuts, loss, duplication, slow paths), and long cuts now and then let
+    # the source delete past the link, which bootstraps (a recorded gap).
     "link": {"link": True, "clients": 3, "mean_fault_gap_us": 200_000,
              "faults": ("partition", "one_way", "crash", "crash_leader", "pause", "loss",
-                        "duplicate"),
+                        "duplicate", DISK),
              "quiet_phase": False,
              "retention": {"max_bytes": 4000, "valve_age_ms": 150},
              # The mirrors are cut too (their visible end travels in the `mirror` section):
