@@ -230,7 +230,8 @@ class Link:
             pass  # a damaged batch is not served: the link asks again
         return Reply(out, start)
 
-    def _on_reply(self, group: int, owner, fid: int, position: int, reply: Reply) -> None:  # noqa: ANN001
+    def _on_reply(self, group: int, owner: tuple[int, int, int] | None, fid: int,
+                  position: int, reply: Reply) -> None:
         p = self.pullers[group]
         self.stats["replies"] += 1
         lead, now_owner = self._leadership(group)

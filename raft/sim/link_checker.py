@@ -6,12 +6,13 @@ deletes later is still known. The committed prefix is identical on every source 
 per-group Checkers check that), so any replica's log serves.
 
 Every sink partition's committed log is checked as it commits; its visible batches (MIRRORED,
-raft/sim/link_contract.py) must be, in log order: strictly increasing in visible offset (no duplicate, no reordering); each
-identical to the source's committed DATA batch at the same visible offset (count, timestamp,
-payload bytes); and with nothing of the source's skipped between two of them (nor before the
-first) unless a recorded bootstrap gap (raft/sim/link_actor.py) covers it. After the faults heal
-the link must catch up: the sink leader's committed visible end reaches the source's last
-committed DATA batch within the convergence bound.
+raft/sim/link_contract.py) must be, in log order: strictly increasing in visible offset (no
+duplicate, no reordering); each identical to the source's committed DATA batch at the same
+visible offset (count, timestamp, payload bytes); and with nothing of the source's skipped
+between two of them (nor before the first) unless a recorded bootstrap gap
+(raft/sim/link_actor.py) covers it. At the end each sink replica is read back through the
+shared read functions (storage/mirrored.py). After the faults heal the link must catch up: the
+sink leader holds the source's last committed DATA batch within the convergence bound.
 """
 
 from __future__ import annotations

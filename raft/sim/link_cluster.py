@@ -32,7 +32,7 @@ from raft.sim.nemesis import Nemesis
 from raft.sim.network import Network
 from raft.sim.topics_node import GroupReplica, TopicsNode
 from raft.sim.topics_runner import Envelope, TopicsSimulation
-from raft.sim.topics_workload import TopicsWorkload
+from raft.sim.topics_workload import TopicClient, TopicsWorkload
 
 # raft.sim.link_runner.LinkSimulation, which builds on this module (so not imported here).
 LinkSimulation = Any
@@ -107,7 +107,6 @@ class ClusterProducers(TopicsWorkload):
     """The topics profile's idempotent producers on a fixed set of partitions (no admin)."""
 
     def start(self, n_clients: int) -> None:
-        from raft.sim.topics_workload import TopicClient
         for c in range(n_clients):
             client = TopicClient(c, producer_id=1000 + c)
             self.clients.append(client)
