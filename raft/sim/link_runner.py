@@ -59,6 +59,7 @@ class LinkSimulation:
         self.mirror = MirrorChecker(self.source, self.sink, self.link.gaps)
         self._last_poll = -CONVERGE_POLL_US
         self._last_verdict = False
+        self.idle_restarts = 0
 
     # -- what the clusters report ------------------------------------------------------------
     def next_request_id(self) -> int:
@@ -82,6 +83,41 @@ class LinkSimulation:
             self._last_verdict = self.mirror.caught_up()
         return self._last_verdict
 
+    def _wait_caught_up(self) -> bool:
+        self._last_poll = -CONVERGE_POLL_US
+        self.loop.run_until(self.loop.now + self.cfg.converge_within_us, stop=self._poll)
+        return self.mirror.caught_up()
+
+    def _not_caught_up(self, when: str) -> None:
+        self.sink.fail(self.sink.groups[0], "liveness",
+                       f"both clusters converged and every mirror caught up with its source "
+                       f"not reached {self.cfg.converge_within_us} us {when}: "
+                       f"{self.source.states()}; {self.sink.states()}; source DATA ends "
+                       f"{ {g: h.data_end for g, h in self.mirror.history.items()} }")
+
+    def _idle_restarts(self) -> None:
+        """The mirrors caught up and sit idle past the sink's retention age, so each sink log
+        is cut to its newest batch; then the whole sink cluster restarts, twice (the first
+        restart's elections append NOOPs, so after the second idle wait no MIRRORED batch is
+        left in the logs at all). Every sink node must then take its visible end from the
+        `mirror` section at its log start: a mirror that forgot it would fetch from the
+        source's start again and append duplicates, and the link must mirror nothing more."""
+        age = (self.cfg.sink_retention or {}).get("max_age_ms")
+        if age is None:
+            return
+        for round_ in (1, 2):
+            self.loop.run_until(self.loop.now + 2 * age * 1000)
+            for n in self.sink.nodes.values():
+                n.crash()
+            self.trace_tail.append(f"{self.loop.now:>10} us  idle phase: the sink cluster "
+                                   f"restarts ({round_} of 2)")
+            for n in self.sink.nodes.values():
+                n.start()
+            if not self._wait_caught_up():
+                self._not_caught_up(f"after the sink's idle restart {round_}")
+                return
+        self.idle_restarts = 2
+
     def run(self) -> SimResult:
         cfg = self.cfg
         self.source.producers.start(cfg.clients)
@@ -93,16 +129,13 @@ class LinkSimulation:
         try:
             self.loop.run_until(cfg.fault_time_us)
             self.source.producers.stopped = True
-            self.loop.run_until(self.loop.now + cfg.converge_within_us, stop=self._poll)
+            if self._wait_caught_up():
+                self._idle_restarts()
+            else:
+                self._not_caught_up("after healing")
         except Exception as e:  # noqa: BLE001 (a core invariant failure is a finding)
             self.sink.fail(self.sink.groups[0], "core raised", f"{type(e).__name__}: {e}")
             return self._result({})
-        if not self.mirror.caught_up():
-            self.sink.fail(self.sink.groups[0], "liveness",
-                           f"both clusters converged and every mirror caught up with its "
-                           f"source not reached {cfg.converge_within_us} us after healing: "
-                           f"{self.source.states()}; {self.sink.states()}; source DATA ends "
-                           f"{ {g: h.data_end for g, h in self.mirror.history.items()} }")
         self.source.final_checks(check_data=True)
         self.sink.final_checks(check_data=False)
         ends = self.mirror.check(random.Random(self.rng.getrandbits(64)))
@@ -119,7 +152,7 @@ class LinkSimulation:
                  "acked": len(self.source.producers.acked),
                  "source_batches": sum(len(h.bases) for h in self.mirror.history.values()),
                  "mirrored_batches": sum(p.batches for p in self.mirror.progress.values()),
-                 "mirror_ends": ends, **self.link.stats,
+                 "mirror_ends": ends, "idle_restarts": self.idle_restarts, **self.link.stats,
                  "restarts": sum(n.restarts for c in (self.source, self.sink)
                                  for n in c.nodes.values()),
                  "fail_stops": sum(n.fail_stops for c in (self.source, self.sink)

@@ -399,7 +399,7 @@ PROFILES: dict[str, dict[str, Any]] = {
              "retention": {"max_bytes": 4000, "valve_age_ms": 150},
              # The mirrors are cut too (their visible end travels in the `mirror` section):
              # a sink node behind the start gets it by state transfer and may lead next.
-             "sink_retention": {"max_bytes": 2500, "valve_age_ms": 100},
+             "sink_retention": {"max_bytes": 2500, "max_age_ms": 300, "valve_age_ms": 100},
              "raft": {"max_append_bytes": 1024, "recovery_chunk_bytes": 512}},
 }
 

@@ -897,6 +897,13 @@ MUTANTS = [
            "if False:",
            (test_link_sim
             .test_retried_fetches_are_refused_by_the_position_rule_and_the_mirror_stays_exact,)),
+    # The mirror section, end to end: a sink cluster restarted with no MIRRORED batch left in
+    # its logs starts from visible end -1 and the link appends the source's batches again.
+    Mutant("a mirror's visible end at the log start is not read back (the link simulation)",
+           "raft.core.mirror", "Mirror._mirror_open",
+           "self.visible_end = end_at_start(self.log.snapshot)",
+           "self.visible_end = -1",
+           (test_link_sim.test_a_sink_restarted_idle_takes_its_visible_end_from_its_log_start,)),
 ]
 
 

@@ -52,6 +52,16 @@ def test_the_profile_mirrors_under_faults_and_bootstraps_after_retention() -> No
     assert s["sink_cuts"] >= 10 and s["sink_state_transfers"] >= 1 and s["fail_stops"] >= 1
 
 
+def test_a_sink_restarted_idle_takes_its_visible_end_from_its_log_start() -> None:
+    """After the mirrors caught up they sit idle past the sink's retention age and the whole
+    sink cluster restarts twice, so no MIRRORED batch is left in any sink log: each node's
+    visible end comes from the `mirror` section at its log start, and the link mirrors
+    nothing twice. The killer of the end-to-end mutant of that section (test_mutants.py)."""
+    res = run_simulation(profile_config(1, 3, "link"))
+    assert res.ok, res.describe()
+    assert res.stats["idle_restarts"] == 2 and res.stats["sink_cuts"] >= 10
+
+
 def _break_the_link(monkeypatch: pytest.MonkeyPatch, change) -> None:  # noqa: ANN001
     """The source's fetch handler as the link sees it, with `change` applied to its reply."""
     serve = link_actor.Link._serve
