@@ -33,6 +33,7 @@ from raft.node.controller import ControllerService
 from raft.node.shard_feed import FeedWriter, LeaderReporter, ShardFollower, feed_fds
 from raft.node.reconciler import UNMANAGED, Reconciler
 from raft.node.leader_balance import LeaderBalancer
+from raft.node import mirror_reads
 from raft.node.replica_moves import ReplicaMover
 from raft.node.topics import Resolved, resolve, unknown_partition, unknown_topic
 from raft.protocol.replies import ErrorReply
@@ -319,6 +320,10 @@ class TopicRuntime:
                           "learners": list(core.config.learners),
                           "replicas": None if p is None else list(p.replicas),
                           "move": _move_step(self.mover.steps.get(group_id))})
+            if group.translated:  # a mirror partition: what clients see is in visible offsets
+                lines[-1].update(translated=True, visible_end=core.visible_end,
+                                 high_watermark=mirror_reads.visible_hw(group, core.commit_index),
+                                 log_start=mirror_reads.visible_start(group))
         ctl = self.node.controller_group.core if self.shard == 0 else None
         leader, address = self.leader_of(CONTROLLER_GROUP)
         return {"partitions": lines, "shard": self.shard, "shards": self.node.config.shards,
@@ -349,7 +354,8 @@ def partition_series(runtime: TopicRuntime, limit: int) -> dict[str, Any]:
         if topic is None:
             continue  # not in the applied metadata (yet, or any more)
         row: dict[str, Any] = {"topic": topic, "partition": index,
-                               "high_watermark": core.high_watermark,
+                               "high_watermark": mirror_reads.visible_hw(group, core.commit_index)
+                               if group.translated else core.high_watermark,
                                "leader": core.leader_id or 0, "leads": False, "worst": 0}
         leader = core.leader if core.role == Role.LEADER else None
         if leader is not None:
