@@ -13,9 +13,10 @@ from raft.core.raft import RaftConfig
 from raft.core.ready import ProduceAnswer
 from raft.core.retention import RetentionPolicy
 from raft.sim.checkers import Checkers, Violation, data_records
+from raft.sim.link_runner import LinkSimulation
 from raft.sim.liveness import NodeLiveness
 from raft.sim.loop import EventLoop
-from raft.sim.nemesis import DISK_LOSS, KINDS, Nemesis
+from raft.sim.nemesis import DISK, DISK_LOSS, KINDS, Nemesis
 from raft.sim.network import Network
 from raft.sim.node import SimNode
 from raft.sim.topics_runner import TopicsSimulation
@@ -385,6 +386,21 @@ PROFILES: dict[str, dict[str, Any]] = {
                # Small appends, so nodes back from a crash or a partition recover in many
                # chunks and queue for their node's two recovery slots (recovery/budget.py).
                "raft": {"max_append_bytes": 256, "recovery_chunk_bytes": 128}},
+    # Two clusters and a link (issue 30, raft/sim/link_runner.py): a source cluster with
+    # producers and small retention, a sink cluster whose partitions are mirrors, and a link
+    # that pulls committed batches from the source leaders into the sink leaders; faults on
+    # both clusters (storage faults on a node's first partition too: fail-stops, full disks)
+    # and on the link (cuts, loss, duplication, slow paths), and long cuts now and then let
+    # the source delete past the link, which bootstraps (a recorded gap).
+    "link": {"link": True, "clients": 3, "mean_fault_gap_us": 200_000,
+             "faults": ("partition", "one_way", "crash", "crash_leader", "pause", "loss",
+                        "duplicate", DISK),
+             "quiet_phase": False,
+             "retention": {"max_bytes": 4000, "valve_age_ms": 150},
+             # The mirrors are cut too (their visible end travels in the `mirror` section):
+             # a sink node behind the start gets it by state transfer and may lead next.
+             "sink_retention": {"max_bytes": 2500, "max_age_ms": 300, "valve_age_ms": 100},
+             "raft": {"max_append_bytes": 1024, "recovery_chunk_bytes": 512}},
 }
 
 
@@ -398,6 +414,8 @@ def profile_config(seed: int, nodes: int, profile: str, **overrides: Any) -> Sim
 def run_simulation(cfg: SimConfig) -> SimResult:
     if cfg.topics:
         return TopicsSimulation(cfg).run()
+    if cfg.link:
+        return LinkSimulation(cfg).run()
     return Simulation(cfg).run()
 
 

@@ -67,6 +67,13 @@ class SimConfig:
     # places each partition on a shard index, and every replica runs on it; a message of a
     # group must leave and reach the replicas on that shard ("shard to shard" checker).
     shards: int = 1
+    # The link profile (raft/sim/link_runner.py): a source and a sink cluster of `nodes` each
+    # and a link mirroring `link_partitions` partitions between them.
+    link: bool = False
+    link_partitions: int = 2
+    # RetentionPolicy fields for the sink's mirror partitions (the source's are `retention`):
+    # cut with the visible end in the `mirror` snapshot section. None = keep everything.
+    sink_retention: dict[str, Any] | None = None
 
 
 @dataclass

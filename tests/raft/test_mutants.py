@@ -86,6 +86,7 @@ import test_scrub_scheduler  # noqa: E402  (tests/node: the node's one scrub tas
 # The many-group simulation's routing and reconciling rules are killed by its seeds (tests/sim).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "sim"))
 import test_topics_sim  # noqa: E402
+import test_link_sim  # noqa: E402  (two clusters and a link: the mirror's position rule)
 
 
 def _in_tmp(test: Callable[..., None], *args: object) -> Callable[[], None]:
@@ -894,6 +895,21 @@ MUTANTS = [
            "self._any_awake.set()",
            "pass",
            (test_quiesce_inproc.test_killing_the_leader_of_50_quiesced_groups_fails_over_without_a_herd,)),
+    # The position rule again, killed end to end: the link simulation's at-least-once link
+    # hands the sink leaders the same batches twice, and its checker finds the duplicate.
+    Mutant("a mirror's leader appends a MIRRORED batch whatever its tag (the link simulation)",
+           "raft.core.mirror", "Mirror._mirror_propose",
+           "if base <= self.visible_end:  # the position rule",
+           "if False:",
+           (test_link_sim
+            .test_retried_fetches_are_refused_by_the_position_rule_and_the_mirror_stays_exact,)),
+    # The mirror section, end to end: a sink cluster restarted with no MIRRORED batch left in
+    # its logs starts from visible end -1 and the link appends the source's batches again.
+    Mutant("a mirror's visible end at the log start is not read back (the link simulation)",
+           "raft.core.mirror", "Mirror._mirror_open",
+           "self.visible_end = end_at_start(self.log.snapshot)",
+           "self.visible_end = -1",
+           (test_link_sim.test_a_sink_restarted_idle_takes_its_visible_end_from_its_log_start,)),
 ]
 
 
