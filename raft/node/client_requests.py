@@ -11,6 +11,7 @@ node waits for `idle` on a graceful stop so in-flight answers go out before it c
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -144,8 +145,7 @@ class ClientRequests:
                                           None if acks is None else acks.value)
             data = encode_frame(frame)
             try:
-                async with conn.send_lock:
-                    await conn.stream.send_all(data)
+                await send_reply(conn, data)
                 if trace.ENABLED:
                     trace.request_hop("sent")
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -163,6 +163,38 @@ class ClientRequests:
         except Exception as e:
             log.exception("request_failed node=%d id=%d", self._node.node_id, incoming.rid)
             return ErrorReply(ErrorCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
+
+
+async def send_reply(conn: Any, data: bytes) -> None:
+    """Write one reply whole. On a plain TCP connection with no reply being written, straight
+    into the socket: the kernel takes a small reply at once, and trio's send_all and lock
+    acquire would cost the loop two reschedules per request (issue 28: the leader's per-write
+    CPU). What the socket does not take, and every reply over TLS or behind another, goes
+    through trio under the connection's send lock, so replies never interleave."""
+    lock = conn.send_lock
+    sock = _plain_socket(conn.stream)
+    fd = -1 if sock is None or lock.locked() else sock.fileno()  # -1 once closed
+    if fd < 0:
+        async with lock:
+            await conn.stream.send_all(data)
+        return
+    lock.acquire_nowait()  # no await since locked(): no other reply can start in between
+    try:
+        try:
+            sent = os.write(fd, data)  # non-blocking (trio's socket): what fits now
+        except BlockingIOError:
+            sent = 0
+        if sent < len(data):
+            await conn.stream.send_all(memoryview(data)[sent:])
+    finally:
+        lock.release()
+
+
+def _plain_socket(stream: Any) -> Any:
+    """The trio socket under a plain TCP client stream (raft.node.tls.PrefixedStream wraps
+    it after the TLS sniff), or None (TLS, or a stream of a test)."""
+    inner = getattr(stream, "stream", stream)
+    return inner.socket if type(inner) is trio.SocketStream else None
 
 
 @dataclass(slots=True)

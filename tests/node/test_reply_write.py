@@ -1,0 +1,64 @@
+"""Replies written straight into a plain socket (raft.node.client_requests.send_reply) still
+go out whole: a reply the socket takes only part of is finished before any other reply starts,
+whatever the reader's pace."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import trio
+import trio.testing
+
+from raft.node.client_requests import send_reply
+
+
+@dataclass
+class FakeConn:
+    stream: trio.abc.Stream
+    send_lock: trio.Lock = field(default_factory=trio.Lock)
+
+
+async def read_all(stream: trio.SocketStream, n: int) -> bytes:
+    got = bytearray()
+    while len(got) < n:
+        chunk = await stream.receive_some(65536)
+        assert chunk
+        got += chunk
+        await trio.sleep(0)
+    return bytes(got)
+
+
+def test_a_partly_taken_reply_is_finished_before_the_next() -> None:
+    async def main() -> None:
+        a, b = trio.socket.socketpair()
+        out, inp = trio.SocketStream(a), trio.SocketStream(b)
+        conn = FakeConn(out)
+        big = bytes(range(256)) * (16 * 1024)  # 4 MiB: more than the socket buffers take
+        small = [bytes([i]) * 100 for i in range(1, 6)]
+        received: list[bytes] = []
+        async with trio.open_nursery() as nursery:
+            async def reader() -> None:
+                received.append(await read_all(inp, len(big) + sum(map(len, small))))
+            nursery.start_soon(send_reply, conn, big)
+            await trio.testing.wait_all_tasks_blocked()  # the big one waits for the reader
+            assert conn.send_lock.locked()
+            for s in small:
+                nursery.start_soon(send_reply, conn, s)
+            nursery.start_soon(reader)
+        data = received[0]
+        assert data[:len(big)] == big
+        rest = data[len(big):]
+        assert sorted(rest[i:i + 100] for i in range(0, len(rest), 100)) == small
+
+    trio.run(main)
+
+
+def test_a_small_reply_on_an_idle_socket_needs_no_lock_wait() -> None:
+    async def main() -> None:
+        a, b = trio.socket.socketpair()
+        conn = FakeConn(trio.SocketStream(a))
+        await send_reply(conn, b"hello")
+        assert not conn.send_lock.locked()
+        assert await trio.SocketStream(b).receive_some(100) == b"hello"
+
+    trio.run(main)
