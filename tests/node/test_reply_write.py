@@ -62,3 +62,37 @@ def test_a_small_reply_on_an_idle_socket_needs_no_lock_wait() -> None:
         assert await trio.SocketStream(b).receive_some(100) == b"hello"
 
     trio.run(main)
+
+
+def test_plain_reads_return_the_prefix_then_the_socket_and_let_others_run() -> None:
+    """PrefixedStream over plain TCP reads the socket itself (raft.node.tls): the sniffed
+    prefix first, then bytes as they come; a reader that always finds bytes still yields to
+    the loop now and then; one cancelled while waiting has taken nothing."""
+    from raft.node.tls import PLAIN_READS_PER_CHECKPOINT, PrefixedStream
+
+    async def main() -> None:
+        a, b = trio.socket.socketpair()
+        writer, stream = trio.SocketStream(a), PrefixedStream(trio.SocketStream(b), b"pre")
+        assert await stream.receive_some(100) == b"pre"
+        await writer.send_all(b"x" * 10_000)
+        ran = []
+
+        async def other() -> None:
+            ran.append(True)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other)
+            got = b""
+            for _ in range(PLAIN_READS_PER_CHECKPOINT):
+                got += await stream.receive_some(10)
+            assert ran, "the reader never yielded while bytes kept coming"
+        with trio.move_on_after(0.05):  # virtual time: nothing more is sent
+            got += await stream.receive_some(100_000)
+        assert got == b"x" * 10_000
+        with trio.move_on_after(0.05):
+            await stream.receive_some(100)
+            raise AssertionError("a read returned with nothing sent")
+        await writer.send_all(b"after")
+        assert await stream.receive_some(100) == b"after"
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
