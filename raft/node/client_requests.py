@@ -11,7 +11,6 @@ node waits for `idle` on a graceful stop so in-flight answers go out before it c
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ import trio
 from raft.core.types import ErrorCode
 from raft.node import api, trace
 from raft.node.auth import NAMES_TOPIC
+from raft.node.plain_socket import plain_socket, send_rest, write_now
 from raft.protocol.fields import get_int
 from raft.protocol.framing import WireError, encode_frame
 from raft.protocol.replies import ErrorReply, Reply
@@ -167,34 +167,21 @@ class ClientRequests:
 
 async def send_reply(conn: Any, data: bytes) -> None:
     """Write one reply whole. On a plain TCP connection with no reply being written, straight
-    into the socket: the kernel takes a small reply at once, and trio's send_all and lock
-    acquire would cost the loop two reschedules per request (issue 28: the leader's per-write
-    CPU). What the socket does not take, and every reply over TLS or behind another, goes
+    into the socket (raft.node.plain_socket): the kernel takes a small reply at once, and
+    trio's send_all and lock acquire would cost the loop two reschedules per request (issue
+    28). What the socket does not take, and every reply over TLS or behind another, goes
     through trio under the connection's send lock, so replies never interleave."""
     lock = conn.send_lock
-    sock = _plain_socket(conn.stream)
-    fd = -1 if sock is None or lock.locked() else sock.fileno()  # -1 once closed
-    if fd < 0:
+    sock = plain_socket(conn.stream)
+    if sock is None or lock.locked():
         async with lock:
             await conn.stream.send_all(data)
         return
     lock.acquire_nowait()  # no await since locked(): no other reply can start in between
     try:
-        try:
-            sent = os.write(fd, data)  # non-blocking (trio's socket): what fits now
-        except BlockingIOError:
-            sent = 0
-        if sent < len(data):
-            await conn.stream.send_all(memoryview(data)[sent:])
+        await send_rest(conn.stream, data, write_now(sock, data))
     finally:
         lock.release()
-
-
-def _plain_socket(stream: Any) -> Any:
-    """The trio socket under a plain TCP client stream (raft.node.tls.PrefixedStream wraps
-    it after the TLS sniff), or None (TLS, or a stream of a test)."""
-    inner = getattr(stream, "stream", stream)
-    return inner.socket if type(inner) is trio.SocketStream else None
 
 
 @dataclass(slots=True)
