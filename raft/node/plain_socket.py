@@ -25,7 +25,8 @@ def plain_socket(stream: Any) -> Any:
 
 def write_now(sock: Any, data: bytes | bytearray | memoryview) -> int:
     """Write what the socket takes now without waiting; how many bytes that was. Raises
-    OSError if the connection is broken, trio.ClosedResourceError if closed."""
+    trio.BrokenResourceError if the connection is broken, trio.ClosedResourceError if closed
+    (as trio's send_all)."""
     fd = sock.fileno()
     if fd < 0:
         raise trio.ClosedResourceError("the connection is closed")
@@ -33,6 +34,8 @@ def write_now(sock: Any, data: bytes | bytearray | memoryview) -> int:
         return os.write(fd, data)  # trio's sockets are non-blocking
     except BlockingIOError:
         return 0
+    except OSError as e:  # as trio's send_all reports a broken connection
+        raise trio.BrokenResourceError(f"the connection broke: {e}") from e
 
 
 async def send_rest(stream: trio.abc.SendStream, data: bytes | bytearray | memoryview,

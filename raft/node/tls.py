@@ -216,6 +216,8 @@ class PrefixedStream(trio.abc.Stream):
                 self._ready_reads = 0
                 await trio.lowlevel.wait_readable(sock)
                 continue
+            except OSError as e:  # as trio's stream reports a broken connection
+                raise trio.BrokenResourceError(f"the connection broke: {e}") from e
             self._ready_reads += 1
             if self._ready_reads >= PLAIN_READS_PER_CHECKPOINT:
                 self._ready_reads = 0

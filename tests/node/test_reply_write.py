@@ -97,3 +97,21 @@ def test_plain_reads_return_the_prefix_then_the_socket_and_let_others_run() -> N
         assert await stream.receive_some(100) == b"after"
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_broken_connection_is_reported_as_trio_reports_it() -> None:
+    """Callers handle trio.BrokenResourceError (the client or peer went away): the direct
+    write reports a broken socket the same way trio's stream does, and frees the lock."""
+    async def main() -> None:
+        a, b = trio.socket.socketpair()
+        conn = FakeConn(trio.SocketStream(a))
+        b.close()
+        try:
+            await send_reply(conn, b"x" * 100)
+        except trio.BrokenResourceError:
+            pass
+        else:
+            raise AssertionError("a write to a closed peer did not fail")
+        assert not conn.send_lock.locked()
+
+    trio.run(main)
