@@ -28,6 +28,8 @@ from raft.protocol.requests import Produce
 
 log = logging.getLogger("raftlog.node")
 
+READS_PER_YIELD = 16  # requests read without waiting, at most, before the loop yields
+
 
 class ClientRequests:
     """The request loop of every client connection of one node."""
@@ -45,10 +47,18 @@ class ClientRequests:
         limiter = trio.Semaphore(self._node.config.max_inflight_per_connection)
         conn.auth = self._node.gate.auth
         failure: WireError | None = None
+        read = 0
         async with trio.open_nursery() as nursery:
             try:
                 while True:
-                    await limiter.acquire()
+                    # A budget slot without a reschedule (one per request, issue 28); the read
+                    # below yields when it waits for bytes, and this every READS_PER_YIELD
+                    # requests, so a client pipelining many cannot hold the loop.
+                    read += 1
+                    if read % READS_PER_YIELD == 0 or limiter.value == 0:
+                        await limiter.acquire()
+                    else:
+                        limiter.acquire_nowait()
                     incoming = await self._read_request(conn)
                     if incoming is None:
                         break  # client half-closed: finish in-flight replies, then hang up
