@@ -20,12 +20,15 @@ import trio
 from raft.core.types import ErrorCode
 from raft.node import api, trace
 from raft.node.auth import NAMES_TOPIC
+from raft.node.plain_socket import plain_socket, send_rest, write_now
 from raft.protocol.fields import get_int
 from raft.protocol.framing import WireError, encode_frame
 from raft.protocol.replies import ErrorReply, Reply
 from raft.protocol.requests import Produce
 
 log = logging.getLogger("raftlog.node")
+
+READS_PER_YIELD = 16  # requests read without waiting, at most, before the loop yields
 
 
 class ClientRequests:
@@ -44,10 +47,18 @@ class ClientRequests:
         limiter = trio.Semaphore(self._node.config.max_inflight_per_connection)
         conn.auth = self._node.gate.auth
         failure: WireError | None = None
+        read = 0
         async with trio.open_nursery() as nursery:
             try:
                 while True:
-                    await limiter.acquire()
+                    # A budget slot without a reschedule (one per request, issue 28); the read
+                    # below yields when it waits for bytes, and this every READS_PER_YIELD
+                    # requests, so a client pipelining many cannot hold the loop.
+                    read += 1
+                    if read % READS_PER_YIELD == 0 or limiter.value == 0:
+                        await limiter.acquire()
+                    else:
+                        limiter.acquire_nowait()
                     incoming = await self._read_request(conn)
                     if incoming is None:
                         break  # client half-closed: finish in-flight replies, then hang up
@@ -144,8 +155,7 @@ class ClientRequests:
                                           None if acks is None else acks.value)
             data = encode_frame(frame)
             try:
-                async with conn.send_lock:
-                    await conn.stream.send_all(data)
+                await send_reply(conn, data)
                 if trace.ENABLED:
                     trace.request_hop("sent")
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -163,6 +173,25 @@ class ClientRequests:
         except Exception as e:
             log.exception("request_failed node=%d id=%d", self._node.node_id, incoming.rid)
             return ErrorReply(ErrorCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
+
+
+async def send_reply(conn: Any, data: bytes) -> None:
+    """Write one reply whole. On a plain TCP connection with no reply being written, straight
+    into the socket (raft.node.plain_socket): the kernel takes a small reply at once, and
+    trio's send_all and lock acquire would cost the loop two reschedules per request (issue
+    28). What the socket does not take, and every reply over TLS or behind another, goes
+    through trio under the connection's send lock, so replies never interleave."""
+    lock = conn.send_lock
+    sock = plain_socket(conn.stream)
+    if sock is None or lock.locked():
+        async with lock:
+            await conn.stream.send_all(data)
+        return
+    lock.acquire_nowait()  # no await since locked(): no other reply can start in between
+    try:
+        await send_rest(conn.stream, data, write_now(sock, data))
+    finally:
+        lock.release()
 
 
 @dataclass(slots=True)

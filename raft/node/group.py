@@ -44,7 +44,6 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -60,6 +59,7 @@ from raft.node.load_service import LoadService
 from raft.node.log_open import open_log_with_progress
 from raft.node.mirror_group import MirrorGroup
 from raft.node.outbox import GroupOutbox, Links
+from raft.node.pending import PendingAnswers
 from raft.node.retention import RetentionTask
 from raft.core.retention import RetentionPolicy
 from raft.node.scrub_scheduler import NodeScrubber
@@ -84,14 +84,6 @@ DISK_FULL_RETRY_S = 1.0
 LOAD_CHECK_TICKS = 20  # how often (in ticks) the leader looks for timed-out staged loads
 LOAD_CATCH_UP_BYTES = 8 << 20  # committed bytes the leader's load index applies per round
 DELIVER_SLICE_S = 0.002  # a peer frame's messages are stepped in slices of about this long
-
-
-@dataclass(slots=True)
-class _Pending:
-    """A produce request waiting for its answer from a later Ready."""
-
-    event: trio.Event
-    answer: ProduceAnswer | None = None
 
 
 class RaftGroup(MirrorGroup):
@@ -149,7 +141,7 @@ class RaftGroup(MirrorGroup):
         self._state_changed = trio.Event()
         self._last_hw = -1
         self._last_state: tuple[Any, ...] = ()
-        self._pending: dict[int, _Pending] = {}
+        self._pending = PendingAnswers()  # produce waiters, timed out by one timer
         self._request_ids = itertools.count(1)
         # Fail-stop: the first fatal error, and who stops the node on it (Node.abort).
         self.failure: BaseException | None = None
@@ -239,6 +231,7 @@ class RaftGroup(MirrorGroup):
         thread is waited for, not abandoned)."""
         nursery.start_soon(self.catchup.run_sampler)
         nursery.start_soon(self._ready_loop)
+        nursery.start_soon(self._pending.run_timer)
         if self.flusher is None:
             self.flusher = NodeFlusher(self.metrics)
             nursery.start_soon(self.flusher.run)
@@ -266,16 +259,14 @@ class RaftGroup(MirrorGroup):
         """Graceful stop: refuse new work, answer waiters (SHUTTING_DOWN, by their handlers),
         and return long polls and transfer_leader waits now."""
         self.closing = True
-        for pending in list(self._pending.values()):
-            pending.event.set()  # answered SHUTTING_DOWN by their handlers
+        self._pending.wake_all()  # answered SHUTTING_DOWN by their handlers
         self._hw_changed.set()  # long polls return now
         self._state_changed.set()  # so do transfer_leader waits
 
     def mark_closed(self) -> None:
         """The node stopped (gracefully or not): wake whoever still waits for an answer."""
         self.closing = True
-        for pending in self._pending.values():
-            pending.event.set()
+        self._pending.wake_all()
 
     async def final_flush(self) -> None:
         """Make everything appended durable and persist metadata before closing the log."""
@@ -396,8 +387,7 @@ class RaftGroup(MirrorGroup):
         later Ready carries for that id. Returns (request_id, answer or None: no answer in time,
         or the group is closing)."""
         core_id = next(self._request_ids)
-        pending = _Pending(trio.Event())
-        self._pending[core_id] = pending
+        pending = self._pending.add(core_id, timeout_s)
         try:
             try:
                 propose(core_id)
@@ -409,12 +399,11 @@ class RaftGroup(MirrorGroup):
             self.kick()
             if trace.ENABLED:
                 trace.request_hop("propose")
-            with trio.move_on_after(timeout_s):
-                await pending.event.wait()
+            await pending.event.wait()  # answered, timed out (run_timer) or shutting down
             if trace.ENABLED:
                 trace.request_hop("woken")
         finally:
-            self._pending.pop(core_id, None)
+            self._pending.discard(core_id)
         return core_id, pending.answer
 
     async def wait_state_change(self) -> None:
@@ -525,10 +514,7 @@ class RaftGroup(MirrorGroup):
         if rd.flush:
             self.flusher.request(self)
         for answer in rd.answers:
-            pending = self._pending.get(answer.request_id)
-            if pending is not None:
-                pending.answer = answer
-                pending.event.set()
+            self._pending.answer(answer)
         if rd.storage is not None:
             await self._run_storage(rd.storage)
         self._notify_changes()

@@ -14,9 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import trio
-
 from raft.core.types import Acks, ErrorCode
+from raft.node.pending import Pending
 from storage.mirrored import MalformedTag, mirrored
 from storage.records import MalformedRecords, check_records
 
@@ -67,18 +66,16 @@ class MirrorGroup:
         except (KeyError, TypeError, ValueError, MalformedTag, MalformedRecords) as e:
             return MirrorAppend(ErrorCode.BAD_REQUEST, core.visible_end, 0,
                                 f"a source batch is malformed ({e}); the link stops")
-        pending: dict[int, Any] = self._pending  # type: ignore[attr-defined]
-        waiters: list[_Waiter] = []
+        pending = self._pending  # type: ignore[attr-defined]  # raft.node.pending
+        waiters: list[Pending] = []
         rids: list[int] = []
         try:
             try:
                 for b in made:
                     before = core.visible_end
                     rid = next(self._request_ids)  # type: ignore[attr-defined]
-                    w = _Waiter(trio.Event())
-                    pending[rid] = w
+                    waiters.append(pending.add(rid, timeout_s))
                     rids.append(rid)
-                    waiters.append(w)
                     core.propose(rid, b, Acks.LEADER)
                     if core.visible_end == before:
                         break  # not placed: nothing after it may be
@@ -86,12 +83,11 @@ class MirrorGroup:
                 self.fail(e, "propose")  # type: ignore[attr-defined]
                 return MirrorAppend(ErrorCode.SHUTTING_DOWN, -1, 0, "the node failed")
             self.kick()  # type: ignore[attr-defined]
-            with trio.move_on_after(timeout_s):
-                for w in waiters:
-                    await w.event.wait()
+            for w in waiters:  # each answered, timed out (the group's timer) or shut down
+                await w.event.wait()
         finally:
             for rid in rids:
-                pending.pop(rid, None)
+                pending.discard(rid)
         appended = 0
         for a in (w.answer for w in waiters):
             if a is None:
@@ -103,10 +99,3 @@ class MirrorGroup:
             appended += 1
         return MirrorAppend(ErrorCode.OK, core.visible_end, appended)
 
-
-@dataclass(slots=True)
-class _Waiter:
-    """One proposal's answer, routed by the group's Ready loop (as its own produce requests)."""
-
-    event: trio.Event
-    answer: Any = None

@@ -52,6 +52,7 @@ from raft.core.messages import Message
 from raft.node import trace
 from raft.node.config import parse_address
 from raft.node.identity import NOT_MEMBER_MARK, ClusterIdentity
+from raft.node.plain_socket import plain_socket, send_rest, write_now
 from raft.node.tls import NodeTLS, PeerIdentityError, dial_tls, handshake_failure
 from raft.protocol.framing import LEN_SIZE, ConnectionClosed, WireError, encode_frame
 from raft.protocol.hello import Hello, HelloReply
@@ -66,6 +67,8 @@ HELLO_TIMEOUT_S = 5.0
 # Frames at least this large go out as several writes (encode_raft_frame_pieces) instead
 # of being joined by a copy; smaller ones are joined so a heartbeat stays one segment.
 SPLIT_WRITE_BYTES = 64 * 1024
+# Frames written straight into the socket between two yields of the send loop to the others.
+DIRECT_WRITES_PER_CHECKPOINT = 8
 # One bulk frame: at most this many bytes and batches (at least one message). The receiver
 # decodes (CRC-checks) and appends a whole frame in one event-loop step.
 BULK_FRAME_BYTES = 1 << 20
@@ -361,6 +364,8 @@ class PeerLink:
 
     async def _send_loop(self, stream: trio.abc.Stream) -> None:
         last_write = trio.current_time()
+        sock = plain_socket(stream)  # None over TLS
+        direct = 0
         while True:
             pinged = False
             while not self._control and not self._bulk:
@@ -391,7 +396,14 @@ class PeerLink:
             if trace.ENABLED:  # (stamped as the write starts: the peer may read it before
                 trace.frame_written(msgs, self.peer_id)  # this task runs again)
             if size < SPLIT_WRITE_BYTES:
-                await stream.send_all(b"".join(pieces))  # a heartbeat stays one segment
+                data = b"".join(pieces)  # a heartbeat stays one segment
+                if sock is None:
+                    await stream.send_all(data)
+                else:  # straight into the socket (raft.node.plain_socket); a yield now and then
+                    await send_rest(stream, data, write_now(sock, data))
+                    direct += 1
+                    if direct % DIRECT_WRITES_PER_CHECKPOINT == 0:
+                        await trio.lowlevel.checkpoint()
             else:
                 # Large encoded batches go out as they are, without a copy into one buffer.
                 for piece in pieces:

@@ -18,6 +18,7 @@ fatal TLS alert (protocol_version), which the client reports as "not a TLS node"
 from __future__ import annotations
 
 import datetime as dt
+import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,18 +180,49 @@ def check_node_certificate(path: Path, node_id: int) -> dt.datetime:
 # -- streams -----------------------------------------------------------------------------------
 
 class PrefixedStream(trio.abc.Stream):
-    """A stream that first returns bytes already read from it (the sniffed first chunk)."""
+    """A stream that first returns bytes already read from it (the sniffed first chunk).
+
+    Over plain TCP (every accepted connection without TLS: clients and peers) it then reads the
+    socket itself: trio's receive_some wraps each recv in two generator context managers and a
+    reschedule, a large share of the leader's per-request loop time (issue 28). Bytes already
+    there are returned at once (a checkpoint every PLAIN_READS_PER_CHECKPOINT such reads, so a
+    fast sender cannot hold the loop), otherwise it waits for the socket to become readable;
+    cancelled while waiting, it has taken no bytes (as trio's)."""
 
     def __init__(self, stream: trio.abc.Stream, prefix: bytes) -> None:
         self.stream = stream
         self._prefix = prefix
+        self._plain = stream.socket if type(stream) is trio.SocketStream else None
+        self._ready_reads = 0  # reads in a row that found bytes without waiting
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         if self._prefix:
             n = len(self._prefix) if max_bytes is None else max_bytes
             data, self._prefix = self._prefix[:n], self._prefix[n:]
             return data
-        return await self.stream.receive_some(max_bytes)
+        if self._plain is None:
+            return await self.stream.receive_some(max_bytes)
+        return await self._receive_plain(max_bytes or PLAIN_READ_BYTES)
+
+    async def _receive_plain(self, max_bytes: int) -> bytes:
+        sock = self._plain
+        while True:
+            fd = sock.fileno()
+            if fd < 0:
+                raise trio.ClosedResourceError("the connection is closed")
+            try:
+                data = os.read(fd, max_bytes)
+            except BlockingIOError:
+                self._ready_reads = 0
+                await trio.lowlevel.wait_readable(sock)
+                continue
+            except OSError as e:  # as trio's stream reports a broken connection
+                raise trio.BrokenResourceError(f"the connection broke: {e}") from e
+            self._ready_reads += 1
+            if self._ready_reads >= PLAIN_READS_PER_CHECKPOINT:
+                self._ready_reads = 0
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            return data
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self.stream.send_all(data)
@@ -206,6 +238,8 @@ class PrefixedStream(trio.abc.Stream):
 
 
 SNIFF_BYTES = 3
+PLAIN_READ_BYTES = 64 * 1024  # a read's size when the caller names none
+PLAIN_READS_PER_CHECKPOINT = 8
 
 
 async def sniff(stream: trio.abc.ReceiveStream) -> bytes:
