@@ -416,7 +416,9 @@ class MemoryLog(LogStorage):
         limit = max_batches if max_batches is not None and max_batches > 0 else 1 << 62
         out: list[Batch] = []
         used = 0
-        for b in self._batches[self._index_of(offset):]:
+        batches = self._batches
+        for i in range(self._index_of(offset), len(batches)):  # no copy of the tail per read
+            b = batches[i]
             if out and (used + b.size > max_bytes or len(out) >= limit):
                 break
             if not self._checked(b):  # damaged: never served (see LogStorage.read)
