@@ -33,6 +33,7 @@ from raft.node.controller import ControllerService
 from raft.node.shard_feed import FeedWriter, LeaderReporter, ShardFollower, feed_fds
 from raft.node.reconciler import UNMANAGED, Reconciler
 from raft.node.leader_balance import LeaderBalancer
+from raft.node.links.manager import LinkManager
 from raft.node.replica_moves import ReplicaMover
 from raft.node.topics import Resolved, resolve, unknown_partition, unknown_topic
 from raft.protocol.replies import ErrorReply
@@ -50,7 +51,9 @@ MIRROR_EVERY_TICKS = 10  # how often the controller's leader compares membership
 # What a request naming the controller's group (0) explicitly may be: its status and the
 # controller's own requests; never a client's write or read of its log.
 CONTROLLER_REQUESTS = frozenset({"status", "metadata", "topic_create", "topic_alter",
-                                 "topic_delete", "topic_move", "transfer_leader"})
+                                 "topic_delete", "topic_move", "transfer_leader",
+                                 "link_create", "link_alter", "topic_promote", "link_event",
+                                 "link_list", "link_status"})
 
 
 class TopicRuntime:
@@ -86,6 +89,9 @@ class TopicRuntime:
         self.mover = ReplicaMover(self)  # replica moves, carried out where this node leads
         self.unmanaged = UNMANAGED
         self.balancer = LeaderBalancer(self)  # leadership back to preferred replicas
+        # Cross-cluster links (issue 30): pullers where this node leads a mirror partition.
+        self.links = LinkManager(self)
+        self.controller.on_applied.append(self.links.kick)
 
     # -- what the reconciler needs (raft.node.reconciler.ReconcileHost) ---------------------------
     @property
@@ -147,6 +153,7 @@ class TopicRuntime:
             nursery.start_soon(self._mirror_membership)
         nursery.start_soon(self.mover.run)
         nursery.start_soon(self.balancer.run)
+        nursery.start_soon(self.links.run)
 
     def _founders(self) -> dict[int, str]:
         """The controller's voters and where they listen: who the bootstrap registers."""
