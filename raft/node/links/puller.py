@@ -210,7 +210,7 @@ class Puller:
         s = self.spec
         try:
             if not self._opened:
-                await self.client.subscription_open(s.subscription, initial="start",
+                await self.client.subscription_open(s.subscription, start=position,
                                                     topic=s.source_topic, partition=s.partition)
                 self._opened = True
             await self.client.subscription_commit(s.subscription, position,
