@@ -1,0 +1,117 @@
+"""Links on in-process nodes (issue 30): the link requests answered by the sink's controller
+leader and every node's metadata (origin, mirror_active), and a real link between two
+in-process clusters: pullers on the mirror partitions' leaders copy the source's batches at
+the same offsets, the mirror refuses produces until promoted, then takes them at the next
+offset."""
+
+from __future__ import annotations
+
+import trio
+
+from inproc_cluster import DEADLINE_S, running_cluster, trio_test
+from test_topics_inproc import (admin, all_partitions_led, create, group_of, metadata_everywhere,
+                                partition_leader, produce, request)
+from storage.records import encode_values
+
+
+def mirror_fields(name: str, servers: list[str], cid: str = "c0ffee",
+                  mirrors: list | None = None) -> dict:
+    return {"name": name, "source_servers": servers, "source_cluster_id": cid,
+            "mirrors": mirrors or [["orders", "orders", 2]], "replicas": 3}
+
+
+@trio_test
+async def test_link_requests_on_the_sink_controller() -> None:
+    async with running_cluster(3) as sink:
+        await metadata_everywhere(sink, lambda m: "default" in m.topics)
+        # Nothing listens on the source: pullers report it, the control plane works alone.
+        created = await admin(sink, "link_create", **mirror_fields("dr", ["127.0.0.1:9"]))
+        assert created["ok"], created
+        assert created["link"]["topics"] == [{"source_topic": "orders", "topic": "orders"}]
+        assert created["link"]["token"] is False
+        await metadata_everywhere(sink, lambda m: "orders" in m.topics)
+        meta = await request(sink.nodes[1], "metadata", topics=["orders"])
+        [topic] = meta["topics"]
+        assert topic["origin"] == {"link": "dr", "source_cluster_id": "c0ffee",
+                                   "source_topic": "orders"}
+        assert topic["mirror_active"] is True and len(topic["partitions"]) == 2
+        assert meta["cluster_id"]
+        again = await admin(sink, "link_create", **mirror_fields("dr", ["127.0.0.1:9"]))
+        assert again["error"]["code"] == "BAD_REQUEST" and "exists" in again["error"]["message"]
+        clash = await admin(sink, "link_create", **mirror_fields("dr2", ["127.0.0.1:9"]))
+        assert clash["error"]["refusal"] == "topic_exists", clash
+        assert "--prefix" in clash["error"]["message"]
+        paused = await admin(sink, "link_alter", name="dr", op="pause")
+        assert paused["ok"] and paused["link"]["state"] == "paused", paused
+        event = await admin(sink, "link_event", link="dr", topic="orders", partition=1,
+                            gap_from=0, gap_to=9)
+        assert event["ok"], event
+        await metadata_everywhere(sink, lambda m: m.links["dr"].gaps)
+        listed = await request(sink.nodes[2], "link_list")
+        [link] = listed["links"]
+        assert link["gaps"][0]["offsets_lost"] == 10 and link["state"] == "paused"
+        promoted = await admin(sink, "topic_promote", name="orders")
+        assert promoted["ok"] and promoted["topic"]["mirror_active"] is False, promoted
+        twice = await admin(sink, "topic_promote", name="orders")
+        assert twice["error"]["refusal"] == "not_a_mirror", twice
+        deleted = await admin(sink, "link_alter", name="dr", op="delete")
+        assert deleted["ok"], deleted
+        unknown = await admin(sink, "link_alter", name="dr", op="resume")
+        assert unknown["error"]["refusal"] == "unknown_link", unknown
+
+
+async def batches(node, topic: str, partition: int) -> list[tuple]:
+    reply = await request(node, "fetch", offset=0, max_bytes=1 << 20, topic=topic,
+                          partition=partition)
+    assert reply["ok"], reply
+    return [(b["base_offset"], b["count"], b["timestamp_ms"], bytes(b["payload"]))
+            for b in reply["batches"]]
+
+
+@trio_test
+async def test_a_link_between_two_clusters_mirrors_at_the_same_offsets() -> None:
+    async with running_cluster(3) as source, running_cluster(3) as sink:
+        await create(source, "orders", 2, 3)
+        await all_partitions_led(source, "orders")
+        for p in range(2):
+            for i in range(3):
+                await produce(source, "orders", p, f"p{p}-{i}".encode())
+        meta = await request(source.nodes[0], "metadata")
+        await metadata_everywhere(sink, lambda m: "default" in m.topics)
+        created = await admin(sink, "link_create", **mirror_fields(
+            "dr", [n.address for n in source.nodes], meta["cluster_id"]))
+        assert created["ok"], created
+        await metadata_everywhere(sink, lambda m: "orders" in m.topics)
+        for p in range(2):
+            await produce(source, "orders", p, f"p{p}-late".encode())
+
+        async def same(p: int) -> bool:
+            src = await partition_leader(source, group_of(source.nodes[0], "orders", p))
+            dst = await partition_leader(sink, group_of(sink.nodes[0], "orders", p))
+            want = await batches(src, "orders", p)
+            return bool(want) and await batches(dst, "orders", p) == want
+
+        with trio.fail_after(DEADLINE_S):
+            for p in range(2):
+                while not await same(p):
+                    await trio.sleep(0.05)
+        dst = await partition_leader(sink, group_of(sink.nodes[0], "orders", 0))
+        refused = await request(dst, "produce", acks="quorum", timeout_ms=2000, topic="orders",
+                                partition=0, payload=encode_values([b"x"]), count=1)
+        assert refused["error"]["code"] == "MIRROR_READ_ONLY", refused
+        status = await request(dst, "link_status")
+        rows = [r for r in status["partitions"] if r["partition"] == 0]
+        assert rows and rows[0]["lag_records"] == 0 and rows[0]["link"] == "dr", status
+        last = (await batches(dst, "orders", 0))[-1]
+        assert (await admin(sink, "topic_promote", name="orders"))["ok"]
+        with trio.fail_after(DEADLINE_S):
+            while True:
+                dst = await partition_leader(sink, group_of(sink.nodes[0], "orders", 0))
+                taken = await request(dst, "produce", acks="quorum", timeout_ms=2000,
+                                      topic="orders", partition=0,
+                                      payload=encode_values([b"x"]), count=1)
+                if taken["ok"]:
+                    break
+                assert taken["error"]["code"] in ("MIRROR_READ_ONLY", "NOT_LEADER"), taken
+                await trio.sleep(0.02)
+        assert taken["base_offset"] == last[0] + last[1], (taken, last)
