@@ -73,3 +73,16 @@ def test_a_promoted_topic_clears_the_refusal_set_before() -> None:
     run(mgr.runtime.metadata, PromoteTopic("orders"))
     mgr.wanted()
     assert groups[2].write_refusal is None and groups[3].write_refusal is None
+
+
+@pytest.mark.parametrize("source", ["src", "other"])
+def test_a_new_link_of_the_same_name_does_not_inherit_the_old_mirror(source: str) -> None:
+    """The old link's topic stays a read-only mirror nobody writes, even when the new link
+    reads the same source topic (into another mirror name)."""
+    again = CreateLink("dr", ("h:1",), source, (MirrorTopic("orders", "o2", ((1, 2, 3),)),))
+    mgr, groups = manager((LINK, DeleteLink("dr"), again), ROLES)
+    assert 2 not in mgr.wanted()
+
+
+def test_a_new_link_of_the_same_name_does_not_inherit_the_old_mirror_same_source() -> None:
+    test_a_new_link_of_the_same_name_does_not_inherit_the_old_mirror("src")

@@ -68,6 +68,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "controller
 import test_controller_state  # noqa: E402
 import test_placement  # noqa: E402
 import test_shards  # noqa: E402  (partitions on (node, shard): docs/SHARDS.md)
+import test_links_controller  # noqa: E402  (cross-cluster links: docs/REPLICATION.md)
+import test_link_manager  # noqa: E402  (tests/node, on the path above)
+import test_link_puller  # noqa: E402  (tests/node)
 # The store's group commit across logs is killed by the storage tests (tests/storage).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
 import test_store  # noqa: E402
@@ -665,6 +668,26 @@ MUTANTS = [
            "                if not self._live_quorum():",
            "                if False:",
            (test_quiesce.test_a_quiet_leader_that_lost_its_majority_wakes_and_steps_down,)),
+    Mutant("a link is created with some of its mirror topics when another name is taken",
+           "raft.controller.links_apply", "LinkApply._create_link",
+           "            if m.name in self.topics:",
+           "            if False:",
+           (test_links_controller.test_a_refused_link_creates_none_of_its_topics,)),
+    Mutant("a bootstrap moves past the source's gap without recording it",
+           "raft.node.links.puller", "Puller._out_of_range",
+           "await self.report_gap(self.spec, pos, int(start) - 1)",
+           "pass",
+           (test_link_puller.test_a_bootstrap_records_the_gap_before_going_past_it,)),
+    Mutant("a link pulls a mirror topic another link (of the same name) created",
+           "raft.node.links.manager", "_feeds",
+           "link.topics.get(origin.source_topic) == topic",
+           "True",
+           (test_link_manager.test_a_new_link_of_the_same_name_does_not_inherit_the_old_mirror_same_source,)),
+    Mutant("an active mirror takes client writes",
+           "raft.node.links.manager", "LinkManager.wanted",
+           "refusal = read_only_message(topic.name, origin) if topic.mirror_active else None",
+           "refusal = None",
+           (test_link_manager.test_a_promoted_topic_clears_the_refusal_set_before,)),
     Mutant("the controller reuses a deleted topic's group ids",
            "raft.controller.state", "ClusterMetadata._allocate_group",
            "gid = self.next_group_id",
