@@ -16,7 +16,8 @@ from enum import IntEnum
 
 
 class BatchKind(IntEnum):
-    """What a batch carries. Only DATA is ever shown to consumers."""
+    """What a batch carries. Consumers are shown DATA, published STAGED and (in a translated
+    group) MIRRORED batches; never the others."""
 
     DATA = 0
     NOOP = 1  # appended by a new leader so entries of earlier terms can commit
@@ -27,6 +28,11 @@ class BatchKind(IntEnum):
     # records. Occupies `count` offsets; consumers see it only once its load published that
     # attempt, and then as plain records at the same offsets.
     STAGED = 4
+    # A batch of a mirror partition (cross-cluster replication, docs/REPLICATION.md): the payload
+    # is a tag (storage/mirrored.py: the batch's *visible* base offset, the source cluster's)
+    # followed by ordinary records. Only translated groups hold them; there every batch a
+    # consumer sees is MIRRORED, shown at its visible offsets, not at its log offsets.
+    MIRRORED = 5
 
 
 # Where operators read what a node does about a damaged or lost disk, and what to run.

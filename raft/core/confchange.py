@@ -141,6 +141,9 @@ class ConfChanges:
         """Bookkeeping for every batch that enters our log (leader or follower)."""
         if batch.kind == BatchKind.DATA:
             self.producers.record(batch)
+        elif batch.kind == BatchKind.MIRRORED:
+            self.producers.record(batch)
+            self._mirror_applied(batch)
         elif batch.kind == BatchKind.CONFIG:
             self._configs.append(ConfigEntry(batch.base_offset, batch.term,
                                               ClusterConfig.from_batch(batch)))
@@ -215,6 +218,9 @@ class ConfChanges:
             for b in batches:
                 if b.kind == BatchKind.DATA:
                     self.producers.record(b)
+                elif b.kind == BatchKind.MIRRORED:
+                    self.producers.record(b)
+                    self._mirror_applied(b)
                 elif b.kind == BatchKind.CONFIG and b.base_offset not in known \
                         and b.base_offset > self._configs[-1].offset:
                     self._configs.append(ConfigEntry(b.base_offset, b.term,

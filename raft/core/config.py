@@ -74,6 +74,11 @@ class RaftConfig:
     # registered ones (raft.core.snapshot.Section; group 0 passes the controller's metadata,
     # raft.controller.section), so its log can be cut without data partitions carrying them.
     snapshot_sections: tuple[Any, ...] = ()
+    # A mirror partition (issue 30, raft/core/mirror.py): every batch consumers see is MIRRORED,
+    # at visible offsets; DATA proposals become MIRRORED at the next visible offset. Set when the
+    # group is created (a topic with an origin) and never cleared: offsets must keep their
+    # meaning after `topic promote`. False: visible offset == log offset, as always.
+    translated: bool = False
 
     def validate(self) -> "RaftConfig":
         def positive(name: str) -> None:

@@ -155,6 +155,7 @@ class FollowerSide:
             self._restore_start_state(state)
         else:  # a leader that has no state at its start (a log reset before it was kept)
             self.producers.clear()
+            self._mirror_open()
             self._configs = [c for c in self._configs if c.offset <= prev]
             if not self._configs:
                 self._configs = [self._bootstrap_config()]
@@ -197,6 +198,7 @@ class FollowerSide:
     def _truncated(self, after: int) -> None:
         """The log ends at `after` now: forget what the dropped entries had built."""
         self.producers.truncate_after(after)
+        self._mirror_truncated(after)
         if self._configs[-1].offset > after:
             self._configs = [c for c in self._configs if c.offset <= after]
             if not self._configs:

@@ -21,6 +21,10 @@ from enum import Enum
 
 from storage.batch import NO_PRODUCER, Batch, BatchKind
 
+# Batches whose producer id / sequence the table remembers (a client produce to a promoted
+# mirror is converted to MIRRORED by the leader, raft/core/mirror.py).
+_RECORDED = frozenset({BatchKind.DATA, BatchKind.MIRRORED})
+
 
 class Verdict(Enum):
     NEW = "new"  # not seen: append it
@@ -80,7 +84,7 @@ class ProducerTable:
         """A batch of the log, normally the newest; an older one (a damaged batch repaired)
         goes into its place in log order, and only if it is within the remembered window."""
         self._unread.pop(batch.base_offset, None)
-        if batch.producer_id == NO_PRODUCER or batch.kind != BatchKind.DATA:
+        if batch.producer_id == NO_PRODUCER or batch.kind not in _RECORDED:
             return
         w = Written(batch.sequence, batch.base_offset, batch.last_offset)
         seen = self._by_pid.get(batch.producer_id)

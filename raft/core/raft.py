@@ -41,6 +41,7 @@ from raft.core.incarnation import Incarnations
 from raft.core.leader import LeaderSide
 from raft.core.leader_state import LeaderState, Waiting
 from raft.core.membership import ClusterConfig, ConfigEntry
+from raft.core.mirror import Mirror
 from raft.core.producers import ProducerTable, Verdict
 from raft.core.quiesce import Quiescence
 from raft.core.snapshot import CONFIG, PRODUCERS, SnapshotContext, StartState, section_raw
@@ -57,10 +58,14 @@ from storage.batch import Batch, BatchKind
 
 # The election timeout's random spread doubles at most this many times after failed campaigns.
 MAX_BACKOFF_DOUBLINGS = 3
+# What a client may propose (MIRRORED: a link, into a translated group), and which of those the
+# idempotent producer check covers.
+_PROPOSED = frozenset({BatchKind.DATA, BatchKind.CONTROL, BatchKind.STAGED, BatchKind.MIRRORED})
+_IDEMPOTENT = frozenset({BatchKind.DATA, BatchKind.MIRRORED})
 
 
 class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, Repairs,
-               Quiescence):
+               Quiescence, Mirror):
     """One Raft group's consensus state machine. Drive it with tick/step/propose/flushed and
     drain ready(); see raft/core/ready.py for the driver contract. An idle group quiesces
     (raft/core/quiesce.py): while `quiesced`, tick() is a no-op, and the runtime feeds node
@@ -92,6 +97,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         raw = section_raw(log.snapshot, PRODUCERS)
         if raw is not None:
             self.producers.load(raw)
+        self._mirror_open()  # the visible end at the log start (raft/core/mirror.py)
         self._rebuild_from_log()
 
         self._election_elapsed = 0
@@ -249,7 +255,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
     def propose(self, request_id: int, batch: Batch, acks: Acks) -> None:
         """Offer a batch for the log; the answer comes through ready().answers."""
         acks = Acks(acks)
-        if batch.kind not in (BatchKind.DATA, BatchKind.CONTROL, BatchKind.STAGED):
+        if batch.kind not in _PROPOSED:
             raise ValueError(f"clients may not propose {batch.kind.name} batches")
         lead = self.leader
         if self._quiesced and lead is not None:
@@ -258,7 +264,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
             hint = self.leader_id if lead is None else lead.transfer_target
             self._answer(request_id, ErrorCode.NOT_LEADER, leader_id=hint)
             return
-        if batch.producer_id and batch.kind == BatchKind.DATA:
+        if batch.producer_id and batch.kind in _IDEMPOTENT:
             verdict, written = self.producers.lookup(batch.producer_id, batch.sequence)
             if verdict == Verdict.DUPLICATE:
                 assert written is not None
@@ -276,6 +282,11 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
                     f"the last {self.cfg.producer_window} remembered: its outcome is unknown; "
                     f"read the log to check, and use a new producer id for new writes"))
                 return
+        if self.cfg.translated or batch.kind == BatchKind.MIRRORED:
+            converted = self._mirror_propose(request_id, batch)  # raft/core/mirror.py
+            if converted is None:
+                return
+            batch = converted
         if acks == Acks.QUORUM and len(lead.waiting) >= self.cfg.max_pending_produce:
             self._answer(request_id, ErrorCode.BACKPRESSURE, message=(
                 f"{len(lead.waiting)} quorum writes are waiting for commit; retry shortly"))
@@ -380,6 +391,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         log there): the configuration in force and the producer table, as of start - 1."""
         self.producers = state.states[PRODUCERS]
         self._configs = [state.states[CONFIG][0]]
+        self._mirror_restore(state)
         self._hs_dirty = True
 
     def progress(self, node_id: int) -> FollowerProgress | None:
@@ -514,11 +526,11 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
 
     def _answer(self, request_id: int, error: ErrorCode, *, base_offset: int = -1,
                 last_offset: int = -1, leader_id: int | None = None, duplicate: bool = False,
-                message: str = "") -> None:
+                message: str = "", visible_end: int = -1) -> None:
         if request_id == INTERNAL_REQUEST:
             return
         self._answers.append(ProduceAnswer(request_id, error, base_offset, last_offset,
-                                           leader_id, duplicate, message))
+                                           leader_id, duplicate, message, visible_end))
 
 
 __all__ = ["INTERNAL_REQUEST", "InvariantViolation", "RaftConfig", "RaftCore", "Rng",

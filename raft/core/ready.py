@@ -49,6 +49,8 @@ class ProduceAnswer:
     leader_id: int | None = None  # set with NOT_LEADER when known
     duplicate: bool = False  # an idempotent retry: offsets are those of the original write
     message: str = ""  # for errors the caller shows as-is (what went wrong, what to do next)
+    # With MIRROR_POSITION: the mirror's visible end, where the link resumes (raft/core/mirror.py).
+    visible_end: int = -1
 
 
 class StorageOp(Enum):

@@ -47,6 +47,7 @@ from raft.core.snapshot import TERM, StartState
 from raft.core.types import DataLost, Role
 from storage.batch import Batch, BatchKind, CorruptBatch
 from storage.damage import Damage
+from storage.mirrored import visible_last
 
 if TYPE_CHECKING:
     from raft.core.config import RaftConfig
@@ -215,6 +216,8 @@ class Repairs:
             # Bookkeeping the start-up rebuild skipped while it was unreadable: the producer
             # table takes it in its place in log order, and can tell retries again.
             self.producers.record(b)
+            if b.kind == BatchKind.MIRRORED:  # (visible offsets grow with log offsets)
+                self.visible_end = max(self.visible_end, visible_last(b))
             if (b.kind == BatchKind.CONFIG and b.base_offset > self._configs[0].offset
                     and all(c.offset != b.base_offset for c in self._configs)):
                 self._configs.append(ConfigEntry(b.base_offset, b.term,

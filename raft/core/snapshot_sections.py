@@ -11,6 +11,7 @@ from typing import Any
 
 from raft.core.loads import LoadTable
 from raft.core.membership import ClusterConfig, ConfigEntry
+from raft.core import mirror
 from raft.core import subscription_table as subscriptions
 from raft.core.producers import ProducerTable
 from raft.core.snapshot import (
@@ -24,6 +25,7 @@ from raft.core.snapshot import (
     section_raw,
 )
 from storage.batch import Batch, BatchKind
+from storage.mirrored import MIRROR_SECTION
 
 
 # -- term: the term of the entry at start - 1 (a one-element list, so folding is in place) ------
@@ -101,6 +103,10 @@ register_section(Section(LOADS, lambda ctx, start: LoadTable(start), LoadTable.a
 register_section(Section(subscriptions.SNAPSHOT_SECTION, subscriptions.section_fresh,
                          subscriptions.section_apply, subscriptions.section_dump,
                          subscriptions.section_load))
+# Mirror partitions (issue 30): the visible end as of the log start, so a group whose MIRRORED
+# batches retention cut, or a follower reset by a state transfer, keeps its position rule.
+register_section(Section(MIRROR_SECTION, mirror.section_fresh, mirror.section_apply,
+                         mirror.section_dump, mirror.section_load))
 
 
 def stored_config(snapshot: dict | None) -> ConfigEntry | None:

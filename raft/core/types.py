@@ -53,6 +53,12 @@ class ErrorCode(IntEnum):
     # Topics (issue 26, raft/controller/): the message names what exists.
     UNKNOWN_TOPIC = 22  # no such topic (names the topics), or no such partition (names them)
     TOPIC_EXISTS = 23  # topic_create of a name that is taken
+    # Mirror partitions (issue 30, raft/core/mirror.py, docs/REPLICATION.md).
+    # A MIRRORED append at or below the mirror's visible end: mirrored already; the answer
+    # carries `visible_end`, where the link resumes (visible_end + 1). Never a duplicate.
+    MIRROR_POSITION = 24
+    # A client write to a mirror that a link still feeds: run `raftlog topic promote T` first.
+    MIRROR_READ_ONLY = 25
 
 
 class InvariantViolation(AssertionError):

@@ -40,6 +40,10 @@ ERROR_ADVICE: dict[ErrorCode, str] = {
                                "(`raftlog subscriptions reset NAME --to OFFSET`)",
     ErrorCode.UNAUTHENTICATED: "authenticate: send a valid token (--token or RAFTLOG_TOKEN) or "
                                "a client certificate signed by the cluster CA, over TLS",
+    ErrorCode.MIRROR_POSITION: "the mirror holds these visible offsets already; resume from "
+                               "visible_end + 1",
+    ErrorCode.MIRROR_READ_ONLY: "this topic is a mirror a link still feeds: it takes no client "
+                                "writes; promote it first (`raftlog topic promote TOPIC`)",
     ErrorCode.FORBIDDEN: "the principal lacks the permission this request needs; ask an "
                          "operator to grant it in the node's auth file",
 }

@@ -32,10 +32,9 @@ inline for the in-memory log. Process-wide tuning (GC, the GIL switch interval) 
 business: raft.node.serve sets it where the process starts.
 
 Group 0 is the node's own group (the one a single-group node runs): it keeps the cluster identity
-in its metadata. Other groups (`Node.add_group`) are given their voters and their log.
-
-Data directory: with no log passed in, the group opens `<data_dir>/node-<id>/` via
-`storage.open_log` (see raft.node.config). In-process tests pass a log (MemoryLog or LmdbLog) instead.
+in its metadata. Other groups (`Node.add_group`) are given their voters and their log; a mirror
+partition's API is raft.node.mirror_group's. With no log passed in, the group opens
+`<data_dir>/node-<id>/` (storage.open_log); in-process tests pass a MemoryLog or LmdbLog.
 """
 
 from __future__ import annotations
@@ -59,6 +58,7 @@ from raft.node.flusher import NodeFlusher
 from raft.node.identity import ClusterIdentity
 from raft.node.load_service import LoadService
 from raft.node.log_open import open_log_with_progress
+from raft.node.mirror_group import MirrorGroup
 from raft.node.outbox import GroupOutbox, Links
 from raft.node.retention import RetentionTask
 from raft.core.retention import RetentionPolicy
@@ -94,7 +94,7 @@ class _Pending:
     answer: ProduceAnswer | None = None
 
 
-class RaftGroup:
+class RaftGroup(MirrorGroup):
     def __init__(self, config: NodeConfig, links: Links, *, log_storage: LogStorage | None,
                  rng: random.Random, group_id: int = 0,
                  voters: list[int] | None = None) -> None:
@@ -203,7 +203,7 @@ class RaftGroup:
             # detector (raft.node.liveness) feeds peer_down / peer_up, so a quiesced follower
             # notices its leader's node dying; `--raft quiesce_ticks=0` turns it off.
             raft_cfg = RaftConfig(node_id=self.node_id, voters=voters, learners=[],
-                                  **self.config.raft_kwargs(),
+                                  **self.config.raft_kwargs(), translated=self.translated,
                                   snapshot_sections=self.snapshot_sections)
             budget = self.recovery_budget
             self.core = RaftCore(raft_cfg, self.log, self._rng, recovery=None if budget is None

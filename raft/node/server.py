@@ -166,13 +166,13 @@ class Node:
 
     # -- groups at run time ------------------------------------------------------------------------
     async def add_group(self, group_id: int, voters: list[int], log_storage: LogStorage, *,
-                        owns_log: bool = False) -> RaftGroup:
+                        owns_log: bool = False, translated: bool = False) -> RaftGroup:
         """Start running Raft group `group_id` on this node, founded with `voters` (node ids;
         this node among them, or a learner added later through the group's log) on
         `log_storage` (its own log: the node's data directory holds group 0's). The group
         elects, replicates and serves client requests naming its id from now on; the node
         keeps links to its members. What the controller's reconciler calls for each replica
-        it places here."""
+        it places here. `translated`: a mirror partition (raft.node.mirror_group), for good."""
         if not self._running or self._closing:
             raise RuntimeError(f"node {self.node_id} is not running: add groups once it has "
                                f"started (await nursery.start(node.run)) and before it stops")
@@ -189,6 +189,7 @@ class Node:
         group = self._new_group(group_id, log_storage, list(voters),
                                 random.Random(self._rng.getrandbits(64)))
         group.owns_log = owns_log  # the reconciler's groups: closed when removed
+        group.translated = translated
         await group.open_log()
         group.start_core()
         self.registry.add(group_id, group, self._context(group))

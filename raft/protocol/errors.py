@@ -27,7 +27,8 @@ it twice.
   - The refusals of a malformed or forbidden request (BAD_REQUEST, TOO_LARGE, UNAUTHENTICATED,
     FORBIDDEN), of a node with a full disk (DISK_FULL), of a closed load (LOAD_CLOSED), and of
     a topic or partition the node's metadata does not have (UNKNOWN_TOPIC: not retryable as
-    such; a client refreshes its metadata and tries again if the topic appeared).
+    such; a client refreshes its metadata and tries again if the topic appeared), and of a
+    mirror's writes (MIRROR_POSITION: mirrored already; MIRROR_READ_ONLY: not promoted yet).
   Deliberately not in it: SHUTTING_DOWN (a node stopping while a write waits answers it after
   the append: "may or may not commit"), TIMEOUT and LEADERSHIP_LOST (the entry may commit
   later), and TRUNCATED: one node's copy being overwritten does not prove the entry cannot
@@ -64,6 +65,7 @@ NOT_WRITTEN: frozenset[str] = frozenset({
     ErrorCode.NOT_LEADER.name, ErrorCode.BACKPRESSURE.name, ErrorCode.BAD_REQUEST.name,
     ErrorCode.TOO_LARGE.name, ErrorCode.DISK_FULL.name, ErrorCode.LOAD_CLOSED.name,
     ErrorCode.UNAUTHENTICATED.name, ErrorCode.FORBIDDEN.name, ErrorCode.UNKNOWN_TOPIC.name,
+    ErrorCode.MIRROR_POSITION.name, ErrorCode.MIRROR_READ_ONLY.name,
 })
 
 

@@ -21,12 +21,13 @@ from storage.records import encode_values
 
 class Cluster:
     def __init__(self, n: int = 3, *, seed: int = 1, recovery: Any = None,
-                 **knobs: Any) -> None:
+                 new_log: Callable[[int], Any] | None = None, **knobs: Any) -> None:
         self.ids = list(range(1, n + 1))
         self.knobs = knobs
         self.recovery = recovery  # a recovery.budget.GroupRecovery every core shares, or None
         self.seed = seed
-        self.logs = {i: MemoryLog() for i in self.ids}
+        # One log per node: in memory unless `new_log(node_id)` opens another (an LMDB store's).
+        self.logs = {i: MemoryLog() if new_log is None else new_log(i) for i in self.ids}
         self.cores: dict[int, RaftCore] = {}
         for i in self.ids:
             self.cores[i] = self._new_core(i)

@@ -39,6 +39,7 @@ import test_safety_rules
 import test_state_transfer
 import test_subscriptions
 import test_first_election
+import test_mirror
 
 # The runtime's fail-stop rule is killed by a node test.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "node"))
@@ -118,6 +119,24 @@ class Mutant:
 
 
 MUTANTS = [
+    Mutant("a mirror's leader appends a MIRRORED batch at or below its visible end",
+           "raft.core.mirror", "Mirror._mirror_propose",
+           "if base <= self.visible_end:  # the position rule",
+           "if False:",
+           (functools.partial(test_mirror.test_the_position_rule,
+                              test_mirror.POSITION_CASES[1], None),)),
+    Mutant("a mirror's visible end at the log start (the `mirror` section) is not read back",
+           "raft.core.mirror", "Mirror._mirror_open",
+           "self.visible_end = end_at_start(self.log.snapshot)",
+           "self.visible_end = -1",
+           (_in_tmp(test_mirror.test_the_mirror_section_survives_a_retention_cut_and_a_state_transfer,
+                    None),)),
+    Mutant("a suffix truncation keeps the dropped MIRRORED batches' visible end",
+           "raft.core.mirror", "Mirror._mirror_truncated",
+           "self.visible_end = run_sync(visible_end_upto(self.log, after))",
+           "pass",
+           (functools.partial(test_mirror.test_a_suffix_truncation_recomputes_the_visible_end,
+                              test_mirror.TRUNCATION_CASES[0], None),)),
     Mutant("a batched scrub call hands each log's findings to a neighbour's group",
            "raft.node.scrub_scheduler", "NodeScrubber._call",
            "for target, res in zip(picked, results):",
