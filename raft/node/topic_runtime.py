@@ -129,9 +129,14 @@ class TopicRuntime:
         return core._configs[-1].offset > core.commit_index
 
     async def add_group(self, group_id: int, voters: list[int], log_storage: LogStorage, *,
-                        owns_log: bool = False) -> Any:
-        group = await self.node.add_group(group_id, voters, log_storage, owns_log=owns_log)
+                        owns_log: bool = False, translated: bool = False) -> Any:
         partition = self.metadata.groups.get(group_id)
+        topic = self.metadata.topics.get(partition.topic) if partition is not None else None
+        # A mirror topic's partitions (a topic with an origin: docs/REPLICATION.md) are
+        # translated groups, for good: offsets keep their meaning after a promote.
+        translated = translated or (topic is not None and topic.origin is not None)
+        group = await self.node.add_group(group_id, voters, log_storage, owns_log=owns_log,
+                                          translated=translated)
         if partition is not None and group.core is not None and partition.replicas:
             # A new partition's preferred replica campaigns first, the others later
             # (RaftCore.first_election): one election per group at a topic create.

@@ -82,6 +82,10 @@ class Puller:
         self.bytes_per_record = 0.0
         self.behind_since: float | None = None  # wall clock when it last stopped being caught up
         self.mirrored_bytes = 0
+        # The source offset up to which the puller has seen everything: past the mirrored
+        # data, the source's own no-ops and control entries (subscription commits, this link's
+        # among them) take offsets that never become visible batches here.
+        self.seen_to = -1
         self._reported = -1  # the last position committed on the source
         self._report_at = 0.0
         self._opened = False
@@ -91,9 +95,14 @@ class Puller:
     def mirrored(self) -> int:
         return self.group.core.visible_end
 
+    @property
+    def position(self) -> int:
+        """The last source offset accounted for: mirrored, or seen to hold no data."""
+        return max(self.mirrored, self.seen_to)
+
     def status(self) -> dict[str, Any]:
         s = self.spec
-        lag = max(0, self.source_hw - self.mirrored) if self.source_hw >= 0 else 0
+        lag = max(0, self.source_hw - self.position) if self.source_hw >= 0 else 0
         lag_s = 0.0 if lag == 0 or self.behind_since is None else \
             max(0.0, time.time() - self.behind_since)
         return {"link": s.link, "topic": s.topic, "partition": s.partition,
@@ -140,10 +149,13 @@ class Puller:
         self.source_start = int(reply["start_offset"])
         batches = reply.get("batches") or []
         if not batches:
+            nxt = max(pos, int(reply["next_offset"]))
+            if self.mirrored < nxt:
+                self.seen_to = max(self.seen_to, nxt - 1)
             self._caught_up_check()
-            self.state = PullState.CAUGHT_UP if self.mirrored >= self.source_hw else \
+            self.state = PullState.CAUGHT_UP if self.position >= self.source_hw else \
                 PullState.MIRRORING
-            return max(pos, int(reply["next_offset"])), True
+            return nxt, True
         size = sum(len(b["payload"]) for b in batches)
         await self.rate.spend(size)
         if not self._leads():
@@ -155,10 +167,12 @@ class Puller:
             if records:
                 self.bytes_per_record = size / max(1, sum(int(b["count"]) for b in batches))
             self.mirrored_bytes += size
+            nxt = done.visible_end + 1
+            if done.appended == len(batches):
+                nxt = max(nxt, int(reply["next_offset"]))
+                self.seen_to = max(self.seen_to, nxt - 1)
             self._caught_up_check()
-            if done.appended < len(batches):
-                return done.visible_end + 1, True
-            return max(done.visible_end + 1, int(reply["next_offset"])), True
+            return nxt, True
         if done.error == ErrorCode.MIRROR_POSITION:  # mirrored already: resume after it
             return done.visible_end + 1, True
         if done.error in (ErrorCode.NOT_LEADER, ErrorCode.LEADERSHIP_LOST,
@@ -168,7 +182,7 @@ class Puller:
         return pos, False
 
     def _caught_up_check(self) -> None:
-        if self.mirrored >= self.source_hw:
+        if self.position >= self.source_hw:
             self.behind_since = None
         elif self.behind_since is None:
             self.behind_since = time.time()
