@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-MAX_LINK_NAME = 128
+MAX_LINK_NAME = 64  # "__link.<32 hex>.<name>" must fit a subscription name (128)
 _LINK_CHARS = re.compile(r"[A-Za-z0-9_-]+\Z")  # no '.': it separates the subscription name's parts
 MAX_GAPS_KEPT = 8  # per partition: the latest gaps, with the count of all of them
 

@@ -41,6 +41,7 @@ def test_create_link_creates_read_only_mirror_topics_with_the_source_partition_c
 @pytest.mark.parametrize("setup, command, refusal", [
     ((), link_cmd(name="a.b"), Refusal.INVALID_NAME),
     ((), link_cmd(name=""), Refusal.INVALID_NAME),
+    ((), link_cmd(name="x" * 65), Refusal.INVALID_NAME),  # its subscription name must fit
     ((link_cmd(),), link_cmd(topics=(("x", "x", 1),)), Refusal.LINK_EXISTS),
     ((CreateTopic("orders", (R3,)),), link_cmd(), Refusal.TOPIC_EXISTS),
     ((), link_cmd(topics=(("a", "m", 1), ("b", "m", 1))), Refusal.INVALID_NAME),
@@ -154,5 +155,7 @@ def test_malformed_link_commands(fields: dict, match: str) -> None:
         decode_command(payload)
 
 
-def test_link_subscription_name() -> None:
+def test_link_subscription_name_fits_a_subscription_name() -> None:
+    from raft.core.subscription_table import MAX_NAME_CHARS
     assert link_subscription("abc", "dr") == "__link.abc.dr"
+    assert len(link_subscription("f" * 32, "x" * 64)) <= MAX_NAME_CHARS
