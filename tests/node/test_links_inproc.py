@@ -115,3 +115,37 @@ async def test_a_link_between_two_clusters_mirrors_at_the_same_offsets() -> None
                 assert taken["error"]["code"] in ("MIRROR_READ_ONLY", "NOT_LEADER"), taken
                 await trio.sleep(0.02)
         assert taken["base_offset"] == last[0] + last[1], (taken, last)
+
+
+@trio_test
+async def test_a_source_that_cut_past_the_position_bootstraps_and_reports_the_gap() -> None:
+    from test_topic_settings_inproc import KEEP, fill, settle
+    async with running_cluster(1) as source, running_cluster(1) as sink:
+        created = await admin(source, "topic_create", name="small", partitions=1, replicas=1,
+                              retention_bytes=KEEP)
+        assert created["ok"], created
+        await metadata_everywhere(source, lambda m: "small" in m.topics)
+        node = source.live[0]
+        gid = group_of(node, "small", 0)
+        await partition_leader(source, gid)
+        await fill(node, "small", 0, 20)
+        await settle(node.registry.get(gid))
+        start = node.registry.get(gid).log.start_offset
+        assert start > 0
+        last = node.registry.get(gid).core.high_watermark
+        meta = await request(node, "metadata")
+        await metadata_everywhere(sink, lambda m: "default" in m.topics)
+        reply = await admin(sink, "link_create", **{
+            **mirror_fields("dr", [node.address], meta["cluster_id"], [["small", "small", 1]]),
+            "replicas": 1})
+        assert reply["ok"], reply
+        await metadata_everywhere(sink, lambda m: "small" in m.topics)
+        mirror = sink.live[0].registry
+        with trio.fail_after(DEADLINE_S):
+            while not (sink.live[0].topics.metadata.links["dr"].gaps and
+                       mirror.get(group_of(sink.live[0], "small", 0)) is not None and
+                       mirror.get(group_of(sink.live[0], "small", 0)).core.visible_end == last):
+                await trio.sleep(0.05)
+        listed = await request(sink.live[0], "link_list")
+        [gap] = listed["links"][0]["gaps"]
+        assert gap["bootstraps"] == 1 and gap["latest"] == [[0, start - 1]], gap
