@@ -172,6 +172,8 @@ class Puller:
                 nxt = max(nxt, int(reply["next_offset"]))
                 self.seen_to = max(self.seen_to, nxt - 1)
             self._caught_up_check()
+            if self.position >= self.source_hw:
+                self.state = PullState.CAUGHT_UP
             return nxt, True
         if done.error == ErrorCode.MIRROR_POSITION:  # mirrored already: resume after it
             return done.visible_end + 1, True
