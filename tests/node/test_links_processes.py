@@ -1,6 +1,6 @@
 """Cross-cluster links on real processes (issue 30): two 3-node clusters, a topic of 4
 partitions on the source linked to the sink with `raftlog link create`; records produced on the
-source while the sink's mirror leaders are SIGKILLed; afterwards every mirror partition holds
+source while a sink mirror leader, then a source leader, are SIGKILLed; afterwards every mirror partition holds
 exactly the source's batches (visible offsets, counts, timestamps, payloads) up to the
 source's high watermark. A produce on the mirror is refused (MIRROR_READ_ONLY) until
 `raftlog topic promote`, after which it is taken at the next offset."""
@@ -92,8 +92,8 @@ def mirrored(source: LocalCluster, sink: LocalCluster, sink_down: set[int]) -> b
 def test_a_link_mirrors_through_a_sink_leader_kill_then_promote(tmp_path: Path) -> None:
     with LocalCluster(tmp_path / "source", nodes=3) as source, \
             LocalCluster(tmp_path / "sink", nodes=3) as sink:
-        source.wait_leader()
-        sink.wait_leader()
+        source.wait_leader(60)
+        sink.wait_leader(60)
         created = admin(source, set(), "topic_create", name="orders", partitions=PARTITIONS,
                         replicas=3)
         assert created["ok"], created
@@ -126,6 +126,17 @@ def test_a_link_mirrors_through_a_sink_leader_kill_then_promote(tmp_path: Path) 
             produce(source, set(), "orders", p, f"p{p}-c".encode())
         wait_for(lambda: mirrored(source, sink, down), "every mirror partition to equal its "
                                                        "source", 120)
+
+        # The source's leader of partition 2 fails: the pullers follow its new leader.
+        src_victim = leader_id(source, set(), "orders", 2)
+        assert src_victim is not None
+        source.kill(src_victim)
+        source_down = {src_victim}
+        for p in range(PARTITIONS):
+            produce(source, source_down, "orders", p, f"p{p}-d".encode())
+        source.start(src_victim)
+        wait_for(lambda: mirrored(source, sink, down), "the mirrors to follow the source's "
+                                                       "new leader", 120)
 
         code, text = run_cli("link", "describe", "dr", "--json", "--servers", sink.servers)
         assert code == 0, text
