@@ -147,6 +147,7 @@ class Puller:
             timeout=LONG_POLL_MS / 1000 + 10, attempt_timeout=LONG_POLL_MS / 1000 + 5)
         self.source_hw = int(reply["high_watermark"])
         self.source_start = int(reply["start_offset"])
+        self.message = ""
         batches = reply.get("batches") or []
         if not batches:
             nxt = max(pos, int(reply["next_offset"]))
@@ -217,8 +218,13 @@ class Puller:
 
     async def _report_position(self) -> None:
         """Commit what the sink has committed to the source's link subscription (at most once
-        a REPORT_EVERY_S, only when it moved); failures are retried at the next report."""
-        position = visible_hw(self.group) + 1
+        a REPORT_EVERY_S, only when it moved); failures are retried at the next report. Past
+        the committed data it includes the source offsets seen to hold none (no-ops, control
+        entries), so the source need not keep those for the link."""
+        committed = visible_hw(self.group)
+        position = committed + 1
+        if committed >= self.mirrored:  # all appended is committed: skipped offsets count too
+            position = max(position, self.seen_to + 1)
         now = trio.current_time()
         if position <= self._reported or now < self._report_at:
             return
