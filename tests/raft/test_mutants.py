@@ -72,6 +72,7 @@ import test_shards  # noqa: E402  (partitions on (node, shard): docs/SHARDS.md)
 import test_links_controller  # noqa: E402  (cross-cluster links: docs/REPLICATION.md)
 import test_link_manager  # noqa: E402  (tests/node, on the path above)
 import test_link_puller  # noqa: E402  (tests/node)
+import test_links_inproc  # noqa: E402  (tests/node: a link holds its source's retention)
 # The store's group commit across logs is killed by the storage tests (tests/storage).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
 import test_store  # noqa: E402
@@ -702,6 +703,11 @@ MUTANTS = [
            "link.topics.get(origin.source_topic) == topic",
            "True",
            (test_link_manager.test_a_new_link_of_the_same_name_does_not_inherit_the_old_mirror_same_source,)),
+    Mutant("a link's position does not hold the source's retention",
+           "raft.node.subscription_service", "SubscriptionService.retention_holds",
+           "chosen = [(h, o) for h, o in chosen if h.startswith(LINK_HOLDER)]",
+           "chosen = []",
+           (test_links_inproc.test_a_paused_link_holds_the_sources_retention_and_resumes_without_a_gap,)),
     Mutant("an active mirror takes client writes",
            "raft.node.links.manager", "LinkManager.wanted",
            "refusal = read_only_message(topic.name, origin) if topic.mirror_active else None",
