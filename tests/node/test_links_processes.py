@@ -66,6 +66,15 @@ def leader_id(cluster: LocalCluster, down: set[int], topic: str, partition: int)
     return next((n for n, a in cluster.addresses.items() if a == address), None)
 
 
+def knows(address: str, topic: str) -> bool:
+    """Whether the node's metadata has the topic, every partition led."""
+    try:
+        meta = call(address, "metadata", topics=[topic])
+    except OSError:
+        return False
+    return any(all(p["leader"] for p in t["partitions"]) for t in meta.get("topics", []))
+
+
 def run_cli(*argv: str) -> tuple[int, str]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -97,6 +106,8 @@ def test_a_link_mirrors_through_a_sink_leader_kill_then_promote(tmp_path: Path) 
         created = admin(source, set(), "topic_create", name="orders", partitions=PARTITIONS,
                         replicas=3)
         assert created["ok"], created
+        wait_for(lambda: all(knows(a, "orders") for a in source.addresses.values()),
+                 "every source node to know the topic", 60)
         for p in range(PARTITIONS):
             for i in range(3):
                 produce(source, set(), "orders", p, f"p{p}-a{i}".encode())
@@ -104,6 +115,8 @@ def test_a_link_mirrors_through_a_sink_leader_kill_then_promote(tmp_path: Path) 
                              "orders", "--servers", sink.servers, "--timeout", "60")
         assert code == 0, text
         assert "created link dr" in text
+        wait_for(lambda: all(knows(a, "orders") for a in sink.addresses.values()),
+                 "every sink node to know the mirror topic", 60)
 
         # Produce on the source while the sink's mirror leader of partition 0 is killed.
         down: set[int] = set()
