@@ -106,7 +106,21 @@ async def test_a_link_between_two_clusters_mirrors_at_the_same_offsets() -> None
         rows = [r for r in status["partitions"] if r["partition"] == 0]
         assert rows and rows[0]["lag_records"] == 0 and rows[0]["link"] == "dr", status
         last = (await batches(dst, "orders", 0))[-1]
+        name = f"__link.{sink.nodes[0].transport.identity.cluster_id}.dr"
+        src0 = await partition_leader(source, group_of(source.nodes[0], "orders", 0))
+
+        async def held() -> bool:
+            got = await request(src0, "sub_get", name=name, topic="orders", partition=0,
+                                timeout_ms=2000)
+            return bool(got["ok"])
+
+        with trio.fail_after(DEADLINE_S):
+            while not await held():  # the link's position, on the source
+                await trio.sleep(0.05)
         assert (await admin(sink, "topic_promote", name="orders"))["ok"]
+        with trio.fail_after(DEADLINE_S):
+            while await held():  # promoted: the source no longer keeps anything for it
+                await trio.sleep(0.05)
         with trio.fail_after(DEADLINE_S):
             while True:
                 dst = await partition_leader(sink, group_of(sink.nodes[0], "orders", 0))

@@ -7,6 +7,10 @@ applied and looks again every SCAN_S for leadership changes: one pass over the m
 partitions only, however many plain partitions the node runs, and an idle puller costs one
 long-poll fetch (no per-partition timer).
 
+When a link stops writing a mirror for good (link deleted, topic promoted or deleted), the
+puller's leader deletes the link's subscription on the source partition, so the source no
+longer holds retention for it (a paused link keeps it: holding is the point).
+
 It also sets `write_refusal` on every group of an active mirror this node runs (leader or
 not), so a client produce there is refused with MIRROR_READ_ONLY and what to run; a promoted
 topic's groups have it cleared.
@@ -60,6 +64,7 @@ class LinkManager:
         self.pullers: dict[int, tuple[Puller, trio.CancelScope]] = {}
         self._wake = trio.Event()
         self._own: Client | None = None
+        self._releasing: dict[str, int] = {}  # link -> source positions being deleted
         self._nursery: trio.Nursery | None = None
 
     def kick(self) -> None:
@@ -111,6 +116,14 @@ class LinkManager:
                                              p.group, origin.source_topic), link)
         return out
 
+    def _ended(self, spec: PullSpec) -> bool:
+        """Whether the link no longer writes this mirror at all (deleted, or the topic
+        promoted or deleted), as opposed to paused or led elsewhere."""
+        meta = self.runtime.metadata
+        topic = meta.topics.get(spec.topic)
+        return topic is None or topic.origin is None or not topic.mirror_active or \
+            not _feeds(meta.links.get(spec.link), topic.origin, topic.name)
+
     async def reconcile_once(self) -> None:
         wanted = self.wanted()
         for gid, (puller, scope) in list(self.pullers.items()):
@@ -118,6 +131,11 @@ class LinkManager:
             if spec is None or spec[0] != puller.spec:
                 scope.cancel()
                 del self.pullers[gid]
+                if self._ended(puller.spec):  # its position need not hold the source any more
+                    self._releasing[puller.spec.link] = \
+                        self._releasing.get(puller.spec.link, 0) + 1
+                    assert self._nursery is not None
+                    self._nursery.start_soon(self._release, puller)
         for gid, (spec, link) in wanted.items():
             if gid in self.pullers:
                 continue
@@ -134,7 +152,29 @@ class LinkManager:
             self._nursery.start_soon(self._run_puller, puller, scope)
             log.info("link_puller_started link=%s topic=%s partition=%d group=%d",
                      spec.link, spec.topic, spec.partition, gid)
-        await self.sources.forget_except(set(self.runtime.metadata.links))
+        await self.sources.forget_except(set(self.runtime.metadata.links) | set(self._releasing))
+
+    async def _release(self, puller: Puller) -> None:
+        """Delete the link's subscription on the source partition (best effort: a source
+        that cannot be reached keeps it until its expiry or valve, docs/REPLICATION.md)."""
+        s = puller.spec
+        try:
+            await puller.client.subscription_delete(s.subscription, topic=s.source_topic,
+                                                    partition=s.partition,
+                                                    timeout=GAP_REPORT_TIMEOUT_S)
+            log.info("link_position_released link=%s topic=%s partition=%d", s.link, s.topic,
+                     s.partition)
+        except Exception as e:
+            log.warning("link_position_release_failed link=%s topic=%s partition=%d error=%s: "
+                        "the source keeps holding its retention for it; delete subscription "
+                        "%s there", s.link, s.topic, s.partition, e, s.subscription)
+        finally:
+            left = self._releasing.get(s.link, 1) - 1
+            if left:
+                self._releasing[s.link] = left
+            else:
+                self._releasing.pop(s.link, None)
+                self.kick()  # its client may go now
 
     async def _run_puller(self, puller: Puller, scope: trio.CancelScope) -> None:
         with scope:
