@@ -366,7 +366,8 @@ def partition_series(runtime: TopicRuntime, limit: int) -> dict[str, Any]:
         if topic is None:
             continue  # not in the applied metadata (yet, or any more)
         row: dict[str, Any] = {"topic": topic, "partition": index,
-                               "high_watermark": core.high_watermark,
+                               "high_watermark": mirror_reads.visible_hw(group, core.commit_index)
+                               if group.translated else core.high_watermark,
                                "leader": core.leader_id or 0, "leads": False, "worst": 0}
         leader = core.leader if core.role == Role.LEADER else None
         if leader is not None:
