@@ -138,3 +138,12 @@ def test_a_mirror_ahead_of_its_source_is_diverged_and_left_alone() -> None:
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert puller.state is PullState.DIVERGED and mirror.appended == []
     assert "delete the link" in puller.message
+
+
+def test_replicated_subscriptions_never_ahead_of_the_mirror() -> None:
+    from raft.node.links.subscriptions import planned
+    rows = [{"name": "ahead", "position": 50}, {"name": "behind", "position": 7},
+            {"name": "same", "position": 9}, {"name": "__link.x.dr", "position": 3},
+            {"name": "moved_back", "position": 2}]
+    have = {"same": 9, "moved_back": 8}
+    assert planned(rows, have, cap=20) == [("ahead", 20), ("behind", 7), ("moved_back", 2)]

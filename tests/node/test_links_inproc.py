@@ -79,6 +79,12 @@ async def test_a_link_between_two_clusters_mirrors_at_the_same_offsets() -> None
         for p in range(2):
             for i in range(3):
                 await produce(source, "orders", p, f"p{p}-{i}".encode())
+        # A consumer's subscription on the source, at the end of partition 0.
+        src0 = await partition_leader(source, group_of(source.nodes[0], "orders", 0))
+        end = src0.registry.get(group_of(src0, "orders", 0)).core.high_watermark + 1
+        opened = await request(src0, "sub_open", name="app", topic="orders", partition=0,
+                               timeout_ms=2000, **{"from": end})
+        assert opened["ok"], opened
         meta = await request(source.nodes[0], "metadata")
         await metadata_everywhere(sink, lambda m: "default" in m.topics)
         created = await admin(sink, "link_create", **mirror_fields(
@@ -107,7 +113,6 @@ async def test_a_link_between_two_clusters_mirrors_at_the_same_offsets() -> None
         assert rows and rows[0]["lag_records"] == 0 and rows[0]["link"] == "dr", status
         last = (await batches(dst, "orders", 0))[-1]
         name = f"__link.{sink.nodes[0].transport.identity.cluster_id}.dr"
-        src0 = await partition_leader(source, group_of(source.nodes[0], "orders", 0))
 
         async def held() -> bool:
             got = await request(src0, "sub_get", name=name, topic="orders", partition=0,
@@ -116,6 +121,11 @@ async def test_a_link_between_two_clusters_mirrors_at_the_same_offsets() -> None
 
         with trio.fail_after(DEADLINE_S):
             while not await held():  # the link's position, on the source
+                await trio.sleep(0.05)
+        mirror0 = dst.registry.get(group_of(dst, "orders", 0))
+        with trio.fail_after(DEADLINE_S):  # the subscription came with the topic
+            while "app" not in mirror0.subs.table.subs or \
+                    mirror0.subs.table.subs["app"].position != end:
                 await trio.sleep(0.05)
         assert (await admin(sink, "topic_promote", name="orders"))["ok"]
         with trio.fail_after(DEADLINE_S):

@@ -30,6 +30,7 @@ from raft.client.errors import (OffsetOutOfRangeError, PositionBehind, RaftlogEr
                                 UnknownSubscription)
 from raft.core.types import ErrorCode, Role
 from raft.node.api.fetch import visible_hw
+from raft.node.links.subscriptions import SUBS_EVERY_S, mirror_subscriptions
 from raft.node.links.throttle import ByteRate
 from raft.protocol.requests import Fetch
 
@@ -89,6 +90,8 @@ class Puller:
         self._reported = -1  # the last position committed on the source
         self._report_at = 0.0
         self._opened = False
+        self._subs_at = 0.0
+        self.subscriptions_set = 0  # positions copied from the source (replicated subscriptions)
 
     # -- status --------------------------------------------------------------------------------
     @property
@@ -111,7 +114,8 @@ class Puller:
                 "mirrored_offset": self.mirrored, "lag_records": lag,
                 "lag_bytes": int(lag * self.bytes_per_record), "lag_seconds": round(lag_s, 3),
                 "bootstraps_here": self.bootstraps, "mirrored_bytes": self.mirrored_bytes,
-                "position_reported": self._reported, "message": self.message}
+                "position_reported": self._reported,
+                "subscriptions_set": self.subscriptions_set, "message": self.message}
 
     # -- the loop ------------------------------------------------------------------------------
     def _leads(self) -> bool:
@@ -134,6 +138,7 @@ class Puller:
             if ok:
                 pause = BACKOFF_MIN_S
                 await self._report_position()
+                await self._mirror_subscriptions()
                 continue
             await trio.sleep(pause)  # this partition's retry pause after a failure only
             pause = min(BACKOFF_MAX_S, pause * 2)
@@ -215,6 +220,21 @@ class Puller:
                         f"mirror copied (recreated?); delete the link and the mirror topic, "
                         f"or promote it")
         return pos, False
+
+    async def _mirror_subscriptions(self) -> None:
+        """Copy the source partition's subscription positions (raft/node/links/
+        subscriptions.py), at most once a SUBS_EVERY_S."""
+        now = trio.current_time()
+        if now < self._subs_at or getattr(self.group, "subs", None) is None:
+            return
+        self._subs_at = now + SUBS_EVERY_S
+        s = self.spec
+        try:
+            self.subscriptions_set += await mirror_subscriptions(
+                self.client, self.group, s.source_topic, s.partition)
+        except (RaftlogError, OSError) as e:
+            log.info("link_subscriptions_failed link=%s topic=%s partition=%d error=%s",
+                     s.link, s.topic, s.partition, e)
 
     async def _report_position(self) -> None:
         """Commit what the sink has committed to the source's link subscription (at most once
