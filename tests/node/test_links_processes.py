@@ -3,7 +3,8 @@ partitions on the source linked to the sink with `raftlog link create`; records 
 source while a sink mirror leader, then a source leader, are SIGKILLed; afterwards every mirror partition holds
 exactly the source's batches (visible offsets, counts, timestamps, payloads) up to the
 source's high watermark. A produce on the mirror is refused (MIRROR_READ_ONLY) until
-`raftlog topic promote`, after which it is taken at the next offset."""
+`raftlog topic promote`, after which it is taken at the next offset; a subscription of the
+source arrives on the mirror and, after the promote, resumes there with nothing skipped."""
 
 from __future__ import annotations
 
@@ -140,6 +141,15 @@ def test_a_link_mirrors_through_a_sink_leader_kill_then_promote(tmp_path: Path) 
         wait_for(lambda: mirrored(source, sink, down), "every mirror partition to equal its "
                                                        "source", 120)
 
+        # A consumer's subscription on the source, part way into partition 1.
+        src1 = leader_address(source, set(), "orders", 1)
+        assert src1 is not None
+        _, src_batches = batches(src1, "orders", 1)
+        committed = src_batches[2][0]
+        opened = call(src1, "sub_open", name="app", topic="orders", partition=1,
+                      timeout_ms=5000, **{"from": committed})
+        assert opened["ok"], opened
+
         # The source's leader of partition 2 fails: the pullers follow its new leader.
         src_victim = leader_id(source, set(), "orders", 2)
         assert src_victim is not None
@@ -154,6 +164,14 @@ def test_a_link_mirrors_through_a_sink_leader_kill_then_promote(tmp_path: Path) 
         code, text = run_cli("link", "describe", "dr", "--json", "--servers", sink.servers)
         assert code == 0, text
         assert '"bootstraps": 0' in text
+
+        def sub_on_sink() -> int:
+            dst = leader_address(sink, down, "orders", 1)
+            got = call(dst, "sub_get", name="app", topic="orders", partition=1,
+                       timeout_ms=5000) if dst else {"ok": False}
+            return got["subscription"]["position"] if got["ok"] else -1
+
+        wait_for(lambda: sub_on_sink() == committed, "the subscription to reach the mirror", 60)
 
         # A mirror refuses client writes until promoted; then offsets continue.
         dst = leader_address(sink, down, "orders", 1)
@@ -179,3 +197,9 @@ def test_a_link_mirrors_through_a_sink_leader_kill_then_promote(tmp_path: Path) 
             time.sleep(0.1)  # the promote reaching the partition's leader: a retry's pause
         assert taken["ok"], taken
         assert taken["base_offset"] == last[0] + last[1], (taken, last)
+        # The consumer moved to the sink resumes where it was: nothing skipped.
+        assert sub_on_sink() == committed
+        _, on_sink = batches(dst, "orders", 1)
+        mirrored_part = [b for b in on_sink if committed <= b[0] <= last[0]]
+        assert mirrored_part and mirrored_part == [b for b in source_batches
+                                                   if b[0] >= committed]
