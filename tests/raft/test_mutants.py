@@ -350,7 +350,7 @@ MUTANTS = [
     # -- subscriptions (raft/core/subscription_table.py, raft/core/subscription_batcher.py) ---
     Mutant("retention deletes what a subscription has not read, although told to respect it",
            "raft.node.subscription_service", "SubscriptionService.retention_holds",
-           "holds.extend((holder, offset, True) for holder, offset in t.holds())",
+           "holds.extend((holder, offset, True) for holder, offset in chosen)",
            "pass",
            (test_subscriptions_inproc
             .test_retention_keeps_what_the_lowest_subscription_still_needs,)),
