@@ -115,6 +115,10 @@ T = TypeVar("T")
 Steps = Generator[None, None, T]
 READ_SLICE_BYTES = 1 << 20
 READ_SLICE_BATCHES = 1024
+# A search step looks for the next MIRRORED batch: usually the first one read (the group's own
+# entries are few and small), so it reads little, growing only across a run of them.
+_PROBE_BYTES = 64 << 10
+_PROBE_BATCHES = 4
 
 
 def run_sync(steps: "Steps[T]") -> T:
@@ -156,11 +160,13 @@ def _next_mirrored(log: LogStorage, offset: int, upto: int) -> Steps[Batch | Non
     """The first MIRRORED batch holding an offset in [offset, upto], or None."""
     pos = max(offset, log.start_offset)
     first = True
+    batches = _PROBE_BATCHES
     while pos <= upto:
         if not first:
             yield None
+            batches = min(batches * 4, READ_SLICE_BATCHES)
         first = False
-        got = log.read(pos, READ_SLICE_BYTES, READ_SLICE_BATCHES)
+        got = log.read(pos, _PROBE_BYTES, batches)
         if not got:
             return None
         for b in got:
