@@ -77,8 +77,9 @@ def knows(address: str, topic: str) -> bool:
 
 
 def run_cli(*argv: str) -> tuple[int, str]:
+    """Exit code and what it printed (stdout and stderr)."""
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         code = cli(list(argv))
     return code, out.getvalue()
 
@@ -118,6 +119,13 @@ def test_a_link_mirrors_through_a_sink_leader_kill_then_promote(tmp_path: Path) 
         assert "created link dr" in text
         wait_for(lambda: all(knows(a, "orders") for a in sink.addresses.values()),
                  "every sink node to know the mirror topic", 60)
+        # Refused before anything is recorded: a name taken on the sink, a loop back.
+        code, text = run_cli("link", "create", "again", "--source", source.servers, "--topic",
+                             "orders", "--servers", sink.servers)
+        assert code == 1 and "--prefix" in text, text
+        code, text = run_cli("link", "create", "back", "--source", sink.servers, "--topic",
+                             "orders", "--servers", source.servers)
+        assert code == 1 and "itself a mirror" in text, text
 
         # Produce on the source while the sink's mirror leader of partition 0 is killed.
         down: set[int] = set()
