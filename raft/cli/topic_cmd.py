@@ -121,6 +121,13 @@ def cmd_describe(args: argparse.Namespace) -> int:
     parts = desc["partitions"]
     print(f"topic {desc['name']}: {len(parts)} partition{'s' * (len(parts) != 1)} "
           f"({_settings_text(desc['settings'])})")
+    origin = desc.get("origin")
+    if origin:
+        print(f"mirror of {origin['source_topic']} on cluster {origin['source_cluster_id']} "
+              f"(link {origin['link']}): " + ("read-only while the link writes it; `raftlog "
+                                              f"topic promote {desc['name']}` makes it "
+                                              "writable" if desc.get("mirror_active") else
+                                              "promoted, writable"))
     rows = [[str(p["partition"]),
              "-" if p.get("leader") is None else f"{p['leader']} ({p.get('leader_address')})",
              ",".join(map(str, p["replicas"])),

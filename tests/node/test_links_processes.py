@@ -172,6 +172,8 @@ def test_a_link_mirrors_through_a_sink_leader_kill_then_promote(tmp_path: Path) 
         code, text = run_cli("link", "describe", "dr", "--json", "--servers", sink.servers)
         assert code == 0, text
         assert '"bootstraps": 0' in text
+        code, text = run_cli("topic", "describe", "orders", "--servers", sink.servers)
+        assert code == 0 and "read-only while the link writes it" in text, text
 
         def sub_on_sink() -> int:
             dst = leader_address(sink, down, "orders", 1)
