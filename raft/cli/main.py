@@ -35,7 +35,8 @@ import sys
 from importlib import metadata
 
 from raft.cli import (certs, completion, config_cmd, consume, demo, membership, produce,
-                      profile_cmd, recover, serve, status, subscriptions_cmd, tokens, topic_cmd)
+                      profile_cmd, recover, serve, status, subscriptions_cmd, tokens, topic_cmd,
+                      link_cmd)
 from raft.cli.client_settings import resolve_client
 from raft.cli.output import print_error
 from raft.client import RaftlogError, UnknownTopicError
@@ -79,8 +80,8 @@ def build_parser() -> Parser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log more (-v info, -vv debug); quiet by default")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for module in (serve, produce, consume, subscriptions_cmd, topic_cmd, status, demo, certs,
-                   tokens):
+    for module in (serve, produce, consume, subscriptions_cmd, topic_cmd, link_cmd, status, demo,
+                   certs, tokens):
         module.register(sub)
     for name in PLUGINS:
         try:
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     as_json = bool(getattr(args, "json", False))
     command = args.command
-    if command == "topic" and getattr(args, "action", None):
+    if command in ("topic", "link") and getattr(args, "action", None):
         command = f"topic {args.action}"  # errors say `raftlog topic create: ...`
     try:
         resolve_client(args)

@@ -7,6 +7,7 @@
     raftlog topic alter orders --partitions 16 [--retention-ms 3d ...]   # grow only
     raftlog topic delete orders
     raftlog topic move orders --partition 0 --replicas 1,2,4 [--no-wait]
+    raftlog topic promote orders   # a mirror topic made writable (raft/cli/link_cmd.py)
 
 Admin commands go to the controller's leader (the client finds it as it finds any leader) and
 answer once the change is committed; `create` and `alter` then wait (within --timeout) until
@@ -120,6 +121,13 @@ def cmd_describe(args: argparse.Namespace) -> int:
     parts = desc["partitions"]
     print(f"topic {desc['name']}: {len(parts)} partition{'s' * (len(parts) != 1)} "
           f"({_settings_text(desc['settings'])})")
+    origin = desc.get("origin")
+    if origin:
+        print(f"mirror of {origin['source_topic']} on cluster {origin['source_cluster_id']} "
+              f"(link {origin['link']}): " + ("read-only while the link writes it; `raftlog "
+                                              f"topic promote {desc['name']}` makes it "
+                                              "writable" if desc.get("mirror_active") else
+                                              "promoted, writable"))
     rows = [[str(p["partition"]),
              "-" if p.get("leader") is None else f"{p['leader']} ({p.get('leader_address')})",
              ",".join(map(str, p["replicas"])),
@@ -314,6 +322,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "for the partition's configuration to follow")
     _common(mv, 'print {"name", "partition", "replicas", "previous", "done"}')
     mv.set_defaults(func=cmd_move)
+
+    from raft.cli.link_cmd import register_promote
+    register_promote(actions)  # `topic promote T`: a mirror topic made writable (issue 30)
 
 
 __all__ = ["register", "topic_json"]

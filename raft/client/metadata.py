@@ -56,6 +56,10 @@ class TopicInfo:
     name: str
     partitions: tuple[PartitionInfo, ...]
     settings: dict[str, Any] = field(default_factory=dict)
+    # A mirror topic's origin ({link, source_cluster_id, source_topic}), None for a plain
+    # one; while mirror_active the link writes it and clients may only read (REPLICATION.md).
+    origin: dict[str, str] | None = None
+    mirror_active: bool = False
 
     @property
     def partition_count(self) -> int:
@@ -71,6 +75,7 @@ class Metadata:
     applied: int
     nodes: dict[int, str]
     topics: dict[str, TopicInfo]
+    cluster_id: str | None = None  # the answering node's cluster (links record the source's)
 
     @classmethod
     def parse(cls, reply: dict[str, Any]) -> "Metadata":
@@ -85,9 +90,10 @@ class Metadata:
                 p.get("leader"), p.get("leader_address") or None,
                 tuple(str(a) for a in p.get("replica_addresses") or () if a))
                 for p in t.get("partitions") or []), key=lambda p: p.partition)
-            topics[name] = TopicInfo(name, tuple(parts), dict(t.get("settings") or {}))
+            topics[name] = TopicInfo(name, tuple(parts), dict(t.get("settings") or {}),
+                                     t.get("origin"), bool(t.get("mirror_active", False)))
         return cls(reply.get("controller"), reply.get("controller_address") or None,
-                   int(reply.get("applied", -1)), nodes, topics)
+                   int(reply.get("applied", -1)), nodes, topics, reply.get("cluster_id"))
 
     def topic(self, name: str) -> TopicInfo:
         """The topic, or UnknownTopicError naming the topics that exist."""
@@ -228,9 +234,10 @@ class MetadataCache:
         parts[partition] = PartitionInfo(old.topic, old.partition, old.group, old.replicas,
                                          leader, address, old.replica_addresses)
         topics = dict(meta.topics)
-        topics[topic] = TopicInfo(info.name, tuple(parts), info.settings)
+        topics[topic] = TopicInfo(info.name, tuple(parts), info.settings, info.origin,
+                                  info.mirror_active)
         self.current = Metadata(meta.controller, meta.controller_address, meta.applied,
-                                meta.nodes, topics)
+                                meta.nodes, topics, meta.cluster_id)
 
 
 __all__ = ["DEFAULT_TOPIC", "Metadata", "MetadataCache", "PartitionInfo", "TopicInfo",

@@ -162,7 +162,10 @@ class TopicCalls:
         async with trio.open_nursery() as nursery:
             for row in rows:
                 nursery.start_soon(bounds, row)
-        return {"name": info.name, "settings": dict(info.settings), "partitions": rows}
+        out = {"name": info.name, "settings": dict(info.settings), "partitions": rows}
+        if info.origin is not None:  # a mirror topic (docs/REPLICATION.md)
+            out["origin"], out["mirror_active"] = dict(info.origin), info.mirror_active
+        return out
 
     async def delete_topic(self, name: str, *, timeout: float | None = None) -> dict[str, Any]:
         """Delete a topic and its data on every node (UnknownTopicError if there is none)."""

@@ -34,6 +34,17 @@ from typing import Any, ClassVar, Union
 
 import msgpack
 
+from raft.controller.command_fields import (
+    MalformedCommand,
+    UnsupportedCommand,
+    _int,
+    _node_list,
+    _str,
+    MAX_NODE_ID,
+    MAX_REPLICAS,
+)
+from raft.controller.link_commands import LINK_COMMANDS, LinkCommand
+
 CTL_NAME = "controller"  # the "ctl" of every controller CONTROL payload
 COMMAND_VERSION = 1
 
@@ -41,9 +52,7 @@ COMMAND_VERSION = 1
 # limit. Generous against real use (Kafka clusters run a few thousand partitions per topic).
 MAX_NAME_CHARS = 1024  # decode bound only; the topic name rule (state.py) allows 249
 MAX_PARTITIONS = 10_000  # per topic
-MAX_REPLICAS = 16  # replicas of one partition
 MAX_ADDRESS_CHARS = 512
-MAX_NODE_ID = 2**31 - 1
 MAX_SHARDS = 1024  # shard processes of one node (docs/SHARDS.md)
 
 
@@ -59,44 +68,8 @@ class CommandType(str, Enum):
     DECOMMISSION_NODE = "decommission_node"
 
 
-class MalformedCommand(ValueError):
-    """A controller entry of a known kind whose fields are wrong: refused the same way on every
-    node. The message names the operation and the field."""
 
-
-class UnsupportedCommand(ValueError):
-    """A controller entry of a version or operation this build does not know (written by a
-    newer node). Applying the log past it would diverge from nodes that know it: stop and
-    upgrade this node."""
-
-
-# -- field readers: each names the field and what it must be --------------------------------------
-def _int(raw: dict[str, Any], key: str, op: str, *, least: int, most: int) -> int:
-    value = raw.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
-        raise MalformedCommand(f"{op}: {key} must be an integer in {least}..{most}, "
-                               f"got {value!r}")
-    return value
-
-
-def _str(raw: dict[str, Any], key: str, op: str, *, most: int) -> str:
-    value = raw.get(key)
-    if not isinstance(value, str) or len(value) > most:
-        raise MalformedCommand(f"{op}: {key} must be a string of at most {most} characters, "
-                               f"got {type(value).__name__}")
-    return value
-
-
-def _node_list(value: Any, what: str, op: str) -> tuple[int, ...]:
-    if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= MAX_REPLICAS:
-        raise MalformedCommand(f"{op}: {what} must be a list of 1..{MAX_REPLICAS} node ids")
-    out = []
-    for node in value:
-        if isinstance(node, bool) or not isinstance(node, int) or not 1 <= node <= MAX_NODE_ID:
-            raise MalformedCommand(f"{op}: {what} holds {node!r}, not a node id "
-                                   f"(1..{MAX_NODE_ID})")
-        out.append(node)
-    return tuple(out)
+# -- field readers: command_fields.py (shared with the link commands) ------------------------
 
 
 def _assignment(raw: dict[str, Any], key: str, op: str) -> tuple[tuple[int, ...], ...]:
@@ -334,10 +307,10 @@ class DecommissionNode:
 
 
 Command = Union[CreateTopic, AlterTopicPartitions, SetTopicSettings, DeleteTopic, MoveReplicas,
-                RegisterNode, DecommissionNode]
+                RegisterNode, DecommissionNode, LinkCommand]
 _BY_TYPE: dict[str, Any] = {c.T.value: c for c in (
     CreateTopic, AlterTopicPartitions, SetTopicSettings, DeleteTopic, MoveReplicas,
-    RegisterNode, DecommissionNode)}
+    RegisterNode, DecommissionNode, *LINK_COMMANDS)}
 
 
 # -- bytes -------------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ groups one node should run).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -37,79 +36,20 @@ from raft.controller.commands import (
     TopicSettings,
     decode_command,
 )
+from raft.controller.links import (Link, Origin, link_from_raw, link_to_raw, origin_from_raw,
+                                   origin_to_raw)
+from raft.controller.links_apply import LINK_HANDLERS, LinkApply
+from raft.controller.command_fields import MAX_TOPIC_CHARS, topic_name_error  # noqa: F401
+from raft.controller.results import (ApplyResult, Effect, EffectKind, Refusal,  # noqa: F401
+                                     _refused)
 
 CONTROLLER_GROUP = 0  # the controller's own Raft group
 FIRST_DATA_GROUP = 1
 DEFAULT_TOPIC = "default"  # exists from bootstrap; today's commands use it without --topic
 
-MAX_TOPIC_CHARS = 249  # Kafka's limit (file names: topic + partition suffix)
-_TOPIC_CHARS = re.compile(r"[A-Za-z0-9._-]+\Z")
-
-
-def topic_name_error(name: str) -> str | None:
-    """Why `name` cannot be a topic name (Kafka's rule), or None if it can."""
-    if not 1 <= len(name) <= MAX_TOPIC_CHARS:
-        return f"a topic name is 1..{MAX_TOPIC_CHARS} characters, got {len(name)}"
-    if name in (".", ".."):
-        return f"{name!r} cannot be a topic name"
-    if not _TOPIC_CHARS.match(name):
-        return f"topic name {name!r} may use only letters, digits, '.', '_' and '-'"
-    return None
-
-
 class NodeStatus(str, Enum):
     ACTIVE = "active"
     DECOMMISSIONED = "decommissioned"  # nothing new placed on it; its replicas move away
-
-
-class Refusal(str, Enum):
-    """Why a command was refused (the same on every node)."""
-
-    MALFORMED = "malformed"
-    INVALID_NAME = "invalid_name"
-    TOPIC_EXISTS = "topic_exists"
-    UNKNOWN_TOPIC = "unknown_topic"
-    UNKNOWN_PARTITION = "unknown_partition"
-    SHRINK_REFUSED = "shrink_refused"
-    INVALID_PARTITIONS = "invalid_partitions"
-    INVALID_REPLICAS = "invalid_replicas"
-    UNKNOWN_NODE = "unknown_node"
-    NODE_DECOMMISSIONED = "node_decommissioned"
-    DEFAULT_TOPIC = "default_topic"
-
-
-class EffectKind(str, Enum):
-    GROUP_CREATED = "group_created"  # its replicas start it
-    GROUP_REMOVED = "group_removed"  # every node drops its data
-    REPLICAS_CHANGED = "replicas_changed"  # membership change (or only the preferred leader)
-    SETTINGS_CHANGED = "settings_changed"  # retention / record size of the group's topic
-
-
-@dataclass(slots=True, frozen=True)
-class Effect:
-    """What one applied command means for one group: what nodes reconcile against."""
-
-    kind: EffectKind
-    group: int
-    topic: str
-    partition: int
-    replicas: tuple[int, ...]
-    previous: tuple[int, ...] = ()  # REPLICAS_CHANGED: the set before
-
-
-@dataclass(slots=True, frozen=True)
-class ApplyResult:
-    refusal: Refusal | None = None
-    reason: str = ""
-    effects: tuple[Effect, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        return self.refusal is None
-
-
-def _refused(refusal: Refusal, reason: str) -> ApplyResult:
-    return ApplyResult(refusal, reason)
 
 
 @dataclass(slots=True)
@@ -131,6 +71,10 @@ class Topic:
     topic_id: int  # the offset of its create entry: tells a recreated topic from the old one
     settings: TopicSettings
     partitions: list[Partition] = field(default_factory=list)
+    # A mirror topic (created by a link, docs/REPLICATION.md): where it comes from, for ever
+    # (its groups are translated), and whether its link still writes it (clients may not).
+    origin: Origin | None = None
+    mirror_active: bool = False
 
 
 @dataclass(slots=True)
@@ -164,7 +108,7 @@ class Tombstone:
 
 
 @dataclass(slots=True)
-class ClusterMetadata:
+class ClusterMetadata(LinkApply):
     """The cluster's metadata as of controller log offset `applied`."""
 
     applied: int = -1
@@ -173,6 +117,7 @@ class ClusterMetadata:
     nodes: dict[int, NodeInfo] = field(default_factory=dict)
     tombstones: dict[int, Tombstone] = field(default_factory=dict)
     groups: dict[int, Partition] = field(default_factory=dict)  # index: group id -> partition
+    links: dict[str, Link] = field(default_factory=dict)  # cross-cluster links (links_apply.py)
 
     # -- applying --------------------------------------------------------------------------
     def apply_payload(self, offset: int, payload: bytes) -> ApplyResult:
@@ -434,10 +379,14 @@ class ClusterMetadata:
             "topics": [[t.name, t.topic_id, t.settings.to_raw(),
                         [[p.group, list(p.replicas), list(p.founders),
                           *([p.shard] if p.shard else [])]
-                         for p in t.partitions]]
+                         for p in t.partitions],
+                        *([origin_to_raw(t.origin, t.mirror_active)] if t.origin else [])]
                        for _, t in sorted(self.topics.items())],
             "tombstones": [[t.group, t.topic, t.partition, t.deleted_at]
                            for _, t in sorted(self.tombstones.items())],
+            # Written only when there are links: a cluster without any snapshots as before.
+            **({"links": [link_to_raw(link) for _, link in sorted(self.links.items())]}
+               if self.links else {}),
         }
 
     @staticmethod
@@ -472,11 +421,14 @@ def _from_snapshot(raw: Any) -> ClusterMetadata:
             raise ValueError(f"node {node_id}: a string address, listed once")
         meta.nodes[node_id] = NodeInfo(node_id, address, NodeStatus(status),
                                        _int_field(more[0], "shards", 1) if more else 1)
-    for name, topic_id, settings, partitions in raw["topics"]:
-        if not isinstance(name, str) or topic_name_error(name) or name in meta.topics:
+    for name, topic_id, settings, partitions, *mirror in raw["topics"]:
+        if not isinstance(name, str) or topic_name_error(name) or name in meta.topics \
+                or len(mirror) > 1:
             raise ValueError(f"topic {name!r}: a valid name, listed once")
         topic = Topic(name, _int_field(topic_id, "topic id", 0),
                       TopicSettings.from_raw(settings, f"topic {name!r}"))
+        if mirror:
+            topic.origin, topic.mirror_active = origin_from_raw(mirror[0])
         for index, (group, replicas, founders, *more) in enumerate(partitions):
             group = _int_field(group, "group id", FIRST_DATA_GROUP)
             if group >= meta.next_group_id or group in meta.groups:
@@ -502,6 +454,11 @@ def _from_snapshot(raw: Any) -> ClusterMetadata:
             raise ValueError(f"tombstone {group}: a deleted group id, listed once")
         meta.tombstones[group] = Tombstone(group, topic, _int_field(partition, "partition", 0),
                                            _int_field(deleted_at, "deleted_at", 0))
+    for entry in raw.get("links", []):
+        link = link_from_raw(entry)
+        if link.name in meta.links:
+            raise ValueError(f"link {link.name!r} listed twice")
+        meta.links[link.name] = link
     return meta
 
 
@@ -513,4 +470,5 @@ _HANDLERS = {
     MoveReplicas: ClusterMetadata._move_replicas,
     RegisterNode: ClusterMetadata._register_node,
     DecommissionNode: ClusterMetadata._decommission_node,
+    **LINK_HANDLERS,
 }

@@ -96,6 +96,14 @@ REQUIRED: dict[str, Permission | None] = {
     "topic_alter": Permission.ADMIN,
     "topic_delete": Permission.ADMIN,
     "topic_move": Permission.ADMIN,
+    # Cross-cluster links (docs/REPLICATION.md): the sink's operator's acts, and what they
+    # show (the sources a cluster reads from) is the operator's too.
+    "link_create": Permission.ADMIN,
+    "link_alter": Permission.ADMIN,
+    "topic_promote": Permission.ADMIN,
+    "link_event": Permission.ADMIN,
+    "link_list": Permission.ADMIN,
+    "link_status": Permission.ADMIN,
 }
 
 # Request types checked against the topic they touch (the partition's, or the topic they name):

@@ -158,6 +158,9 @@ class NodeConfig:
     # a node back after an outage lags in all its partitions, and without a bound each of
     # their leaders would stream to it at once (recovery/budget.py). 0 = no limit.
     recovery_streams: int = 32
+    # Node-wide limit on what this node's cross-cluster link pullers fetch, MiB/s (0 =
+    # unlimited): a link catching up must not starve producers on either cluster.
+    link_rate: float = 32.0
     # Start outside the configuration: this node waits to be added (`raftlog add-node`) instead
     # of counting itself a voter of the --peers it was given.
     join: bool = False
@@ -314,7 +317,7 @@ class NodeConfig:
                               f"ms each), or 0 for one election timeout")
         if self.shutdown_transfer_ms < 0:
             raise ConfigError("shutdown_transfer_ms must be >= 0")
-        for name in ("recovery_rate", "recovery_burst"):
+        for name in ("recovery_rate", "recovery_burst", "link_rate"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ConfigError(f"{name} must be a number >= 0 (MiB/s or MiB), got {value!r}")

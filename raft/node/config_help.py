@@ -43,6 +43,9 @@ FLAG_HELP = {
     "recovery_streams": "followers this node's partitions catch up at once, all partitions "
                         "together; more wait their turn (0 = no limit)",
     "recovery_burst": "MiB the recovery limit may bank while idle",
+    "link_rate": "limit on what this node's cross-cluster links fetch from their sources, in "
+                 "MiB/s for all its mirror partitions together (0 = unlimited; "
+                 "docs/REPLICATION.md)",
     "join": "start outside the configuration and wait to be added with `raftlog add-node`",
     "scrub_rate": "re-read flushed batches in the background at this many MiB/s (for the whole "
                   "node, shared by all its partitions) to find "

@@ -302,6 +302,7 @@ def state_families(st: dict[str, Any]) -> Iterator[Metric]:
     yield from _partition_families(st.get("partition_series"))
     yield from _follower_families(st)
     yield from _link_families(st.get("links") or {})
+    yield from _mirror_families(st.get("mirror_pullers") or [])
 
 
 def _retention_families(st: dict[str, Any]) -> Iterator[Metric]:
@@ -357,6 +358,22 @@ def _subscription_families(lag: dict[str, Any] | None) -> Iterator[Metric]:
         fam = CounterMetricFamily(f"raftlog_subscriptions_{key}", doc)
         fam.add_metric([], lag.get(key, 0))
         yield fam
+
+
+def _mirror_families(pullers: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Cross-cluster link lag, one series per mirror partition this node pulls (it leads it;
+    docs/REPLICATION.md)."""
+    labels = ["link", "topic", "partition"]
+    records = GaugeMetricFamily("raftlog_link_lag_records", "Source high watermark minus the "
+                                "mirror's last mirrored offset", labels=labels)
+    seconds = GaugeMetricFamily("raftlog_link_lag_seconds", "How long the mirror has been "
+                                "behind its source (0 when caught up)", labels=labels)
+    for p in pullers:
+        key = [p["link"], p["topic"], str(p["partition"])]
+        records.add_metric(key, p["lag_records"])
+        seconds.add_metric(key, p["lag_seconds"])
+    yield records
+    yield seconds
 
 
 def _partition_families(parts: dict[str, Any] | None) -> Iterator[Metric]:

@@ -285,6 +285,7 @@ class Node:
                 visible_hw(self.group), SUBSCRIPTION_SERIES_MAX)
         # Per-partition series, bounded (raft.node.topic_runtime.partition_series).
         st["partition_series"] = partition_series(self.topics, self.metrics.partition_series_max)
+        st["mirror_pullers"] = self.topics.links.status()  # cross-cluster links (issue 30)
         core = self.group.core
         if core.role == Role.LEADER:  # bytes each follower acknowledged, for a rate()
             acked = {}

@@ -48,6 +48,10 @@ MAINTENANCE_STEPS = 64  # steps per maintenance round (64 MiB), then the next ro
 EXPIRY_RETRY_S = 10.0  # an expiry delete that did not apply is proposed again after this
 
 
+# The holder name (subscription_table.holds) of a link's position on this, its source,
+# partition: raft.controller.links.link_subscription names it "__link.<sink>.<link>".
+LINK_HOLDER = "subscription '__link."
+
 class _Waiter:
     """One requester waiting for its operation's verdict."""
 
@@ -283,20 +287,26 @@ class SubscriptionService:
     def retention_holds(self) -> list[tuple[str, int, bool]]:
         """(holder, first offset it needs, a valve may release it) for retention's floor: with
         --retention-respect-subscriptions, every subscription's position (valves release
-        them), and what the table has not applied yet (an entry there may create one)."""
-        if not self.respect_retention:
-            return []
+        them), and what the table has not applied yet (an entry there may create one); without
+        it, the positions of cross-cluster links' subscriptions (`__link.*`) alone."""
         t = self.index.table
+        chosen = t.holds()
+        if not self.respect_retention:
+            # Cross-cluster links hold retention whatever the setting (docs/REPLICATION.md):
+            # the source keeps what a link has not mirrored, up to the valves.
+            chosen = [(h, o) for h, o in chosen if h.startswith(LINK_HOLDER)]
+            if not chosen:
+                return []
         holds = [("subscriptions table (not applied yet)", t.applied + 1, False)]
         if self.group.translated:
             # Positions are visible offsets: each holds the log from the batch it reads next.
             at: dict[int, int] = {}
-            for holder, position in t.holds():
+            for holder, position in chosen:
                 if position not in at:
                     at[position] = mirror_reads.to_log(self.group, position)
                 holds.append((holder, at[position], True))
             return holds
-        holds.extend((holder, offset, True) for holder, offset in t.holds())
+        holds.extend((holder, offset, True) for holder, offset in chosen)
         return holds
 
     def attach_retention(self, retention: Any) -> None:

@@ -34,6 +34,7 @@ from raft.node.shard_feed import (FeedWriter, LeaderReporter, ShardFollower, fee
                                   shard_figures)
 from raft.node.reconciler import UNMANAGED, Reconciler
 from raft.node.leader_balance import LeaderBalancer
+from raft.node.links.manager import LinkManager
 from raft.node import mirror_reads
 from raft.node.replica_moves import ReplicaMover
 from raft.node.topics import Resolved, resolve, unknown_partition, unknown_topic
@@ -52,7 +53,9 @@ MIRROR_EVERY_TICKS = 10  # how often the controller's leader compares membership
 # What a request naming the controller's group (0) explicitly may be: its status and the
 # controller's own requests; never a client's write or read of its log.
 CONTROLLER_REQUESTS = frozenset({"status", "metadata", "topic_create", "topic_alter",
-                                 "topic_delete", "topic_move", "transfer_leader"})
+                                 "topic_delete", "topic_move", "transfer_leader",
+                                 "link_create", "link_alter", "topic_promote", "link_event",
+                                 "link_list", "link_status"})
 
 
 class TopicRuntime:
@@ -88,6 +91,9 @@ class TopicRuntime:
         self.mover = ReplicaMover(self)  # replica moves, carried out where this node leads
         self.unmanaged = UNMANAGED
         self.balancer = LeaderBalancer(self)  # leadership back to preferred replicas
+        # Cross-cluster links (issue 30): pullers where this node leads a mirror partition.
+        self.links = LinkManager(self)
+        self.controller.on_applied.append(self.links.kick)
 
     # -- what the reconciler needs (raft.node.reconciler.ReconcileHost) ---------------------------
     @property
@@ -125,9 +131,14 @@ class TopicRuntime:
         return core._configs[-1].offset > core.commit_index
 
     async def add_group(self, group_id: int, voters: list[int], log_storage: LogStorage, *,
-                        owns_log: bool = False) -> Any:
-        group = await self.node.add_group(group_id, voters, log_storage, owns_log=owns_log)
+                        owns_log: bool = False, translated: bool = False) -> Any:
         partition = self.metadata.groups.get(group_id)
+        topic = self.metadata.topics.get(partition.topic) if partition is not None else None
+        # A mirror topic's partitions (a topic with an origin: docs/REPLICATION.md) are
+        # translated groups, for good: offsets keep their meaning after a promote.
+        translated = translated or (topic is not None and topic.origin is not None)
+        group = await self.node.add_group(group_id, voters, log_storage, owns_log=owns_log,
+                                          translated=translated)
         if partition is not None and group.core is not None and partition.replicas:
             # A new partition's preferred replica campaigns first, the others later
             # (RaftCore.first_election): one election per group at a topic create.
@@ -149,6 +160,7 @@ class TopicRuntime:
             nursery.start_soon(self._mirror_membership)
         nursery.start_soon(self.mover.run)
         nursery.start_soon(self.balancer.run)
+        nursery.start_soon(self.links.run)
 
     def _founders(self) -> dict[int, str]:
         """The controller's voters and where they listen: who the bootstrap registers."""

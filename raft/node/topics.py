@@ -107,8 +107,12 @@ def partition_map(p: Partition, leader_of: LeaderOf,
 def topic_map(t: Topic, leader_of: LeaderOf,
               meta: ClusterMetadata | None = None) -> dict[str, Any]:
     """A topic as `metadata` and the admin requests answer it."""
-    return {"name": t.name, "settings": t.settings.to_raw(),
-            "partitions": [partition_map(p, leader_of, meta) for p in t.partitions]}
+    out = {"name": t.name, "settings": t.settings.to_raw(),
+           "partitions": [partition_map(p, leader_of, meta) for p in t.partitions]}
+    if t.origin is not None:  # a mirror (docs/REPLICATION.md): read-only while mirror_active
+        out["origin"] = t.origin.to_map()
+        out["mirror_active"] = t.mirror_active
+    return out
 
 
 def metadata_map(meta: ClusterMetadata, names: list[str] | None, leader_of: LeaderOf,

@@ -7,6 +7,7 @@
   each addressed to a topic partition (or an explicit Raft group);
 - topic_requests.py: `metadata` and the topic admin requests (`topic_create`, `topic_alter`,
   `topic_delete`), the controller's;
+- link_requests.py: the cross-cluster link requests (issue 30);
 - replies.py: replies as typed values and frames;
 - errors.py: the retryable and the certainly-not-written error codes;
 - raft_frames.py: the peers' Raft message frames.
@@ -25,6 +26,8 @@ from raft.protocol.errors import NOT_WRITTEN, RETRYABLE, may_retry
 from raft.protocol.framing import (DEFAULT_MAX_FRAME_BYTES, LEN_SIZE, PROTOCOL_VERSION,
                                    ConnectionClosed, FrameDecoder, FrameTooLarge, WireError,
                                    decode_body, encode_frame, encode_frame_parts)
+from raft.protocol.link_requests import (LINK_REQUESTS, LINK_TYPES, LinkAlter, LinkCreate,
+                                         LinkEventRequest, LinkList, LinkStatus, TopicPromote)
 from raft.protocol.load_requests import (LOAD_TYPES, LoadAbort, LoadBegin, LoadCommit,
                                          LoadRefused, LoadRequest, LoadStage, LoadStatus,
                                          parse_load)
@@ -57,6 +60,7 @@ PARSERS: dict[str, Callable[[dict[str, Any], Limits], Any]] = {
     TopicAlter.T: TopicAlter.parse,
     TopicDelete.T: TopicDelete.parse,
     TopicMove.T: TopicMove.parse,
+    **{c.T: c.parse for c in LINK_REQUESTS},
 }
 
 
@@ -74,5 +78,6 @@ __all__ = [
     "OkReply", "Produce", "ProduceOk", "RemoveNode", "Reply", "Request", "Status", "SubCommitMany",
     "SubList", "SubRequest", "TransferLeader", "WireError", "decode_body", "encode_frame",
     "encode_frame_parts", "error_frame", "error_reply", "may_retry", "ok_reply", "parse_load",
-    "parse_request",
+    "parse_request", "LINK_TYPES", "LinkAlter", "LinkCreate", "LinkEventRequest", "LinkList",
+    "LinkStatus", "TopicPromote",
 ]

@@ -69,6 +69,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "controller
 import test_controller_state  # noqa: E402
 import test_placement  # noqa: E402
 import test_shards  # noqa: E402  (partitions on (node, shard): docs/SHARDS.md)
+import test_links_controller  # noqa: E402  (cross-cluster links: docs/REPLICATION.md)
+import test_link_manager  # noqa: E402  (tests/node, on the path above)
+import test_link_puller  # noqa: E402  (tests/node)
+import test_links_inproc  # noqa: E402  (tests/node: a link holds its source's retention)
 # The store's group commit across logs is killed by the storage tests (tests/storage).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
 import test_store  # noqa: E402
@@ -347,7 +351,7 @@ MUTANTS = [
     # -- subscriptions (raft/core/subscription_table.py, raft/core/subscription_batcher.py) ---
     Mutant("retention deletes what a subscription has not read, although told to respect it",
            "raft.node.subscription_service", "SubscriptionService.retention_holds",
-           "holds.extend((holder, offset, True) for holder, offset in t.holds())",
+           "holds.extend((holder, offset, True) for holder, offset in chosen)",
            "pass",
            (test_subscriptions_inproc
             .test_retention_keeps_what_the_lowest_subscription_still_needs,)),
@@ -685,6 +689,36 @@ MUTANTS = [
            "                if not self._live_quorum():",
            "                if False:",
            (test_quiesce.test_a_quiet_leader_that_lost_its_majority_wakes_and_steps_down,)),
+    Mutant("a link is created with some of its mirror topics when another name is taken",
+           "raft.controller.links_apply", "LinkApply._create_link",
+           "            if m.name in self.topics:",
+           "            if False:",
+           (test_links_controller.test_a_refused_link_creates_none_of_its_topics,)),
+    Mutant("a bootstrap moves past the source's gap without recording it",
+           "raft.node.links.puller", "Puller._out_of_range",
+           "await self.report_gap(self.spec, pos, int(start) - 1)",
+           "pass",
+           (test_link_puller.test_a_bootstrap_records_the_gap_before_going_past_it,)),
+    Mutant("a link pulls a mirror topic another link (of the same name) created",
+           "raft.node.links.manager", "_feeds",
+           "link.topics.get(origin.source_topic) == topic",
+           "True",
+           (test_link_manager.test_a_new_link_of_the_same_name_does_not_inherit_the_old_mirror_same_source,)),
+    Mutant("a link's position does not hold the source's retention",
+           "raft.node.subscription_service", "SubscriptionService.retention_holds",
+           "chosen = [(h, o) for h, o in chosen if h.startswith(LINK_HOLDER)]",
+           "chosen = []",
+           (test_links_inproc.test_a_paused_link_holds_the_sources_retention_and_resumes_without_a_gap,)),
+    Mutant("a replicated subscription is set ahead of what the mirror holds (a skip on failover)",
+           "raft.node.links.subscriptions", "planned",
+           "position = min(int(row[\"position\"]), cap)",
+           "position = int(row[\"position\"])",
+           (test_link_puller.test_replicated_subscriptions_never_ahead_of_the_mirror,)),
+    Mutant("an active mirror takes client writes",
+           "raft.node.links.manager", "LinkManager.wanted",
+           "refusal = read_only_message(topic.name, origin) if topic.mirror_active else None",
+           "refusal = None",
+           (test_link_manager.test_a_promoted_topic_clears_the_refusal_set_before,)),
     Mutant("the controller reuses a deleted topic's group ids",
            "raft.controller.state", "ClusterMetadata._allocate_group",
            "gid = self.next_group_id",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from raft.node.api import admin, fetch, loads, membership, produce, topics
+from raft.node.api import admin, fetch, links, loads, membership, produce, topics
 from raft.node.api import subscribe as subscriptions
 from raft.node.api.context import ApiContext, Handler
 from raft.protocol import PARSERS
@@ -26,6 +26,7 @@ _MODULES = (
     membership,
     subscriptions,
     topics,
+    links,
 )
 
 

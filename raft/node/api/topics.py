@@ -31,8 +31,11 @@ _REFUSAL_CODES = {
 
 async def metadata(ctx: ApiContext, req: Metadata) -> Reply:
     cluster = ctx.cluster
-    return OkReply(metadata_map(cluster.metadata, req.topics, cluster.leader_of,
-                                cluster.leader_of(0)))
+    out = metadata_map(cluster.metadata, req.topics, cluster.leader_of, cluster.leader_of(0))
+    identity = getattr(ctx.group, "identity", None)
+    if identity is not None and identity.cluster_id:
+        out["cluster_id"] = identity.cluster_id  # what a link records as its source's id
+    return OkReply(out)
 
 
 async def _not_controller(ctx: ApiContext, timeout_ms: int | None) -> Reply | None:

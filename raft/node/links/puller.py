@@ -1,0 +1,267 @@
+"""One mirror partition's puller: the leader of a mirror partition on the sink fetches the
+source partition's committed batches and appends them as MIRRORED at the source's offsets.
+
+Progress is the mirror's own log (docs/REPLICATION.md): the puller starts at the core's
+`visible_end + 1` and, after anything unexpected (a MIRROR_POSITION answer, a lost
+connection, a new leader here), starts again from there. The core's position rule refuses an
+append at or below `visible_end`, so a retry or a second puller can never write a duplicate.
+
+Bootstrap: when the source's log starts past the position (retention removed what the link
+had not mirrored: a paused link, the age valve), the gap is recorded in the controller first
+(LinkEvent, so it is counted and never hidden) and the puller continues at the source's start.
+
+The position is reported to the source as the subscription `__link.<sink cluster>.<link>` on
+the source partition (what the sink has committed, in visible offsets), which the source's
+retention holds like any subscription's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import trio
+
+from raft.client.errors import (OffsetOutOfRangeError, PositionBehind, RaftlogError,
+                                UnknownSubscription)
+from raft.core.types import ErrorCode, Role
+from raft.node.api.fetch import visible_hw
+from raft.node.links.subscriptions import SUBS_EVERY_S, mirror_subscriptions
+from raft.node.links.throttle import ByteRate
+from raft.protocol.requests import Fetch
+
+log = logging.getLogger("raftlog.links")
+
+FETCH_MAX_BYTES = 1 << 20
+LONG_POLL_MS = 5_000  # an idle puller sends one fetch per long poll, nothing else
+APPEND_TIMEOUT_S = 10.0
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 2.0
+REPORT_EVERY_S = 1.0  # the position on the source moves at most this often per partition
+
+
+class PullState(str, Enum):
+    STARTING = "starting"
+    MIRRORING = "mirroring"  # fetched data and appended it
+    CAUGHT_UP = "caught_up"  # nothing new on the source
+    SOURCE_UNREACHABLE = "source_unreachable"
+    BOOTSTRAPPING = "bootstrapping"  # recording a gap before continuing past it
+    DIVERGED = "diverged"  # the mirror is ahead of the source (not the same history)
+    BACKPRESSURE = "backpressure"  # the sink refused for now
+
+
+@dataclass(slots=True, frozen=True)
+class PullSpec:
+    link: str
+    sink_cluster_id: str
+    topic: str  # the mirror's name here
+    partition: int
+    group: int
+    source_topic: str
+
+    @property
+    def subscription(self) -> str:
+        return f"__link.{self.sink_cluster_id}.{self.link}"
+
+
+GapReporter = Callable[[PullSpec, int, int], Awaitable[None]]
+
+
+class Puller:
+    def __init__(self, spec: PullSpec, group: Any, client: Any, rate: ByteRate,
+                 report_gap: GapReporter) -> None:
+        self.spec, self.group, self.client, self.rate = spec, group, client, rate
+        self.report_gap = report_gap
+        self.state = PullState.STARTING
+        self.source_hw = -1
+        self.source_start = 0
+        self.message = ""
+        self.bootstraps = 0  # this node's, since the puller started (the metadata has all)
+        self.bytes_per_record = 0.0
+        self.behind_since: float | None = None  # wall clock when it last stopped being caught up
+        self.mirrored_bytes = 0
+        # The source offset up to which the puller has seen everything: past the mirrored
+        # data, the source's own no-ops and control entries (subscription commits, this link's
+        # among them) take offsets that never become visible batches here.
+        self.seen_to = -1
+        self._reported = -1  # the last position committed on the source
+        self._report_at = 0.0
+        self._opened = False
+        self._subs_at = 0.0
+        self.subscriptions_set = 0  # positions copied from the source (replicated subscriptions)
+
+    # -- status --------------------------------------------------------------------------------
+    @property
+    def mirrored(self) -> int:
+        return self.group.core.visible_end
+
+    @property
+    def position(self) -> int:
+        """The last source offset accounted for: mirrored, or seen to hold no data."""
+        return max(self.mirrored, self.seen_to)
+
+    def status(self) -> dict[str, Any]:
+        s = self.spec
+        lag = max(0, self.source_hw - self.position) if self.source_hw >= 0 else 0
+        lag_s = 0.0 if lag == 0 or self.behind_since is None else \
+            max(0.0, time.time() - self.behind_since)
+        return {"link": s.link, "topic": s.topic, "partition": s.partition,
+                "source_topic": s.source_topic, "group": s.group, "state": self.state.value,
+                "source_high_watermark": self.source_hw, "source_start": self.source_start,
+                "mirrored_offset": self.mirrored, "lag_records": lag,
+                "lag_bytes": int(lag * self.bytes_per_record), "lag_seconds": round(lag_s, 3),
+                "bootstraps_here": self.bootstraps, "mirrored_bytes": self.mirrored_bytes,
+                "position_reported": self._reported,
+                "subscriptions_set": self.subscriptions_set, "message": self.message}
+
+    # -- the loop ------------------------------------------------------------------------------
+    def _leads(self) -> bool:
+        core = self.group.core
+        return core is not None and core.role == Role.LEADER and not self.group.closing
+
+    async def run(self) -> None:
+        """Until this node no longer leads the partition (the manager cancels it otherwise)."""
+        pause = BACKOFF_MIN_S
+        pos = self.mirrored + 1
+        while self._leads():
+            try:
+                pos, ok = await self._step(pos)
+            except OffsetOutOfRangeError as e:
+                pos, ok = await self._out_of_range(pos, e)
+            except RaftlogError as e:
+                self.state, self.message, ok = PullState.SOURCE_UNREACHABLE, str(e), False
+            except OSError as e:
+                self.state, self.message, ok = PullState.SOURCE_UNREACHABLE, str(e), False
+            if ok:
+                pause = BACKOFF_MIN_S
+                await self._report_position()
+                await self._mirror_subscriptions()
+                continue
+            await trio.sleep(pause)  # this partition's retry pause after a failure only
+            pause = min(BACKOFF_MAX_S, pause * 2)
+            pos = self.mirrored + 1  # resync from the log: the only progress there is
+
+    async def _step(self, pos: int) -> tuple[int, bool]:
+        s = self.spec
+        reply = await self.client.call(
+            Fetch(pos, FETCH_MAX_BYTES, LONG_POLL_MS, topic=s.source_topic,
+                  partition=s.partition),
+            timeout=LONG_POLL_MS / 1000 + 10, attempt_timeout=LONG_POLL_MS / 1000 + 5)
+        self.source_hw = int(reply["high_watermark"])
+        self.source_start = int(reply["start_offset"])
+        self.message = ""
+        batches = reply.get("batches") or []
+        if not batches:
+            nxt = max(pos, int(reply["next_offset"]))
+            if self.mirrored < nxt:
+                self.seen_to = max(self.seen_to, nxt - 1)
+            self._caught_up_check()
+            self.state = PullState.CAUGHT_UP if self.position >= self.source_hw else \
+                PullState.MIRRORING
+            return nxt, True
+        size = sum(len(b["payload"]) for b in batches)
+        await self.rate.spend(size)
+        if not self._leads():
+            return pos, True
+        done = await self.group.append_mirrored(batches, APPEND_TIMEOUT_S)
+        if done.error == ErrorCode.OK:
+            self.state, self.message = PullState.MIRRORING, ""
+            records = sum(int(b["count"]) for b in batches[:done.appended])
+            if records:
+                self.bytes_per_record = size / max(1, sum(int(b["count"]) for b in batches))
+            self.mirrored_bytes += size
+            nxt = done.visible_end + 1
+            if done.appended == len(batches):
+                nxt = max(nxt, int(reply["next_offset"]))
+                self.seen_to = max(self.seen_to, nxt - 1)
+            self._caught_up_check()
+            if self.position >= self.source_hw:
+                self.state = PullState.CAUGHT_UP
+            return nxt, True
+        if done.error == ErrorCode.MIRROR_POSITION:  # mirrored already: resume after it
+            return done.visible_end + 1, True
+        if done.error in (ErrorCode.NOT_LEADER, ErrorCode.LEADERSHIP_LOST,
+                          ErrorCode.SHUTTING_DOWN):
+            return pos, True  # the loop ends: no longer the leader here
+        self.state, self.message = PullState.BACKPRESSURE, f"{done.error.name}: {done.message}"
+        return pos, False
+
+    def _caught_up_check(self) -> None:
+        if self.position >= self.source_hw:
+            self.behind_since = None
+        elif self.behind_since is None:
+            self.behind_since = time.time()
+
+    async def _out_of_range(self, pos: int, e: OffsetOutOfRangeError) -> tuple[int, bool]:
+        start, hw = e.start_offset, e.high_watermark
+        if hw is not None:
+            self.source_hw = int(hw)
+        if start is not None and pos < int(start):
+            self.state = PullState.BOOTSTRAPPING
+            self.message = (f"the source's log starts at {start}, past the mirror's position "
+                            f"{pos}: offsets {pos}..{int(start) - 1} are lost to the mirror")
+            log.warning("link_bootstrap link=%s topic=%s partition=%d gap_from=%d gap_to=%d",
+                        self.spec.link, self.spec.topic, self.spec.partition, pos,
+                        int(start) - 1)
+            try:
+                await self.report_gap(self.spec, pos, int(start) - 1)
+            except Exception as err:  # not recorded: do not continue past the gap yet
+                self.message += f"; recording the gap failed ({err}), retrying"
+                return pos, False
+            self.bootstraps += 1
+            self.source_start = int(start)
+            return int(start), True
+        self.state = PullState.DIVERGED
+        self.message = (f"the mirror holds up to visible offset {self.mirrored} but the "
+                        f"source's high watermark is {hw}: the source is not the history this "
+                        f"mirror copied (recreated?); delete the link and the mirror topic, "
+                        f"or promote it")
+        return pos, False
+
+    async def _mirror_subscriptions(self) -> None:
+        """Copy the source partition's subscription positions (raft/node/links/
+        subscriptions.py), at most once a SUBS_EVERY_S."""
+        now = trio.current_time()
+        if now < self._subs_at or getattr(self.group, "subs", None) is None:
+            return
+        self._subs_at = now + SUBS_EVERY_S
+        s = self.spec
+        try:
+            self.subscriptions_set += await mirror_subscriptions(
+                self.client, self.group, s.source_topic, s.partition)
+        except (RaftlogError, OSError) as e:
+            log.info("link_subscriptions_failed link=%s topic=%s partition=%d error=%s",
+                     s.link, s.topic, s.partition, e)
+
+    async def _report_position(self) -> None:
+        """Commit what the sink has committed to the source's link subscription (at most once
+        a REPORT_EVERY_S, only when it moved); failures are retried at the next report. Past
+        the committed data it includes the source offsets seen to hold none (no-ops, control
+        entries), so the source need not keep those for the link."""
+        committed = visible_hw(self.group)
+        position = committed + 1
+        if committed >= self.mirrored:  # all appended is committed: skipped offsets count too
+            position = max(position, self.seen_to + 1)
+        now = trio.current_time()
+        if position <= self._reported or now < self._report_at:
+            return
+        self._report_at = now + REPORT_EVERY_S
+        s = self.spec
+        try:
+            if not self._opened:
+                await self.client.subscription_open(s.subscription, start=position,
+                                                    topic=s.source_topic, partition=s.partition)
+                self._opened = True
+            await self.client.subscription_commit(s.subscription, position,
+                                                  topic=s.source_topic, partition=s.partition)
+            self._reported = position
+        except UnknownSubscription:
+            self._opened = False  # expired or deleted on the source: open it again next time
+        except PositionBehind:
+            self._reported = position  # the source holds a later one already
+        except (RaftlogError, OSError) as e:
+            log.info("link_position_report_failed link=%s topic=%s partition=%d error=%s",
+                     s.link, s.topic, s.partition, e)

@@ -1,0 +1,149 @@
+"""One mirror partition's puller (raft/node/links/puller.py) against a scripted source and a
+fake mirror group that applies the core's position rule: batches land at the source's
+offsets, gaps of the source kept; a MIRROR_POSITION answer resyncs from the mirror's log; a
+bootstrap records the gap before anything past it is appended, and not at all while the
+record fails; a mirror ahead of its source is reported diverged and written nothing."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import trio
+import trio.testing
+
+from raft.client.errors import OffsetOutOfRangeError
+from raft.core.types import ErrorCode, Role
+from raft.node.links.puller import Puller, PullSpec, PullState
+from raft.node.links.throttle import ByteRate
+
+SPEC = PullSpec("dr", "sink", "orders", 0, 7, "orders")
+
+
+class Mirror:
+    """A mirror group: the position rule, leader until told otherwise."""
+
+    def __init__(self, visible_end: int = -1) -> None:
+        self.core = SimpleNamespace(role=Role.LEADER, visible_end=visible_end,
+                                    high_watermark=visible_end)
+        self.closing, self.loads, self.translated = False, None, False
+        self.appended: list[tuple[int, int]] = []
+        self.events: list[Any] = []
+        self.refuse_next_at: int | None = None  # answer MIRROR_POSITION with this visible end
+
+    async def append_mirrored(self, batches: list[dict], timeout_s: float) -> Any:
+        if self.refuse_next_at is not None:
+            end, self.refuse_next_at = self.refuse_next_at, None
+            self.core.visible_end = self.core.high_watermark = end
+            return SimpleNamespace(error=ErrorCode.MIRROR_POSITION, visible_end=end,
+                                   appended=0, message="")
+        for b in batches:
+            assert b["base_offset"] > self.core.visible_end, "position rule"
+            self.appended.append((b["base_offset"], b["count"]))
+            self.events.append(("append", b["base_offset"]))
+            self.core.visible_end = self.core.high_watermark = b["base_offset"] + b["count"] - 1
+        return SimpleNamespace(error=ErrorCode.OK, visible_end=self.core.visible_end,
+                               appended=len(batches), message="")
+
+
+class Source:
+    """Scripted source partition: batches (base, count), its log start and high watermark.
+    Once the mirror holds everything, the mirror's leadership ends (the puller returns)."""
+
+    def __init__(self, mirror: Mirror, batches: list[tuple[int, int]], start: int = 0) -> None:
+        self.mirror, self.batches, self.start = mirror, batches, start
+        self.hw = max((b + c - 1 for b, c in batches), default=-1)
+        self.fetched: list[int] = []
+        self.commits: list[int] = []
+
+    async def call(self, request: Any, **kw: Any) -> dict:
+        offset = request.offset
+        self.fetched.append(offset)
+        if offset < self.start or offset > self.hw + 1:
+            raise OffsetOutOfRangeError("out of range", code="OFFSET_OUT_OF_RANGE",
+                                        details={"start_offset": self.start,
+                                                 "high_watermark": self.hw})
+        out = [{"base_offset": b, "count": c, "timestamp_ms": b, "payload": b"x" * c}
+               for b, c in self.batches if b + c - 1 >= offset][:2]
+        if not out and self.mirror.core.visible_end >= self.hw:
+            self.mirror.core.role = Role.FOLLOWER  # done: end the run
+        return {"batches": out, "high_watermark": self.hw, "start_offset": self.start,
+                "next_offset": out[-1]["base_offset"] + out[-1]["count"] if out else offset}
+
+    async def subscription_open(self, name: str, **kw: Any) -> dict:
+        return {}
+
+    async def subscription_commit(self, name: str, position: int, **kw: Any) -> dict:
+        self.commits.append(position)
+        return {}
+
+
+def run(mirror: Mirror, source: Source, report_gap: Any = None) -> Puller:
+    async def no_gap(spec: PullSpec, a: int, b: int) -> None:
+        raise AssertionError("no bootstrap expected")
+
+    puller = Puller(SPEC, mirror, source, ByteRate(0), report_gap or no_gap)
+
+    async def main() -> None:
+        with trio.fail_after(600):
+            await puller.run()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return puller
+
+
+def test_batches_land_at_the_source_offsets_with_its_gaps() -> None:
+    mirror = Mirror()
+    source = Source(mirror, [(0, 2), (3, 1), (5, 4), (12, 1)])
+    puller = run(mirror, source)
+    assert mirror.appended == source.batches
+    assert puller.status()["lag_records"] == 0
+    assert source.commits and source.commits[-1] <= 13
+
+
+def test_a_mirror_position_answer_resyncs_from_the_log() -> None:
+    mirror = Mirror()
+    source = Source(mirror, [(0, 2), (3, 1), (5, 4)])
+    mirror.refuse_next_at = 3  # another puller (a stale leader) got there first
+    run(mirror, source)
+    assert mirror.appended == [(5, 4)]
+    assert source.fetched[:2] == [0, 4]
+
+
+def test_a_bootstrap_records_the_gap_before_going_past_it() -> None:
+    mirror = Mirror(visible_end=1)
+    source = Source(mirror, [(10, 2), (12, 1)], start=10)
+    failures = [RuntimeError("controller unreachable")] * 2
+
+    async def report(spec: PullSpec, a: int, b: int) -> None:
+        mirror.events.append(("gap", a, b))
+        if failures:
+            raise failures.pop()
+
+    puller = run(mirror, source, report)
+    assert mirror.events[:3] == [("gap", 2, 9)] * 3  # not past it while unrecorded
+    assert mirror.events[3:] == [("append", 10), ("append", 12)]
+    assert puller.bootstraps == 1
+
+
+def test_a_mirror_ahead_of_its_source_is_diverged_and_left_alone() -> None:
+    mirror = Mirror(visible_end=5)
+    source = Source(mirror, [(0, 2)])
+    puller = Puller(SPEC, mirror, source, ByteRate(0), None)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        with trio.move_on_after(30):
+            await puller.run()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert puller.state is PullState.DIVERGED and mirror.appended == []
+    assert "delete the link" in puller.message
+
+
+def test_replicated_subscriptions_never_ahead_of_the_mirror() -> None:
+    from raft.node.links.subscriptions import planned
+    rows = [{"name": "ahead", "position": 50}, {"name": "behind", "position": 7},
+            {"name": "same", "position": 9}, {"name": "__link.x.dr", "position": 3},
+            {"name": "moved_back", "position": 2}]
+    have = {"same": 9, "moved_back": 8}
+    assert planned(rows, have, cap=20) == [("ahead", 20), ("behind", 7), ("moved_back", 2)]
