@@ -220,11 +220,14 @@ def visible_end_upto(log: LogStorage, upto: int) -> Steps[int]:
 
 
 def visible_to_log(log: LogStorage, visible: int, upto: int) -> Steps[int]:
-    """The log offset to read from for visible offset `visible`: the base of the batch holding
-    it (or of the next after a gap), else `upto` + 1. What a hold on visible offsets (a
-    subscription's position) holds in the log."""
+    """The log offset of visible offset `visible`: inside the batch holding it (a record's
+    offset in the batch is the same in both), the base of the next batch after a gap, else
+    `upto` + 1. What a hold on a visible position holds in the log (the batch holding it stays
+    whole), and where lag in records and bytes starts counting."""
     got = yield from find(log, visible, upto)
-    return got.log_offset
+    if got.batch is None:
+        return got.log_offset
+    return got.log_offset + max(0, visible - decode_tag(got.batch.payload))
 
 
 def fetch(log: LogStorage, visible: int, upto: int, max_bytes: int, max_batches: int,

@@ -5,7 +5,7 @@
 callback; after a restart it rebuilds the table by scanning the log from its start (or from the
 table stored with the log start, once retention stores one: `restore`).
 
-While it scans, it also counts the records and bytes of DATA and STAGED batches (`DataCounter`),
+While it scans, it also counts the records and bytes of DATA, STAGED and MIRRORED batches (`DataCounter`),
 so lag in records and bytes is a subtraction instead of a log scan: a boundary (offset, records
 before it, bytes before it) is kept at every batch end; when more than `max_points` are kept,
 every other one in the older half is dropped, so the recent past (where live consumers are) stays
@@ -26,7 +26,7 @@ from storage.api import LogStorage
 from storage.batch import HEADER_SIZE, Batch, BatchKind, CorruptBatch
 
 DEFAULT_MAX_POINTS = 1 << 16
-_COUNTED = (BatchKind.DATA, BatchKind.STAGED)
+_COUNTED = (BatchKind.DATA, BatchKind.STAGED, BatchKind.MIRRORED)
 
 
 def _nobody(src: tuple[int, ...]) -> bool:

@@ -182,20 +182,28 @@ class OpRequest:
         return OpRequest(kind, name, consumer, position, arg, policy, expect, member)
 
 
-def encode_entry(src: tuple[int, int, int], ops: list[OpRequest]) -> bytes:
+def encode_entry(src: tuple[int, int, int], ops: list[OpRequest],
+                 bound: int | None = None) -> bytes:
     """A CONTROL payload carrying `ops`; `src` (node id, incarnation, sequence) lets the proposer
-    find its entry's verdicts when it applies it."""
-    return msgpack.packb({"ctl": CTL_OPS, "src": list(src), "ops": [o.encode() for o in ops]},
-                         use_bin_type=True)
+    find its entry's verdicts when it applies it. `bound`: the largest position the ops may
+    set (default: the entry's own offset). A mirror partition's positions are visible offsets,
+    unrelated to its log offsets, so its leader sets the visible end + 1 (docs/REPLICATION.md)."""
+    obj: dict[str, Any] = {"ctl": CTL_OPS, "src": list(src), "ops": [o.encode() for o in ops]}
+    if bound is not None:
+        obj["bound"] = bound
+    return msgpack.packb(obj, use_bin_type=True)
 
 
-def make_entry(src: tuple[int, int, int], ops: list[OpRequest], now_ms: int) -> Batch:
+def make_entry(src: tuple[int, int, int], ops: list[OpRequest], now_ms: int,
+               bound: int | None = None) -> Batch:
     """The CONTROL batch the leader proposes, stamped with the leader's clock."""
-    return Batch.create(encode_entry(src, ops), 1, kind=BatchKind.CONTROL, timestamp_ms=now_ms)
+    return Batch.create(encode_entry(src, ops, bound), 1, kind=BatchKind.CONTROL,
+                        timestamp_ms=now_ms)
 
 
-def decode_entry(payload: bytes) -> tuple[tuple[int, ...], list[OpRequest | None]] | None:
-    """(src, ops) if this CONTROL payload is ours, else None (another CONTROL user's, or
+def decode_entry(payload: bytes) -> tuple[tuple[int, ...], list[OpRequest | None],
+                                          int | None] | None:
+    """(src, ops, bound) if this CONTROL payload is ours, else None (another CONTROL user's, or
     garbage). An undecodable op decodes as None and is refused when applied."""
     try:
         obj = msgpack.unpackb(payload, raw=False)
@@ -209,7 +217,10 @@ def decode_entry(payload: bytes) -> tuple[tuple[int, ...], list[OpRequest | None
         return None
     src_t = tuple(src) if isinstance(src, list) and all(
         isinstance(x, int) and not isinstance(x, bool) for x in src) else ()
-    return src_t, [OpRequest.decode(item) for item in ops]
+    bound = obj.get("bound")
+    if isinstance(bound, bool) or not isinstance(bound, int):
+        bound = None
+    return src_t, [OpRequest.decode(item) for item in ops], bound
 
 
 # -- the table ------------------------------------------------------------------------------------
@@ -326,10 +337,10 @@ class SubscriptionTable:
         decoded = decode_entry(batch.payload)
         if decoded is None:
             return None
-        src, ops = decoded
+        src, ops, bound = decoded
         self.clock_ms = max(self.clock_ms, batch.timestamp_ms)
         self._views = mine is None or mine(src)
-        outcomes = [self._apply_op(op, batch.base_offset) if op is not None else
+        outcomes = [self._apply_op(op, batch.base_offset, bound) if op is not None else
                     Outcome(ErrorCode.BAD_REQUEST, "malformed subscription operation")
                     for op in ops]
         return Applied(batch.base_offset, src, outcomes) if self._views else None
@@ -340,7 +351,9 @@ class SubscriptionTable:
         if offset - 1 > self.applied:
             self.applied = offset - 1
 
-    def _apply_op(self, op: OpRequest, offset: int) -> Outcome:
+    def _apply_op(self, op: OpRequest, offset: int, bound: int | None = None) -> Outcome:
+        """`offset`: the entry's; `bound`: the largest position it may set (default the same)."""
+        created, offset = offset, offset if bound is None else bound
         why = name_error(op.name) or consumer_error(op.consumer)
         if why is not None:
             return Outcome(ErrorCode.INVALID_SUBSCRIPTION_NAME, why)
@@ -355,7 +368,7 @@ class SubscriptionTable:
                                f"the cluster holds the maximum of {MAX_SUBSCRIPTIONS} "
                                f"subscriptions; delete unused ones (`raftlog subscriptions "
                                f"delete NAME`) or set --subscription-expiry-ms")
-            sub = Subscription(op.name, initial, self.clock_ms, offset)
+            sub = Subscription(op.name, initial, self.clock_ms, created)
             self.subs[op.name] = sub
         if sub is None:
             return Outcome(ErrorCode.UNKNOWN_SUBSCRIPTION,

@@ -46,6 +46,8 @@ class MirrorGroup:
     # While a link feeds the mirror: why client writes are refused (MIRROR_READ_ONLY), with
     # what to run (`raftlog topic promote T`). None: writes are taken.
     write_refusal: str | None = None
+    # Reads in visible offsets: the group's small caches (raft.node.mirror_reads.MirrorCache).
+    mirror_cache: Any = None
 
     async def append_mirrored(self, batches: list[dict[str, Any]],
                               timeout_s: float) -> MirrorAppend:

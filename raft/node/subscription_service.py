@@ -34,6 +34,7 @@ from raft.core.subscription_batcher import CommitBatcher, Outgoing
 from raft.core.subscription_index import SubscriptionIndex
 from raft.core.subscription_table import Applied, Op, OpRequest, Outcome, make_entry
 from raft.core.types import Acks, ErrorCode
+from raft.node import mirror_reads
 
 log = logging.getLogger("raftlog.subscriptions")
 
@@ -181,7 +182,9 @@ class SubscriptionService:
         self._awaiting[src] = out
         error, message = ErrorCode.OK, ""
         try:
-            batch = make_entry(src, out.ops, _wall_ms())
+            # A mirror's positions are visible offsets: bound them by its visible end + 1.
+            batch = make_entry(src, out.ops, _wall_ms(), self.group.core.visible_end + 1
+                               if self.group.translated else None)
             timeout_s = self.group.config.default_timeout_ms / 1000
             answer = await self.group.propose_and_wait(batch, Acks.QUORUM, timeout_s)
             error, message = answer.error, answer.message
@@ -285,6 +288,14 @@ class SubscriptionService:
             return []
         t = self.index.table
         holds = [("subscriptions table (not applied yet)", t.applied + 1, False)]
+        if self.group.translated:
+            # Positions are visible offsets: each holds the log from the batch it reads next.
+            at: dict[int, int] = {}
+            for holder, position in t.holds():
+                if position not in at:
+                    at[position] = mirror_reads.to_log(self.group, position)
+                holds.append((holder, at[position], True))
+            return holds
         holds.extend((holder, offset, True) for holder, offset in t.holds())
         return holds
 
@@ -298,7 +309,7 @@ class SubscriptionService:
     def view(self, sub: dict[str, Any], hw: int, now_ms: int) -> dict[str, Any]:
         """A subscription as `sub_get`/`sub_list` show it: its fields, lag behind the visible
         high watermark in records and bytes, and the age of its last commit."""
-        records, nbytes, exact = self.index.lag(sub["position"], hw + 1)
+        records, nbytes, exact = self.index.lag(*self._log_range(sub["position"], hw))
         last = sub["last_commit_ms"]
         return {**sub, "lag_records": records, "lag_bytes": nbytes, "lag_exact": exact,
                 "lag_offsets": max(0, hw + 1 - sub["position"]),
@@ -315,12 +326,19 @@ class SubscriptionService:
         top = heapq.nsmallest(limit, subs, key=lambda s: (s.position, s.name))
         series = []
         for s in top:
-            records, _nbytes, _exact = self.index.lag(s.position, end)
+            records, _nbytes, _exact = self.index.lag(*self._log_range(s.position, hw))
             series.append({"name": s.name, "lag_offsets": max(0, end - s.position),
                            "lag_records": records, "skipped_offsets": s.skipped_offsets})
         return {"series": series, "left_out": len(self.index.table.subs) - len(series),
                 "skipped_offsets": sum(s.skipped_offsets for s in subs),
                 "resets": sum(s.resets for s in subs)}
+
+    def _log_range(self, position: int, hw: int) -> tuple[int, int]:
+        """[position, hw + 1) in log offsets, for the data counter: as given in a plain group;
+        a translated group's positions and high watermark are visible offsets."""
+        if not self.group.translated:
+            return position, hw + 1
+        return mirror_reads.to_log(self.group, position), self.group.core.commit_index + 1
 
     def status(self) -> dict[str, Any]:
         b = self.batcher

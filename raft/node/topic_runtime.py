@@ -34,6 +34,7 @@ from raft.node.shard_feed import FeedWriter, LeaderReporter, ShardFollower, feed
 from raft.node.reconciler import UNMANAGED, Reconciler
 from raft.node.leader_balance import LeaderBalancer
 from raft.node.links.manager import LinkManager
+from raft.node import mirror_reads
 from raft.node.replica_moves import ReplicaMover
 from raft.node.topics import Resolved, resolve, unknown_partition, unknown_topic
 from raft.protocol.replies import ErrorReply
@@ -331,6 +332,10 @@ class TopicRuntime:
                           "learners": list(core.config.learners),
                           "replicas": None if p is None else list(p.replicas),
                           "move": _move_step(self.mover.steps.get(group_id))})
+            if group.translated:  # a mirror partition: what clients see is in visible offsets
+                lines[-1].update(translated=True, visible_end=core.visible_end,
+                                 high_watermark=mirror_reads.visible_hw(group, core.commit_index),
+                                 log_start=mirror_reads.visible_start(group))
         ctl = self.node.controller_group.core if self.shard == 0 else None
         leader, address = self.leader_of(CONTROLLER_GROUP)
         return {"partitions": lines, "shard": self.shard, "shards": self.node.config.shards,

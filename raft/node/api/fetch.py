@@ -2,6 +2,10 @@
 
 Consumers see up to the visible high watermark: the commit index, held back before any open
 staged load (raft.node.load_service), whose batches stay hidden until the load commits.
+
+A translated group (a mirror partition, docs/REPLICATION.md) speaks visible offsets: the offset
+asked for, the batches, the high watermark, the start and the next offset are the MIRRORED tags'
+(storage/mirrored.py reads them; raft.node.mirror_reads keeps the group's small caches).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from typing import Any
 import trio
 
 from raft.node.api.context import ApiContext
+from raft.node import mirror_reads
 from raft.node.group import RaftGroup
 from raft.protocol.replies import FetchOk, Reply
 from raft.protocol.requests import Fetch
@@ -35,7 +40,7 @@ async def execute(ctx: ApiContext, req: Fetch) -> Reply:
         if group.loads is not None:
             await group.loads.catch_up(group.core.high_watermark)
         hw = visible_hw(group)
-        start = group.log.start_offset
+        start = visible_start(group)
         if offset < start or offset > hw + 1:
             return ctx.error(
                 ErrorCode.OFFSET_OUT_OF_RANGE,
@@ -44,9 +49,14 @@ async def execute(ctx: ApiContext, req: Fetch) -> Reply:
                 start_offset=start, high_watermark=hw)
         if offset <= hw:
             try:
-                batches, next_offset = await read_committed(group, offset, hw, req.max_bytes)
+                if group.translated:
+                    batches, next_offset = await mirror_reads.read_visible(
+                        group, offset, req.max_bytes, FETCH_MAX_BATCHES)
+                else:
+                    batches, next_offset = await read_committed(group, offset, hw,
+                                                                req.max_bytes)
             except OffsetOutOfRange:  # retention moved the log start under us
-                start = group.log.start_offset
+                start = visible_start(group)
                 return ctx.error(
                     ErrorCode.OFFSET_OUT_OF_RANGE,
                     f"offset {offset} was removed by retention while reading; fetch from "
@@ -63,9 +73,21 @@ async def execute(ctx: ApiContext, req: Fetch) -> Reply:
 
 def visible_hw(group: RaftGroup) -> int:
     """What consumers may read: the commit index, held back before any open staged load
-    (await `group.loads.catch_up` first, or this applies what is left in one step)."""
+    (await `group.loads.catch_up` first, or this applies what is left in one step); in a
+    translated group, the visible end of the last MIRRORED batch at or below the commit index
+    (a visible offset)."""
     hw = group.core.high_watermark
+    if group.translated:
+        return mirror_reads.visible_hw(group, hw)
     return hw if group.loads is None else min(hw, group.loads.stable_offset(hw))
+
+
+def visible_start(group: RaftGroup) -> int:
+    """The first offset consumers may ask for: the log start (a visible offset in a translated
+    group: one past the visible end stored with the log start)."""
+    if group.translated:
+        return mirror_reads.visible_start(group)
+    return group.log.start_offset
 
 
 async def read_committed(group: RaftGroup, offset: int, hw: int,

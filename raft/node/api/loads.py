@@ -11,10 +11,17 @@ from raft.protocol.load_requests import LoadRequest
 from raft.protocol.replies import Reply
 from raft.core.types import ErrorCode
 
+# Staged batches are hidden by log offset and published as plain records at their log offsets;
+# a translated group shows only MIRRORED batches at visible offsets (docs/REPLICATION.md).
+MIRROR_LOADS = ("Spark loads into a mirror topic (or one promoted from a mirror) are not "
+                "supported yet; load into a plain topic (docs/REPLICATION.md)")
+
 
 async def execute(ctx: ApiContext, req: LoadRequest) -> Reply:
     if ctx.closing:
         return ctx.error(ErrorCode.SHUTTING_DOWN)
+    if ctx.group.translated:
+        return ctx.error(ErrorCode.BAD_REQUEST, MIRROR_LOADS)
     return await ctx.group.loads.handle(ctx, req)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from raft.node.api.context import ApiContext
 from raft.node.errors import ERROR_ADVICE
+from raft.node.mirror_reads import answer_offsets
 from raft.node.topic_settings import record_over
 from raft.protocol.replies import ProduceOk, Reply
 from raft.protocol.requests import Produce
@@ -17,6 +18,8 @@ async def execute(ctx: ApiContext, req: Produce) -> Reply:
         return ctx.error(ErrorCode.SHUTTING_DOWN)
     if ctx.group.disk_full and ctx.group.is_leader():
         return ctx.error(ErrorCode.DISK_FULL)
+    if ctx.group.write_refusal is not None:  # a mirror a link still feeds (docs/REPLICATION.md)
+        return ctx.error(ErrorCode.MIRROR_READ_ONLY, ctx.group.write_refusal)
     if req.producer_id and req.sequence < 0:
         return ctx.error(ErrorCode.BAD_REQUEST,
                          "an idempotent produce (producer_id != 0) needs sequence >= 0")
@@ -55,6 +58,9 @@ async def execute(ctx: ApiContext, req: Produce) -> Reply:
                          f"no answer within {req.timeout_ms} ms; "
                          + ERROR_ADVICE[ErrorCode.TIMEOUT])
     if answer.error == ErrorCode.OK:
+        if ctx.group.translated:  # the leader placed it as MIRRORED: its visible offsets
+            return ProduceOk(*answer_offsets(ctx.group, answer.base_offset,
+                                             answer.last_offset), answer.duplicate)
         return ProduceOk(answer.base_offset, answer.last_offset, answer.duplicate)
     message = answer.message or None
     if answer.error == ErrorCode.NOT_LEADER:

@@ -1,4 +1,5 @@
 """Subscriptions: named consumer positions committed through the log (raft/core/subscription_table.py).
+In a translated group (a mirror partition) every position, bound and lag is in visible offsets.
 
 `sub_open`, `sub_commit`, `sub_reset`, `sub_pin`, `sub_release` and `sub_delete` become one
 operation each in the leader's accumulator (raft/node/subscription_service.py) and are answered
@@ -24,7 +25,7 @@ import time
 from typing import Any
 
 from raft.node.api.context import ApiContext
-from raft.node.api.fetch import visible_hw
+from raft.node.api.fetch import visible_hw, visible_start
 from raft.protocol.replies import ErrorReply, OkReply, Reply
 from raft.protocol.subscription_requests import (MAX_COMMIT_ITEMS, SUB_TYPES, SubCommitMany,
                                                  SubList, SubRequest)
@@ -67,7 +68,7 @@ def _reply(ctx: ApiContext, outcome: Outcome) -> Reply:
 def _resolve(ctx: ApiContext, where: Any, what: str) -> tuple[int | None, ErrorReply | None]:
     """"start"/"end"/offset -> an offset in [log start, high watermark + 1], or an error."""
     hw = visible_hw(ctx.group)
-    start = ctx.group.log.start_offset
+    start = visible_start(ctx.group)
     if where == "start":
         return start, None
     if where == "end":
@@ -203,7 +204,7 @@ async def execute_list(ctx: ApiContext, req: SubList) -> Reply:
     names = sorted(n for n in subs.table.subs
                    if n.startswith(req.prefix) and n > req.after)
     page = names[:req.limit]
-    return OkReply({"high_watermark": hw, "start_offset": ctx.group.log.start_offset,
+    return OkReply({"high_watermark": hw, "start_offset": visible_start(ctx.group),
                     "more": len(names) > len(page), "total": len(subs.table.subs),
                     "service": subs.status(),
                     "subscriptions": [subs.view(subs.table.describe(n), hw, now)
