@@ -2,7 +2,8 @@
 fake mirror group that applies the core's position rule: batches land at the source's
 offsets, gaps of the source kept; a MIRROR_POSITION answer resyncs from the mirror's log; a
 bootstrap records the gap before anything past it is appended, and not at all while the
-record fails; a mirror ahead of its source is reported diverged and written nothing."""
+record fails; a mirror ahead of its source is reported diverged and written nothing; a reply
+fetched under a leadership this node since lost and regained is dropped."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class Mirror:
     """A mirror group: the position rule, leader until told otherwise."""
 
     def __init__(self, visible_end: int = -1) -> None:
-        self.core = SimpleNamespace(role=Role.LEADER, visible_end=visible_end,
+        self.core = SimpleNamespace(role=Role.LEADER, term=1, visible_end=visible_end,
                                     high_watermark=visible_end)
         self.closing, self.loads, self.translated = False, None, False
         self.appended: list[tuple[int, int]] = []
@@ -147,3 +148,26 @@ def test_replicated_subscriptions_never_ahead_of_the_mirror() -> None:
             {"name": "moved_back", "position": 2}]
     have = {"same": 9, "moved_back": 8}
     assert planned(rows, have, cap=20) == [("ahead", 20), ("behind", 7), ("moved_back", 2)]
+
+
+def test_a_reply_fetched_under_an_earlier_leadership_is_dropped() -> None:
+    """The node lost leadership while the fetch was out and led again (term 1 -> 3) with the old
+    term's unflushed tail gone (visible end 3 -> 1): the reply's batches from 4 on would leave
+    offsets 2..3 out for good (the position rule allows gaps). The puller serves one term: it
+    ends, and the manager starts a new one from the new term's log."""
+    mirror = Mirror(visible_end=3)
+    source = Source(mirror, [(0, 2), (2, 2), (4, 2)])
+    real_call = source.call
+
+    async def call(request: Any, **kw: Any) -> dict:
+        reply = await real_call(request, **kw)
+        mirror.core.term, mirror.core.visible_end = 3, 1
+        return reply
+
+    source.call = call  # type: ignore[method-assign]
+    puller = run(mirror, source)
+    assert mirror.appended == [] and puller.term == 1
+    # The next puller (the manager's, for term 3) starts from the log: nothing is skipped.
+    source.call = real_call  # type: ignore[method-assign]
+    run(mirror, source)
+    assert mirror.appended == [(2, 2), (4, 2)]

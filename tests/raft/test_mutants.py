@@ -944,6 +944,13 @@ MUTANTS = [
            "self.visible_end = end_at_start(self.log.snapshot)",
            "self.visible_end = -1",
            (test_link_sim.test_a_sink_restarted_idle_takes_its_visible_end_from_its_log_start,)),
+    # A puller serves one leadership: a reply fetched before this node lost and regained it
+    # could start past the new term's visible end and leave a hole the position rule allows.
+    Mutant("a link's puller appends a reply fetched under an earlier term",
+           "raft.node.links.puller", "Puller._leads",
+           "and (self.term is None or core.term == self.term))",
+           ")",
+           (test_link_puller.test_a_reply_fetched_under_an_earlier_leadership_is_dropped,)),
 ]
 
 

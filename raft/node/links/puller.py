@@ -92,6 +92,13 @@ class Puller:
         self._opened = False
         self._subs_at = 0.0
         self.subscriptions_set = 0  # positions copied from the source (replicated subscriptions)
+        # The term of the leadership this puller serves (set when it runs). A fetch answered
+        # after this node lost and regained leadership is dropped: the new term's log may
+        # have lost the old term's unflushed tail, so visible_end can be below the offset the
+        # fetch started at, and its batches (which the position rule allows: gaps are legal)
+        # would leave a hole the source does not have. Within one term a leader's log only
+        # grows, so a reply fetched in it always continues the mirror.
+        self.term: int | None = None
 
     # -- status --------------------------------------------------------------------------------
     @property
@@ -120,11 +127,15 @@ class Puller:
     # -- the loop ------------------------------------------------------------------------------
     def _leads(self) -> bool:
         core = self.group.core
-        return core is not None and core.role == Role.LEADER and not self.group.closing
+        return (core is not None and core.role == Role.LEADER and not self.group.closing
+                and (self.term is None or core.term == self.term))
 
     async def run(self) -> None:
         """Until this node no longer leads the partition (the manager cancels it otherwise)."""
         pause = BACKOFF_MIN_S
+        core = self.group.core
+        if core is not None:
+            self.term = core.term  # one leadership: the manager starts a new puller for the next
         pos = self.mirrored + 1
         while self._leads():
             try:
