@@ -61,6 +61,7 @@ import test_quiesce_inproc  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "security"))
 import test_security_unit  # noqa: E402
 import test_topic_grants  # noqa: E402
+import test_link_gap_secured  # noqa: E402  (a puller's gap report on a token-secured sink)
 # The staged-load service's rules are killed by its own tests (tests/spark, no Spark needed).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "spark"))
 import test_load_service  # noqa: E402
@@ -699,6 +700,17 @@ MUTANTS = [
            "await self.report_gap(self.spec, pos, int(start) - 1)",
            "pass",
            (test_link_puller.test_a_bootstrap_records_the_gap_before_going_past_it,)),
+    Mutant("a node certificate authenticates any request, not only node-internal ones",
+           "raft.node.auth", "Authenticator.authorize",
+           "if request_type in NODE_REQUESTS:",
+           "if True:",
+           (test_link_gap_secured.test_a_node_certificate_authenticates_node_internal_requests_only,)),
+    Mutant("a gap report from a node not leading the controller carries no credential",
+           "raft.node.links.manager", "LinkManager._own_client",
+           "if cfg.tls_cert is None:",
+           "if True:",
+           (test_link_gap_secured
+            .test_a_gap_report_from_a_node_not_leading_the_controller_is_recorded_on_a_secured_sink,)),
     Mutant("a link pulls a mirror topic another link (of the same name) created",
            "raft.node.links.manager", "_feeds",
            "link.topics.get(origin.source_topic) == topic",

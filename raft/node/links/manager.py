@@ -204,11 +204,22 @@ class LinkManager:
                 raise RuntimeError(done.result.reason)
             return
         if self._own is None:
-            addresses = [n.address for n in self.runtime.metadata.nodes.values()]
-            self._own = Client(addresses, timeout=GAP_REPORT_TIMEOUT_S, retry_refused=True)
+            self._own = self._own_client()
         await self._own.call(LinkEventRequest(spec.link, spec.topic, spec.partition, gap_from,
                                               gap_to, int(GAP_REPORT_TIMEOUT_S * 1000)),
                              timeout=GAP_REPORT_TIMEOUT_S)
+
+    def _own_client(self) -> Client:
+        """A client to this node's own cluster, for the gap report of a node that does not
+        lead the controller. With TLS it presents the node's certificate: on a sink that
+        requires tokens the node has none, and a node certificate is what authenticates it
+        there (for node-internal requests only, raft.node.auth.NODE_REQUESTS)."""
+        cfg = self.node.config
+        addresses = [n.address for n in self.runtime.metadata.nodes.values()]
+        if cfg.tls_cert is None:
+            return Client(addresses, timeout=GAP_REPORT_TIMEOUT_S, retry_refused=True)
+        return Client(addresses, timeout=GAP_REPORT_TIMEOUT_S, retry_refused=True,
+                      tls_ca=cfg.tls_ca, tls_cert=cfg.tls_cert, tls_key=cfg.tls_key)
 
     # -- what link describe and the metrics read --------------------------------------------------
     def status(self) -> list[dict[str, Any]]:
