@@ -3,7 +3,9 @@
 One manager per node (per shard process). It runs one puller for each mirror partition whose
 topic is an active mirror of an active link and whose group this node leads; a puller stops
 when the leadership, the link or the topic changes. It is woken by every controller entry
-applied and looks again every SCAN_S for leadership changes: one pass over the mirror
+applied and by every role, term or leader change of a mirror partition's group here (the
+registry's `on_state_change`), so a new leader pulls at once; it also looks again every SCAN_S
+(a source client that could not be made, a puller that failed): one pass over the mirror
 partitions only, however many plain partitions the node runs, and an idle puller costs one
 long-poll fetch (no per-partition timer).
 
@@ -66,9 +68,16 @@ class LinkManager:
         self._own: Client | None = None
         self._releasing: dict[str, int] = {}  # link -> source positions being deleted
         self._nursery: trio.Nursery | None = None
+        self._mirror_groups: set[int] = set()  # the groups of mirror topics (wanted())
+        node.registry.on_state_change.append(self.group_state_changed)
 
     def kick(self) -> None:
         self._wake.set()
+
+    def group_state_changed(self, group_id: int) -> None:
+        """A group here changed role, term or leader: look now if it is a mirror's."""
+        if group_id in self._mirror_groups:
+            self._wake.set()
 
     @property
     def cluster_id(self) -> str:
@@ -95,10 +104,12 @@ class LinkManager:
         """The mirror partitions to pull here now; sets each mirror group's write_refusal."""
         meta, registry = self.runtime.metadata, self.node.registry
         out: dict[int, tuple[PullSpec, Link]] = {}
+        mirror_groups: set[int] = set()
         for topic in meta.topics.values():
             origin = topic.origin
             if origin is None:
                 continue
+            mirror_groups.update(p.group for p in topic.partitions)
             link = meta.links.get(origin.link)
             pulls = topic.mirror_active and _feeds(link, origin, topic.name) and \
                 link is not None and link.state is LinkState.ACTIVE
@@ -114,6 +125,7 @@ class LinkManager:
                     assert link is not None
                     out[p.group] = (PullSpec(link.name, self.cluster_id, topic.name, p.index,
                                              p.group, origin.source_topic), link)
+        self._mirror_groups = mirror_groups  # (groups not started here yet included)
         return out
 
     def _ended(self, spec: PullSpec) -> bool:
