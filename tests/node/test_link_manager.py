@@ -193,3 +193,32 @@ def test_the_registry_passes_a_groups_state_change_on_with_its_id() -> None:
     registry.add(7, group, None)  # type: ignore[arg-type]
     group.on_state_change()
     assert heard == [7]
+
+
+@pytest.mark.parametrize("commands, counts, want", [
+    ((LINK,), {"dr": {"orders": 4}}, [("orders", 4)]),
+    ((LINK,), {"dr": {"orders": 2}}, []),  # as many already
+    ((LINK,), {"dr": {"orders": 1}}, []),  # never shrinks
+    ((LINK,), {}, []),  # the source did not answer
+    ((LINK, PauseLink("dr")), {"dr": {"orders": 4}}, []),  # a paused link waits
+    ((LINK, PromoteTopic("orders")), {"dr": {"orders": 4}}, []),  # the sink's own now
+    ((LINK, DeleteLink("dr"), CreateLink("dr", ("h:1",), "other",
+                                         (MirrorTopic("orders", "o2", ((1, 2, 3),)),))),
+     {"dr": {"orders": 4}}, [("o2", 4)]),  # the old mirror does not follow the new source
+])
+def test_only_an_active_mirror_of_an_active_link_follows_its_sources_partitions(
+        commands: tuple, counts: dict, want: list) -> None:
+    from raft.node.links.grow import grows
+    meta = founded()
+    assert all(r.ok for r in run(meta, *commands)), "setup refused"
+    assert grows(meta, counts) == want
+
+
+def test_a_promoted_mirror_does_not_follow_its_old_source() -> None:
+    test_only_an_active_mirror_of_an_active_link_follows_its_sources_partitions(
+        (LINK, PromoteTopic("orders")), {"dr": {"orders": 4}}, [])
+
+
+def test_a_paused_links_mirror_does_not_grow() -> None:
+    test_only_an_active_mirror_of_an_active_link_follows_its_sources_partitions(
+        (LINK, PauseLink("dr")), {"dr": {"orders": 4}}, [])

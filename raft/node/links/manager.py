@@ -17,6 +17,8 @@ It also sets `write_refusal` on every group of an active mirror this node runs (
 not), so a client produce there is refused with MIRROR_READ_ONLY and what to run; a promoted
 topic's groups have it cleared.
 
+A mirror follows its source's partition count (grow.py, on the controller's leader).
+
 Structured: every puller is a task of the manager's nursery, under its own cancel scope.
 """
 
@@ -31,6 +33,7 @@ from raft.controller.link_commands import LinkEvent
 from raft.controller.links import Link, LinkState, Origin
 from raft.client.client import Client
 from raft.core.types import Role
+from raft.node.links.grow import MirrorGrower
 from raft.node.links.puller import Puller, PullSpec
 from raft.node.links.source import SourceClients
 from raft.node.links.throttle import ByteRate
@@ -69,6 +72,7 @@ class LinkManager:
         self._releasing: dict[str, int] = {}  # link -> source positions being deleted
         self._nursery: trio.Nursery | None = None
         self._mirror_groups: set[int] = set()  # the groups of mirror topics (wanted())
+        self.grower = MirrorGrower(self)  # mirrors follow their sources' partition counts
         node.registry.on_state_change.append(self.group_state_changed)
 
     def kick(self) -> None:
@@ -89,6 +93,7 @@ class LinkManager:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                nursery.start_soon(self.grower.run)
                 while True:
                     await self.reconcile_once()
                     with trio.move_on_after(SCAN_S):
