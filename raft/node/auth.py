@@ -35,6 +35,10 @@ below: new request types are refused until someone classifies them). `status` an
 `load_status` are open to every authenticated principal. A refused request gets FORBIDDEN
 naming the permission; the connection stays usable. No token or digest is ever logged or
 reported.
+
+A cluster's own nodes may also connect as clients with their node certificates (session
+method "node"), for the node-internal requests in NODE_REQUESTS only (a puller's gap report,
+raft/node/links/manager.py); every other request from such a session is FORBIDDEN.
 """
 
 from __future__ import annotations
@@ -115,6 +119,12 @@ TOPIC_SCOPED = frozenset({
     "sub_get", "sub_list", "sub_reset", "sub_delete", "topic_create", "topic_alter",
     "topic_delete", "topic_move",
 })
+# What a node's own client may send when it authenticates with its node certificate (mutual
+# TLS with the cluster CA proves it is one of the cluster's nodes): the node-internal requests
+# a node sends to another node of its own cluster, nothing else. A link's puller on a node
+# that does not lead the controller records a bootstrap's gap this way (docs/REPLICATION.md):
+# the node has no token of its own, and an unrecorded gap would stop the mirror for good.
+NODE_REQUESTS = frozenset({"link_event"})
 # Requests that name their topic rather than reach a partition of it.
 NAMES_TOPIC = frozenset({"topic_create", "topic_alter", "topic_delete", "topic_move"})
 
@@ -324,6 +334,8 @@ class Authenticator:
             return Session(name, "token", digest)
         if identity is not None and identity.kind == "client":
             return Session(identity.principal, "certificate")
+        if identity is not None and identity.kind == "node":  # a node's own client
+            return Session(identity.principal, "node")
         raise AuthError("this node requires authentication: send a token (--token or "
                         "RAFTLOG_TOKEN) or a client certificate (--tls-cert/--tls-key)")
 
@@ -337,6 +349,14 @@ class Authenticator:
             return Refusal(ErrorCode.UNAUTHENTICATED,
                            "the token this connection authenticated with has been revoked; "
                            "reconnect with a current token")
+        if session.method == "node":
+            if request_type in NODE_REQUESTS:
+                return None
+            return Refusal(ErrorCode.FORBIDDEN,
+                           f"a node certificate authenticates only node-internal requests "
+                           f"({', '.join(sorted(NODE_REQUESTS))}), not {request_type!r}; "
+                           f"connect with a token (--token or RAFTLOG_TOKEN) or a client "
+                           f"certificate (`raftlog certs issue`)", None)
         needed = required_permission(request_type)
         if needed is None:
             return None
@@ -359,8 +379,8 @@ class Authenticator:
         controller's own group); else FORBIDDEN naming the topic and the permission."""
         table = self.table
         needed = required_permission(request_type)
-        if table is None or needed is None:
-            return None
+        if table is None or needed is None or session.method == "node":
+            return None  # (a node's session: authorize() let node-internal requests only)
         principal = table.principals.get(session.principal or "")
         if principal is None or needed in principal.permissions:
             return None  # authorize() already refused what the principal may not do at all

@@ -120,6 +120,8 @@ class RaftGroup(MirrorGroup):
         self.subs: SubscriptionService | None = None
         # The node keeps its peer links to what its groups' configurations name (Node).
         self.on_membership_change: Callable[[], None] = lambda: None
+        # Role, term or leader changed (the registry passes it on: a link's new leader pulls).
+        self.on_state_change: Callable[[], None] = lambda: None
         self._known_config: ClusterConfig | None = None
         self.catchup = CatchupTracker(self)
         self.scrubber = Scrubber(self, config.scrub_rate, config.scrub_slice_kib * 1024)
@@ -551,6 +553,7 @@ class RaftGroup(MirrorGroup):
                 self.metrics.observe_state(self.node_id, *state, self.core.voted_for)
             self._state_changed.set()
             self._state_changed = trio.Event()
+            self.on_state_change()
 
     # -- what the node's flusher reports (raft.node.flusher) --------------------------------------
     def on_flushed(self, flushed: int) -> None:

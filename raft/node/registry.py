@@ -29,13 +29,16 @@ node pair. The consensus core does not know group ids; the runtime does, here:
   a rate-limited log line naming the group and the sender). Raft tolerates lost messages; a
   group that starts later catches up from its leader.
 - Client requests are routed by their `group` field (the node asks `api`).
+- A group's role, term or leader change is passed to every `on_state_change` hook with its
+  id (the link manager starts a mirror partition's puller when this node becomes its leader):
+  no timer, nothing at all while leadership stays put.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +89,7 @@ class GroupRegistry:
         self.sleeps = 0  # times the ticker found no group awake and slept until one woke
         self._any_awake = trio.Event()  # set by every input (`_woke`): the ticker's alarm
         self.unknown_group_messages = 0
+        self.on_state_change: list[Callable[[int], None]] = []  # (group id): see the docstring
         self._unknown_logged_at: float | None = None
         self._unknown_since_log = 0
 
@@ -144,6 +148,7 @@ class GroupRegistry:
             raise ValueError(f"group {group_id}: start its core before adding it")
         entry = self._entries[group_id] = _Entry(group, api)
         group.on_input = lambda: self._woke(entry)
+        group.on_state_change = lambda: self._state_changed(group_id)
         self._woke(entry)
         if self._liveness is not None:  # what the node's detector knows now
             for node_id in sorted(self._liveness.down):
@@ -185,6 +190,7 @@ class GroupRegistry:
                            f"{self.ids()}")
         self._awake.pop(entry, None)
         entry.group.on_input = lambda: None
+        entry.group.on_state_change = lambda: None
         entry.group.begin_shutdown()
         entry.scope.cancel()
         if entry.started:
@@ -193,6 +199,10 @@ class GroupRegistry:
             await entry.group.scrub_scheduler.forget(entry.group.scrubber)
         entry.group.mark_closed()
         return entry.group
+
+    def _state_changed(self, group_id: int) -> None:
+        for hook in self.on_state_change:
+            hook(group_id)
 
     def _woke(self, entry: _Entry) -> None:
         """An input reached `entry`'s group: the ticker visits it again (and wakes if asleep)."""

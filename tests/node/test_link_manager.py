@@ -5,6 +5,7 @@ write_refusal on every group of an active mirror, cleared once promoted."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -96,3 +97,128 @@ def test_lag_metrics_one_series_per_pulled_partition() -> None:
     labels = {"link": "dr", "topic": "orders", "partition": "2"}
     assert got == {"raftlog_link_lag_records": [(labels, 7)],
                    "raftlog_link_lag_seconds": [(labels, 1.5)]}
+
+
+class _Sources:
+    """The link clients, never used: the pullers here are fakes."""
+
+    def client(self, link: Any) -> Any:
+        return object()
+
+    async def forget_except(self, names: set[str]) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_a_new_leader_of_a_mirror_partition_pulls_at_once_on_the_virtual_clock(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Leadership of a mirror partition moving here starts its puller with no clock time
+    passing (the registry's state-change hook wakes the manager; its SCAN_S look never comes
+    on a clock that stands still), and moving away stops it; a plain partition's change does
+    not even wake the manager."""
+    import trio
+    import trio.testing
+    from raft.node.links import manager as manager_module
+
+    started: list[int] = []
+
+    class FakePuller:
+        def __init__(self, spec: Any, *_: Any) -> None:
+            self.spec = spec
+            started.append(spec.group)
+
+        async def run(self) -> None:
+            await trio.sleep_forever()
+
+    monkeypatch.setattr(manager_module, "Puller", FakePuller)
+    meta = founded()
+    assert all(r.ok for r in run(meta, LINK))
+    groups = {g: FakeGroup(Role.FOLLOWER) for g in (1, 2, 3)}
+    registry = SimpleNamespace(get=groups.get, on_state_change=[])
+    node = SimpleNamespace(config=SimpleNamespace(link_rate=1.0, node_dir=Path("/nonexistent")),
+                           registry=registry,
+                           transport=SimpleNamespace(identity=SimpleNamespace(cluster_id="sink")))
+    mgr = LinkManager(SimpleNamespace(node=node, metadata=meta))
+    mgr.sources = _Sources()
+    looks = 0
+    wanted = mgr.wanted
+
+    def counted() -> Any:
+        nonlocal looks
+        looks += 1
+        return wanted()
+
+    mgr.wanted = counted  # type: ignore[method-assign]
+    seen: dict[str, Any] = {}
+
+    def changed(gid: int, role: Role) -> None:
+        groups[gid].core.role = role
+        for hook in registry.on_state_change:
+            hook(gid)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(mgr.run)
+            await trio.testing.wait_all_tasks_blocked()
+            t0, seen["first"] = trio.current_time(), list(started)
+            changed(2, Role.LEADER)
+            await trio.testing.wait_all_tasks_blocked()
+            seen["led"], seen["pulling"] = list(started), set(mgr.pullers)
+            before = looks
+            changed(1, Role.LEADER)  # the default topic's group: not a mirror's
+            await trio.testing.wait_all_tasks_blocked()
+            seen["plain_looks"] = looks - before
+            changed(2, Role.FOLLOWER)
+            await trio.testing.wait_all_tasks_blocked()
+            seen["after_loss"] = set(mgr.pullers)
+            seen["elapsed"] = trio.current_time() - t0
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock())
+    assert seen["first"] == [] and seen["elapsed"] == 0, seen
+    assert seen["led"] == [2] and seen["pulling"] == {2}, seen
+    assert seen["plain_looks"] == 0, seen
+    assert seen["after_loss"] == set(), seen
+
+
+def test_the_registry_passes_a_groups_state_change_on_with_its_id() -> None:
+    from raft.node.registry import GroupRegistry
+    registry = GroupRegistry(1)
+    heard: list[int] = []
+    registry.on_state_change.append(heard.append)
+    group = SimpleNamespace(core=object(), scrub_scheduler=None, on_input=None,
+                            on_state_change=lambda: None)
+    registry.add(7, group, None)  # type: ignore[arg-type]
+    group.on_state_change()
+    assert heard == [7]
+
+
+@pytest.mark.parametrize("commands, counts, want", [
+    ((LINK,), {"dr": {"orders": 4}}, [("orders", 4)]),
+    ((LINK,), {"dr": {"orders": 2}}, []),  # as many already
+    ((LINK,), {"dr": {"orders": 1}}, []),  # never shrinks
+    ((LINK,), {}, []),  # the source did not answer
+    ((LINK, PauseLink("dr")), {"dr": {"orders": 4}}, []),  # a paused link waits
+    ((LINK, PromoteTopic("orders")), {"dr": {"orders": 4}}, []),  # the sink's own now
+    ((LINK, DeleteLink("dr"), CreateLink("dr", ("h:1",), "other",
+                                         (MirrorTopic("orders", "o2", ((1, 2, 3),)),))),
+     {"dr": {"orders": 4}}, [("o2", 4)]),  # the old mirror does not follow the new source
+])
+def test_only_an_active_mirror_of_an_active_link_follows_its_sources_partitions(
+        commands: tuple, counts: dict, want: list) -> None:
+    from raft.node.links.grow import grows
+    meta = founded()
+    assert all(r.ok for r in run(meta, *commands)), "setup refused"
+    assert grows(meta, counts) == want
+
+
+def test_a_promoted_mirror_does_not_follow_its_old_source() -> None:
+    test_only_an_active_mirror_of_an_active_link_follows_its_sources_partitions(
+        (LINK, PromoteTopic("orders")), {"dr": {"orders": 4}}, [])
+
+
+def test_a_paused_links_mirror_does_not_grow() -> None:
+    test_only_an_active_mirror_of_an_active_link_follows_its_sources_partitions(
+        (LINK, PauseLink("dr")), {"dr": {"orders": 4}}, [])

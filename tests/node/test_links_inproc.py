@@ -232,3 +232,39 @@ async def test_a_paused_link_holds_the_sources_retention_and_resumes_without_a_g
                          if b[0] >= kept[0][0]] == kept
         await settle(src)
         assert src.log.start_offset > held_at  # released as the link moved on
+
+
+@trio_test
+async def test_a_mirror_grows_when_its_source_topic_grows() -> None:
+    """`topic alter orders --partitions 2` on the source: the sink's controller leader sees it
+    in the source's metadata, grows the mirror, and the new partition is mirrored too."""
+    from raft.node.links import grow
+    saved, grow.GROW_CHECK_S = grow.GROW_CHECK_S, 0.05  # the look's period, not a sync
+    try:
+        async with running_cluster(1) as source, running_cluster(1) as sink:
+            await create(source, "orders", 1, 1)
+            await all_partitions_led(source, "orders")
+            await produce(source, "orders", 0, b"a")
+            node = source.live[0]
+            meta = await request(node, "metadata")
+            await metadata_everywhere(sink, lambda m: "default" in m.topics)
+            created = await admin(sink, "link_create", **{
+                **mirror_fields("dr", [node.address], meta["cluster_id"],
+                                [["orders", "orders", 1]]), "replicas": 1})
+            assert created["ok"], created
+            await metadata_everywhere(sink, lambda m: "orders" in m.topics)
+            grown = await admin(source, "topic_alter", name="orders", partitions=2)
+            assert grown["ok"], grown
+            await all_partitions_led(source, "orders")
+            await produce(source, "orders", 1, b"b")
+            want = await batches(node, "orders", 1)
+            assert want
+            with trio.fail_after(DEADLINE_S):
+                await metadata_everywhere(sink, lambda m: len(m.topics["orders"].partitions) == 2)
+                dst = await partition_leader(sink, group_of(sink.live[0], "orders", 1))
+                while await batches(dst, "orders", 1) != want:
+                    await trio.sleep(0.05)
+            [mirror] = (await request(sink.live[0], "metadata", topics=["orders"]))["topics"]
+            assert mirror["mirror_active"] and len(mirror["partitions"]) == 2, mirror
+    finally:
+        grow.GROW_CHECK_S = saved

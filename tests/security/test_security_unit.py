@@ -174,7 +174,8 @@ def test_a_revoked_token_stops_working_on_an_open_connection() -> None:
     ({"token": ""}, None, "must be a non-empty string"),
     ({"token": "x" * 600}, None, "must be a non-empty string"),
     ({}, Identity("client", "ops"), "ops"),
-    ({}, Identity("node", "2"), "requires authentication"),  # nodes do not use the client API
+    # A node's own client (node-internal requests only: test_link_gap_secured.py).
+    ({}, Identity("node", "2"), "node-2"),
 ])
 def test_authentication_outcomes(hello, identity, outcome) -> None:
     """A client hello, parsed by the protocol (which owns the token's shape) and judged by the
@@ -188,7 +189,8 @@ def test_authentication_outcomes(hello, identity, outcome) -> None:
         assert outcome in str(e)
         assert "rl_" not in str(e)
     else:
-        assert session.principal == outcome and session.method == "certificate"
+        assert session.principal == outcome
+        assert session.method == ("node" if identity.kind == "node" else "certificate")
 
 
 def test_tokens_are_stored_only_as_digests() -> None:

@@ -3,7 +3,9 @@
 One manager per node (per shard process). It runs one puller for each mirror partition whose
 topic is an active mirror of an active link and whose group this node leads; a puller stops
 when the leadership, the link or the topic changes. It is woken by every controller entry
-applied and looks again every SCAN_S for leadership changes: one pass over the mirror
+applied and by every role, term or leader change of a mirror partition's group here (the
+registry's `on_state_change`), so a new leader pulls at once; it also looks again every SCAN_S
+(a source client that could not be made, a puller that failed): one pass over the mirror
 partitions only, however many plain partitions the node runs, and an idle puller costs one
 long-poll fetch (no per-partition timer).
 
@@ -14,6 +16,8 @@ longer holds retention for it (a paused link keeps it: holding is the point).
 It also sets `write_refusal` on every group of an active mirror this node runs (leader or
 not), so a client produce there is refused with MIRROR_READ_ONLY and what to run; a promoted
 topic's groups have it cleared.
+
+A mirror follows its source's partition count (grow.py, on the controller's leader).
 
 Structured: every puller is a task of the manager's nursery, under its own cancel scope.
 """
@@ -29,6 +33,7 @@ from raft.controller.link_commands import LinkEvent
 from raft.controller.links import Link, LinkState, Origin
 from raft.client.client import Client
 from raft.core.types import Role
+from raft.node.links.grow import MirrorGrower
 from raft.node.links.puller import Puller, PullSpec
 from raft.node.links.source import SourceClients
 from raft.node.links.throttle import ByteRate
@@ -66,9 +71,17 @@ class LinkManager:
         self._own: Client | None = None
         self._releasing: dict[str, int] = {}  # link -> source positions being deleted
         self._nursery: trio.Nursery | None = None
+        self._mirror_groups: set[int] = set()  # the groups of mirror topics (wanted())
+        self.grower = MirrorGrower(self)  # mirrors follow their sources' partition counts
+        node.registry.on_state_change.append(self.group_state_changed)
 
     def kick(self) -> None:
         self._wake.set()
+
+    def group_state_changed(self, group_id: int) -> None:
+        """A group here changed role, term or leader: look now if it is a mirror's."""
+        if group_id in self._mirror_groups:
+            self._wake.set()
 
     @property
     def cluster_id(self) -> str:
@@ -80,6 +93,7 @@ class LinkManager:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                nursery.start_soon(self.grower.run)
                 while True:
                     await self.reconcile_once()
                     with trio.move_on_after(SCAN_S):
@@ -95,10 +109,12 @@ class LinkManager:
         """The mirror partitions to pull here now; sets each mirror group's write_refusal."""
         meta, registry = self.runtime.metadata, self.node.registry
         out: dict[int, tuple[PullSpec, Link]] = {}
+        mirror_groups: set[int] = set()
         for topic in meta.topics.values():
             origin = topic.origin
             if origin is None:
                 continue
+            mirror_groups.update(p.group for p in topic.partitions)
             link = meta.links.get(origin.link)
             pulls = topic.mirror_active and _feeds(link, origin, topic.name) and \
                 link is not None and link.state is LinkState.ACTIVE
@@ -114,6 +130,7 @@ class LinkManager:
                     assert link is not None
                     out[p.group] = (PullSpec(link.name, self.cluster_id, topic.name, p.index,
                                              p.group, origin.source_topic), link)
+        self._mirror_groups = mirror_groups  # (groups not started here yet included)
         return out
 
     def _ended(self, spec: PullSpec) -> bool:
@@ -204,11 +221,22 @@ class LinkManager:
                 raise RuntimeError(done.result.reason)
             return
         if self._own is None:
-            addresses = [n.address for n in self.runtime.metadata.nodes.values()]
-            self._own = Client(addresses, timeout=GAP_REPORT_TIMEOUT_S, retry_refused=True)
+            self._own = self._own_client()
         await self._own.call(LinkEventRequest(spec.link, spec.topic, spec.partition, gap_from,
                                               gap_to, int(GAP_REPORT_TIMEOUT_S * 1000)),
                              timeout=GAP_REPORT_TIMEOUT_S)
+
+    def _own_client(self) -> Client:
+        """A client to this node's own cluster, for the gap report of a node that does not
+        lead the controller. With TLS it presents the node's certificate: on a sink that
+        requires tokens the node has none, and a node certificate is what authenticates it
+        there (for node-internal requests only, raft.node.auth.NODE_REQUESTS)."""
+        cfg = self.node.config
+        addresses = [n.address for n in self.runtime.metadata.nodes.values()]
+        if cfg.tls_cert is None:
+            return Client(addresses, timeout=GAP_REPORT_TIMEOUT_S, retry_refused=True)
+        return Client(addresses, timeout=GAP_REPORT_TIMEOUT_S, retry_refused=True,
+                      tls_ca=cfg.tls_ca, tls_cert=cfg.tls_cert, tls_key=cfg.tls_key)
 
     # -- what link describe and the metrics read --------------------------------------------------
     def status(self) -> list[dict[str, Any]]:
