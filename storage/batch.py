@@ -103,8 +103,11 @@ class Batch:
         if count < 1:
             raise ValueError(f"a batch holds at least one record, got count={count}")
         crc = compute_crc(int(kind), count, timestamp_ms, producer_id, sequence, payload)
-        return Batch(base_offset, count, term, BatchKind(kind), timestamp_ms, producer_id,
-                     sequence, payload, crc)
+        # _make, not the frozen dataclass's __init__: one of these per write on the leader
+        # (issue 28), and its five object.__setattr__ calls were most of the cost.
+        return _make(base_offset, count, term,
+                     kind if type(kind) is BatchKind else BatchKind(kind), timestamp_ms,
+                     producer_id, sequence, payload, crc)
 
     @property
     def last_offset(self) -> int:
@@ -117,7 +120,7 @@ class Batch:
 
     def placed(self, base_offset: int, term: int) -> Batch:
         """The same batch at a leader-assigned offset and term (CRC unchanged by design)."""
-        return Batch(base_offset, self.count, term, self.kind, self.timestamp_ms,
+        return _make(base_offset, self.count, term, self.kind, self.timestamp_ms,
                      self.producer_id, self.sequence, self.payload, self.crc)
 
     def verify(self) -> None:
