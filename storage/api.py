@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from storage.batch import DISK_LOSS_DOC, Batch
+from storage.batch import DISK_LOSS_DOC, Batch, BatchHead, BatchKind
 from storage.damage import Damage
 
 DEFAULT_MAX_TAIL_BYTES = 256 * 1024 * 1024
@@ -352,6 +352,16 @@ class LogStorage(abc.ABC):
         every batch is checked once where it enters the process (Batch.create on the leader,
         the wire decoder for replicated ones), and re-hashing each read would charge the CRC
         again for every follower and consumer of the hot tail."""
+
+    def read_heads(self, offset: int, max_bytes: int, max_batches: int | None,
+                   full: frozenset[BatchKind]) -> list[Batch | BatchHead]:
+        """As `read`, but batches of a kind not in `full` may come back as their header alone
+        (a BatchHead: offsets, kind, count, size), their payload neither read nor re-hashed.
+        For the indexes that scan every committed batch for its kind and count (issue 28: the
+        load and subscription indexes read every write back twice). The header has its own
+        checksum; a damaged payload is found by the reads that serve it and the scrubber.
+        This default returns whole batches (an in-memory log has nothing to save)."""
+        return list(self.read(offset, max_bytes, max_batches))
 
     @abc.abstractmethod
     def term_at(self, offset: int) -> int:

@@ -13,6 +13,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import NamedTuple
 
 
 class BatchKind(IntEnum):
@@ -102,8 +103,11 @@ class Batch:
         if count < 1:
             raise ValueError(f"a batch holds at least one record, got count={count}")
         crc = compute_crc(int(kind), count, timestamp_ms, producer_id, sequence, payload)
-        return Batch(base_offset, count, term, BatchKind(kind), timestamp_ms, producer_id,
-                     sequence, payload, crc)
+        # _make, not the frozen dataclass's __init__: one of these per write on the leader
+        # (issue 28), and its five object.__setattr__ calls were most of the cost.
+        return _make(base_offset, count, term,
+                     kind if type(kind) is BatchKind else BatchKind(kind), timestamp_ms,
+                     producer_id, sequence, payload, crc)
 
     @property
     def last_offset(self) -> int:
@@ -116,7 +120,7 @@ class Batch:
 
     def placed(self, base_offset: int, term: int) -> Batch:
         """The same batch at a leader-assigned offset and term (CRC unchanged by design)."""
-        return Batch(base_offset, self.count, term, self.kind, self.timestamp_ms,
+        return _make(base_offset, self.count, term, self.kind, self.timestamp_ms,
                      self.producer_id, self.sequence, self.payload, self.crc)
 
     def verify(self) -> None:
@@ -155,6 +159,35 @@ class Batch:
             want = compute_crc(kind, count, ts, pid, seq, payload)
             raise CorruptBatch(base, f"crc mismatch (stored {crc:#010x}, computed {want:#010x})")
         return _make(base, count, term, _KINDS[kind], ts, pid, seq, payload, crc)
+
+
+class BatchHead(NamedTuple):
+    """A stored batch's header without its payload: what the load and subscription indexes
+    need of a batch whose payload they do not read (LogStorage.read_heads). Has the fields
+    and properties of a Batch those readers use (offsets, kind, count, size). A tuple: built
+    once per committed batch on the leader's loop, so it must be cheap to make."""
+
+    base_offset: int
+    count: int
+    term: int
+    kind: BatchKind
+    size: int  # bytes the batch takes encoded, as Batch.size
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.count - 1
+
+
+def head_of(base: int, data: bytes | memoryview, size: int) -> BatchHead | None:
+    """The header of the encoded batch stored under `base` (`size` bytes of `data`, whose
+    header bytes are known good: checked by their own checksum); None when its offset, kind,
+    count or length does not match (read it whole to learn why)."""
+    if size < HEADER_SIZE:
+        return None
+    (b, count, term, kind, _ts, _pid, _seq, _crc, plen) = _HEADER.unpack_from(data, 0)
+    if b != base or kind >= len(_KINDS) or count < 1 or size != HEADER_SIZE + plen:
+        return None
+    return BatchHead(base, count, term, _KINDS[kind], size)
 
 
 # Batch.decode builds batches through the slots' descriptors: same object, same invariants

@@ -59,7 +59,7 @@ import lmdb
 import msgpack
 
 from storage.api import DiskFull, LogInconsistent, Meta, StorageError, StorageIOError
-from storage.batch import HEADER_SIZE, Batch, CorruptBatch
+from storage.batch import HEADER_SIZE, Batch, BatchHead, CorruptBatch, head_of
 from storage.damage import Damage
 from storage.lmdb_space import KeySpace
 
@@ -136,6 +136,19 @@ def head(value: memoryview | bytes, fmt: int) -> tuple[int, int, int] | None:
             return None
     base, count, term = HEAD.unpack_from(value, 0)
     return (base, count, term) if count >= 1 else None
+
+
+def decode_head(base: int, value: memoryview | bytes, fmt: int) -> BatchHead | None:
+    """The header alone of the batch stored under `base` (LogStorage.read_heads), or None
+    when it cannot be trusted by itself (a format 1 record has no header checksum; a damaged
+    or mismatched header): then decode the whole value, which says what is wrong."""
+    size = len(value) - TRAILER
+    if fmt < 2 or size < HEADER_SIZE:
+        return None
+    (crc,) = _CRC.unpack_from(value, size)
+    if zlib.crc32(memoryview(value)[:HEADER_SIZE]) != crc:
+        return None
+    return head_of(base, value, size)
 
 
 def decode_value(base: int, value: memoryview | bytes, fmt: int) -> Batch:

@@ -76,7 +76,7 @@ from storage.api import (
     StorageError,
     TailFull,
 )
-from storage.batch import Batch, CorruptBatch
+from storage.batch import Batch, BatchKind, CorruptBatch
 from storage.damage import DamageSet
 from storage.lmdb_damage import LmdbDamage
 from storage.dirlock import LOCK_FILE  # (LOCK_FILE: for the CLI's up)
@@ -505,7 +505,8 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
                                   (offset,))
         return base, cur.value()
 
-    def read(self, offset: int, max_bytes: int, max_batches: int | None = None) -> list[Batch]:
+    def read(self, offset: int, max_bytes: int, max_batches: int | None = None,
+             full: frozenset[BatchKind] | None = None) -> list[Batch]:  # see read_heads
         self._check_open()
         limit = max_batches if max_batches is not None and max_batches > 0 else 1 << 62
         with self._lock:
@@ -525,7 +526,7 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
                         size = len(v) - self._trailer  # what the batch counts as
                         if out and (used + size > max_bytes or len(out) >= limit):
                             return out
-                        b = self._checked_locked(cur, base, v)
+                        b = self._checked_locked(cur, base, v, full)
                         if b is None:  # damaged: never served (see LogStorage.read)
                             if out:
                                 return out

@@ -33,7 +33,7 @@ from typing import Any
 import msgpack
 
 from storage.api import LogStorage
-from storage.batch import Batch, BatchKind, CorruptBatch
+from storage.batch import Batch, BatchHead, BatchKind, CorruptBatch
 
 DEFAULT_LOAD_TIMEOUT_MS = 60 * 60 * 1000  # an open load idle this long is aborted by the leader
 
@@ -161,7 +161,7 @@ class LoadTable:
         self._open: dict[str, int] = {}  # load_id -> gen, for open loads only
 
     # -- applying --------------------------------------------------------------------------
-    def apply(self, batch: Batch) -> None:
+    def apply(self, batch: Batch | BatchHead) -> None:
         """Apply one committed batch; batches must come in log order without gaps."""
         if batch.base_offset != self.applied + 1:
             raise ValueError(f"load table applied up to {self.applied} but got a batch at "
@@ -358,6 +358,10 @@ class LoadTable:
 
 
 # -- catching up from a log ---------------------------------------------------------------------
+# What the table reads the payload of; of every other batch the header is enough (read_heads).
+_LOAD_KINDS = frozenset((BatchKind.STAGED, BatchKind.CONTROL))
+
+
 class LoadIndex:
     """A LoadTable kept current from a LogStorage: the node calls `catch_up` before serving
     fetches and load requests, and on its timer. After a restart it rebuilds from the log start
@@ -401,7 +405,8 @@ class LoadIndex:
             if t.applied + 1 > self.log.dirty_offset:
                 return False
             try:
-                batches = self.log.read(t.applied + 1, min(budget, 16 << 20), left)
+                batches = self.log.read_heads(t.applied + 1, min(budget, 16 << 20), left,
+                                              _LOAD_KINDS)
             except CorruptBatch:
                 return False  # damaged here (raft/core/repair.py fetches it again): wait for it
             if not batches:

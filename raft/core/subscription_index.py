@@ -23,10 +23,12 @@ from collections.abc import Callable
 
 from raft.core.subscription_table import SNAPSHOT_SECTION, Applied, SubscriptionTable
 from storage.api import LogStorage
-from storage.batch import HEADER_SIZE, Batch, BatchKind, CorruptBatch
+from storage.batch import HEADER_SIZE, Batch, BatchHead, BatchKind, CorruptBatch
 
 DEFAULT_MAX_POINTS = 1 << 16
 _COUNTED = (BatchKind.DATA, BatchKind.STAGED, BatchKind.MIRRORED)
+# What the table reads the payload of; of every other batch the header is enough (read_heads).
+_TABLE_KINDS = frozenset((BatchKind.CONTROL,))
 
 
 def _nobody(src: tuple[int, ...]) -> bool:
@@ -49,7 +51,7 @@ class DataCounter:
     def end(self) -> int:
         return self.offsets[-1]
 
-    def add(self, batch: Batch) -> None:
+    def add(self, batch: Batch | BatchHead) -> None:
         if batch.base_offset != self.end:
             # A gap (the log start moved past us): start counting afresh from here.
             self.__init__(batch.base_offset, self.max_points)  # type: ignore[misc]
@@ -164,8 +166,9 @@ class SubscriptionIndex:
             if t.applied + 1 > self.log.dirty_offset:
                 return False
             try:
-                batches = self.log.read(t.applied + 1, min(budget, 16 << 20),
-                                        left if max_batches is not None else None)
+                batches = self.log.read_heads(t.applied + 1, min(budget, 16 << 20),
+                                              left if max_batches is not None else None,
+                                              _TABLE_KINDS)
             except CorruptBatch:
                 return False  # damaged here (raft/core/repair.py fetches it again): wait for it
             if not batches:

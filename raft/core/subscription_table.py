@@ -55,7 +55,7 @@ from typing import Any
 import msgpack
 
 from raft.core.types import ErrorCode
-from storage.batch import Batch, BatchKind
+from storage.batch import Batch, BatchHead, BatchKind
 
 CTL_OPS = "sub_ops"
 SNAPSHOT_SECTION = "subscriptions"  # the section name in the state at the log start
@@ -323,7 +323,7 @@ class SubscriptionTable:
         self._views = True  # build the subscription views of OK verdicts (someone reads them)
 
     # -- applying ------------------------------------------------------------------------------
-    def apply(self, batch: Batch,
+    def apply(self, batch: Batch | BatchHead,
               mine: Callable[[tuple[int, ...]], bool] | None = None) -> Applied | None:
         """Apply one committed batch (every batch, in log order, without gaps). Returns the
         verdicts if it was one of our entries (all of them, or those `mine` picks by source

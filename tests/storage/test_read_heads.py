@@ -1,0 +1,101 @@
+"""`LogStorage.read_heads`: the indexes' read of every committed batch (issue 28).
+
+Batches of a kind the caller does not ask for in full come back from disk as their header
+alone (offsets, kind, count, size: what the load and subscription indexes use of them), the
+kinds asked for as whole batches; what the header says is what `read` says. A header that fails
+its own checksum is damage as for `read`; a damaged payload is not the header read's to find.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from storage import lmdb_format as fmt
+from storage.batch import HEADER_SIZE, Batch, BatchHead, BatchKind, CorruptBatch
+from storage.lmdb_log import LmdbLog
+from storage.memory import MemoryLog
+
+KINDS = [BatchKind.DATA, BatchKind.CONTROL, BatchKind.STAGED, BatchKind.DATA, BatchKind.NOOP]
+FULL = frozenset((BatchKind.CONTROL,))
+
+
+def mixed(log: LmdbLog | MemoryLog, flush_first: int) -> list[Batch]:
+    """Batches of KINDS (two offsets each); the first `flush_first` flushed, the rest dirty."""
+    got = [Batch.create(bytes([65 + i]) * (10 + i), 2, kind=k).placed(2 * i, 1)
+           for i, k in enumerate(KINDS)]
+    for i, b in enumerate(got):
+        log.append([b])
+        if i < flush_first:
+            log.flush()
+    return got
+
+
+def fields(b: Batch | BatchHead) -> tuple:
+    return (b.base_offset, b.last_offset, b.count, b.term, b.kind, b.size)
+
+
+def rot(log: LmdbLog, base: int, at: int) -> None:
+    def flip(txn: lmdb.Transaction) -> None:
+        raw = bytearray(txn.get(fmt.key(base), db=log._log_db))
+        raw[at] ^= 0x01
+        txn.put(fmt.key(base), bytes(raw), db=log._log_db)
+
+    with log._write_lock:
+        log._write("rot (test)", flip)
+
+
+def test_stored_batches_of_other_kinds_come_back_as_their_headers(tmp_path: Path) -> None:
+    log = LmdbLog(tmp_path)
+    try:
+        got = mixed(log, flush_first=4)
+        heads = log.read_heads(0, 1 << 20, None, FULL)
+        assert [fields(h) for h in heads] == [fields(b) for b in got]
+        assert [type(h) for h in heads[:4]] == [BatchHead, Batch, BatchHead, BatchHead]
+        assert heads[1] == got[1]  # asked for in full: the whole batch, payload included
+        assert heads[4] == got[4]  # still in memory: as appended
+        # The bounds hold as for read: by batches, and by bytes (at least one batch).
+        assert [fields(h) for h in log.read_heads(2, 1 << 20, 2, FULL)] == \
+            [fields(b) for b in got[1:3]]
+        assert len(log.read_heads(0, 1, None, FULL)) == 1
+    finally:
+        log.close()
+
+
+def test_an_in_memory_log_returns_whole_batches(tmp_path: Path) -> None:
+    log = MemoryLog()
+    got = mixed(log, flush_first=3)
+    assert log.read_heads(0, 1 << 20, None, FULL) == got
+
+
+def test_a_damaged_payload_leaves_the_header_readable(tmp_path: Path) -> None:
+    """The header has its own checksum: the index may count the batch; the reads that serve
+    its payload (and the scrubber) find the damage."""
+    log = LmdbLog(tmp_path, verify_tail_bytes=0)
+    try:
+        got = mixed(log, flush_first=5)
+        rot(log, 0, HEADER_SIZE + 1)
+        assert [fields(h) for h in log.read_heads(0, 1 << 20, None, FULL)] == \
+            [fields(b) for b in got]
+        with pytest.raises(CorruptBatch):
+            log.read(0, 1 << 20)
+    finally:
+        log.close()
+
+
+@pytest.mark.parametrize("base", [0, 2])  # a header-only kind, and a kind read in full
+def test_a_damaged_header_is_damage_as_for_read(tmp_path: Path, base: int) -> None:
+    log = LmdbLog(tmp_path, verify_tail_bytes=0)
+    try:
+        got = mixed(log, flush_first=5)
+        rot(log, base, 12)  # a byte of the stored term: only the header checksum covers it
+        with pytest.raises(CorruptBatch):
+            log.read_heads(base, 1 << 20, None, FULL)
+        assert [(d.first, d.last) for d in log.damaged()] == [(base, base + 1)]
+        if base:  # a read from before it stops short of it
+            before = log.read_heads(0, 1 << 20, None, FULL)
+            assert [fields(h) for h in before] == [fields(b) for b in got[:base // 2]]
+    finally:
+        log.close()
