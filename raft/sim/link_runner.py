@@ -159,6 +159,8 @@ class LinkSimulation:
                                    for n in c.nodes.values()),
                  "retention_cuts": sum(r.retention_cuts for n in self.source.nodes.values()
                                        for r in n.replicas.values()),
+                 "retention_checked": sum(c.retention_checked
+                                          for c in self.source.group_checkers.values()),
                  "sink_cuts": sum(r.retention_cuts for n in self.sink.nodes.values()
                                   for r in n.replicas.values()),
                  "sink_state_transfers": sum(c.state_transfers

@@ -69,10 +69,13 @@ def test_metrics_and_status_of_a_two_shard_node(tmp_path: Path) -> None:
         assert {s.labels.get("shard") for s in own} == {"1"}
 
         def reported() -> bool:
+            # Shard 1 reports once a second: its first report may predate its partitions'
+            # elections (at load, CI saw `leading` 0 there), so wait for one showing them led.
             st = call(base, "status")["status"]
-            return all(s["reported"] for s in st["node_shards"])
+            return all(s["reported"] for s in st["node_shards"]) and \
+                [s["leading"] for s in st["node_shards"]] == [3, 2]
 
-        wait_for(reported, "shard 1 to report its figures to shard 0", 30)
+        wait_for(reported, "shard 1 to report its figures, its partitions led, to shard 0", 30)
         st = call(base, "status")["status"]
         lines, totals = st["node_shards"], st["node_totals"]
         assert [(s["shard"], s["partitions"], s["leading"]) for s in lines] == \
