@@ -48,6 +48,7 @@ class ClientRequests:
         conn.auth = self._node.gate.auth
         failure: WireError | None = None
         read = 0
+        before: trio.Event | None = None  # set once the previous request's handler started
         async with trio.open_nursery() as nursery:
             try:
                 while True:
@@ -62,8 +63,10 @@ class ClientRequests:
                     incoming = await self._read_request(conn)
                     if incoming is None:
                         break  # client half-closed: finish in-flight replies, then hang up
+                    started = trio.Event()
                     nursery.start_soon(self._answer, conn, incoming, limiter,
-                                       nursery.cancel_scope)
+                                       nursery.cancel_scope, before, started)
+                    before = started
             except WireError as e:
                 failure = e  # raised outside the nursery: trio would wrap it in an ExceptionGroup
                 nursery.cancel_scope.cancel()
@@ -139,12 +142,23 @@ class ClientRequests:
         return ErrorReply(refusal.code, refusal.message, extra)
 
     async def _answer(self, conn: Any, incoming: _Incoming, limiter: trio.Semaphore,
-                      scope: trio.CancelScope) -> None:
+                      scope: trio.CancelScope, before: trio.Event | None = None,
+                      started: trio.Event | None = None) -> None:
+        """Run one request and write its reply. Requests of one connection start in the order
+        they were read: each waits until the previous one's handler has started, so the
+        synchronous part of a handler (a produce's or a staged load's proposal into the core)
+        happens in that order. Trio may run tasks spawned in one turn in either order, and the
+        read loop reads frames already buffered without yielding (issue 28): without this, a
+        client pipelining two writes to one partition could see them appended swapped."""
         self._active += 1
         self.idle = trio.Event() if self._active == 1 else self.idle
         if incoming.trace is not None:  # (set only while tracing: raft.node.trace)
             trace.begin_request(*incoming.trace)
         try:
+            if before is not None and not before.is_set():
+                await before.wait()
+            if started is not None:
+                started.set()
             if incoming.refusal is not None:
                 frame = incoming.refusal.to_frame(incoming.rid)
                 self._node.metrics.count_error(incoming.refusal.code.name)
@@ -161,6 +175,8 @@ class ClientRequests:
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 scope.cancel()  # the client went away; drop its other requests too
         finally:
+            if started is not None:
+                started.set()  # also when cancelled or failed first: never blocks the next
             limiter.release()
             self._active -= 1
             if self._active == 0:

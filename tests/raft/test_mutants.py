@@ -73,6 +73,7 @@ import test_shards  # noqa: E402  (partitions on (node, shard): docs/SHARDS.md)
 import test_links_controller  # noqa: E402  (cross-cluster links: docs/REPLICATION.md)
 import test_link_manager  # noqa: E402  (tests/node, on the path above)
 import test_link_puller  # noqa: E402  (tests/node)
+import test_request_order  # noqa: E402  (tests/node: pipelined requests keep their order)
 import test_links_inproc  # noqa: E402  (tests/node: a link holds its source's retention)
 # The store's group commit across logs is killed by the storage tests (tests/storage).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
@@ -993,6 +994,12 @@ MUTANTS = [
            "and (self.term is None or core.term == self.term))",
            ")",
            (test_link_puller.test_a_reply_fetched_under_an_earlier_leadership_is_dropped,)),
+    # Pipelined requests of one connection start their handlers in the order they were read.
+    Mutant("a connection's pipelined requests start in whatever order trio runs their tasks",
+           "raft.node.client_requests", "ClientRequests._answer",
+           "if before is not None and not before.is_set():",
+           "if False:",
+           (test_request_order.test_pipelined_writes_land_in_the_order_sent,)),
 ]
 
 
