@@ -192,11 +192,29 @@ class TopicCalls:
         while it has no leader to ask."""
         info = await self.topic(name, refresh=True)
         p = info.partitions[partition]
-        if not p.leader_address:
-            return None
-        status = await self.status(p.leader_address)  # type: ignore[attr-defined]
+        if p.leader_address:
+            found = await self._membership_at(p.leader_address, p.group, leader_only=False)
+            if found is not None:
+                return found
+        # The node that answered the metadata does not know the leader: a node the partition
+        # just moved away from (it no longer runs the group, so it names no leader). Ask the
+        # partition's replicas which of them leads, instead of asking that node again.
+        meta = await self.cluster_metadata(refresh=False)
+        for address in meta.addresses_of(name, partition):
+            found = await self._membership_at(address, p.group, leader_only=True)
+            if found is not None:
+                return found
+        return None
+
+    async def _membership_at(self, address: str, group: int, *,
+                             leader_only: bool) -> dict[str, Any] | None:
+        try:
+            status = await self.status(address)  # type: ignore[attr-defined]
+        except RaftlogError:
+            return None  # that node is down or restarting: the caller asks again
         for line in status.get("partitions") or []:
-            if line.get("group") == p.group:
+            if line.get("group") == group and (not leader_only
+                                                or line.get("role") == "leader"):
                 return {"leader": line.get("leader"), "voters": line.get("voters"),
                         "learners": line.get("learners"), "replicas": line.get("replicas"),
                         "move": line.get("move")}

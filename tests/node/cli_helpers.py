@@ -34,9 +34,16 @@ def raftlog(*args: str, stdin: bytes | str = b"", timeout: float = DEADLINE_S,
             extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run `raftlog ARGS` to completion; stdout/stderr as text (undecodable bytes escaped)."""
     data = stdin.encode() if isinstance(stdin, str) else stdin
-    res = subprocess.run([sys.executable, "-m", "raft.cli", *args], input=data,
-                         capture_output=True, timeout=timeout, env=env(**(extra_env or {})),
-                         cwd=REPO)
+    try:
+        res = subprocess.run([sys.executable, "-m", "raft.cli", *args], input=data,
+                             capture_output=True, timeout=timeout, env=env(**(extra_env or {})),
+                             cwd=REPO)
+    except subprocess.TimeoutExpired as e:  # say what the command had printed by then
+        out = (e.stdout or b"").decode(errors="backslashreplace")
+        err = (e.stderr or b"").decode(errors="backslashreplace")
+        raise AssertionError(f"`raftlog {' '.join(args)}` still running after {timeout} s; "
+                             f"stdout so far:\n{out[-3000:]}\nstderr so far:\n{err[-3000:]}"
+                             ) from None
     return subprocess.CompletedProcess(res.args, res.returncode,
                                        res.stdout.decode(errors="backslashreplace"),
                                        res.stderr.decode(errors="backslashreplace"))
