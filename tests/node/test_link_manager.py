@@ -112,8 +112,7 @@ class _Sources:
         return None
 
 
-def test_a_new_leader_of_a_mirror_partition_pulls_at_once_on_the_virtual_clock(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_new_leader_of_a_mirror_partition_pulls_at_once_on_the_virtual_clock() -> None:
     """Leadership of a mirror partition moving here starts its puller with no clock time
     passing (the registry's state-change hook wakes the manager; its SCAN_S look never comes
     on a clock that stands still), and moving away stops it; a plain partition's change does
@@ -132,7 +131,16 @@ def test_a_new_leader_of_a_mirror_partition_pulls_at_once_on_the_virtual_clock(
         async def run(self) -> None:
             await trio.sleep_forever()
 
-    monkeypatch.setattr(manager_module, "Puller", FakePuller)
+    # Its own MonkeyPatch, not the fixture: tests/raft/test_mutants.py calls killers bare.
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(manager_module, "Puller", FakePuller)
+        _pulls_at_once(manager_module, started)
+
+
+def _pulls_at_once(manager_module: Any, started: list[int]) -> None:
+    import trio
+    import trio.testing
+
     meta = founded()
     assert all(r.ok for r in run(meta, LINK))
     groups = {g: FakeGroup(Role.FOLLOWER) for g in (1, 2, 3)}
