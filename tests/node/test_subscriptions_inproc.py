@@ -175,8 +175,12 @@ async def test_retention_keeps_what_the_lowest_subscription_still_needs() -> Non
         r = await cl.request("sub_commit", name="slow", position=bases[3])
         assert r["ok"], r
         lg, ret = leader.group.log, leader.group.retention
-        await _until(lambda: ret.report().get("held_by") == "subscription 'slow'",
-                     "retention to stop at the subscription")
+
+        def held() -> bool:  # and never past it, checked on every look (fails at once)
+            assert lg.start_offset <= bases[3], f"retention deleted {bases[3]}, unread"
+            return ret.report().get("held_by") == "subscription 'slow'"
+
+        await _until(held, "retention to stop at the subscription")
         assert lg.start_offset == bases[3]  # everything below it deleted, nothing it needs
         assert section_raw(lg.snapshot, "subscriptions")["subs"]  # the table at the new start
         r = await cl.request("sub_commit", name="slow", position=bases[5])

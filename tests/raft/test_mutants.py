@@ -1061,7 +1061,23 @@ def test_mutant_is_killed(mutant: Mutant, monkeypatch: pytest.MonkeyPatch) -> No
     pytest.fail(f"mutant survived: {mutant.name!r} passed {survived}")
 
 
+def _runs_in_the_suite_as_here(killer: Callable[[], object]) -> bool:
+    """A module-level test function that takes no argument and carries no mark (skip,
+    parametrize, ...) is run by pytest in the suite exactly as the mutants call it: bare."""
+    return (inspect.isfunction(killer) and killer.__name__.startswith("test_")
+            and getattr(sys.modules[killer.__module__], killer.__name__, None) is killer
+            and not inspect.signature(killer).parameters
+            and not getattr(killer, "pytestmark", None))
+
+
 def test_killers_pass_without_mutants() -> None:
-    """The killers are real tests: on the unmutated core every one of them passes."""
-    for killer in {k for mutant in MUTANTS for k in mutant.killers}:
+    """The killers are real tests: on the unmutated core every one of them passes. Those the
+    suite itself runs as they are called here pass there (the suite is red otherwise), so
+    this runs the others (wrapped with a temporary directory or a store, partials of a
+    table's cases), whose bare call is not what pytest runs. The suite's time: this re-ran
+    every killer, ~27 s in CI."""
+    killers = {k for mutant in MUTANTS for k in mutant.killers}
+    others = [k for k in killers if not _runs_in_the_suite_as_here(k)]
+    assert len(others) < len(killers)  # the rule above still recognises the plain killers
+    for killer in others:
         killer()
