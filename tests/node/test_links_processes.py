@@ -1,8 +1,10 @@
 """Cross-cluster links on real processes (issue 30): two 3-node clusters, a topic of 4
 partitions on the source linked to the sink with `raftlog link create`; records produced on the
-source while a sink mirror leader, then a source leader, are SIGKILLed; afterwards every mirror partition holds
-exactly the source's batches (visible offsets, counts, timestamps, payloads) up to the
-source's high watermark. A produce on the mirror is refused (MIRROR_READ_ONLY) until
+source while a sink mirror leader, then a source leader, are SIGKILLed, then while the link's
+network is cut (the link reaches the source only through fault proxies,
+tests/node/fault_proxy.py, named by an address map: `--source ADVERTISED=PROXY`); afterwards
+every mirror partition holds exactly the source's batches (visible offsets, counts,
+timestamps, payloads) up to the source's high watermark. A produce on the mirror is refused (MIRROR_READ_ONLY) until
 `raftlog topic promote`, after which it is taken at the next offset; a subscription of the
 source arrives on the mirror and, after the promote, resumes there with nothing skipped."""
 
@@ -19,6 +21,7 @@ import pytest
 from raft.cli.localcluster import LocalCluster, wait_for
 from raft.cli.main import main as cli
 from storage.records import encode_values
+from tests.node.fault_proxy import FaultProxy
 from tests.node.test_topics_processes import admin, call, produce
 
 pytestmark = pytest.mark.slow
@@ -100,9 +103,21 @@ def mirrored(source: LocalCluster, sink: LocalCluster, sink_down: set[int]) -> b
     return True
 
 
+def behind(source: LocalCluster, sink: LocalCluster, p: int) -> bool:
+    """The mirror partition lacks some of the source's batches (a moment's look)."""
+    src, dst = leader_address(source, set(), "orders", p), leader_address(sink, set(), "orders", p)
+    assert src is not None and dst is not None
+    return batches(dst, "orders", p)[1] != batches(src, "orders", p)[1]
+
+
 def test_a_link_mirrors_through_a_sink_leader_kill_then_promote(tmp_path: Path) -> None:
     with LocalCluster(tmp_path / "source", nodes=3) as source, \
-            LocalCluster(tmp_path / "sink", nodes=3) as sink:
+            LocalCluster(tmp_path / "sink", nodes=3) as sink, \
+            contextlib.ExitStack() as proxies:
+        # The link's network: one proxy per source node, which the source's advertised
+        # addresses are mapped to, so every connection of the link goes through one.
+        through = {a: proxies.enter_context(FaultProxy(a)) for a in source.addresses.values()}
+        link_source = ",".join(f"{a}={p.address}" for a, p in through.items())
         source.wait_leader(60)
         sink.wait_leader(60)
         created = admin(source, set(), "topic_create", name="orders", partitions=PARTITIONS,
@@ -113,7 +128,7 @@ def test_a_link_mirrors_through_a_sink_leader_kill_then_promote(tmp_path: Path) 
         for p in range(PARTITIONS):
             for i in range(3):
                 produce(source, set(), "orders", p, f"p{p}-a{i}".encode())
-        code, text = run_cli("link", "create", "dr", "--source", source.servers, "--topic",
+        code, text = run_cli("link", "create", "dr", "--source", link_source, "--topic",
                              "orders", "--servers", sink.servers, "--timeout", "60")
         assert code == 0, text
         assert "created link dr" in text
@@ -168,6 +183,21 @@ def test_a_link_mirrors_through_a_sink_leader_kill_then_promote(tmp_path: Path) 
         source.start(src_victim)
         wait_for(lambda: mirrored(source, sink, down), "the mirrors to follow the source's "
                                                        "new leader", 120)
+
+        # The link's network is cut: records produced meanwhile do not reach the sink (so
+        # nothing of the link went around the proxies); healed, the link catches up.
+        assert all(p.connections for p in through.values()), "the link bypassed a proxy"
+        for p in through.values():
+            p.cut()
+        for p in range(PARTITIONS):
+            produce(source, set(), "orders", p, f"p{p}-e".encode())
+        wait_for(lambda: sum(p.refused for p in through.values()) >= PARTITIONS,
+                 "the link to retry while its network is cut", 60)
+        assert all(behind(source, sink, p) for p in range(PARTITIONS))
+        for p in through.values():
+            p.heal()
+        wait_for(lambda: mirrored(source, sink, down), "the mirrors to catch up once the "
+                                                       "link's network is back", 120)
 
         code, text = run_cli("link", "describe", "dr", "--json", "--servers", sink.servers)
         assert code == 0, text
