@@ -135,6 +135,9 @@ class Node:
         ctl_settings = GroupSettings(config.controller_retention_policy(), None)
         self.controller_group.settings_of = lambda: ctl_settings
         self.topics = TopicRuntime(self)
+        # A node certificate authenticates only this cluster's nodes (raft.node.auth).
+        self.gate.auth.members = lambda: {self.node_id, *self.peer_addresses,
+                                          *self.topics.metadata.nodes}
         self.metrics_address: str | None = None  # where /metrics is served, once running
         self.api = self._context(self.group)
         self._running = False

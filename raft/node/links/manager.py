@@ -78,6 +78,8 @@ class LinkManager:
         # (link, mirror topic) -> (link, partitions, source topic) for the mirrors a paused
         # link feeds, as of the last look (_release_paused_ends)
         self._paused: dict[tuple[str, str], tuple[Link, int, str]] = {}
+        self._fed_now: tuple[set[tuple[str, str]], dict[tuple[str, str],
+                                                        tuple[Link, int, str]]] = (set(), {})
         self.grower = MirrorGrower(self)  # mirrors follow their sources' partition counts
         node.registry.on_state_change.append(self.group_state_changed)
 
@@ -144,14 +146,14 @@ class LinkManager:
                     out[p.group] = (PullSpec(link.name, self.cluster_id, topic.name, p.index,
                                              p.group, origin.source_topic), link)
         self._mirror_groups = mirror_groups  # (groups not started here yet included)
-        self._release_paused_ends(fed, paused)
+        self._fed_now = (fed, paused)  # what _release_paused_ends compares with the last look
         return out
 
-    def _release_paused_ends(self, fed: set[tuple[str, str]],
-                             paused: dict[tuple[str, str], tuple[Link, int, str]]) -> None:
+    def _release_paused_ends(self) -> None:
         """Delete the source subscriptions of mirrors that a paused link fed at the last look
         and no link feeds now (deleted or promoted while paused: no puller releases them), on
         the node leading the controller only. Best effort, as a puller's release is."""
+        fed, paused = self._fed_now
         group = getattr(self.node, "controller_group", None)
         ctl = group.core if group is not None else None
         leads = ctl is not None and ctl.role == Role.LEADER and self._nursery is not None
@@ -174,6 +176,7 @@ class LinkManager:
 
     async def reconcile_once(self) -> None:
         wanted = self.wanted()
+        self._release_paused_ends()
         for gid, (puller, scope) in list(self.pullers.items()):
             spec = wanted.get(gid)
             if spec is None or spec[0] != puller.spec:
@@ -283,5 +286,14 @@ class LinkManager:
 
     # -- what link describe and the metrics read --------------------------------------------------
     def status(self) -> list[dict[str, Any]]:
-        return [p.status() for p, _ in sorted(self.pullers.values(),
-                                               key=lambda ps: ps[0].spec.group)]
+        """Each puller's status, with its partition's bootstraps and offsets lost so far
+        (the replicated metadata's count: every bootstrap, whichever node pulled then)."""
+        links = self.runtime.metadata.links
+        out = []
+        for p, _ in sorted(self.pullers.values(), key=lambda ps: ps[0].spec.group):
+            row, link = p.status(), links.get(p.spec.link)
+            gaps = link.gaps.get((p.spec.topic, p.spec.partition)) if link else None
+            row["bootstraps"] = gaps.count if gaps else 0
+            row["offsets_lost"] = gaps.offsets if gaps else 0
+            out.append(row)
+        return out
