@@ -305,8 +305,8 @@ class Authenticator:
     def __init__(self, auth_file: str | Path | None) -> None:
         self.path = Path(auth_file) if auth_file else None
         self.table: AuthTable | None = None
-        # This cluster's node ids (set by the node: its controller's registered nodes and its
-        # Raft peers); a "node" session whose certificate names another id is refused. None:
+        # This cluster's node ids (set by the node: raft.node.server's _cluster_members); a
+        # "node" session whose certificate names another id is refused. None:
         # not known (unit tests), every node certificate of the CA counts.
         self.members: Callable[[], Collection[int]] | None = None
         if self.path is not None:

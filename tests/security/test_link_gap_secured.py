@@ -137,3 +137,20 @@ def test_a_node_certificate_authenticates_node_internal_requests_only() -> None:
         refusal = auth.authorize(session, t)
         assert refusal is not None and refusal.code == ErrorCode.FORBIDDEN, t
         assert "node-internal" in refusal.message and "token" in refusal.message
+
+
+def test_the_members_a_node_certificate_may_speak_for() -> None:
+    """Registered active nodes, a decommissioned node still holding a replica (draining: it
+    may lead a mirror partition), the Raft peers; not a decommissioned node that holds
+    nothing any more (retired), nor an id never registered."""
+    from types import SimpleNamespace
+
+    from raft.controller.commands import DecommissionNode, RegisterNode
+    from raft.node.server import Node
+    from tests.controller.controller_helpers import founded, run
+    meta = founded(4)  # the default topic on nodes 1..4
+    assert all(r.ok for r in run(meta, RegisterNode(5, "127.0.0.1:9005"),
+                                  DecommissionNode(5), DecommissionNode(4)))
+    node = SimpleNamespace(node_id=1, peer_addresses={2: "a", 7: "b"},
+                           topics=SimpleNamespace(metadata=meta))
+    assert Node._cluster_members(node) == {1, 2, 3, 4, 7}
