@@ -27,6 +27,7 @@ from raft.cli.args import json_flag, positive_int, servers_arg
 from raft.cli.security import client_options
 from raft.cli.status import _render
 from raft.client import Client
+from raft.client.address_map import split_servers
 from raft.client.errors import RaftlogError
 from raft.node.config import ConfigError
 from raft.protocol.link_requests import (LinkAlter, LinkCreate, LinkList, LinkStatus,
@@ -51,8 +52,9 @@ async def _create(args: argparse.Namespace) -> int:
         except OSError as e:
             raise ConfigError(f"--source-ca {args.source_ca}: {e.strerror or e}; give the "
                               f"source cluster's CA certificate (PEM)") from None
-    source = Client(args.source, timeout=args.timeout, tls_ca=args.source_ca or None,
-                    token=args.source_token or None)
+    servers, address_map = split_servers(args.source)
+    source = Client(servers, timeout=args.timeout, tls_ca=args.source_ca or None,
+                    token=args.source_token or None, address_map=address_map)
     async with source, _sink(args) as sink:
         src_meta = await source.cluster_metadata()
         if not src_meta.cluster_id:
@@ -224,8 +226,12 @@ def _run(fn: Any) -> Any:
 
 def _servers_list(text: str) -> list[str]:
     out = [s.strip() for s in text.split(",") if s.strip()]
-    if not out:
-        raise argparse.ArgumentTypeError("give the source's nodes as HOST:PORT,...")
+    try:
+        split_servers(out)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(f"{e}; give the source's nodes as HOST:PORT,... "
+                                         f"(ADVERTISED=HOST:PORT to dial another address "
+                                         f"than the one a node advertises)") from None
     return out
 
 
@@ -260,7 +266,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                            allow_abbrev=False)
     c.add_argument("name", help="letters, digits, '_' and '-'")
     c.add_argument("--source", type=_servers_list, required=True, metavar="HOST:PORT,...",
-                   help="nodes of the source cluster")
+                   help="nodes of the source cluster; ADVERTISED=HOST:PORT dials HOST:PORT "
+                        "whenever the source names ADVERTISED (NAT, proxies)")
     c.add_argument("--topic", action="append", required=True,
                    help="a source topic to mirror (repeatable)")
     c.add_argument("--prefix", default="", help="mirror topic names are PREFIX + the source's "

@@ -83,8 +83,12 @@ class Client(SubscriptionCalls, TopicCalls):
                  commit_linger_ms: float = DEFAULT_COMMIT_LINGER_MS,
                  max_commit_items: int = MAX_COMMIT_ITEMS,
                  metadata_min_interval: float = METADATA_MIN_INTERVAL_S,
-                 metadata_max_age: float = METADATA_MAX_AGE_S) -> None:
+                 metadata_max_age: float = METADATA_MAX_AGE_S,
+                 address_map: dict[str, str] | None = None) -> None:
         self.servers = parse_servers(servers)
+        # Advertised address -> where to dial it (raft/client/address_map.py): behind NAT or a
+        # proxy, the addresses the cluster names are not the ones this client reaches.
+        self.address_map = dict(address_map or {})
         self._rng = rng or random.Random()
         self.security = ClientSecurity.create(tls_ca=tls_ca, tls_cert=tls_cert,
                                               tls_key=tls_key, token=token)
@@ -136,7 +140,8 @@ class Client(SubscriptionCalls, TopicCalls):
                 return conn
             if conn is not None:  # hung up while idle (the node restarted): open another
                 await self._drop(address)
-            conn = await _Connection.open(address, self.max_frame_bytes, self.security)
+            conn = await _Connection.open(address, self.max_frame_bytes, self.security,
+                                          dial=self.address_map.get(address))
             self._conns[address] = conn
             self.reached = True
             return conn

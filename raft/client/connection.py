@@ -92,10 +92,14 @@ class _Connection:
 
     @classmethod
     async def open(cls, address: str, max_frame_bytes: int,
-                   security: ClientSecurity | None = None) -> "_Connection":
+                   security: ClientSecurity | None = None,
+                   dial: str | None = None) -> "_Connection":
+        """`dial`: where to connect instead of `address` (raft/client/address_map.py); TLS
+        still checks the certificate against `address`'s host."""
         security = security or ClientSecurity()
-        host, port = parse_address(address)
-        raw = await trio.open_tcp_stream(host, port)
+        host, _ = parse_address(address)
+        dial_host, port = parse_address(dial or address)
+        raw = await trio.open_tcp_stream(dial_host, port)
         stream: trio.abc.Stream = raw
         try:
             stream = await security.wrap(raw, host, address)

@@ -38,7 +38,11 @@ reported.
 
 A cluster's own nodes may also connect as clients with their node certificates (session
 method "node"), for the node-internal requests in NODE_REQUESTS only (a puller's gap report,
-raft/node/links/manager.py); every other request from such a session is FORBIDDEN.
+raft/node/links/manager.py); every other request from such a session is FORBIDDEN, and so is
+every request when the certificate names a node id that is not a member of this cluster (a
+retired node's certificate, another cluster's node sharing the CA). A certificate carries a
+node id, not a cluster: clusters that share one CA and reuse node ids cannot tell each
+other's nodes apart, so give each cluster its own CA (`raftlog certs init` does).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ import tomllib
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from collections.abc import Callable, Collection
 from typing import Any
 
 from raft.controller.access import (TopicGrant, TopicPermission, may_use, parse_grants,
@@ -289,8 +294,9 @@ class Session:
     """One client connection's authentication: its principal and how it proved it."""
 
     principal: str | None
-    method: str  # "token", "certificate" or "none" (authentication off)
+    method: str  # "token", "certificate", "node" or "none" (authentication off)
     digest: str | None = None
+    node_id: int | None = None  # a "node" session's: the id its certificate names
 
 
 class Authenticator:
@@ -299,6 +305,10 @@ class Authenticator:
     def __init__(self, auth_file: str | Path | None) -> None:
         self.path = Path(auth_file) if auth_file else None
         self.table: AuthTable | None = None
+        # This cluster's node ids (set by the node: raft.node.server's _cluster_members); a
+        # "node" session whose certificate names another id is refused. None:
+        # not known (unit tests), every node certificate of the CA counts.
+        self.members: Callable[[], Collection[int]] | None = None
         if self.path is not None:
             try:
                 self.table = AuthTable.load(self.path)
@@ -335,7 +345,7 @@ class Authenticator:
         if identity is not None and identity.kind == "client":
             return Session(identity.principal, "certificate")
         if identity is not None and identity.kind == "node":  # a node's own client
-            return Session(identity.principal, "node")
+            return Session(identity.principal, "node", node_id=identity.node_id)
         raise AuthError("this node requires authentication: send a token (--token or "
                         "RAFTLOG_TOKEN) or a client certificate (--tls-cert/--tls-key)")
 
@@ -350,6 +360,14 @@ class Authenticator:
                            "the token this connection authenticated with has been revoked; "
                            "reconnect with a current token")
         if session.method == "node":
+            members = self.members() if self.members is not None else None
+            if members is not None and session.node_id not in members:
+                return Refusal(ErrorCode.FORBIDDEN,
+                               f"the certificate names node {session.node_id}, which is not a "
+                               f"member of this cluster (its nodes: {sorted(members)}); a "
+                               f"node certificate authenticates only this cluster's own "
+                               f"nodes: give each cluster its own CA (`raftlog certs init`)",
+                               None)
             if request_type in NODE_REQUESTS:
                 return None
             return Refusal(ErrorCode.FORBIDDEN,

@@ -368,12 +368,18 @@ def _mirror_families(pullers: list[dict[str, Any]]) -> Iterator[Metric]:
                                 "mirror's last mirrored offset", labels=labels)
     seconds = GaugeMetricFamily("raftlog_link_lag_seconds", "How long the mirror has been "
                                 "behind its source (0 when caught up)", labels=labels)
+    boots = GaugeMetricFamily("raftlog_link_bootstraps", "Bootstraps of the mirror partition "
+                              "(the source had deleted past its position; the link's "
+                              "replicated count)", labels=labels)
+    lost = GaugeMetricFamily("raftlog_link_offsets_lost", "Source offsets the mirror partition "
+                             "skipped in its bootstraps (gaps, never hidden)", labels=labels)
     for p in pullers:
         key = [p["link"], p["topic"], str(p["partition"])]
         records.add_metric(key, p["lag_records"])
         seconds.add_metric(key, p["lag_seconds"])
-    yield records
-    yield seconds
+        boots.add_metric(key, p.get("bootstraps", 0))
+        lost.add_metric(key, p.get("offsets_lost", 0))
+    yield from (records, seconds, boots, lost)
 
 
 def _partition_families(parts: dict[str, Any] | None) -> Iterator[Metric]:

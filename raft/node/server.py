@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from raft.controller import section as controller_section
+from raft.controller.state import NodeStatus
 from raft.node import api, trace
 from raft.node.config import ConfigError, NodeConfig, format_address
 from raft.node.api.admin import status_map
@@ -135,6 +136,8 @@ class Node:
         ctl_settings = GroupSettings(config.controller_retention_policy(), None)
         self.controller_group.settings_of = lambda: ctl_settings
         self.topics = TopicRuntime(self)
+        # A node certificate authenticates only this cluster's nodes (raft.node.auth).
+        self.gate.auth.members = self._cluster_members
         self.metrics_address: str | None = None  # where /metrics is served, once running
         self.api = self._context(self.group)
         self._running = False
@@ -239,6 +242,17 @@ class Node:
     @property
     def address(self) -> str | None:
         return self.transport.address
+
+    def _cluster_members(self) -> set[int]:
+        """The node ids a node certificate may speak for here: the nodes registered active,
+        those still holding a replica (a decommissioned node draining), and the Raft peers;
+        not a retired node's. Asked only for requests of node sessions (gap reports)."""
+        meta = self.topics.metadata
+        out = {self.node_id, *self.peer_addresses}
+        out.update(n for n, info in meta.nodes.items() if info.status is NodeStatus.ACTIVE)
+        for partition in meta.groups.values():
+            out.update(partition.replicas)
+        return out
 
     @property
     def peer_addresses(self) -> dict[int, str]:

@@ -92,11 +92,13 @@ def test_a_new_link_of_the_same_name_does_not_inherit_the_old_mirror_same_source
 def test_lag_metrics_one_series_per_pulled_partition() -> None:
     from raft.node.metrics import _mirror_families
     rows = [{"link": "dr", "topic": "orders", "partition": 2, "lag_records": 7,
-             "lag_seconds": 1.5}]
+             "lag_seconds": 1.5, "bootstraps": 2, "offsets_lost": 40}]
     got = {f.name: [(s.labels, s.value) for s in f.samples] for f in _mirror_families(rows)}
     labels = {"link": "dr", "topic": "orders", "partition": "2"}
     assert got == {"raftlog_link_lag_records": [(labels, 7)],
-                   "raftlog_link_lag_seconds": [(labels, 1.5)]}
+                   "raftlog_link_lag_seconds": [(labels, 1.5)],
+                   "raftlog_link_bootstraps": [(labels, 2)],
+                   "raftlog_link_offsets_lost": [(labels, 40)]}
 
 
 class _Sources:

@@ -1,8 +1,10 @@
 """Cross-cluster links on real processes (issue 30): two 3-node clusters, a topic of 4
 partitions on the source linked to the sink with `raftlog link create`; records produced on the
-source while a sink mirror leader, then a source leader, are SIGKILLed; afterwards every mirror partition holds
-exactly the source's batches (visible offsets, counts, timestamps, payloads) up to the
-source's high watermark. A produce on the mirror is refused (MIRROR_READ_ONLY) until
+source while a sink mirror leader, then a source leader, are SIGKILLed, then while the link's
+network is cut (the link reaches the source only through fault proxies,
+tests/node/fault_proxy.py, named by an address map: `--source ADVERTISED=PROXY`); afterwards
+every mirror partition holds exactly the source's batches (visible offsets, counts,
+timestamps, payloads) up to the source's high watermark. A produce on the mirror is refused (MIRROR_READ_ONLY) until
 `raftlog topic promote`, after which it is taken at the next offset; a subscription of the
 source arrives on the mirror and, after the promote, resumes there with nothing skipped."""
 
@@ -10,15 +12,20 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import re
 import time
-from pathlib import Path
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from raft.cli.localcluster import LocalCluster, wait_for
+from raft.cli.localcluster import LocalCluster, free_ports, wait_for
 from raft.cli.main import main as cli
 from storage.records import encode_values
+from tests.node.fault_proxy import FaultProxy
 from tests.node.test_topics_processes import admin, call, produce
 
 pytestmark = pytest.mark.slow
@@ -100,11 +107,44 @@ def mirrored(source: LocalCluster, sink: LocalCluster, sink_down: set[int]) -> b
     return True
 
 
-def test_a_link_mirrors_through_a_sink_leader_kill_then_promote(tmp_path: Path) -> None:
-    with LocalCluster(tmp_path / "source", nodes=3) as source, \
-            LocalCluster(tmp_path / "sink", nodes=3) as sink:
+def behind(source: LocalCluster, sink: LocalCluster, p: int) -> bool:
+    """The mirror partition lacks some of the source's batches (a moment's look)."""
+    src, dst = leader_address(source, set(), "orders", p), leader_address(sink, set(), "orders", p)
+    assert src is not None and dst is not None
+    return batches(dst, "orders", p)[1] != batches(src, "orders", p)[1]
+
+
+@dataclass
+class Pair:
+    source: LocalCluster
+    sink: LocalCluster
+    metrics: dict[int, int]  # sink node -> its /metrics port
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    """Two 3-node clusters shared by the tests of this module (each uses its own topics and
+    link). The source's retention valve is 1 s (--retention-max-ms): a link's hold on a topic
+    with a size limit gives way that soon, which the bootstrap test needs and which changes
+    nothing for topics without a retention limit."""
+    root = tmp_path_factory.mktemp("links")
+    ports = dict(zip((1, 2, 3), free_ports(3)))
+    with LocalCluster(root / "source", nodes=3,
+                      extra_args=["--retention-max-ms", "1000"]) as source, \
+            LocalCluster(root / "sink", nodes=3, node_args=lambda i: [
+                "--metrics-listen", f"127.0.0.1:{ports[i]}"]) as sink:
         source.wait_leader(60)
         sink.wait_leader(60)
+        yield Pair(source, sink, ports)
+
+
+def test_a_link_mirrors_through_a_sink_leader_kill_then_promote(pair: Pair) -> None:
+    source, sink = pair.source, pair.sink
+    with contextlib.ExitStack() as proxies:
+        # The link's network: one proxy per source node, which the source's advertised
+        # addresses are mapped to, so every connection of the link goes through one.
+        through = {a: proxies.enter_context(FaultProxy(a)) for a in source.addresses.values()}
+        link_source = ",".join(f"{a}={p.address}" for a, p in through.items())
         created = admin(source, set(), "topic_create", name="orders", partitions=PARTITIONS,
                         replicas=3)
         assert created["ok"], created
@@ -113,7 +153,7 @@ def test_a_link_mirrors_through_a_sink_leader_kill_then_promote(tmp_path: Path) 
         for p in range(PARTITIONS):
             for i in range(3):
                 produce(source, set(), "orders", p, f"p{p}-a{i}".encode())
-        code, text = run_cli("link", "create", "dr", "--source", source.servers, "--topic",
+        code, text = run_cli("link", "create", "dr", "--source", link_source, "--topic",
                              "orders", "--servers", sink.servers, "--timeout", "60")
         assert code == 0, text
         assert "created link dr" in text
@@ -169,6 +209,21 @@ def test_a_link_mirrors_through_a_sink_leader_kill_then_promote(tmp_path: Path) 
         wait_for(lambda: mirrored(source, sink, down), "the mirrors to follow the source's "
                                                        "new leader", 120)
 
+        # The link's network is cut: records produced meanwhile do not reach the sink (so
+        # nothing of the link went around the proxies); healed, the link catches up.
+        assert all(p.connections for p in through.values()), "the link bypassed a proxy"
+        for p in through.values():
+            p.cut()
+        for p in range(PARTITIONS):
+            produce(source, set(), "orders", p, f"p{p}-e".encode())
+        wait_for(lambda: sum(p.refused for p in through.values()) >= PARTITIONS,
+                 "the link to retry while its network is cut", 60)
+        assert all(behind(source, sink, p) for p in range(PARTITIONS))
+        for p in through.values():
+            p.heal()
+        wait_for(lambda: mirrored(source, sink, down), "the mirrors to catch up once the "
+                                                       "link's network is back", 120)
+
         code, text = run_cli("link", "describe", "dr", "--json", "--servers", sink.servers)
         assert code == 0, text
         assert '"bootstraps": 0' in text
@@ -213,3 +268,82 @@ def test_a_link_mirrors_through_a_sink_leader_kill_then_promote(tmp_path: Path) 
         mirrored_part = [b for b in on_sink if committed <= b[0] <= last[0]]
         assert mirrored_part and mirrored_part == [b for b in source_batches
                                                    if b[0] >= committed]
+
+
+def source_start_and_hw(source: LocalCluster, topic: str) -> tuple[int, int]:
+    """The source partition 0's log start and high watermark (its leader's)."""
+    address = leader_address(source, set(), topic, 0)
+    assert address is not None
+    reply = call(address, "fetch", offset=0, topic=topic, partition=0, max_bytes=1)
+    if not reply["ok"]:
+        assert reply["error"]["code"] == "OFFSET_OUT_OF_RANGE", reply
+        return reply["error"]["start_offset"], reply["error"]["high_watermark"]
+    return reply["start_offset"], reply["high_watermark"]
+
+
+def gauge(port: int, name: str, **labels: str) -> float | None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    m = re.search(rf"^{name}{{{re.escape(want)}}} (\S+)$", text, re.M)
+    return None if m is None else float(m.group(1))
+
+
+def test_a_paused_link_past_the_sources_retention_bootstraps_and_reports_the_gap(
+        pair: Pair) -> None:
+    """A link paused while the source produces past its retention (the link's hold gives way
+    at the source's 1 s valve): resumed, the mirror bootstraps at the source's log start, and
+    `link describe` and /metrics report the gap; the data after it is the source's."""
+    source, sink = pair.source, pair.sink
+    created = admin(source, set(), "topic_create", name="small", partitions=1, replicas=3,
+                    retention_bytes=2048)
+    assert created["ok"], created
+    wait_for(lambda: all(knows(a, "small") for a in source.addresses.values()),
+             "every source node to know the topic", 60)
+    last = [produce(source, set(), "small", 0, f"s-a{i}".encode()) for i in range(3)][-1]
+    code, text = run_cli("link", "create", "boot", "--source", source.servers, "--topic",
+                         "small", "--servers", sink.servers, "--timeout", "60")
+    assert code == 0, text
+
+    def row() -> dict[str, Any]:
+        """The link's one partition as `link describe --json` shows it ({} while the node
+        asked has not applied the link yet)."""
+        code, text = run_cli("link", "describe", "boot", "--json", "--servers", sink.servers)
+        if code != 0:
+            assert "no link named" in text, text
+            return {"mirrored_offset": None, "state": None, "bootstraps": None}
+        [r] = json.loads(text)["partitions"]
+        return r
+
+    wait_for(lambda: row()["mirrored_offset"] == last, "the mirror to catch up", 60)
+    mirrored_to = last
+    code, text = run_cli("link", "pause", "boot", "--servers", sink.servers)
+    assert code == 0, text
+    wait_for(lambda: row()["state"] == "paused", "the link's puller to stop", 60)
+    last = [produce(source, set(), "small", 0, (f"s-b{i}-" + "x" * 300).encode())
+            for i in range(20)][-1]
+    wait_for(lambda: source_start_and_hw(source, "small")[0] > mirrored_to + 1,
+             "the source's retention to pass the paused link's position (its valve)", 60)
+    code, text = run_cli("link", "resume", "boot", "--servers", sink.servers)
+    assert code == 0, text
+    wait_for(lambda: row()["bootstraps"] == 1 and row()["mirrored_offset"] == last,
+             "the mirror to bootstrap and catch up", 60)
+    r = row()
+    [[gap_from, gap_to]] = r["gaps"]
+    start, _ = source_start_and_hw(source, "small")
+    # From the mirror's position to the source's log start then (it may have cut more since).
+    assert gap_from == mirrored_to + 1 and gap_from <= gap_to < start, r
+    assert r["offsets_lost"] == gap_to - gap_from + 1, r
+    # What follows the gap is the source's, batch for batch.
+    src = leader_address(source, set(), "small", 0)
+    dst = leader_address(sink, set(), "small", 0)
+    assert src is not None and dst is not None
+    want = batches(src, "small", 0)[1]
+    assert want and [b for b in batches(dst, "small", 0)[1] if b[0] >= want[0][0]] == want
+    # The metric, on the node that pulls the partition (it leads it).
+    puller = next(n for n, a in sink.addresses.items() if a == dst)
+    labels = {"link": "boot", "topic": "small", "partition": "0"}
+    wait_for(lambda: gauge(pair.metrics[puller], "raftlog_link_bootstraps", **labels) == 1,
+             "the bootstrap in /metrics", 30)
+    assert gauge(pair.metrics[puller], "raftlog_link_offsets_lost", **labels) == \
+        r["offsets_lost"]

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import trio
 
+from raft.cli import pki
 from raft.client import Client
+from raft.client.errors import RaftlogError
 from raft.core.types import Role
 from raft.node.config import NodeConfig
 from raft.node.links.puller import PullSpec
@@ -74,6 +76,19 @@ def secured_gap_report() -> dict:
                         await trio.sleep(0.02)
                     seen["gaps"] = [{k: g.count for k, g in
                                      n.topics.metadata.links["dr"].gaps.items()} for n in nodes]
+                    # A node certificate of the same CA for a node id this cluster does not
+                    # have (a retired node, another cluster's): refused, not a gap recorded.
+                    stranger = pki.issue_node(p.dir, 9)
+                    async with Client([n.address for n in nodes], tls_ca=str(p.ca),
+                                      tls_cert=str(stranger.cert), tls_key=str(stranger.key),
+                                      timeout=10, retry_refused=True) as other_node:
+                        try:
+                            await other_node.call("link_event", link="dr", topic="orders",
+                                                  partition=0, gap_from=10, gap_to=19,
+                                                  timeout_ms=5000)
+                            seen["stranger"] = "recorded"
+                        except RaftlogError as e:
+                            seen["stranger"] = str(e)
             finally:
                 for node in nodes:
                     node.request_shutdown()
@@ -87,6 +102,23 @@ def test_a_gap_report_from_a_node_not_leading_the_controller_is_recorded_on_a_se
     seen = secured_gap_report()
     assert seen.get("reported") is True, seen
     assert all(g == {("orders", 0): 1} for g in seen["gaps"]), seen
+    assert "not a member of this cluster" in seen["stranger"], seen
+
+
+def test_a_node_certificate_of_a_node_not_in_this_cluster_is_refused() -> None:
+    """The node session is for this cluster's nodes: a certificate of the same CA naming
+    another node id (retired, or another cluster's sharing the CA) sends nothing."""
+    from raft.core.types import ErrorCode
+    from raft.node.auth import Authenticator
+    from raft.node.tls import Identity
+    auth = Authenticator(shared_pki().auth_file)
+    auth.members = lambda: {1, 2, 3}
+    member = auth.authenticate(None, Identity("node", "2"))
+    assert auth.authorize(member, "link_event") is None
+    stranger = auth.authenticate(None, Identity("node", "9"))
+    refusal = auth.authorize(stranger, "link_event")
+    assert refusal is not None and refusal.code == ErrorCode.FORBIDDEN
+    assert "not a member of this cluster" in refusal.message and "certs init" in refusal.message
 
 
 def test_a_node_certificate_authenticates_node_internal_requests_only() -> None:
@@ -105,3 +137,20 @@ def test_a_node_certificate_authenticates_node_internal_requests_only() -> None:
         refusal = auth.authorize(session, t)
         assert refusal is not None and refusal.code == ErrorCode.FORBIDDEN, t
         assert "node-internal" in refusal.message and "token" in refusal.message
+
+
+def test_the_members_a_node_certificate_may_speak_for() -> None:
+    """Registered active nodes, a decommissioned node still holding a replica (draining: it
+    may lead a mirror partition), the Raft peers; not a decommissioned node that holds
+    nothing any more (retired), nor an id never registered."""
+    from types import SimpleNamespace
+
+    from raft.controller.commands import DecommissionNode, RegisterNode
+    from raft.node.server import Node
+    from tests.controller.controller_helpers import founded, run
+    meta = founded(4)  # the default topic on nodes 1..4
+    assert all(r.ok for r in run(meta, RegisterNode(5, "127.0.0.1:9005"),
+                                  DecommissionNode(5), DecommissionNode(4)))
+    node = SimpleNamespace(node_id=1, peer_addresses={2: "a", 7: "b"},
+                           topics=SimpleNamespace(metadata=meta))
+    assert Node._cluster_members(node) == {1, 2, 3, 4, 7}

@@ -11,7 +11,10 @@ long-poll fetch (no per-partition timer).
 
 When a link stops writing a mirror for good (link deleted, topic promoted or deleted), the
 puller's leader deletes the link's subscription on the source partition, so the source no
-longer holds retention for it (a paused link keeps it: holding is the point).
+longer holds retention for it (a paused link keeps it: holding is the point). A paused link
+has no pullers: when it ends, the node leading the sink's controller deletes the
+subscriptions of every partition of its mirrors (it remembers, from one look to the next,
+which mirrors paused links fed, since the deleted link's record is gone from the metadata).
 
 It also sets `write_refusal` on every group of an active mirror this node runs (leader or
 not), so a client produce there is refused with MIRROR_READ_ONLY and what to run; a promoted
@@ -72,6 +75,11 @@ class LinkManager:
         self._releasing: dict[str, int] = {}  # link -> source positions being deleted
         self._nursery: trio.Nursery | None = None
         self._mirror_groups: set[int] = set()  # the groups of mirror topics (wanted())
+        # (link, mirror topic) -> (link, partitions, source topic) for the mirrors a paused
+        # link feeds, as of the last look (_release_paused_ends)
+        self._paused: dict[tuple[str, str], tuple[Link, int, str]] = {}
+        self._fed_now: tuple[set[tuple[str, str]], dict[tuple[str, str],
+                                                        tuple[Link, int, str]]] = (set(), {})
         self.grower = MirrorGrower(self)  # mirrors follow their sources' partition counts
         node.registry.on_state_change.append(self.group_state_changed)
 
@@ -110,14 +118,21 @@ class LinkManager:
         meta, registry = self.runtime.metadata, self.node.registry
         out: dict[int, tuple[PullSpec, Link]] = {}
         mirror_groups: set[int] = set()
+        fed: set[tuple[str, str]] = set()
+        paused: dict[tuple[str, str], tuple[Link, int, str]] = {}
         for topic in meta.topics.values():
             origin = topic.origin
             if origin is None:
                 continue
             mirror_groups.update(p.group for p in topic.partitions)
             link = meta.links.get(origin.link)
-            pulls = topic.mirror_active and _feeds(link, origin, topic.name) and \
-                link is not None and link.state is LinkState.ACTIVE
+            feeds = topic.mirror_active and _feeds(link, origin, topic.name)
+            if feeds and link is not None:
+                fed.add((link.name, topic.name))
+                if link.state is LinkState.PAUSED:
+                    paused[(link.name, topic.name)] = (link, len(topic.partitions),
+                                                       origin.source_topic)
+            pulls = feeds and link is not None and link.state is LinkState.ACTIVE
             refusal = read_only_message(topic.name, origin) if topic.mirror_active else None
             for p in topic.partitions:
                 group = registry.get(p.group)
@@ -131,7 +146,25 @@ class LinkManager:
                     out[p.group] = (PullSpec(link.name, self.cluster_id, topic.name, p.index,
                                              p.group, origin.source_topic), link)
         self._mirror_groups = mirror_groups  # (groups not started here yet included)
+        self._fed_now = (fed, paused)  # what _release_paused_ends compares with the last look
         return out
+
+    def _release_paused_ends(self) -> None:
+        """Delete the source subscriptions of mirrors that a paused link fed at the last look
+        and no link feeds now (deleted or promoted while paused: no puller releases them), on
+        the node leading the controller only. Best effort, as a puller's release is."""
+        fed, paused = self._fed_now
+        group = getattr(self.node, "controller_group", None)
+        ctl = group.core if group is not None else None
+        leads = ctl is not None and ctl.role == Role.LEADER and self._nursery is not None
+        for key, (link, partitions, source_topic) in self._paused.items():
+            if key in fed or not leads:
+                continue
+            specs = [PullSpec(link.name, self.cluster_id, key[1], p, -1, source_topic)
+                     for p in range(partitions)]
+            assert self._nursery is not None
+            self._nursery.start_soon(self._release_all, specs, link)
+        self._paused = paused
 
     def _ended(self, spec: PullSpec) -> bool:
         """Whether the link no longer writes this mirror at all (deleted, or the topic
@@ -143,6 +176,7 @@ class LinkManager:
 
     async def reconcile_once(self) -> None:
         wanted = self.wanted()
+        self._release_paused_ends()
         for gid, (puller, scope) in list(self.pullers.items()):
             spec = wanted.get(gid)
             if spec is None or spec[0] != puller.spec:
@@ -152,7 +186,7 @@ class LinkManager:
                     self._releasing[puller.spec.link] = \
                         self._releasing.get(puller.spec.link, 0) + 1
                     assert self._nursery is not None
-                    self._nursery.start_soon(self._release, puller)
+                    self._nursery.start_soon(self._release, puller.spec, puller.client)
         for gid, (spec, link) in wanted.items():
             if gid in self.pullers:
                 continue
@@ -171,14 +205,26 @@ class LinkManager:
                      spec.link, spec.topic, spec.partition, gid)
         await self.sources.forget_except(set(self.runtime.metadata.links) | set(self._releasing))
 
-    async def _release(self, puller: Puller) -> None:
+    async def _release_all(self, specs: list[PullSpec], link: Link) -> None:
+        """_release for every partition of a mirror a paused link fed, with a client of its
+        own (the link's record may be gone, and a new link may hold its name)."""
+        try:
+            client = self.sources.make(link)
+        except Exception as e:  # a bad CA: as for a release that failed
+            log.warning("link_position_release_failed link=%s error=%s", link.name, e)
+            return
+        self._releasing[link.name] = self._releasing.get(link.name, 0) + len(specs)
+        async with client:
+            for spec in specs:
+                await self._release(spec, client)
+
+    async def _release(self, s: PullSpec, client: Client) -> None:
         """Delete the link's subscription on the source partition (best effort: a source
         that cannot be reached keeps it until its expiry or valve, docs/REPLICATION.md)."""
-        s = puller.spec
         try:
-            await puller.client.subscription_delete(s.subscription, topic=s.source_topic,
-                                                    partition=s.partition,
-                                                    timeout=GAP_REPORT_TIMEOUT_S)
+            await client.subscription_delete(s.subscription, topic=s.source_topic,
+                                             partition=s.partition,
+                                             timeout=GAP_REPORT_TIMEOUT_S)
             log.info("link_position_released link=%s topic=%s partition=%d", s.link, s.topic,
                      s.partition)
         except Exception as e:
@@ -240,5 +286,14 @@ class LinkManager:
 
     # -- what link describe and the metrics read --------------------------------------------------
     def status(self) -> list[dict[str, Any]]:
-        return [p.status() for p, _ in sorted(self.pullers.values(),
-                                               key=lambda ps: ps[0].spec.group)]
+        """Each puller's status, with its partition's bootstraps and offsets lost so far
+        (the replicated metadata's count: every bootstrap, whichever node pulled then)."""
+        links = self.runtime.metadata.links
+        out = []
+        for p, _ in sorted(self.pullers.values(), key=lambda ps: ps[0].spec.group):
+            row, link = p.status(), links.get(p.spec.link)
+            gaps = link.gaps.get((p.spec.topic, p.spec.partition)) if link else None
+            row["bootstraps"] = gaps.count if gaps else 0
+            row["offsets_lost"] = gaps.offsets if gaps else 0
+            out.append(row)
+        return out
