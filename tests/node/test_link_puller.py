@@ -88,11 +88,12 @@ class Source:
         return {}
 
 
-def run(mirror: Mirror, source: Source, report_gap: Any = None) -> Puller:
+def run(mirror: Mirror, source: Source, report_gap: Any = None,
+        rate: ByteRate | None = None) -> Puller:
     async def no_gap(spec: PullSpec, a: int, b: int) -> None:
         raise AssertionError("no bootstrap expected")
 
-    puller = Puller(SPEC, mirror, source, ByteRate(0), report_gap or no_gap)
+    puller = Puller(SPEC, mirror, source, rate or ByteRate(0), report_gap or no_gap)
 
     async def main() -> None:
         with trio.fail_after(600):
@@ -196,11 +197,34 @@ def test_the_next_fetch_goes_out_while_an_append_waits() -> None:
             await source.fetch_seen.wait()
 
     mirror.gate = after_the_next_fetch
-    puller = run(mirror, source)
+    rate = ByteRate(0)
+    puller = run(mirror, source, rate=rate)
     assert mirror.appended == source.batches
     assert source.fetched[:3] == [0, 4, 8]
     assert source.max_bytes[0] == FETCH_MAX_BYTES and source.max_bytes[1] == FETCH_BEHIND_BYTES
     assert puller.status()["lag_records"] == 0
+    assert rate.ahead == 0  # every byte counted ahead was given back
+
+
+def test_past_the_nodes_ahead_limit_a_puller_fetches_after_each_append() -> None:
+    """Fetching ahead costs memory (replies held before their append): node-wide, what the
+    pullers asked for ahead is bounded (ByteRate.ahead_limit). Past it a puller fetches as
+    before: 1 MiB at a time, each fetch after the previous reply's append."""
+    mirror = Mirror()
+    source = Source(mirror, [(0, 2), (2, 2), (4, 2), (6, 2), (8, 2), (10, 2)])
+    fetches_at_append: list[int] = []
+
+    async def count() -> None:
+        fetches_at_append.append(len(source.fetched))
+
+    mirror.gate = count
+    rate = ByteRate(0)
+    rate.ahead_limit = FETCH_MAX_BYTES  # one fetch's worth: never one ahead of an append
+    run(mirror, source, rate=rate)
+    assert mirror.appended == source.batches
+    assert fetches_at_append == [1, 2, 3]  # reply k appended when k fetches had gone out
+    assert set(source.max_bytes) == {FETCH_MAX_BYTES}
+    assert rate.ahead == 0
 
 
 def test_a_resync_drops_the_reply_fetched_ahead() -> None:

@@ -78,6 +78,7 @@ class _Fetched:
     reply: dict[str, Any] | None
     error: Exception | None
     next_offset: int
+    reserved: int  # bytes the fetch asked for: counted in ByteRate.ahead until appended
     applied: trio.Event = field(default_factory=trio.Event)
 
 
@@ -102,6 +103,7 @@ class Puller:
         # among them) take offsets that never become visible batches here.
         self.seen_to = -1
         self._reported = -1  # the last position committed on the source
+        self._reserved = 0  # this puller's part of rate.ahead
         self._report_at = 0.0
         self._opened = False
         self._subs_at = 0.0
@@ -170,52 +172,75 @@ class Puller:
         while the whole chain before it was appended in full), so the mirror is written
         exactly as with one step at a time."""
         send, recv = trio.open_memory_channel[_Fetched](AHEAD_REPLIES)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._fetch_ahead, pos, send)
-            result = pos, True
-            async with recv:
-                async for item in recv:
-                    result = await self._apply(item)
-                    item.applied.set()
-                    if result[0] != item.next_offset or not result[1]:
-                        break  # the fetcher's continuation is not where the mirror goes on
-                    await self._report_position()
-                    await self._mirror_subscriptions()
-                # Before the channel closes: a fetcher waiting to hand over a reply is
-                # cancelled, not failed (a closed channel raises in its sender).
-                nursery.cancel_scope.cancel()
+        result = pos, True
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._fetch_ahead, pos, send)
+                async with recv:
+                    async for item in recv:
+                        try:
+                            result = await self._apply(item)
+                        finally:
+                            self._release(item.reserved)
+                            item.applied.set()
+                        if result[0] != item.next_offset or not result[1]:
+                            break  # the fetcher's continuation is not where the mirror goes on
+                        await self._report_position()
+                        await self._mirror_subscriptions()
+                    # Before the channel closes: a fetcher waiting to hand over a reply is
+                    # cancelled, not failed (a closed channel raises in its sender).
+                    nursery.cancel_scope.cancel()
+        finally:  # what was asked for and dropped (both tasks are done): off the node's count
+            self.rate.ahead -= self._reserved
+            self._reserved = 0
         return result
 
     async def _fetch_ahead(self, pos: int, send: trio.MemorySendChannel[_Fetched]) -> None:
         """Fetch from `pos` on, each reply's next offset the next fetch's, until a failure
         (handed over too, in order) or the leadership's end. While the source has more than a
         reply held (its next offset not past its high watermark), fetches ask for
-        FETCH_BEHIND_BYTES: fewer round trips per MiB when catching up."""
-        s = self.spec
-        max_bytes = FETCH_MAX_BYTES
+        FETCH_BEHIND_BYTES: fewer round trips per MiB when catching up. What is asked for
+        counts against the node's ahead limit (ByteRate.ahead) until appended: past it, a
+        fetch asks for FETCH_MAX_BYTES and waits for the append before it (no fetch ahead)."""
+        s, rate = self.spec, self.rate
+        behind = False
+        last: _Fetched | None = None
         async with send:
             while self._leads():
+                max_bytes = FETCH_MAX_BYTES
+                if behind and rate.ahead + FETCH_BEHIND_BYTES <= rate.ahead_limit:
+                    max_bytes = FETCH_BEHIND_BYTES
+                if last is not None and not last.applied.is_set() and \
+                        rate.ahead + max_bytes > rate.ahead_limit:
+                    await last.applied.wait()  # over the node's limit: not ahead of it
+                self._reserve(max_bytes)
                 try:
                     reply = await self.client.call(
                         Fetch(pos, max_bytes, LONG_POLL_MS, topic=s.source_topic,
                               partition=s.partition),
                         timeout=LONG_POLL_MS / 1000 + 10, attempt_timeout=LONG_POLL_MS / 1000 + 5)
                 except (RaftlogError, OSError) as e:
-                    await send.send(_Fetched(pos, None, e, pos))
+                    await send.send(_Fetched(pos, None, e, pos, max_bytes))
                     return
                 batches = reply.get("batches") or []
                 nxt = int(reply["next_offset"])
                 if not batches:
                     nxt = max(pos, nxt)
-                item = _Fetched(pos, reply, None, nxt)
-                size = sum(len(b["payload"]) for b in batches)
-                await self.rate.spend(size)
-                await send.send(item)
+                last = _Fetched(pos, reply, None, nxt, max_bytes)
+                await rate.spend(sum(len(b["payload"]) for b in batches))
+                await send.send(last)
                 if not batches:  # caught up: the next fetch long-polls once this one is seen
-                    await item.applied.wait()
+                    await last.applied.wait()
                 behind = bool(batches) and nxt <= int(reply["high_watermark"])
-                max_bytes = FETCH_BEHIND_BYTES if behind else FETCH_MAX_BYTES
                 pos = nxt
+
+    def _reserve(self, nbytes: int) -> None:
+        self.rate.ahead += nbytes
+        self._reserved += nbytes
+
+    def _release(self, nbytes: int) -> None:
+        self.rate.ahead -= nbytes
+        self._reserved -= nbytes
 
     async def _apply(self, item: _Fetched) -> tuple[int, bool]:
         """One fetched reply (or the fetch's failure), appended: where to go on, and whether
