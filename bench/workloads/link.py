@@ -35,6 +35,7 @@ from typing import Any
 import trio
 
 from bench.disk import DiskNeed
+from bench.partitions_probe import cpu_seconds, load_average
 from bench.results import figure
 from bench.workloads.common import MB, Ctx
 from raft.client import Client
@@ -147,7 +148,13 @@ async def _wait_reached(tracker: Tracker, ends: dict[int, int], timeout: float) 
             await tracker.changed.wait()
 
 
-async def _round(ctx: Ctx, src_addrs: str, sink_addrs: str, s: dict[str, Any]) -> dict[str, float]:
+def _cpu(pids: list[int]) -> float:
+    """The CPU seconds (utime + stime) of a cluster's node processes so far."""
+    return sum(cpu_seconds(pid) or 0.0 for pid in pids)
+
+
+async def _round(ctx: Ctx, src_addrs: str, sink_addrs: str, s: dict[str, Any],
+                 pids: dict[str, list[int]]) -> dict[str, float]:
     parts = s["partitions"]
     payload = encode_values([os.urandom(RECORD)] * BATCH_RECORDS)
     out: dict[str, float] = {}
@@ -164,12 +171,19 @@ async def _round(ctx: Ctx, src_addrs: str, sink_addrs: str, s: dict[str, Any]) -
             # 1. Flat out.
             ctx.describe(f"link: flat-out producers, mirror throughput ({parts} partitions)")
             ends: dict[int, int] = {}
+            cpu0 = {side: _cpu(p) for side, p in pids.items()}
             t0 = trio.current_time()
             written = await _produce(source, payload, ctx.cfg.duration, None, ends, parts)
             produced_s = trio.current_time() - t0
             await _wait_reached(tracker, ends, 300)
             out["MBps"] = written / (trio.current_time() - t0) / MB
             out["source_MBps"] = written / produced_s / MB
+            # CPU per MB of each cluster (its three nodes): what holds under load, where the
+            # MB/s do not. The source's is producing plus serving the link's fetches; the
+            # sink's is mirroring plus serving this bench's reader.
+            for side, p in pids.items():
+                out[f"{side}_cpu_ms_per_MB"] = (_cpu(p) - cpu0[side]) * 1000 / (written / MB)
+            out["load_after_flat_out"] = load_average()[0]
             ctx.advance("link")
             # 2. Steady rate: lag per batch.
             ctx.describe(f"link: steady {s['rate_mb']} MB/s, mirror lag")
@@ -198,9 +212,14 @@ async def _round(ctx: Ctx, src_addrs: str, sink_addrs: str, s: dict[str, Any]) -
                 out["behind_at_resume"] = float(sum(
                     max(0, last + 1 - tracker.next_offset[p]) for p, last in at_resume.items()))
                 resumed = trio.current_time()  # the resume's own round trip counts
+                sink_cpu0, seen0 = _cpu(pids["sink"]), tracker.bytes_seen
                 await sink.call(LinkAlter(LINK, "resume", 10_000), timeout=30)
                 await _wait_reached(tracker, at_resume, 600)
                 out["catchup_s"] = trio.current_time() - resumed
+                mirrored_mb = (tracker.bytes_seen - seen0) / MB  # the reader saw it mirrored
+                if mirrored_mb > 0:
+                    out["catchup_sink_cpu_ms_per_MB"] = \
+                        (_cpu(pids["sink"]) - sink_cpu0) * 1000 / mirrored_mb
                 load.cancel_scope.cancel()
             ctx.advance("link")
             # 4. Promote: until a write to the sink's topic is acknowledged.
@@ -235,8 +254,10 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
             src.wait_for_leader()
             sink.wait_for_leader()
             try:
+                pids = {side: [n.proc.pid for n in c.nodes.values() if n.proc is not None]
+                        for side, c in (("source", src), ("sink", sink))}
                 rounds.append(trio.run(_round, ctx, ",".join(src.addrs), ",".join(sink.addrs),
-                                       s))
+                                       s, pids))
             except Exception as e:  # noqa: BLE001 - reported in results.json, next repeat
                 while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
                     e = e.exceptions[0]  # the nursery's one failure, not its wrapper
@@ -259,6 +280,12 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
                col("lag_p50_ms"), better="lower", params=params),
         figure("link.lag_p99_ms", "link", f"mirror lag p99 at {s['rate_mb']} MB/s", "ms",
                col("lag_p99_ms"), better="lower", params=params, target=("<=", 100.0)),
+        figure("link.source.cpu_ms_per_MB", "link",
+               "source cluster CPU per MB in the flat-out round (producing, serving the link)",
+               "ms/MB", col("source_cpu_ms_per_MB"), better="lower", params=params),
+        figure("link.sink.cpu_ms_per_MB", "link",
+               "sink cluster CPU per MB in the flat-out round (mirroring, serving the reader)",
+               "ms/MB", col("sink_cpu_ms_per_MB"), better="lower", params=params),
         figure("link.catchup_s", "link", f"catch-up after a {s['cut_s']:.0f} s pause", "s",
                col("catchup_s"), better="lower", params=params),
         figure("link.promote_s", "link", "promote, until a write is acknowledged", "s",

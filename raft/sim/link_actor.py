@@ -7,7 +7,11 @@ it fetches the source partition's committed DATA from the source leader at the s
 fetched batch to that leader's core as a MIRRORED batch tagged with the source's visible base
 (acks=leader, as `append_mirrored`). A new sink leader, a crash or a restart starts a new
 puller, which resumes from its core's `visible_end` (a resync); a reply of a fetch sent under
-another leadership is dropped (it could skip what the new leader lost).
+another leadership is dropped (it could skip what the new leader lost). As the node's puller, it
+fetches ahead: a reply's arrival sends the next fetch at that reply's end before its batches
+are proposed, and a reply fetched ahead is proposed only if the one it continues was placed
+whole (otherwise it could leave out what that one did not place: a gap the position rule
+allows).
 
 The link is at-least-once on purpose: a fetch unanswered within `fetch_timeout_us` is sent
 again while the first may still be answered late, and the link network duplicates messages;
@@ -78,6 +82,10 @@ class Puller:
     fetch_id: int = 0
     waiting: dict[int, int] = field(default_factory=dict)  # fetch id -> sent at (us)
     source_hint: int | None = None
+    # Fetches sent ahead (fetch id -> whether the reply they continue was placed whole; None
+    # while it is being proposed): as raft/node/links/puller.py, a reply fetched at the end of
+    # the previous one, before that one was proposed.
+    continues: dict[int, bool | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -90,6 +98,7 @@ class Link:
     poll_us: int = 5_000
     fetch_timeout_us: int = 40_000
     max_fetch_bytes: int = 2_048
+    fetch_ahead: bool = True  # send the next fetch at a reply's end before proposing it
     mean_fault_gap_us: int = 250_000
     faults: LinkFaults = field(default_factory=LinkFaults)
     pullers: dict[int, Puller] = field(default_factory=dict)
@@ -100,7 +109,8 @@ class Link:
     stopped: bool = False
     stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("fetches", "replies", "link_dropped", "proposed", "mirrored_acks",
-         "position_refusals", "resyncs", "bootstraps", "stale_replies", "not_leader"), 0))
+         "position_refusals", "resyncs", "bootstraps", "stale_replies", "not_leader",
+         "fetched_ahead", "ahead_dropped"), 0))
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -175,7 +185,7 @@ class Link:
         if owner != p.owner:
             if p.owner is not None or owner is not None:
                 self.stats["resyncs"] += owner is not None
-            p.owner, p.waiting = owner, {}
+            p.owner, p.waiting, p.continues = owner, {}, {}
         if lead is None:
             return
         now = self.loop.now
@@ -183,8 +193,9 @@ class Link:
         if not p.waiting:
             self._fetch(p, lead)
 
-    def _fetch(self, p: Puller, lead) -> None:  # noqa: ANN001
-        position = visible_end(lead.core) + 1
+    def _fetch(self, p: Puller, lead, position: int | None = None) -> int:  # noqa: ANN001
+        if position is None:
+            position = visible_end(lead.core) + 1
         p.fetch_id += 1
         fid, owner, group = p.fetch_id, p.owner, p.group
         p.waiting[fid] = self.loop.now
@@ -198,6 +209,7 @@ class Link:
                 self._carry(lambda: self._on_reply(group, owner, fid, position, reply), target)
 
         self._carry(at_source, target)
+        return fid
 
     def _serve(self, node_id: int, group: int, position: int) -> Reply | None:
         """The source node's fetch handler: committed DATA from `position` (or from its log
@@ -243,6 +255,11 @@ class Link:
             self.stats["not_leader"] += 1
             p.source_hint = reply.leader_hint
             return
+        if fid in p.continues and not p.continues[fid]:
+            # Fetched ahead at the end of a reply that was not placed whole: appending it
+            # could leave out what that one did not place. The next round resyncs.
+            self.stats["ahead_dropped"] += 1
+            return
         end = visible_end(lead.core)
         if reply.start > position and end == position - 1:
             gap = Gap(group, position, reply.start - 1, self.loop.now)
@@ -250,6 +267,21 @@ class Link:
             self.stats["bootstraps"] += 1
             self.trace_tail.append(f"{self.loop.now:>10} us  link bootstrap g{group}: source "
                                    f"start {reply.start} past position {position}")
+        ahead = None
+        if self.fetch_ahead and reply.batches and not any(f in p.continues for f in p.waiting):
+            last = reply.batches[-1]
+            ahead = self._fetch(p, lead, last.base_offset + last.count)
+            p.continues[ahead] = None
+            self.stats["fetched_ahead"] += 1
+        whole = self._propose_all(group, lead, reply)
+        if ahead is not None:
+            p.continues[ahead] = whole
+        if whole and reply.batches and not p.waiting:
+            self._fetch(p, lead)  # more may be there: go on at once
+
+    def _propose_all(self, group: int, lead, reply: Reply) -> bool:  # noqa: ANN001
+        """Propose a reply's batches in order, stopping at the first not placed (as
+        append_mirrored); whether all were placed."""
         for vb in reply.batches:
             rid = self.sink.next_request_id()
             self.proposals[rid] = (group, vb.base_offset)
@@ -257,13 +289,12 @@ class Link:
             self.proposing, self.refused_now = rid, False
             if not lead.host.propose(group, rid, mirrored_proposal(vb), Acks.LEADER):
                 self.proposals.pop(rid, None)
-                return
+                return False
             if self.sink.leader_of(group) is not lead:
-                return  # the proposal stopped the node or its leadership
+                return False  # the proposal stopped the node or its leadership
             if self.refused_now:
-                return  # as append_mirrored: stop at the first refusal, resync next fetch
-        if reply.batches and not p.waiting:
-            self._fetch(p, lead)  # more may be there: go on at once
+                return False  # stop at the first refusal, resync next fetch
+        return True
 
     def on_answer(self, group: int, node_id: int, a: ProduceAnswer) -> None:
         if self.proposals.pop(a.request_id, None) is None:

@@ -15,7 +15,8 @@ import trio.testing
 
 from raft.client.errors import OffsetOutOfRangeError
 from raft.core.types import ErrorCode, Role
-from raft.node.links.puller import Puller, PullSpec, PullState
+from raft.node.links.puller import (FETCH_BEHIND_BYTES, FETCH_MAX_BYTES, Puller, PullSpec,
+                                     PullState)
 from raft.node.links.throttle import ByteRate
 
 SPEC = PullSpec("dr", "sink", "orders", 0, 7, "orders")
@@ -31,8 +32,11 @@ class Mirror:
         self.appended: list[tuple[int, int]] = []
         self.events: list[Any] = []
         self.refuse_next_at: int | None = None  # answer MIRROR_POSITION with this visible end
+        self.gate: Any = None  # awaited before each append (an async callable)
 
     async def append_mirrored(self, batches: list[dict], timeout_s: float) -> Any:
+        if self.gate is not None:
+            await self.gate()
         if self.refuse_next_at is not None:
             end, self.refuse_next_at = self.refuse_next_at, None
             self.core.visible_end = self.core.high_watermark = end
@@ -55,11 +59,16 @@ class Source:
         self.mirror, self.batches, self.start = mirror, batches, start
         self.hw = max((b + c - 1 for b, c in batches), default=-1)
         self.fetched: list[int] = []
+        self.max_bytes: list[int] = []
+        self.fetch_seen = trio.Event()  # set at every fetch (replaced after)
         self.commits: list[int] = []
 
     async def call(self, request: Any, **kw: Any) -> dict:
         offset = request.offset
         self.fetched.append(offset)
+        self.max_bytes.append(request.max_bytes)
+        self.fetch_seen.set()
+        self.fetch_seen = trio.Event()
         if offset < self.start or offset > self.hw + 1:
             raise OffsetOutOfRangeError("out of range", code="OFFSET_OUT_OF_RANGE",
                                         details={"start_offset": self.start,
@@ -79,11 +88,12 @@ class Source:
         return {}
 
 
-def run(mirror: Mirror, source: Source, report_gap: Any = None) -> Puller:
+def run(mirror: Mirror, source: Source, report_gap: Any = None,
+        rate: ByteRate | None = None) -> Puller:
     async def no_gap(spec: PullSpec, a: int, b: int) -> None:
         raise AssertionError("no bootstrap expected")
 
-    puller = Puller(SPEC, mirror, source, ByteRate(0), report_gap or no_gap)
+    puller = Puller(SPEC, mirror, source, rate or ByteRate(0), report_gap or no_gap)
 
     async def main() -> None:
         with trio.fail_after(600):
@@ -171,3 +181,69 @@ def test_a_reply_fetched_under_an_earlier_leadership_is_dropped() -> None:
     source.call = real_call  # type: ignore[method-assign]
     run(mirror, source)
     assert mirror.appended == [(2, 2), (4, 2)]
+
+
+def test_the_next_fetch_goes_out_while_an_append_waits() -> None:
+    """Fetch and append overlap (the catch-up's round trip per reply, docs/PERFORMANCE.md):
+    each append here waits until the puller has asked the source for the reply after it.
+    Without the fetch-ahead it would wait for good (the run's time bound fails the test).
+    While the source holds more than a reply, fetches ask for the larger size."""
+    mirror = Mirror()
+    source = Source(mirror, [(0, 2), (2, 2), (4, 2), (6, 2), (8, 2), (10, 2)])
+
+    async def after_the_next_fetch() -> None:
+        at = mirror.core.visible_end + 1  # where the reply being appended starts
+        while at < 8 and max(source.fetched) <= at:  # the last reply (8..11) has none after it
+            await source.fetch_seen.wait()
+
+    mirror.gate = after_the_next_fetch
+    rate = ByteRate(0)
+    puller = run(mirror, source, rate=rate)
+    assert mirror.appended == source.batches
+    assert source.fetched[:3] == [0, 4, 8]
+    assert source.max_bytes[0] == FETCH_MAX_BYTES and source.max_bytes[1] == FETCH_BEHIND_BYTES
+    assert puller.status()["lag_records"] == 0
+    assert rate.ahead == 0  # every byte counted ahead was given back
+
+
+def test_past_the_nodes_ahead_limit_a_puller_fetches_after_each_append() -> None:
+    """Fetching ahead costs memory (replies held before their append): node-wide, what the
+    pullers asked for ahead is bounded (ByteRate.ahead_limit). Past it a puller fetches as
+    before: 1 MiB at a time, each fetch after the previous reply's append."""
+    mirror = Mirror()
+    source = Source(mirror, [(0, 2), (2, 2), (4, 2), (6, 2), (8, 2), (10, 2)])
+    fetches_at_append: list[int] = []
+
+    async def count() -> None:
+        fetches_at_append.append(len(source.fetched))
+
+    mirror.gate = count
+    rate = ByteRate(0)
+    rate.ahead_limit = FETCH_MAX_BYTES  # one fetch's worth: never one ahead of an append
+    run(mirror, source, rate=rate)
+    assert mirror.appended == source.batches
+    assert fetches_at_append == [1, 2, 3]  # reply k appended when k fetches had gone out
+    assert set(source.max_bytes) == {FETCH_MAX_BYTES}
+    assert rate.ahead == 0
+
+
+def test_a_resync_drops_the_reply_fetched_ahead() -> None:
+    """The first append answers MIRROR_POSITION (another puller mirrored up to 5 meanwhile)
+    after the puller fetched 4..7 ahead: that reply is dropped and the puller resyncs at 6
+    from the log, never appending at or below the visible end (the fake asserts the rule)."""
+    mirror = Mirror()
+    source = Source(mirror, [(0, 2), (2, 2), (4, 2), (6, 2)])
+    first = True
+
+    async def refuse_after_the_next_fetch() -> None:
+        nonlocal first
+        if first:
+            first = False
+            while max(source.fetched) == 0:
+                await source.fetch_seen.wait()
+            mirror.refuse_next_at = 5
+
+    mirror.gate = refuse_after_the_next_fetch
+    run(mirror, source)
+    assert mirror.appended == [(6, 2)]
+    assert source.fetched[:2] == [0, 4] and 6 in source.fetched[2:]

@@ -701,6 +701,11 @@ MUTANTS = [
            "await self.report_gap(self.spec, pos, int(start) - 1)",
            "pass",
            (test_link_puller.test_a_bootstrap_records_the_gap_before_going_past_it,)),
+    Mutant("a puller appends a reply fetched ahead after an append that did not continue it",
+           "raft.node.links.puller", "Puller._pull_from",
+           "break  # the fetcher's continuation is not where the mirror goes on",
+           "pass",
+           (test_link_puller.test_a_resync_drops_the_reply_fetched_ahead,)),
     Mutant("a node certificate authenticates any request, not only node-internal ones",
            "raft.node.auth", "Authenticator.authorize",
            "if request_type in NODE_REQUESTS:",
@@ -985,6 +990,13 @@ MUTANTS = [
            "if False:",
            (test_link_sim
             .test_retried_fetches_are_refused_by_the_position_rule_and_the_mirror_stays_exact,)),
+    # The fetch-ahead's rule in the link simulation: a reply fetched at the end of one that
+    # was not placed whole would leave out what that one did not place.
+    Mutant("a link appends a reply fetched ahead of one not placed whole (the link simulation)",
+           "raft.sim.link_actor", "Link._on_reply",
+           "if fid in p.continues and not p.continues[fid]:",
+           "if False:",
+           (test_link_sim.test_a_reply_fetched_ahead_of_one_not_placed_whole_is_dropped,)),
     # The mirror section, end to end: a sink cluster restarted with no MIRRORED batch left in
     # its logs starts from visible end -1 and the link appends the source's batches again.
     Mutant("a mirror's visible end at the log start is not read back (the link simulation)",

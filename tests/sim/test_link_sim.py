@@ -38,6 +38,17 @@ def test_retried_fetches_are_refused_by_the_position_rule_and_the_mirror_stays_e
     assert refused > 0, "no duplicate proposal in these seeds: the rule was never exercised"
 
 
+def test_a_reply_fetched_ahead_of_one_not_placed_whole_is_dropped() -> None:
+    """The pullers fetch ahead (raft/node/links/puller.py): the next fetch goes out at a
+    reply's end before that reply is proposed. When that reply was not placed whole (a refusal
+    partway, a leadership lost), the one fetched after it is dropped and the link resyncs from
+    the sink's visible end: appended, it would leave out what the first did not place, a gap
+    the position rule allows and the checker finds. The killer of that rule's mutant."""
+    res = run_simulation(profile_config(18, 3, "link"))
+    assert res.ok, res.describe()
+    assert res.stats["fetched_ahead"] > 50 and res.stats["ahead_dropped"] >= 1
+
+
 def test_the_profile_mirrors_under_faults_and_bootstraps_after_retention() -> None:
     """What the checks stand on: the link mirrors hundreds of batches through crashes and
     leader changes on both sides (resyncs); a long cut of the link lets the source's retention

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -36,7 +36,9 @@ from raft.protocol.requests import Fetch
 
 log = logging.getLogger("raftlog.links")
 
-FETCH_MAX_BYTES = 1 << 20
+FETCH_MAX_BYTES = 1 << 20  # a fetch at the source's end (the long poll's answer)
+FETCH_BEHIND_BYTES = 4 << 20  # a fetch while the source holds more: fewer round trips a MiB
+AHEAD_REPLIES = 1  # replies fetched and waiting to be appended (plus one fetch, one append)
 LONG_POLL_MS = 5_000  # an idle puller sends one fetch per long poll, nothing else
 APPEND_TIMEOUT_S = 10.0
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 2.0
@@ -67,6 +69,19 @@ class PullSpec:
         return f"__link.{self.sink_cluster_id}.{self.link}"
 
 
+@dataclass(slots=True)
+class _Fetched:
+    """One fetch's outcome for the appender: the reply, or the error it raised, and the
+    offset the fetcher went on at (the reply's next offset)."""
+
+    pos: int
+    reply: dict[str, Any] | None
+    error: Exception | None
+    next_offset: int
+    reserved: int  # bytes the fetch asked for: counted in ByteRate.ahead until appended
+    applied: trio.Event = field(default_factory=trio.Event)
+
+
 GapReporter = Callable[[PullSpec, int, int], Awaitable[None]]
 
 
@@ -88,6 +103,7 @@ class Puller:
         # among them) take offsets that never become visible batches here.
         self.seen_to = -1
         self._reported = -1  # the last position committed on the source
+        self._reserved = 0  # this puller's part of rate.ahead
         self._report_at = 0.0
         self._opened = False
         self._subs_at = 0.0
@@ -138,35 +154,111 @@ class Puller:
             self.term = core.term  # one leadership: the manager starts a new puller for the next
         pos = self.mirrored + 1
         while self._leads():
-            try:
-                pos, ok = await self._step(pos)
-            except OffsetOutOfRangeError as e:
-                pos, ok = await self._out_of_range(pos, e)
-            except RaftlogError as e:
-                self.state, self.message, ok = PullState.SOURCE_UNREACHABLE, str(e), False
-            except OSError as e:
-                self.state, self.message, ok = PullState.SOURCE_UNREACHABLE, str(e), False
-            if ok:
+            pos, ok = await self._pull_from(pos)
+            if ok:  # resync at pos (mirrored already, a bootstrap) or the leadership ended
                 pause = BACKOFF_MIN_S
-                await self._report_position()
-                await self._mirror_subscriptions()
                 continue
             await trio.sleep(pause)  # this partition's retry pause after a failure only
             pause = min(BACKOFF_MAX_S, pause * 2)
             pos = self.mirrored + 1  # resync from the log: the only progress there is
 
-    async def _step(self, pos: int) -> tuple[int, bool]:
-        s = self.spec
-        reply = await self.client.call(
-            Fetch(pos, FETCH_MAX_BYTES, LONG_POLL_MS, topic=s.source_topic,
-                  partition=s.partition),
-            timeout=LONG_POLL_MS / 1000 + 10, attempt_timeout=LONG_POLL_MS / 1000 + 5)
+    async def _pull_from(self, pos: int) -> tuple[int, bool]:
+        """Fetch from `pos` on and append in order until something other than a good append
+        (an error, a resync, the leadership's end): then where to go on and whether it went
+        well. Fetch and append overlap: the fetcher asks for the next reply as soon as one
+        arrives (one fetch in flight, its offset the previous reply's next offset), while this
+        task appends the one before; at most AHEAD_REPLIES replies wait between them. The
+        appends stay in fetch order, each one continuing the previous (a reply is applied only
+        while the whole chain before it was appended in full), so the mirror is written
+        exactly as with one step at a time."""
+        send, recv = trio.open_memory_channel[_Fetched](AHEAD_REPLIES)
+        result = pos, True
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._fetch_ahead, pos, send)
+                async with recv:
+                    async for item in recv:
+                        try:
+                            result = await self._apply(item)
+                        finally:
+                            self._release(item.reserved)
+                            item.applied.set()
+                        if result[0] != item.next_offset or not result[1]:
+                            break  # the fetcher's continuation is not where the mirror goes on
+                        await self._report_position()
+                        await self._mirror_subscriptions()
+                    # Before the channel closes: a fetcher waiting to hand over a reply is
+                    # cancelled, not failed (a closed channel raises in its sender).
+                    nursery.cancel_scope.cancel()
+        finally:  # what was asked for and dropped (both tasks are done): off the node's count
+            self.rate.ahead -= self._reserved
+            self._reserved = 0
+        return result
+
+    async def _fetch_ahead(self, pos: int, send: trio.MemorySendChannel[_Fetched]) -> None:
+        """Fetch from `pos` on, each reply's next offset the next fetch's, until a failure
+        (handed over too, in order) or the leadership's end. While the source has more than a
+        reply held (its next offset not past its high watermark), fetches ask for
+        FETCH_BEHIND_BYTES: fewer round trips per MiB when catching up. What is asked for
+        counts against the node's ahead limit (ByteRate.ahead) until appended: past it, a
+        fetch asks for FETCH_MAX_BYTES and waits for the append before it (no fetch ahead)."""
+        s, rate = self.spec, self.rate
+        behind = False
+        last: _Fetched | None = None
+        async with send:
+            while self._leads():
+                max_bytes = FETCH_MAX_BYTES
+                if behind and rate.ahead + FETCH_BEHIND_BYTES <= rate.ahead_limit:
+                    max_bytes = FETCH_BEHIND_BYTES
+                if last is not None and not last.applied.is_set() and \
+                        rate.ahead + max_bytes > rate.ahead_limit:
+                    await last.applied.wait()  # over the node's limit: not ahead of it
+                self._reserve(max_bytes)
+                try:
+                    reply = await self.client.call(
+                        Fetch(pos, max_bytes, LONG_POLL_MS, topic=s.source_topic,
+                              partition=s.partition),
+                        timeout=LONG_POLL_MS / 1000 + 10, attempt_timeout=LONG_POLL_MS / 1000 + 5)
+                except (RaftlogError, OSError) as e:
+                    await send.send(_Fetched(pos, None, e, pos, max_bytes))
+                    return
+                batches = reply.get("batches") or []
+                nxt = int(reply["next_offset"])
+                if not batches:
+                    nxt = max(pos, nxt)
+                last = _Fetched(pos, reply, None, nxt, max_bytes)
+                await rate.spend(sum(len(b["payload"]) for b in batches))
+                await send.send(last)
+                if not batches:  # caught up: the next fetch long-polls once this one is seen
+                    await last.applied.wait()
+                behind = bool(batches) and nxt <= int(reply["high_watermark"])
+                pos = nxt
+
+    def _reserve(self, nbytes: int) -> None:
+        self.rate.ahead += nbytes
+        self._reserved += nbytes
+
+    def _release(self, nbytes: int) -> None:
+        self.rate.ahead -= nbytes
+        self._reserved -= nbytes
+
+    async def _apply(self, item: _Fetched) -> tuple[int, bool]:
+        """One fetched reply (or the fetch's failure), appended: where to go on, and whether
+        it went well."""
+        pos, e = item.pos, item.error
+        if e is not None:
+            if isinstance(e, OffsetOutOfRangeError):
+                return await self._out_of_range(pos, e)
+            self.state, self.message = PullState.SOURCE_UNREACHABLE, str(e)
+            return pos, False
+        reply = item.reply
+        assert reply is not None
         self.source_hw = int(reply["high_watermark"])
         self.source_start = int(reply["start_offset"])
         self.message = ""
         batches = reply.get("batches") or []
         if not batches:
-            nxt = max(pos, int(reply["next_offset"]))
+            nxt = item.next_offset
             if self.mirrored < nxt:
                 self.seen_to = max(self.seen_to, nxt - 1)
             self._caught_up_check()
@@ -174,7 +266,6 @@ class Puller:
                 PullState.MIRRORING
             return nxt, True
         size = sum(len(b["payload"]) for b in batches)
-        await self.rate.spend(size)
         if not self._leads():
             return pos, True
         done = await self.group.append_mirrored(batches, APPEND_TIMEOUT_S)
@@ -186,7 +277,7 @@ class Puller:
             self.mirrored_bytes += size
             nxt = done.visible_end + 1
             if done.appended == len(batches):
-                nxt = max(nxt, int(reply["next_offset"]))
+                nxt = max(nxt, item.next_offset)
                 self.seen_to = max(self.seen_to, nxt - 1)
             self._caught_up_check()
             if self.position >= self.source_hw:
