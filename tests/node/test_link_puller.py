@@ -2,7 +2,7 @@
 fake mirror group that applies the core's position rule: batches land at the source's
 offsets, gaps of the source kept; a MIRROR_POSITION answer resyncs from the mirror's log; a
 bootstrap records the gap before anything past it is appended, and not at all while the
-record fails; a mirror ahead of its source is reported diverged and written nothing; a reply
+record fails; a mirror ahead of its source is reported source_behind and written nothing; a reply
 fetched under a leadership this node since lost and regained is dropped."""
 
 from __future__ import annotations
@@ -45,6 +45,15 @@ class Mirror:
             self.core.visible_end = self.core.high_watermark = b["base_offset"] + b["count"] - 1
         return SimpleNamespace(error=ErrorCode.OK, visible_end=self.core.visible_end,
                                appended=len(batches), message="")
+
+    def last_mirrored(self) -> dict | None:
+        """The anchor: the last batch appended, as the Source below makes batches (none
+        known for a visible end set up front)."""
+        if not self.appended:
+            return None
+        base, count = self.appended[-1]
+        return {"base_offset": base, "count": count, "timestamp_ms": base,
+                "payload": b"x" * count}
 
 
 class Source:
@@ -127,7 +136,7 @@ def test_a_bootstrap_records_the_gap_before_going_past_it() -> None:
     assert puller.bootstraps == 1
 
 
-def test_a_mirror_ahead_of_its_source_is_diverged_and_left_alone() -> None:
+def test_a_mirror_ahead_of_its_source_is_source_behind_and_left_alone() -> None:
     mirror = Mirror(visible_end=5)
     source = Source(mirror, [(0, 2)])
     puller = Puller(SPEC, mirror, source, ByteRate(0), None)  # type: ignore[arg-type]
@@ -137,8 +146,9 @@ def test_a_mirror_ahead_of_its_source_is_diverged_and_left_alone() -> None:
             await puller.run()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    assert puller.state is PullState.DIVERGED and mirror.appended == []
-    assert "delete the link" in puller.message
+    assert puller.state is PullState.SOURCE_BEHIND and mirror.appended == []
+    assert "the source is behind the mirror: it lost data" in puller.message
+    assert "DR runbook in docs/REPLICATION.md" in puller.message
 
 
 def test_replicated_subscriptions_never_ahead_of_the_mirror() -> None:

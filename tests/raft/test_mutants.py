@@ -73,6 +73,7 @@ import test_shards  # noqa: E402  (partitions on (node, shard): docs/SHARDS.md)
 import test_links_controller  # noqa: E402  (cross-cluster links: docs/REPLICATION.md)
 import test_link_manager  # noqa: E402  (tests/node, on the path above)
 import test_link_puller  # noqa: E402  (tests/node)
+import test_link_anchor  # noqa: E402  (tests/node: a source that lost data is not copied)
 import test_request_order  # noqa: E402  (tests/node: pipelined requests keep their order)
 import test_links_inproc  # noqa: E402  (tests/node: a link holds its source's retention)
 # The store's group commit across logs is killed by the storage tests (tests/storage).
@@ -701,6 +702,16 @@ MUTANTS = [
            "await self.report_gap(self.spec, pos, int(start) - 1)",
            "pass",
            (test_link_puller.test_a_bootstrap_records_the_gap_before_going_past_it,)),
+    Mutant("a puller appends after a source batch that differs from the mirror's last one",
+           "raft.node.links.puller", "Puller._check_anchor",
+           "        if theirs == ours:",
+           "        if True:",
+           (test_link_anchor.test_a_source_recreated_past_the_mirrors_end_is_diverged_and_never_copied,)),
+    Mutant("a puller does not check the source's history again after a failure",
+           "raft.node.links.puller", "Puller.run",
+           "                self._anchored = False  # check the source's history again",
+           "                pass  # check the source's history again",
+           (test_link_anchor.test_a_source_recreated_while_the_puller_runs_is_caught_before_an_append,)),
     Mutant("a node certificate authenticates any request, not only node-internal ones",
            "raft.node.auth", "Authenticator.authorize",
            "if request_type in NODE_REQUESTS:",

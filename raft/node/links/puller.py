@@ -10,6 +10,13 @@ Bootstrap: when the source's log starts past the position (retention removed wha
 had not mirrored: a paused link, the age valve), the gap is recorded in the controller first
 (LinkEvent, so it is counted and never hidden) and the puller continues at the source's start.
 
+Continuity (the anchor): before it appends after the mirror's last batch, a puller checks that
+the source still holds that very batch at the same offset (same count, timestamp and bytes),
+once per run and again after any failure. A source that lost data or was recreated (its log
+ends before the mirror's: `source_behind`; or it holds other batches there: `diverged`) is
+never copied after the mirror's history: the mirror is never truncated, overwritten or
+continued at offsets of another history (docs/REPLICATION.md, "Disaster recovery").
+
 The position is reported to the source as the subscription `__link.<sink cluster>.<link>` on
 the source partition (what the sink has committed, in visible offsets), which the source's
 retention holds like any subscription's.
@@ -41,6 +48,7 @@ LONG_POLL_MS = 5_000  # an idle puller sends one fetch per long poll, nothing el
 APPEND_TIMEOUT_S = 10.0
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 2.0
 REPORT_EVERY_S = 1.0  # the position on the source moves at most this often per partition
+RUNBOOK = "see the DR runbook in docs/REPLICATION.md"
 
 
 class PullState(str, Enum):
@@ -49,7 +57,8 @@ class PullState(str, Enum):
     CAUGHT_UP = "caught_up"  # nothing new on the source
     SOURCE_UNREACHABLE = "source_unreachable"
     BOOTSTRAPPING = "bootstrapping"  # recording a gap before continuing past it
-    DIVERGED = "diverged"  # the mirror is ahead of the source (not the same history)
+    SOURCE_BEHIND = "source_behind"  # the source's log ends before the mirror's (lost data?)
+    DIVERGED = "diverged"  # the source holds another batch where the mirror's last one is
     BACKPRESSURE = "backpressure"  # the sink refused for now
 
 
@@ -99,6 +108,9 @@ class Puller:
         # would leave a hole the source does not have. Within one term a leader's log only
         # grows, so a reply fetched in it always continues the mirror.
         self.term: int | None = None
+        # Whether this run checked the anchor (the source holds the mirror's last batch);
+        # cleared by every failure, so a source recreated meanwhile is caught before an append.
+        self._anchored = False
 
     # -- status --------------------------------------------------------------------------------
     @property
@@ -139,13 +151,24 @@ class Puller:
         pos = self.mirrored + 1
         while self._leads():
             try:
-                pos, ok = await self._step(pos)
+                if self._anchored:
+                    pos, ok = await self._step(pos)
+                else:
+                    ok = await self._check_anchor()
+                    if self.state is PullState.DIVERGED:
+                        await self._hold()
+                        return
+                    pos = self.mirrored + 1
+                    if ok:
+                        continue  # checked: the fetch at visible_end + 1 comes next
             except OffsetOutOfRangeError as e:
                 pos, ok = await self._out_of_range(pos, e)
             except RaftlogError as e:
                 self.state, self.message, ok = PullState.SOURCE_UNREACHABLE, str(e), False
             except OSError as e:
                 self.state, self.message, ok = PullState.SOURCE_UNREACHABLE, str(e), False
+            if not ok:
+                self._anchored = False  # check the source's history again before appending
             if ok:
                 pause = BACKOFF_MIN_S
                 await self._report_position()
@@ -154,6 +177,70 @@ class Puller:
             await trio.sleep(pause)  # this partition's retry pause after a failure only
             pause = min(BACKOFF_MAX_S, pause * 2)
             pos = self.mirrored + 1  # resync from the log: the only progress there is
+
+    async def _check_anchor(self) -> bool:
+        """Whether the source still holds the mirror's last batch (the anchor) as it is here;
+        sets SOURCE_BEHIND (retried: a new source leader may briefly report less) or DIVERGED
+        (proof of another history: held until the operator acts) otherwise. A source whose log
+        starts past the anchor (retention) cannot be checked: the offsets' checks remain."""
+        anchor = self.group.last_mirrored()
+        if anchor is None:
+            self._anchored = True
+            return True
+        s, base = self.spec, int(anchor["base_offset"])
+        try:
+            reply = await self.client.call(
+                Fetch(base, 1, 0, topic=s.source_topic, partition=s.partition),
+                timeout=LONG_POLL_MS / 1000 + 10, attempt_timeout=LONG_POLL_MS / 1000 + 5)
+        except OffsetOutOfRangeError as e:
+            if e.start_offset is not None and int(e.start_offset) > base:
+                self._anchored = True  # cut by retention: nothing left to compare with
+                return True
+            self._behind(e.high_watermark)
+            return False
+        self.source_hw = int(reply["high_watermark"])
+        self.source_start = int(reply["start_offset"])
+        got = (reply.get("batches") or [None])[0]
+        if got is None:
+            self._behind(self.source_hw)
+            return False
+        theirs = (int(got["base_offset"]), int(got["count"]), int(got["timestamp_ms"]),
+                  bytes(got["payload"]))
+        ours = (base, int(anchor["count"]), int(anchor["timestamp_ms"]), bytes(anchor["payload"]))
+        if theirs == ours:
+            self._anchored = True
+            return True
+        self.state = PullState.DIVERGED
+        self.message = (f"the source holds another batch (offset {theirs[0]}, {theirs[1]} "
+                        f"records) where the mirror's last one is (offset {base}, {ours[1]} "
+                        f"records): the source lost data and was written again, it is not the "
+                        f"history this mirror copied. The mirror is left as it is, nothing "
+                        f"more is copied; {RUNBOOK} (restore the source from this mirror, or "
+                        f"promote it)")
+        log.error("link_diverged link=%s topic=%s partition=%d mirror_end=%d source_hw=%d: %s",
+                  s.link, s.topic, s.partition, self.mirrored, self.source_hw, RUNBOOK)
+        return False
+
+    def _behind(self, hw: int | None) -> None:
+        """The source's log ends before the mirror's: nothing is appended; retried."""
+        if hw is not None:
+            self.source_hw = int(hw)
+        if self.state is not PullState.SOURCE_BEHIND:
+            s = self.spec
+            log.warning("link_source_behind link=%s topic=%s partition=%d mirror_end=%d "
+                        "source_hw=%d: the source is behind the mirror: it lost data; %s",
+                        s.link, s.topic, s.partition, self.mirrored, self.source_hw, RUNBOOK)
+        self.state = PullState.SOURCE_BEHIND
+        self.message = (f"the source is behind the mirror: it lost data (its high watermark "
+                        f"is {self.source_hw}, the mirror holds up to {self.mirrored}); nothing "
+                        f"is copied until it holds the mirror's history again (a new source "
+                        f"leader may report less for a moment); {RUNBOOK}")
+
+    async def _hold(self) -> None:
+        """Diverged: no more fetches while this node leads (the manager starts a new puller,
+        which checks again, after a leadership change or `link pause` then `link resume`)."""
+        while self._leads():
+            await trio.sleep(BACKOFF_MAX_S)
 
     async def _step(self, pos: int) -> tuple[int, bool]:
         s = self.spec
@@ -225,11 +312,7 @@ class Puller:
             self.bootstraps += 1
             self.source_start = int(start)
             return int(start), True
-        self.state = PullState.DIVERGED
-        self.message = (f"the mirror holds up to visible offset {self.mirrored} but the "
-                        f"source's high watermark is {hw}: the source is not the history this "
-                        f"mirror copied (recreated?); delete the link and the mirror topic, "
-                        f"or promote it")
+        self._behind(hw)
         return pos, False
 
     async def _mirror_subscriptions(self) -> None:

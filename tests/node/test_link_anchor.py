@@ -1,0 +1,142 @@
+"""A puller's anchor (raft/node/links/puller.py, docs/REPLICATION.md "Disaster recovery"): a
+source that lost data or was recreated is never copied after the mirror's history.
+
+- A source whose log ends before the mirror's is `source_behind`: nothing is appended, the
+  puller retries, and once the source holds the mirror's history again (restored from this
+  very mirror) it continues at the right offsets.
+- A source that holds another batch where the mirror's last one is (recreated and written
+  again, past the mirror's end) is `diverged`: nothing is appended, and the puller stops
+  fetching, also when the source is recreated while the puller runs (it checks again after
+  every failure).
+- A source whose log starts past the anchor (retention) cannot be compared: the puller goes on.
+
+Scripted source and the fake mirror of test_link_puller, on trio's virtual clock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+import trio.testing
+
+from raft.client.errors import OffsetOutOfRangeError, RaftlogError
+from raft.node.links.puller import Puller, PullState
+from raft.node.links.throttle import ByteRate
+from test_link_puller import SPEC, Mirror
+
+
+class History:
+    """One source partition's history: batches (base, count), their bytes, its log start."""
+
+    def __init__(self, batches: list[tuple[int, int]], fill: bytes = b"x", start: int = 0):
+        self.batches, self.fill, self.start = batches, fill, start
+        self.hw = max((b + c - 1 for b, c in batches), default=-1)
+
+
+class Source:
+    """A source partition whose history the test swaps (`then`: after that many fetches, the
+    next history, or an exception raised once). An empty fetch long-polls on the clock."""
+
+    def __init__(self, history: History, then: list[tuple[int, Any]] | None = None) -> None:
+        self.history, self.then = history, list(then or [])
+        self.fetched: list[int] = []
+        self.states: list[PullState] = []
+        self.puller: Puller | None = None
+
+    async def call(self, request: Any, **kw: Any) -> dict:
+        if self.puller is not None:
+            self.states.append(self.puller.state)
+        self.fetched.append(request.offset)
+        if self.then and len(self.fetched) > self.then[0][0]:
+            _, nxt = self.then.pop(0)
+            if isinstance(nxt, Exception):
+                raise nxt
+            self.history = nxt
+        h, offset = self.history, request.offset
+        if offset < h.start or offset > h.hw + 1:
+            raise OffsetOutOfRangeError("out of range", code="OFFSET_OUT_OF_RANGE",
+                                        details={"start_offset": h.start,
+                                                 "high_watermark": h.hw})
+        out = [{"base_offset": b, "count": c, "timestamp_ms": b, "payload": h.fill * c}
+               for b, c in h.batches if b + c - 1 >= offset][:2]
+        if not out and request.max_wait_ms:
+            await trio.sleep(request.max_wait_ms / 1000)
+        return {"batches": out, "high_watermark": h.hw, "start_offset": h.start,
+                "next_offset": out[-1]["base_offset"] + out[-1]["count"] if out else offset}
+
+    async def subscription_open(self, name: str, **kw: Any) -> dict:
+        return {}
+
+    async def subscription_commit(self, name: str, position: int, **kw: Any) -> dict:
+        return {}
+
+
+def pull(mirror: Mirror, source: Source, seconds: float = 60) -> Puller:
+    """Run a puller for `seconds` of virtual time."""
+    mirror.core.role = mirror.core.role.LEADER
+
+    async def no_gap(*args: Any) -> None:
+        raise AssertionError("no bootstrap expected")
+
+    puller = Puller(SPEC, mirror, source, ByteRate(0), no_gap)
+    source.puller = puller
+
+    async def main() -> None:
+        with trio.move_on_after(seconds):
+            await puller.run()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return puller
+
+
+ORIGINAL = [(0, 2), (2, 2)]
+
+
+def mirrored_original() -> Mirror:
+    mirror = Mirror()
+    pull(mirror, Source(History(ORIGINAL)), 1)
+    assert mirror.appended == ORIGINAL
+    return mirror
+
+
+def test_a_source_recreated_past_the_mirrors_end_is_diverged_and_never_copied() -> None:
+    mirror = mirrored_original()
+    other = Source(History([(0, 2), (2, 2), (4, 3), (7, 1)], fill=b"y"))  # written again
+    puller = pull(mirror, other)
+    assert puller.state is PullState.DIVERGED, puller.status()
+    assert mirror.appended == ORIGINAL
+    assert other.fetched == [2]  # the anchor only: then no more fetches
+    assert "DR runbook in docs/REPLICATION.md" in puller.message
+
+
+def test_a_source_recreated_while_the_puller_runs_is_caught_before_an_append() -> None:
+    """The source's topic is deleted under a running puller (its fetch fails) and recreated
+    with other batches past the mirror's end: the puller checks the anchor again first."""
+    mirror = mirrored_original()
+    other = History([(0, 1), (1, 1), (2, 2), (4, 4)], fill=b"y")
+    source = Source(History(ORIGINAL), then=[
+        (2, RaftlogError("UNKNOWN_TOPIC: no topic 'orders'", code="UNKNOWN_TOPIC")),
+        (2, other)])
+    puller = pull(mirror, source)
+    assert puller.state is PullState.DIVERGED, puller.status()
+    assert mirror.appended == ORIGINAL
+
+
+def test_a_source_behind_the_mirror_is_left_alone_until_restored_then_continues() -> None:
+    """The source lost the topic (recreated empty): `source_behind`, nothing appended. It is
+    restored from this mirror (the same batches) and written again: the mirror goes on."""
+    mirror = mirrored_original()
+    restored = History(ORIGINAL + [(4, 3)])
+    source = Source(History([]), then=[(6, History([(0, 2)])), (4, restored)])
+    puller = pull(mirror, source)
+    assert PullState.SOURCE_BEHIND in source.states
+    assert mirror.appended == ORIGINAL + [(4, 3)], puller.status()
+    assert puller.state is PullState.CAUGHT_UP
+
+
+def test_an_anchor_cut_by_the_sources_retention_is_not_compared() -> None:
+    mirror = mirrored_original()
+    source = Source(History([(4, 3)], start=4))
+    pull(mirror, source)
+    assert mirror.appended == ORIGINAL + [(4, 3)]
