@@ -37,7 +37,7 @@ from raft.client.errors import (OffsetOutOfRangeError, PositionBehind, RaftlogEr
                                 UnknownSubscription)
 from raft.core.types import ErrorCode, Role
 from raft.node.api.fetch import visible_hw
-from raft.node.links.subscriptions import SUBS_EVERY_S, mirror_subscriptions
+from raft.node.links.subscriptions import CAPPED_AGAIN_S, SUBS_EVERY_S, mirror_subscriptions
 from raft.node.links.throttle import ByteRate
 from raft.protocol.requests import Fetch
 
@@ -100,6 +100,8 @@ class Puller:
         self._report_at = 0.0
         self._opened = False
         self._subs_at = 0.0
+        self._subs_round = 0.0
+        self._capped_at: int | None = None  # the mirror's end at a round that capped a position
         self.subscriptions_set = 0  # positions copied from the source (replicated subscriptions)
         # The term of the leadership this puller serves (set when it runs). A fetch answered
         # after this node lost and regained leadership is dropped: the new term's log may
@@ -317,15 +319,25 @@ class Puller:
 
     async def _mirror_subscriptions(self) -> None:
         """Copy the source partition's subscription positions (raft/node/links/
-        subscriptions.py), at most once a SUBS_EVERY_S."""
+        subscriptions.py), at most once a SUBS_EVERY_S; after a round that capped a position
+        (the mirror behind it), again once the mirror's committed end moved, at most once a
+        CAPPED_AGAIN_S (a caught-up mirror carries the positions promptly; an idle one whose
+        source positions sit past its end on the source's own no-ops costs nothing more)."""
         now = trio.current_time()
-        if now < self._subs_at or getattr(self.group, "subs", None) is None:
+        if getattr(self.group, "subs", None) is None:
             return
-        self._subs_at = now + SUBS_EVERY_S
+        end = visible_hw(self.group)
+        due = now >= self._subs_at or (self._capped_at is not None and end > self._capped_at
+                                       and now >= self._subs_round + CAPPED_AGAIN_S)
+        if not due:
+            return
+        self._subs_at, self._subs_round = now + SUBS_EVERY_S, now
         s = self.spec
         try:
-            self.subscriptions_set += await mirror_subscriptions(
-                self.client, self.group, s.source_topic, s.partition)
+            done, capped = await mirror_subscriptions(self.client, self.group, s.source_topic,
+                                                      s.partition)
+            self.subscriptions_set += done
+            self._capped_at = end if capped else None
         except (RaftlogError, OSError) as e:
             log.info("link_subscriptions_failed link=%s topic=%s partition=%d error=%s",
                      s.link, s.topic, s.partition, e)
