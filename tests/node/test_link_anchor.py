@@ -29,9 +29,10 @@ from test_link_puller import SPEC, Mirror
 class History:
     """One source partition's history: batches (base, count), their bytes, its log start."""
 
-    def __init__(self, batches: list[tuple[int, int]], fill: bytes = b"x", start: int = 0):
+    def __init__(self, batches: list[tuple[int, int]], fill: bytes = b"x", start: int = 0,
+                 hw: int | None = None):
         self.batches, self.fill, self.start = batches, fill, start
-        self.hw = max((b + c - 1 for b, c in batches), default=-1)
+        self.hw = max((b + c - 1 for b, c in batches), default=-1) if hw is None else hw
 
 
 class Source:
@@ -41,6 +42,7 @@ class Source:
     def __init__(self, history: History, then: list[tuple[int, Any]] | None = None) -> None:
         self.history, self.then = history, list(then or [])
         self.fetched: list[int] = []
+        self.commits: list[int] = []  # the link's position reports
         self.states: list[PullState] = []
         self.puller: Puller | None = None
 
@@ -60,15 +62,22 @@ class Source:
                                                  "high_watermark": h.hw})
         out = [{"base_offset": b, "count": c, "timestamp_ms": b, "payload": h.fill * c}
                for b, c in h.batches if b + c - 1 >= offset][:2]
-        if not out and request.max_wait_ms:
-            await trio.sleep(request.max_wait_ms / 1000)
+        if out:
+            nxt = out[-1]["base_offset"] + out[-1]["count"]
+        elif offset <= h.hw:
+            nxt = h.hw + 1  # offsets holding no data (the source's no-ops), skipped
+        else:
+            nxt = offset
+            if request.max_wait_ms:
+                await trio.sleep(request.max_wait_ms / 1000)  # the long poll
         return {"batches": out, "high_watermark": h.hw, "start_offset": h.start,
-                "next_offset": out[-1]["base_offset"] + out[-1]["count"] if out else offset}
+                "next_offset": nxt}
 
     async def subscription_open(self, name: str, **kw: Any) -> dict:
         return {}
 
     async def subscription_commit(self, name: str, position: int, **kw: Any) -> dict:
+        self.commits.append(position)
         return {}
 
 
@@ -140,3 +149,14 @@ def test_an_anchor_cut_by_the_sources_retention_is_not_compared() -> None:
     source = Source(History([(4, 3)], start=4))
     pull(mirror, source)
     assert mirror.appended == ORIGINAL + [(4, 3)]
+
+
+def test_the_reported_position_is_the_mirrors_committed_end_not_the_offsets_seen() -> None:
+    """Source offsets 6..8 hold no data (its no-ops, control entries). Reported as the link's
+    position, the source could cut them; a later puller (resumed, a new leader) starts at the
+    mirror's end + 1 = 6 and would record a bootstrap of offsets that lost nothing."""
+    mirror = Mirror()
+    source = Source(History([(0, 2), (5, 1)], hw=8))
+    puller = pull(mirror, source, 30)
+    assert mirror.appended == [(0, 2), (5, 1)] and puller.status()["lag_records"] == 0
+    assert source.commits and max(source.commits) == 6, source.commits

@@ -344,13 +344,12 @@ class Puller:
 
     async def _report_position(self) -> None:
         """Commit what the sink has committed to the source's link subscription (at most once
-        a REPORT_EVERY_S, only when it moved); failures are retried at the next report. Past
-        the committed data it includes the source offsets seen to hold none (no-ops, control
-        entries), so the source need not keep those for the link."""
-        committed = visible_hw(self.group)
-        position = committed + 1
-        if committed >= self.mirrored:  # all appended is committed: skipped offsets count too
-            position = max(position, self.seen_to + 1)
+        a REPORT_EVERY_S, only when it moved); failures are retried at the next report. Only
+        the committed data's end: the source offsets seen to hold none past it (no-ops,
+        control entries, this very commit) are not in the mirror's log, so a later puller
+        (resumed, or on a new leader) starts before them; had the source cut them on the
+        report's word, that puller would record a bootstrap of offsets that lost nothing."""
+        position = visible_hw(self.group) + 1
         now = trio.current_time()
         if position <= self._reported or now < self._report_at:
             return
