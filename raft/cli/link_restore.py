@@ -135,16 +135,24 @@ async def copy_subscriptions(source: Client, sink: Client, topic: str,
     return out
 
 
-def _next_steps(src_meta: Metadata, topics: list[str], here: str) -> list[str]:
+def _next_steps(src_meta: Metadata, topics: list[str], here: str,
+                cluster_id: str | None) -> list[str]:
     """What to run on the other cluster (its copy of each topic)."""
     out = []
     for topic in topics:
         info = src_meta.topics[topic]
         o = info.origin
-        if o is not None and info.mirror_active:
+        if o is not None and info.mirror_active and o.get("source_cluster_id") == cluster_id:
             out.append(f"{topic}: its mirror there (link {o.get('link')!r}) follows this "
                        f"cluster again: if you paused that link, run `raftlog link resume "
                        f"{o.get('link')}` there")
+        elif o is not None and info.mirror_active:
+            out.append(f"{topic}: it is a mirror there of cluster {o.get('source_cluster_id')}"
+                       f" (link {o.get('link')!r}); if that was this cluster before it was "
+                       f"rebuilt at the same addresses, `raftlog link resume {o.get('link')}` "
+                       f"there makes it follow this cluster (its pullers first check that "
+                       f"{topic} here holds their last batch); else the copy here is "
+                       f"independent of it now")
         else:
             out.append(f"{topic}: it is writable there too; stop writing it there, and to keep "
                        f"a copy there delete it there and link it from here: `raftlog link "
@@ -213,7 +221,7 @@ async def restore(args: argparse.Namespace, source: Client, sink: Client, src_me
                                      "offsets_lost": r["offsets_lost"]}
                     for r in rows if r["topic"] == t} for t in topics}
     here = args.servers if isinstance(args.servers, str) else "THIS-CLUSTER:PORT"
-    steps = _next_steps(src_meta, topics, here)
+    steps = _next_steps(src_meta, topics, here, sink_meta.cluster_id)
     if args.json:
         print(json.dumps({"restored": restored, "subscriptions": subs, "next": steps},
                          indent=2, sort_keys=True))
