@@ -9,6 +9,8 @@ subscriptions.py).
   promoted, the restore link deleted.
 - The survivor's link was not paused: its puller never copies while the restoring cluster's
   topic is gone or short, and follows the restored topic's new writes afterwards.
+- A source recreated and written past the mirror's end leaves the mirror `diverged` and
+  untouched (on main it copied the new history after the old one).
 """
 
 from __future__ import annotations
@@ -119,3 +121,44 @@ async def test_restore_refuses_records_replaces_an_empty_leftover_and_the_surviv
         with trio.fail_after(DEADLINE_S):
             while not await same(a, b):
                 await trio.sleep(0.05)
+
+
+@trio_test
+async def test_a_source_recreated_and_written_again_leaves_the_mirror_diverged_untouched() \
+        -> None:
+    """A's topic is deleted and recreated, then written past B's mirror's end: B's puller
+    copies nothing (the anchor differs), and `link_status` says `diverged` and where to look."""
+    async with running_cluster(1) as a, running_cluster(1) as b:
+        await create(a, "orders", 1, 1)
+        await all_partitions_led(a, "orders")
+        for value in (b"a", b"b", b"c"):
+            await produce(a, "orders", 0, value)
+        meta = await request(a.live[0], "metadata")
+        await metadata_everywhere(b, lambda m: "default" in m.topics)
+        made = await admin(b, "link_create", **{**mirror_fields(
+            "dr", [a.live[0].address], meta["cluster_id"], [["orders", "orders", 1]]),
+            "replicas": 1})
+        assert made["ok"], made
+        await metadata_everywhere(b, lambda m: "orders" in m.topics)
+        with trio.fail_after(DEADLINE_S):
+            while not await same(a, b):
+                await trio.sleep(0.05)
+        b0 = await partition_leader(b, group_of(b.live[0], "orders", 0))
+        held = await batches(b0, "orders", 0)
+        assert (await admin(a, "topic_delete", name="orders"))["ok"]
+        await metadata_everywhere(a, lambda m: "orders" not in m.topics)
+        await create(a, "orders", 1, 1)
+        await all_partitions_led(a, "orders")
+        for i in range(8):  # another history, past the mirror's end
+            await produce(a, "orders", 0, f"new-{i}".encode())
+
+        async def state() -> dict:
+            rows = (await request(b0, "link_status"))["partitions"]
+            return rows[0] if rows else {}
+
+        with trio.fail_after(DEADLINE_S):
+            while (await state()).get("state") != "diverged":
+                await trio.sleep(0.05)
+        row = await state()
+        assert "DR runbook in docs/REPLICATION.md" in row["message"], row
+        assert await batches(b0, "orders", 0) == held
