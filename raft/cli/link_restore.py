@@ -162,7 +162,9 @@ def _next_steps(src_meta: Metadata, topics: list[str], here: str,
 
 async def restore(args: argparse.Namespace, source: Client, sink: Client, src_meta: Metadata,
                   sink_meta: Metadata, ca_pem: str, describe: Describe) -> int:
-    """The whole of `link create --restore` (the module docstring's steps)."""
+    """The whole of `link create --restore` (the module docstring's steps). Progress lines go
+    to stdout, or to stderr with --json (stdout is then one JSON object)."""
+    out = sys.stderr if args.json else sys.stdout
     if args.prefix:
         return _fail("--restore recreates each topic under its own name (offsets and "
                      "subscriptions with it); drop --prefix")
@@ -183,18 +185,19 @@ async def restore(args: argparse.Namespace, source: Client, sink: Client, src_me
         mirrors.append((topic, topic, info.partition_count))
     for topic in leftovers:
         await sink.delete_topic(topic)
-        print(f"deleted the empty topic {topic!r} here, to recreate it from the other cluster")
+        print(f"deleted the empty topic {topic!r} here, to recreate it from the other cluster",
+              file=out)
     replicas = args.replicas or min(3, max(1, len(sink_meta.nodes)))
     await sink.call(LinkCreate(args.name, list(args.source), src_meta.cluster_id or "", mirrors,
                                replicas, ca_pem, args.source_token or "",
                                int(args.timeout * 1000)), timeout=args.timeout)
     topics = [m[0] for m in mirrors]
     print(f"restoring {', '.join(topics)} from cluster {src_meta.cluster_id} (link "
-          f"{args.name}): read-only here until restored")
+          f"{args.name}): read-only here until restored", file=out)
     if args.no_wait:
         print(f"watch `raftlog link describe {args.name}`; when every partition is caught_up, "
               f"run `raftlog topic promote TOPIC` for each topic and `raftlog link delete "
-              f"{args.name}`")
+              f"{args.name}`", file=out)
         return 0
     deadline = trio.current_time() + args.restore_timeout
     while True:

@@ -85,7 +85,7 @@ def test_a_cluster_restores_a_lost_topic_from_its_mirror(tmp_path: Path) -> None
         code, text = run_cli("link", "create", "back", "--source", b.servers, "--topic", TOPIC,
                              "--restore", "--json", "--servers", a.servers, "--timeout", "30")
         assert code == 0, text
-        report = json.loads(text[text.index("{"):])
+        report = json.loads(text[text.index("{\n"):])  # after the progress lines (stderr)
         assert "link resume dr" in " ".join(report["next"]), report
         for p in range(PARTITIONS):
             address = leader_address(a, set(), TOPIC, p)
