@@ -194,6 +194,9 @@ async def _describe(args: argparse.Namespace) -> int:
                        f"{desc['source_cluster_id']}",
             ("topic", "partition", "state", "source hw", "mirrored", "lag records",
              "lag bytes", "lag s", "bootstraps"), rows)
+    for r in desc["partitions"]:  # what a stopped partition says to do (source_behind, ...)
+        if r["message"] and r["state"] not in ("mirroring", "caught_up"):
+            print(f"{r['topic']}[{r['partition']}] {r['state']}: {r['message']}")
     return 0
 
 

@@ -1,6 +1,7 @@
 """Disaster recovery of a cluster from its mirror, on real processes (issue 30, seed 000;
 docs/REPLICATION.md "Disaster recovery runbook"): cluster A's topic of 2 partitions is mirrored
-to cluster B with a subscription; A loses the topic (deleted); the runbook: `link pause` on B,
+to cluster B with a subscription; A loses the topic (deleted, recreated empty: B's link describe
+shows source_behind and copies nothing); the runbook: `link pause` on B,
 `raftlog link create back --source B --topic orders --restore` on A, which recreates the topic
 under its own name with B's offsets and bytes and its subscription positions, promotes it and
 deletes the link; a produce on A lands at the next offset; `link resume` on B, whose mirror
@@ -77,11 +78,21 @@ def test_a_cluster_restores_a_lost_topic_from_its_mirror(tmp_path: Path) -> None
         held = {p: batches(leader_address(b, set(), TOPIC, p) or "", TOPIC, p)[1]
                 for p in range(PARTITIONS)}
 
-        # A loses the topic. The runbook: pause B's link, restore A from B.
-        code, text = run_cli("link", "pause", "dr", "--servers", b.servers)
-        assert code == 0, text
+        # A loses the topic: deleted, and recreated empty (an application's auto-create).
         gone = admin(a, set(), "topic_delete", name=TOPIC)
         assert gone["ok"], gone
+        made = admin(a, set(), "topic_create", name=TOPIC, partitions=PARTITIONS, replicas=1)
+        assert made["ok"], made
+
+        def behind() -> bool:
+            code, text = run_cli("link", "describe", "dr", "--servers", b.servers)
+            return code == 0 and text.count("source_behind: the source is behind the mirror: "
+                                            "it lost data") == PARTITIONS
+
+        wait_for(behind, "B's link to stop: the source is behind its mirror", 60)
+        # The runbook: pause B's link, restore A from B.
+        code, text = run_cli("link", "pause", "dr", "--servers", b.servers)
+        assert code == 0, text
         code, text = run_cli("link", "create", "back", "--source", b.servers, "--topic", TOPIC,
                              "--restore", "--json", "--servers", a.servers, "--timeout", "30")
         assert code == 0, text
