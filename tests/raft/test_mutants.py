@@ -74,6 +74,7 @@ import test_links_controller  # noqa: E402  (cross-cluster links: docs/REPLICATI
 import test_link_manager  # noqa: E402  (tests/node, on the path above)
 import test_link_puller  # noqa: E402  (tests/node)
 import test_link_anchor  # noqa: E402  (tests/node: a source that lost data is not copied)
+import test_link_restore  # noqa: E402  (tests/node: link create --restore)
 import test_request_order  # noqa: E402  (tests/node: pipelined requests keep their order)
 import test_links_inproc  # noqa: E402  (tests/node: a link holds its source's retention)
 # The store's group commit across logs is killed by the storage tests (tests/storage).
@@ -717,6 +718,11 @@ MUTANTS = [
            "position = visible_hw(self.group) + 1",
            "position = max(visible_hw(self.group), self.seen_to) + 1",
            (test_link_anchor.test_the_reported_position_is_the_mirrors_committed_end_not_the_offsets_seen,)),
+    Mutant("a restore deletes a topic that still holds records to recreate it from the mirror",
+           "raft.cli.link_restore", "_leftover_refusal",
+           "    if where is None:",
+           "    if True:",
+           (test_link_restore.test_restore_refuses_records_replaces_an_empty_leftover_and_the_survivor_follows,)),
     Mutant("a node certificate authenticates any request, not only node-internal ones",
            "raft.node.auth", "Authenticator.authorize",
            "if request_type in NODE_REQUESTS:",
