@@ -9,6 +9,9 @@ source that lost data or was recreated is never copied after the mirror's histor
   fetching, also when the source is recreated while the puller runs (it checks again after
   every failure).
 - A source whose log starts past the anchor (retention) cannot be compared: the puller goes on.
+- A source behind is logged once it lasted BEHIND_LOG_AFTER_S (not a new leader's moment).
+- The position reported to the source is the mirror's committed end, not the source offsets
+  seen to hold no data (a later puller would count those as a bootstrap's gap).
 
 Scripted source and the fake mirror of test_link_puller, on trio's virtual clock.
 """
@@ -160,3 +163,15 @@ def test_the_reported_position_is_the_mirrors_committed_end_not_the_offsets_seen
     puller = pull(mirror, source, 30)
     assert mirror.appended == [(0, 2), (5, 1)] and puller.status()["lag_records"] == 0
     assert source.commits and max(source.commits) == 6, source.commits
+
+
+def test_a_source_behind_is_logged_once_it_lasts(caplog: Any) -> None:
+    """A new source leader may report less than its predecessor committed for a moment: only
+    a source behind for BEHIND_LOG_AFTER_S is logged, once."""
+    caplog.set_level("WARNING", logger="raftlog.links")
+    mirror = mirrored_original()
+    puller = pull(mirror, Source(History([])), 3)
+    assert puller.state is PullState.SOURCE_BEHIND and not caplog.records
+    pull(mirror, Source(History([])), 60)
+    [record] = [r for r in caplog.records if "link_source_behind" in r.getMessage()]
+    assert "DR runbook in docs/REPLICATION.md" in record.getMessage()

@@ -49,6 +49,9 @@ APPEND_TIMEOUT_S = 10.0
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 2.0
 REPORT_EVERY_S = 1.0  # the position on the source moves at most this often per partition
 RUNBOOK = "see the DR runbook in docs/REPLICATION.md"
+# A source behind the mirror is logged once it stays so this long: a new source leader may
+# report less than its predecessor committed for a moment, which is no loss.
+BEHIND_LOG_AFTER_S = 5.0
 
 
 class PullState(str, Enum):
@@ -113,6 +116,7 @@ class Puller:
         # Whether this run checked the anchor (the source holds the mirror's last batch);
         # cleared by every failure, so a source recreated meanwhile is caught before an append.
         self._anchored = False
+        self._behind_at: float | None = None  # since when the source is behind (logged: None)
 
     # -- status --------------------------------------------------------------------------------
     @property
@@ -227,7 +231,11 @@ class Puller:
         """The source's log ends before the mirror's: nothing is appended; retried."""
         if hw is not None:
             self.source_hw = int(hw)
+        now = trio.current_time()
         if self.state is not PullState.SOURCE_BEHIND:
+            self._behind_at = now
+        if self._behind_at is not None and now - self._behind_at >= BEHIND_LOG_AFTER_S:
+            self._behind_at = None  # logged once per episode
             s = self.spec
             log.warning("link_source_behind link=%s topic=%s partition=%d mirror_end=%d "
                         "source_hw=%d: the source is behind the mirror: it lost data; %s",
