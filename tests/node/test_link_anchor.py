@@ -18,6 +18,8 @@ Scripted source and the fake mirror of test_link_puller, on trio's virtual clock
 
 from __future__ import annotations
 
+import itertools
+from types import SimpleNamespace
 from typing import Any
 
 import trio
@@ -30,11 +32,16 @@ from test_link_puller import SPEC, Mirror
 
 
 class History:
-    """One source partition's history: batches (base, count), their bytes, its log start."""
+    """One source partition's history: batches (base, count), their bytes, its log start, and
+    the group of that incarnation of the topic (another for each history: a recreated topic
+    is a new group)."""
+
+    groups = itertools.count(100)
 
     def __init__(self, batches: list[tuple[int, int]], fill: bytes = b"x", start: int = 0,
                  hw: int | None = None):
         self.batches, self.fill, self.start = batches, fill, start
+        self.group = next(History.groups)
         self.hw = max((b + c - 1 for b, c in batches), default=-1) if hw is None else hw
 
 
@@ -59,6 +66,8 @@ class Source:
                 raise nxt
             self.history = nxt
         h, offset = self.history, request.offset
+        if request.group is not None and request.group != h.group:
+            raise RaftlogError(f"group {request.group} does not run here", code="BAD_REQUEST")
         if offset < h.start or offset > h.hw + 1:
             raise OffsetOutOfRangeError("out of range", code="OFFSET_OUT_OF_RANGE",
                                         details={"start_offset": h.start,
@@ -75,6 +84,9 @@ class Source:
                 await trio.sleep(request.max_wait_ms / 1000)  # the long poll
         return {"batches": out, "high_watermark": h.hw, "start_offset": h.start,
                 "next_offset": nxt}
+
+    async def topic(self, name: str, **kw: Any) -> Any:
+        return SimpleNamespace(partitions=[SimpleNamespace(group=self.history.group)])
 
     async def subscription_open(self, name: str, **kw: Any) -> dict:
         return {}
@@ -175,3 +187,15 @@ def test_a_source_behind_is_logged_once_it_lasts(caplog: Any) -> None:
     pull(mirror, Source(History([])), 60)
     [record] = [r for r in caplog.records if "link_source_behind" in r.getMessage()]
     assert "DR runbook in docs/REPLICATION.md" in record.getMessage()
+
+
+def test_a_source_recreated_between_two_fetches_is_caught_before_an_append() -> None:
+    """The topic is deleted and recreated, with other batches past the mirror's end, between
+    two fetches that both succeed: the fetch names the source group the anchor was checked
+    on, so the new incarnation's answer is refused and the anchor checked again."""
+    mirror = mirrored_original()
+    other = History([(0, 1), (1, 1), (2, 2), (4, 4)], fill=b"y")
+    source = Source(History(ORIGINAL), then=[(3, other)])
+    puller = pull(mirror, source)
+    assert puller.state is PullState.DIVERGED, puller.status()
+    assert mirror.appended == ORIGINAL

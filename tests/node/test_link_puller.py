@@ -87,6 +87,10 @@ class Source:
         self.commits.append(position)
         return {}
 
+    async def topic(self, name: str, **kw: Any) -> Any:
+        """The source partition's group (one incarnation of the topic here)."""
+        return SimpleNamespace(partitions=[SimpleNamespace(group=1)])
+
 
 def run(mirror: Mirror, source: Source, report_gap: Any = None) -> Puller:
     async def no_gap(spec: PullSpec, a: int, b: int) -> None:

@@ -12,7 +12,9 @@ had not mirrored: a paused link, the age valve), the gap is recorded in the cont
 
 Continuity (the anchor): before it appends after the mirror's last batch, a puller checks that
 the source still holds that very batch at the same offset (same count, timestamp and bytes),
-once per run and again after any failure. A source that lost data or was recreated (its log
+once per run and again after any failure; the fetches that follow name the source partition's
+group as the check found it, so a topic deleted and recreated between two fetches (a new
+group) fails the next fetch, and the check runs again. A source that lost data or was recreated (its log
 ends before the mirror's: `source_behind`; or it holds other batches there: `diverged`) is
 never copied after the mirror's history: the mirror is never truncated, overwritten or
 continued at offsets of another history (docs/REPLICATION.md, "Disaster recovery").
@@ -117,6 +119,9 @@ class Puller:
         # cleared by every failure, so a source recreated meanwhile is caught before an append.
         self._anchored = False
         self._behind_at: float | None = None  # since when the source is behind (logged: None)
+        # The source partition's group when the anchor was checked: fetches name it, so one
+        # served by another incarnation of the topic (deleted and created again) fails.
+        self._source_group: int | None = None
 
     # -- status --------------------------------------------------------------------------------
     @property
@@ -189,14 +194,22 @@ class Puller:
         sets SOURCE_BEHIND (retried: a new source leader may briefly report less) or DIVERGED
         (proof of another history: held until the operator acts) otherwise. A source whose log
         starts past the anchor (retention) cannot be checked: the offsets' checks remain."""
+        s = self.spec
+        info = await self.client.topic(s.source_topic, refresh=True)
+        if s.partition >= len(info.partitions):  # recreated with fewer partitions
+            self._behind(-1)
+            return False
+        gid = info.partitions[s.partition].group
+        self._source_group = gid if gid >= 0 else None
         anchor = self.group.last_mirrored()
         if anchor is None:
             self._anchored = True
             return True
-        s, base = self.spec, int(anchor["base_offset"])
+        base = int(anchor["base_offset"])
         try:
             reply = await self.client.call(
-                Fetch(base, 1, 0, topic=s.source_topic, partition=s.partition),
+                Fetch(base, 1, 0, group=self._source_group, topic=s.source_topic,
+                      partition=s.partition),
                 timeout=LONG_POLL_MS / 1000 + 10, attempt_timeout=LONG_POLL_MS / 1000 + 5)
         except OffsetOutOfRangeError as e:
             if e.start_offset is not None and int(e.start_offset) > base:
@@ -255,8 +268,8 @@ class Puller:
     async def _step(self, pos: int) -> tuple[int, bool]:
         s = self.spec
         reply = await self.client.call(
-            Fetch(pos, FETCH_MAX_BYTES, LONG_POLL_MS, topic=s.source_topic,
-                  partition=s.partition),
+            Fetch(pos, FETCH_MAX_BYTES, LONG_POLL_MS, group=self._source_group,
+                  topic=s.source_topic, partition=s.partition),
             timeout=LONG_POLL_MS / 1000 + 10, attempt_timeout=LONG_POLL_MS / 1000 + 5)
         self.source_hw = int(reply["high_watermark"])
         self.source_start = int(reply["start_offset"])
