@@ -3,6 +3,7 @@ docs/REPLICATION.md).
 
     raftlog link create dr --source 10.0.0.1:7101,10.0.0.2:7101 --topic orders [--topic ...]
                            [--prefix P] [--source-ca ca.pem] [--source-token TOKEN]
+    raftlog link create back --source B1:7101 --topic orders --restore   # disaster recovery
     raftlog link list [--json]
     raftlog link describe dr [--json]   # per partition: source hw, mirrored, lag, state, gaps
     raftlog link pause dr | resume dr | delete dr
@@ -23,7 +24,8 @@ from typing import Any
 
 import trio
 
-from raft.cli.args import json_flag, positive_int, servers_arg
+from raft.cli.args import json_flag, positive_float, positive_int, servers_arg
+from raft.cli.link_restore import restore
 from raft.cli.security import client_options
 from raft.cli.status import _render
 from raft.client import Client
@@ -64,6 +66,8 @@ async def _create(args: argparse.Namespace) -> int:
         if sink_meta.cluster_id == src_meta.cluster_id:
             return _fail(f"--source {args.source} is this cluster ({src_meta.cluster_id}); a "
                          f"link copies between two clusters: give the other cluster's nodes")
+        if args.restore:  # link_restore.py: same names and offsets, then promoted
+            return await restore(args, source, sink, src_meta, sink_meta, ca_pem, describe_link)
         mirrors: list[tuple[str, str, int]] = []
         for topic in dict.fromkeys(args.topic):
             info = src_meta.topics.get(topic)
@@ -192,6 +196,9 @@ async def _describe(args: argparse.Namespace) -> int:
                        f"{desc['source_cluster_id']}",
             ("topic", "partition", "state", "source hw", "mirrored", "lag records",
              "lag bytes", "lag s", "bootstraps"), rows)
+    for r in desc["partitions"]:  # what a stopped partition says to do (source_behind, ...)
+        if r["message"] and r["state"] not in ("mirroring", "caught_up"):
+            print(f"{r['topic']}[{r['partition']}] {r['state']}: {r['message']}")
     return 0
 
 
@@ -279,6 +286,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a token of the source cluster allowed to read the topics")
     c.add_argument("--replicas", type=positive_int, default=None,
                    help="replicas of each mirror partition (default: 3, or fewer nodes)")
+    c.add_argument("--restore", action="store_true",
+                   help="disaster recovery: recreate the topics this cluster lost from the "
+                        "source's copy under their own names, offsets and subscriptions "
+                        "with them, then promote them and delete the link "
+                        "(docs/REPLICATION.md, DR runbook)")
+    c.add_argument("--no-wait", dest="no_wait", action="store_true",
+                   help="with --restore: create the link and return (promote by hand)")
+    c.add_argument("--restore-timeout", dest="restore_timeout", type=positive_float,
+                   default=3600.0, help="with --restore: seconds to wait for the copy "
+                                        "(default 3600)")
     _common(c, "print the link as JSON")
     c.set_defaults(func=_run(_create))
 

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from raft.core.types import Acks, ErrorCode
 from raft.node.pending import Pending
-from storage.mirrored import MalformedTag, mirrored
+from storage.api import OffsetOutOfRange
+from storage.mirrored import (MalformedTag, decode_tag, find, mirrored, records_of, run_sync,
+                              visible_last)
 from storage.records import MalformedRecords, check_records
 
 if TYPE_CHECKING:
@@ -99,3 +101,21 @@ class MirrorGroup:
             appended += 1
         return MirrorAppend(ErrorCode.OK, core.visible_end, appended)
 
+    def last_mirrored(self) -> dict[str, Any] | None:
+        """The mirror's last MIRRORED batch (the one holding `visible_end`, committed or not) as
+        the source's fetch returns it, or None when the log no longer holds it (a retention cut
+        or a state transfer past it). The link's anchor: a puller checks that the source still
+        holds this very batch before it appends after it (raft/node/links/puller.py)."""
+        core: RaftCore | None = self.core  # type: ignore[attr-defined]
+        if core is None or not self.translated or core.visible_end < 0:
+            return None
+        log = self.log  # type: ignore[attr-defined]
+        try:
+            got = run_sync(find(log, core.visible_end, log.dirty_offset))
+        except OffsetOutOfRange:
+            return None
+        b = got.batch
+        if b is None or visible_last(b) != core.visible_end:
+            return None
+        return {"base_offset": decode_tag(b.payload), "count": b.count,
+                "timestamp_ms": b.timestamp_ms, "payload": records_of(b)}

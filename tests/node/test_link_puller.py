@@ -2,7 +2,7 @@
 fake mirror group that applies the core's position rule: batches land at the source's
 offsets, gaps of the source kept; a MIRROR_POSITION answer resyncs from the mirror's log; a
 bootstrap records the gap before anything past it is appended, and not at all while the
-record fails; a mirror ahead of its source is reported diverged and written nothing; a reply
+record fails; a mirror ahead of its source is reported source_behind and written nothing; a reply
 fetched under a leadership this node since lost and regained is dropped."""
 
 from __future__ import annotations
@@ -50,6 +50,15 @@ class Mirror:
         return SimpleNamespace(error=ErrorCode.OK, visible_end=self.core.visible_end,
                                appended=len(batches), message="")
 
+    def last_mirrored(self) -> dict | None:
+        """The anchor: the last batch appended, as the Source below makes batches (none
+        known for a visible end set up front)."""
+        if not self.appended:
+            return None
+        base, count = self.appended[-1]
+        return {"base_offset": base, "count": count, "timestamp_ms": base,
+                "payload": b"x" * count}
+
 
 class Source:
     """Scripted source partition: batches (base, count), its log start and high watermark.
@@ -86,6 +95,10 @@ class Source:
     async def subscription_commit(self, name: str, position: int, **kw: Any) -> dict:
         self.commits.append(position)
         return {}
+
+    async def topic(self, name: str, **kw: Any) -> Any:
+        """The source partition's group (one incarnation of the topic here)."""
+        return SimpleNamespace(partitions=[SimpleNamespace(group=1, leader_address="source")])
 
 
 def run(mirror: Mirror, source: Source, report_gap: Any = None,
@@ -137,7 +150,31 @@ def test_a_bootstrap_records_the_gap_before_going_past_it() -> None:
     assert puller.bootstraps == 1
 
 
-def test_a_mirror_ahead_of_its_source_is_diverged_and_left_alone() -> None:
+def test_a_followers_further_cut_is_no_gap_while_the_leader_holds_the_position() -> None:
+    """Each source replica cuts its own log, and followers serve fetches: a follower whose log
+    starts past the mirror's position says nothing of what is lost while the partition's
+    leader still holds it. The puller asks the leader before recording a bootstrap (CI: a
+    paused link resumed against a follower recorded a gap of offsets the leader held)."""
+    mirror = Mirror(visible_end=1)
+    source = Source(mirror, [(0, 2), (2, 3), (5, 1)])
+    follower_says_start = [5]  # the first fetch after the pause lands on a follower
+
+    async def call(request: Any, **kw: Any) -> dict:
+        if follower_says_start and kw.get("server") is None:
+            raise OffsetOutOfRangeError("out of range", code="OFFSET_OUT_OF_RANGE", details={
+                "start_offset": follower_says_start.pop(), "high_watermark": source.hw})
+        return await Source.call(source, request, **kw)
+
+    async def report(spec: PullSpec, a: int, b: int) -> None:
+        mirror.events.append(("gap", a, b))
+
+    source.call = call  # type: ignore[method-assign]
+    puller = run(mirror, source, report)
+    assert ("gap", 2, 4) not in mirror.events and puller.bootstraps == 0
+    assert mirror.appended == [(2, 3), (5, 1)]
+
+
+def test_a_mirror_ahead_of_its_source_is_source_behind_and_left_alone() -> None:
     mirror = Mirror(visible_end=5)
     source = Source(mirror, [(0, 2)])
     puller = Puller(SPEC, mirror, source, ByteRate(0), None)  # type: ignore[arg-type]
@@ -147,8 +184,9 @@ def test_a_mirror_ahead_of_its_source_is_diverged_and_left_alone() -> None:
             await puller.run()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    assert puller.state is PullState.DIVERGED and mirror.appended == []
-    assert "delete the link" in puller.message
+    assert puller.state is PullState.SOURCE_BEHIND and mirror.appended == []
+    assert "the source is behind the mirror: it lost data" in puller.message
+    assert "DR runbook in docs/REPLICATION.md" in puller.message
 
 
 def test_replicated_subscriptions_never_ahead_of_the_mirror() -> None:

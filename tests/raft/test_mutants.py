@@ -73,6 +73,8 @@ import test_shards  # noqa: E402  (partitions on (node, shard): docs/SHARDS.md)
 import test_links_controller  # noqa: E402  (cross-cluster links: docs/REPLICATION.md)
 import test_link_manager  # noqa: E402  (tests/node, on the path above)
 import test_link_puller  # noqa: E402  (tests/node)
+import test_link_anchor  # noqa: E402  (tests/node: a source that lost data is not copied)
+import test_link_restore  # noqa: E402  (tests/node: link create --restore)
 import test_request_order  # noqa: E402  (tests/node: pipelined requests keep their order)
 import test_links_inproc  # noqa: E402  (tests/node: a link holds its source's retention)
 # The store's group commit across logs is killed by the storage tests (tests/storage).
@@ -701,11 +703,42 @@ MUTANTS = [
            "await self.report_gap(self.spec, pos, int(start) - 1)",
            "pass",
            (test_link_puller.test_a_bootstrap_records_the_gap_before_going_past_it,)),
+    Mutant("a link bootstraps on a follower's log start while the source's leader holds the position",
+           "raft.node.links.puller", "Puller._out_of_range",
+           "                start = await self._leaders_start(pos)",
+           "                pass",
+           (test_link_puller
+            .test_a_followers_further_cut_is_no_gap_while_the_leader_holds_the_position,)),
     Mutant("a puller appends a reply fetched ahead after an append that did not continue it",
            "raft.node.links.puller", "Puller._pull_from",
            "break  # the fetcher's continuation is not where the mirror goes on",
            "pass",
            (test_link_puller.test_a_resync_drops_the_reply_fetched_ahead,)),
+    Mutant("a puller appends after a source batch that differs from the mirror's last one",
+           "raft.node.links.puller", "Puller._check_anchor",
+           "        if theirs == ours:",
+           "        if True:",
+           (test_link_anchor.test_a_source_recreated_past_the_mirrors_end_is_diverged_and_never_copied,)),
+    Mutant("a puller does not check the source's history again after a failure",
+           "raft.node.links.puller", "Puller.run",
+           "                self._anchored = False  # check the source's history again",
+           "                pass  # check the source's history again",
+           (test_link_anchor.test_a_source_recreated_while_the_puller_runs_is_caught_before_an_append,)),
+    Mutant("a puller's fetch is served by whatever incarnation of the source topic exists",
+           "raft.node.links.puller", "Puller._fetch_ahead",
+           "LONG_POLL_MS, group=self._source_group,",
+           "LONG_POLL_MS, group=None,",
+           (test_link_anchor.test_a_source_recreated_between_two_fetches_is_caught_before_an_append,)),
+    Mutant("a link reports the source offsets it saw hold no data as its position",
+           "raft.node.links.puller", "Puller._report_position",
+           "position = visible_hw(self.group) + 1",
+           "position = max(visible_hw(self.group), self.seen_to) + 1",
+           (test_link_anchor.test_the_reported_position_is_the_mirrors_committed_end_not_the_offsets_seen,)),
+    Mutant("a restore deletes a topic that still holds records to recreate it from the mirror",
+           "raft.cli.link_restore", "_leftover_refusal",
+           "    if where is None:",
+           "    if True:",
+           (test_link_restore.test_restore_refuses_records_replaces_an_empty_leftover_and_the_survivor_follows,)),
     Mutant("a node certificate authenticates any request, not only node-internal ones",
            "raft.node.auth", "Authenticator.authorize",
            "if request_type in NODE_REQUESTS:",

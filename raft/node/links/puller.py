@@ -10,6 +10,15 @@ Bootstrap: when the source's log starts past the position (retention removed wha
 had not mirrored: a paused link, the age valve), the gap is recorded in the controller first
 (LinkEvent, so it is counted and never hidden) and the puller continues at the source's start.
 
+Continuity (the anchor): before it appends after the mirror's last batch, a puller checks that
+the source still holds that very batch at the same offset (same count, timestamp and bytes),
+once per run and again after any failure; the fetches that follow name the source partition's
+group as the check found it, so a topic deleted and recreated between two fetches (a new
+group) fails the next fetch, and the check runs again. A source that lost data or was recreated (its log
+ends before the mirror's: `source_behind`; or it holds other batches there: `diverged`) is
+never copied after the mirror's history: the mirror is never truncated, overwritten or
+continued at offsets of another history (docs/REPLICATION.md, "Disaster recovery").
+
 The position is reported to the source as the subscription `__link.<sink cluster>.<link>` on
 the source partition (what the sink has committed, in visible offsets), which the source's
 retention holds like any subscription's.
@@ -30,7 +39,7 @@ from raft.client.errors import (OffsetOutOfRangeError, PositionBehind, RaftlogEr
                                 UnknownSubscription)
 from raft.core.types import ErrorCode, Role
 from raft.node.api.fetch import visible_hw
-from raft.node.links.subscriptions import SUBS_EVERY_S, mirror_subscriptions
+from raft.node.links.subscriptions import CAPPED_AGAIN_S, SUBS_EVERY_S, mirror_subscriptions
 from raft.node.links.throttle import ByteRate
 from raft.protocol.requests import Fetch
 
@@ -43,6 +52,10 @@ LONG_POLL_MS = 5_000  # an idle puller sends one fetch per long poll, nothing el
 APPEND_TIMEOUT_S = 10.0
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 2.0
 REPORT_EVERY_S = 1.0  # the position on the source moves at most this often per partition
+RUNBOOK = "see the DR runbook in docs/REPLICATION.md"
+# A source behind the mirror is logged once it stays so this long: a new source leader may
+# report less than its predecessor committed for a moment, which is no loss.
+BEHIND_LOG_AFTER_S = 5.0
 
 
 class PullState(str, Enum):
@@ -51,7 +64,8 @@ class PullState(str, Enum):
     CAUGHT_UP = "caught_up"  # nothing new on the source
     SOURCE_UNREACHABLE = "source_unreachable"
     BOOTSTRAPPING = "bootstrapping"  # recording a gap before continuing past it
-    DIVERGED = "diverged"  # the mirror is ahead of the source (not the same history)
+    SOURCE_BEHIND = "source_behind"  # the source's log ends before the mirror's (lost data?)
+    DIVERGED = "diverged"  # the source holds another batch where the mirror's last one is
     BACKPRESSURE = "backpressure"  # the sink refused for now
 
 
@@ -107,6 +121,8 @@ class Puller:
         self._report_at = 0.0
         self._opened = False
         self._subs_at = 0.0
+        self._subs_round = 0.0
+        self._capped_at: int | None = None  # the mirror's end at a round that capped a position
         self.subscriptions_set = 0  # positions copied from the source (replicated subscriptions)
         # The term of the leadership this puller serves (set when it runs). A fetch answered
         # after this node lost and regained leadership is dropped: the new term's log may
@@ -115,6 +131,13 @@ class Puller:
         # would leave a hole the source does not have. Within one term a leader's log only
         # grows, so a reply fetched in it always continues the mirror.
         self.term: int | None = None
+        # Whether this run checked the anchor (the source holds the mirror's last batch);
+        # cleared by every failure, so a source recreated meanwhile is caught before an append.
+        self._anchored = False
+        self._behind_at: float | None = None  # since when the source is behind (logged: None)
+        # The source partition's group when the anchor was checked: fetches name it, so one
+        # served by another incarnation of the topic (deleted and created again) fails.
+        self._source_group: int | None = None
 
     # -- status --------------------------------------------------------------------------------
     @property
@@ -154,13 +177,103 @@ class Puller:
             self.term = core.term  # one leadership: the manager starts a new puller for the next
         pos = self.mirrored + 1
         while self._leads():
-            pos, ok = await self._pull_from(pos)
+            if self._anchored:
+                pos, ok = await self._pull_from(pos)
+            else:
+                try:
+                    ok = await self._check_anchor()
+                except (RaftlogError, OSError) as e:
+                    self.state, self.message, ok = PullState.SOURCE_UNREACHABLE, str(e), False
+                if self.state is PullState.DIVERGED:
+                    await self._hold()
+                    return
+                pos = self.mirrored + 1
+                if ok:
+                    continue  # checked: the fetch at visible_end + 1 comes next
+            if not ok:
+                self._anchored = False  # check the source's history again before appending
             if ok:  # resync at pos (mirrored already, a bootstrap) or the leadership ended
                 pause = BACKOFF_MIN_S
                 continue
             await trio.sleep(pause)  # this partition's retry pause after a failure only
             pause = min(BACKOFF_MAX_S, pause * 2)
             pos = self.mirrored + 1  # resync from the log: the only progress there is
+
+    async def _check_anchor(self) -> bool:
+        """Whether the source still holds the mirror's last batch (the anchor) as it is here;
+        sets SOURCE_BEHIND (retried: a new source leader may briefly report less) or DIVERGED
+        (proof of another history: held until the operator acts) otherwise. A source whose log
+        starts past the anchor (retention) cannot be checked: the offsets' checks remain."""
+        s = self.spec
+        info = await self.client.topic(s.source_topic, refresh=True)
+        if s.partition >= len(info.partitions):  # recreated with fewer partitions
+            self._behind(-1)
+            return False
+        gid = info.partitions[s.partition].group
+        self._source_group = gid if gid >= 0 else None
+        anchor = self.group.last_mirrored()
+        if anchor is None:
+            self._anchored = True
+            return True
+        base = int(anchor["base_offset"])
+        try:
+            reply = await self.client.call(
+                Fetch(base, 1, 0, group=self._source_group, topic=s.source_topic,
+                      partition=s.partition),
+                timeout=LONG_POLL_MS / 1000 + 10, attempt_timeout=LONG_POLL_MS / 1000 + 5)
+        except OffsetOutOfRangeError as e:
+            if e.start_offset is not None and int(e.start_offset) > base:
+                self._anchored = True  # cut by retention: nothing left to compare with
+                return True
+            self._behind(e.high_watermark)
+            return False
+        self.source_hw = int(reply["high_watermark"])
+        self.source_start = int(reply["start_offset"])
+        got = (reply.get("batches") or [None])[0]
+        if got is None:
+            self._behind(self.source_hw)
+            return False
+        theirs = (int(got["base_offset"]), int(got["count"]), int(got["timestamp_ms"]),
+                  bytes(got["payload"]))
+        ours = (base, int(anchor["count"]), int(anchor["timestamp_ms"]), bytes(anchor["payload"]))
+        if theirs == ours:
+            self._anchored = True
+            return True
+        self.state = PullState.DIVERGED
+        self.message = (f"the source holds another batch (offset {theirs[0]}, {theirs[1]} "
+                        f"records) where the mirror's last one is (offset {base}, {ours[1]} "
+                        f"records): the source lost data and was written again, it is not the "
+                        f"history this mirror copied. The mirror is left as it is, nothing "
+                        f"more is copied; {RUNBOOK} (restore the source from this mirror, or "
+                        f"promote it)")
+        log.error("link_diverged link=%s topic=%s partition=%d mirror_end=%d source_hw=%d: %s",
+                  s.link, s.topic, s.partition, self.mirrored, self.source_hw, RUNBOOK)
+        return False
+
+    def _behind(self, hw: int | None) -> None:
+        """The source's log ends before the mirror's: nothing is appended; retried."""
+        if hw is not None:
+            self.source_hw = int(hw)
+        now = trio.current_time()
+        if self.state is not PullState.SOURCE_BEHIND:
+            self._behind_at = now
+        if self._behind_at is not None and now - self._behind_at >= BEHIND_LOG_AFTER_S:
+            self._behind_at = None  # logged once per episode
+            s = self.spec
+            log.warning("link_source_behind link=%s topic=%s partition=%d mirror_end=%d "
+                        "source_hw=%d: the source is behind the mirror: it lost data; %s",
+                        s.link, s.topic, s.partition, self.mirrored, self.source_hw, RUNBOOK)
+        self.state = PullState.SOURCE_BEHIND
+        self.message = (f"the source is behind the mirror: it lost data (its high watermark "
+                        f"is {self.source_hw}, the mirror holds up to {self.mirrored}); nothing "
+                        f"is copied until it holds the mirror's history again (a new source "
+                        f"leader may report less for a moment); {RUNBOOK}")
+
+    async def _hold(self) -> None:
+        """Diverged: no more fetches while this node leads (the manager starts a new puller,
+        which checks again, after a leadership change or `link pause` then `link resume`)."""
+        while self._leads():
+            await trio.sleep(BACKOFF_MAX_S)
 
     async def _pull_from(self, pos: int) -> tuple[int, bool]:
         """Fetch from `pos` on and append in order until something other than a good append
@@ -216,8 +329,8 @@ class Puller:
                 self._reserve(max_bytes)
                 try:
                     reply = await self.client.call(
-                        Fetch(pos, max_bytes, LONG_POLL_MS, topic=s.source_topic,
-                              partition=s.partition),
+                        Fetch(pos, max_bytes, LONG_POLL_MS, group=self._source_group,
+                              topic=s.source_topic, partition=s.partition),
                         timeout=LONG_POLL_MS / 1000 + 10, attempt_timeout=LONG_POLL_MS / 1000 + 5)
                 except (RaftlogError, OSError) as e:
                     await send.send(_Fetched(pos, None, e, pos, max_bytes))
@@ -302,6 +415,13 @@ class Puller:
         if hw is not None:
             self.source_hw = int(hw)
         if start is not None and pos < int(start):
+            try:
+                start = await self._leaders_start(pos)
+            except (RaftlogError, OSError) as err:
+                self.message = (f"the source answered that its log starts past {pos}; asking "
+                                f"its leader failed ({err}), retrying")
+                return pos, False
+        if start is not None and pos < int(start):
             self.state = PullState.BOOTSTRAPPING
             self.message = (f"the source's log starts at {start}, past the mirror's position "
                             f"{pos}: offsets {pos}..{int(start) - 1} are lost to the mirror")
@@ -316,37 +436,61 @@ class Puller:
             self.bootstraps += 1
             self.source_start = int(start)
             return int(start), True
-        self.state = PullState.DIVERGED
-        self.message = (f"the mirror holds up to visible offset {self.mirrored} but the "
-                        f"source's high watermark is {hw}: the source is not the history this "
-                        f"mirror copied (recreated?); delete the link and the mirror topic, "
-                        f"or promote it")
+        self._behind(hw)
         return pos, False
+
+    async def _leaders_start(self, pos: int) -> int | None:
+        """The source partition's log start as its leader has it, when that is past `pos`
+        (None: the leader still holds `pos`, or no leader is known yet). Each replica cuts
+        its own log, and a follower (which serves fetches too) may have cut further than the
+        leader: only the leader's start says what the mirror lost. The pinned fetch also
+        points the client's route back at the leader."""
+        s = self.spec
+        info = await self.client.topic(s.source_topic, refresh=True)
+        if s.partition >= len(info.partitions) or not info.partitions[s.partition].leader_address:
+            return None
+        try:
+            await self.client.call(
+                Fetch(pos, 1, 0, group=self._source_group, topic=s.source_topic,
+                      partition=s.partition),
+                server=info.partitions[s.partition].leader_address, timeout=10)
+        except OffsetOutOfRangeError as e:
+            return None if e.start_offset is None else int(e.start_offset)
+        return None
 
     async def _mirror_subscriptions(self) -> None:
         """Copy the source partition's subscription positions (raft/node/links/
-        subscriptions.py), at most once a SUBS_EVERY_S."""
+        subscriptions.py), at most once a SUBS_EVERY_S; after a round that capped a position
+        (the mirror behind it), again once the mirror's committed end moved, at most once a
+        CAPPED_AGAIN_S (a caught-up mirror carries the positions promptly; an idle one whose
+        source positions sit past its end on the source's own no-ops costs nothing more)."""
         now = trio.current_time()
-        if now < self._subs_at or getattr(self.group, "subs", None) is None:
+        if getattr(self.group, "subs", None) is None:
             return
-        self._subs_at = now + SUBS_EVERY_S
+        end = visible_hw(self.group)
+        due = now >= self._subs_at or (self._capped_at is not None and end > self._capped_at
+                                       and now >= self._subs_round + CAPPED_AGAIN_S)
+        if not due:
+            return
+        self._subs_at, self._subs_round = now + SUBS_EVERY_S, now
         s = self.spec
         try:
-            self.subscriptions_set += await mirror_subscriptions(
-                self.client, self.group, s.source_topic, s.partition)
+            done, capped = await mirror_subscriptions(self.client, self.group, s.source_topic,
+                                                      s.partition)
+            self.subscriptions_set += done
+            self._capped_at = end if capped else None
         except (RaftlogError, OSError) as e:
             log.info("link_subscriptions_failed link=%s topic=%s partition=%d error=%s",
                      s.link, s.topic, s.partition, e)
 
     async def _report_position(self) -> None:
         """Commit what the sink has committed to the source's link subscription (at most once
-        a REPORT_EVERY_S, only when it moved); failures are retried at the next report. Past
-        the committed data it includes the source offsets seen to hold none (no-ops, control
-        entries), so the source need not keep those for the link."""
-        committed = visible_hw(self.group)
-        position = committed + 1
-        if committed >= self.mirrored:  # all appended is committed: skipped offsets count too
-            position = max(position, self.seen_to + 1)
+        a REPORT_EVERY_S, only when it moved); failures are retried at the next report. Only
+        the committed data's end: the source offsets seen to hold none past it (no-ops,
+        control entries, this very commit) are not in the mirror's log, so a later puller
+        (resumed, or on a new leader) starts before them; had the source cut them on the
+        report's word, that puller would record a bootstrap of offsets that lost nothing."""
+        position = visible_hw(self.group) + 1
         now = trio.current_time()
         if position <= self._reported or now < self._report_at:
             return
