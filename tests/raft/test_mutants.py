@@ -74,6 +74,7 @@ import test_links_controller  # noqa: E402  (cross-cluster links: docs/REPLICATI
 import test_link_manager  # noqa: E402  (tests/node, on the path above)
 import test_link_puller  # noqa: E402  (tests/node)
 import test_request_order  # noqa: E402  (tests/node: pipelined requests keep their order)
+import test_produce_callbacks  # noqa: E402  (tests/node: produces answered without a task)
 import test_links_inproc  # noqa: E402  (tests/node: a link holds its source's retention)
 # The store's group commit across logs is killed by the storage tests (tests/storage).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
@@ -1010,6 +1011,27 @@ MUTANTS = [
            "if before is not None and not before.is_set():",
            "if False:",
            (test_request_order.test_pipelined_writes_land_in_the_order_sent,)),
+    Mutant("a produce without a task is proposed ahead of a request read before it",
+           "raft.node.client_requests", "ClientRequests.serve",
+           "incoming.trace is None and (before is None or before.is_set()):",
+           "incoming.trace is None:",
+           (test_request_order.test_pipelined_writes_land_in_the_order_sent,)),
+    # Produces answered by callbacks (raft/node/reply_writer.py, raft/node/propose_then.py).
+    Mutant("a client that half-closes is hung up on before its pending produces are answered",
+           "raft.node.client_requests", "ClientRequests.serve",
+           "await replies.all_answered()",
+           "pass",
+           (test_produce_callbacks.test_a_client_that_half_closes_gets_every_pending_reply,)),
+    Mutant("a produce answered by a callback never gives back its place in the node's count",
+           "raft.node.client_requests", "ClientRequests._start_produce",
+           "replies.answered()\n                self._ended()",
+           "replies.answered()",
+           (test_produce_callbacks.test_a_connection_closed_with_answers_pending_leaves_the_node_serving,)),
+    Mutant("a produce's callback is dropped at its deadline",
+           "raft.node.pending", "PendingAnswers._release",
+           "pending.callback(pending.answer)",
+           "pass",
+           (test_produce_callbacks.test_a_client_that_half_closes_gets_every_pending_reply,)),
 ]
 
 
