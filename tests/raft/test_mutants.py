@@ -75,6 +75,7 @@ import test_link_manager  # noqa: E402  (tests/node, on the path above)
 import test_link_puller  # noqa: E402  (tests/node)
 import test_request_order  # noqa: E402  (tests/node: pipelined requests keep their order)
 import test_produce_callbacks  # noqa: E402  (tests/node: produces answered without a task)
+import test_reply_write  # noqa: E402  (tests/node: replies go out whole)
 import test_links_inproc  # noqa: E402  (tests/node: a link holds its source's retention)
 # The store's group commit across logs is killed by the storage tests (tests/storage).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
@@ -1027,6 +1028,11 @@ MUTANTS = [
            "replies.answered()\n                self._ended()",
            "replies.answered()",
            (test_produce_callbacks.test_a_connection_closed_with_answers_pending_leaves_the_node_serving,)),
+    Mutant("a reply is written into the socket while an earlier one is still queued",
+           "raft.node.reply_writer", "ReplyWriter.write",
+           "if not self._draining:",
+           "if True:",
+           (test_reply_write.test_the_reply_writer_finishes_a_partly_taken_reply_before_the_next,)),
     Mutant("a produce's callback is dropped at its deadline",
            "raft.node.pending", "PendingAnswers._release",
            "pending.callback(pending.answer)",
