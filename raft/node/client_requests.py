@@ -2,7 +2,10 @@
 
 Each request is answered in its own task, up to the connection's in-flight budget
 (`max_inflight_per_connection`); with the budget spent the loop stops reading, so the client's
-TCP window fills instead of the node's memory. A request is parsed into its type, checked
+TCP window fills instead of the node's memory. A produce on a plain TCP connection has no task
+(issue 28): the loop proposes it and its reply is written by a callback when the answer comes
+(raft.node.api.produce.start, raft.node.reply_writer), unless a request read before it has not
+started yet (the order rule below) or it is traced. A request is parsed into its type, checked
 against the connection's permissions, routed by (topic, partition) or its group
 (raft.node.topic_runtime), and run by its handler (raft.node.api) with its group's context. The
 node waits for `idle` on a graceful stop so in-flight answers go out before it closes.
@@ -19,8 +22,10 @@ import trio
 
 from raft.core.types import ErrorCode
 from raft.node import api, trace
+from raft.node.api import produce
 from raft.node.auth import NAMES_TOPIC
 from raft.node.plain_socket import plain_socket, send_rest, write_now
+from raft.node.reply_writer import ReplyWriter
 from raft.protocol.fields import get_int
 from raft.protocol.framing import WireError, encode_frame
 from raft.protocol.replies import ErrorReply, Reply
@@ -49,7 +54,10 @@ class ClientRequests:
         failure: WireError | None = None
         read = 0
         before: trio.Event | None = None  # set once the previous request's handler started
+        replies: ReplyWriter | None = None
         async with trio.open_nursery() as nursery:
+            if plain_socket(conn.stream) is not None:
+                replies = ReplyWriter(conn.stream, nursery)
             try:
                 while True:
                     # A budget slot without a reschedule (one per request, issue 28); the read
@@ -63,15 +71,27 @@ class ClientRequests:
                     incoming = await self._read_request(conn)
                     if incoming is None:
                         break  # client half-closed: finish in-flight replies, then hang up
+                    if replies is not None and incoming.execute is produce.execute and \
+                            incoming.trace is None and (before is None or before.is_set()):
+                        self._start_produce(incoming, limiter, replies)  # no task (issue 28)
+                        before = None  # it has started: the next need not wait
+                        continue
                     started = trio.Event()
                     nursery.start_soon(self._answer, conn, incoming, limiter,
-                                       nursery.cancel_scope, before, started)
+                                       nursery.cancel_scope, before, started, replies)
                     before = started
+                if replies is not None:
+                    await replies.all_answered()  # the tasks' replies: the nursery waits
             except WireError as e:
                 failure = e  # raised outside the nursery: trio would wrap it in an ExceptionGroup
                 nursery.cancel_scope.cancel()
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 nursery.cancel_scope.cancel()  # the client is gone: nobody to answer
+            finally:
+                if replies is not None and nursery.cancel_scope.cancel_called:
+                    replies.close()  # answers that come later are dropped
+        if replies is not None:
+            replies.close()  # the stream closes after this returns: its descriptor is reused
         if failure is not None:
             raise failure
 
@@ -141,17 +161,58 @@ class ClientRequests:
             extra["topic"] = refusal.topic
         return ErrorReply(refusal.code, refusal.message, extra)
 
+    def _start_produce(self, incoming: _Incoming, limiter: trio.Semaphore,
+                       replies: ReplyWriter) -> None:
+        """Propose a produce now and write its reply when the answer comes (a callback from
+        the group's Ready loop, timer or shutdown), releasing the budget slot then; nothing
+        here may raise into those loops."""
+        self._began()
+        replies.started()
+        answered = False
+
+        def done(reply: Reply) -> None:
+            nonlocal answered
+            if answered:
+                return
+            answered = True
+            try:
+                frame = reply.to_frame(incoming.rid)
+                self._node.metrics.request_done(incoming.t, frame, incoming.started,
+                                                incoming.request.acks.value)
+                replies.write(encode_frame(frame))
+            except Exception:
+                log.exception("reply_failed node=%d id=%d", self._node.node_id, incoming.rid)
+            finally:
+                limiter.release()
+                replies.answered()
+                self._ended()
+
+        try:
+            produce.start(incoming.ctx, incoming.request, done)
+        except Exception as e:
+            log.exception("request_failed node=%d id=%d", self._node.node_id, incoming.rid)
+            done(ErrorReply(ErrorCode.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
+
+    def _began(self) -> None:
+        self._active += 1
+        self.idle = trio.Event() if self._active == 1 else self.idle
+
+    def _ended(self) -> None:
+        self._active -= 1
+        if self._active == 0:
+            self.idle.set()
+
     async def _answer(self, conn: Any, incoming: _Incoming, limiter: trio.Semaphore,
                       scope: trio.CancelScope, before: trio.Event | None = None,
-                      started: trio.Event | None = None) -> None:
+                      started: trio.Event | None = None,
+                      replies: ReplyWriter | None = None) -> None:
         """Run one request and write its reply. Requests of one connection start in the order
         they were read: each waits until the previous one's handler has started, so the
         synchronous part of a handler (a produce's or a staged load's proposal into the core)
         happens in that order. Trio may run tasks spawned in one turn in either order, and the
         read loop reads frames already buffered without yielding (issue 28): without this, a
         client pipelining two writes to one partition could see them appended swapped."""
-        self._active += 1
-        self.idle = trio.Event() if self._active == 1 else self.idle
+        self._began()
         if incoming.trace is not None:  # (set only while tracing: raft.node.trace)
             trace.begin_request(*incoming.trace)
         try:
@@ -168,6 +229,11 @@ class ClientRequests:
                 self._node.metrics.request_done(incoming.t, frame, incoming.started,
                                           None if acks is None else acks.value)
             data = encode_frame(frame)
+            if replies is not None:  # a plain connection: in order with the callbacks' replies
+                replies.write(data)
+                if trace.ENABLED:
+                    trace.request_hop("sent")
+                return
             try:
                 await send_reply(conn, data)
                 if trace.ENABLED:
@@ -178,9 +244,7 @@ class ClientRequests:
             if started is not None:
                 started.set()  # also when cancelled or failed first: never blocks the next
             limiter.release()
-            self._active -= 1
-            if self._active == 0:
-                self.idle.set()
+            self._ended()
 
     async def _execute(self, incoming: _Incoming) -> Reply:
         assert incoming.execute is not None

@@ -3,8 +3,9 @@
 Why node-level: many partitions per node must not mean many fsyncs. Each group asks for a flush
 when its core's Ready says so (`request`: non-blocking, idempotent while the ask is pending). One
 flush runs at a time; it takes every group that asked since the last one and writes all their
-dirty tails with ONE store flush (storage: one write transaction, one fsync), in a worker thread
-(or inline for the in-memory store, as the store's io_mode says). Groups keep appending while it
+dirty tails with ONE store flush (storage: one write transaction, one fsync), in the flusher's
+one worker thread fed by a queue (raft.node.flush_thread; not a trio thread hand-off per flush),
+or inline for the in-memory store, as the store's io_mode says. Groups keep appending while it
 runs; what they append meanwhile is taken by the next flush.
 
 After the commit each asking group is told exactly its own flushed offset (`on_flushed`: the core
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from raft.node import trace
+from raft.node.flush_thread import FlushThread
 from storage.api import DiskFull, IoMode, LogStorage
 
 if TYPE_CHECKING:
@@ -60,6 +62,7 @@ class NodeFlusher:
         self.flushes = 0  # store flushes done (each one commit, one fsync)
         self._commits_seen: dict[int, int] = {}  # per store: its commits already counted
         self.failure: BaseException | None = None
+        self.thread = FlushThread()  # started at the first flush off the loop
 
     def request(self, group: FlushClient) -> None:
         """`group` has dirty entries to make durable. Non-blocking; asking again before the
@@ -76,6 +79,12 @@ class NodeFlusher:
         return len(self._wanted)
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self.thread.close()
+
+    async def _run(self) -> None:
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
@@ -112,9 +121,9 @@ class NodeFlusher:
                 if store.io_mode is IoMode.INLINE:
                     flushed = store.flush(logs)
                 elif trace.ENABLED:
-                    flushed = await trio.to_thread.run_sync(_traced_flush, store, logs)
+                    flushed = await self.thread.run(_traced_flush, store, logs)
                 else:
-                    flushed = await trio.to_thread.run_sync(store.flush, logs)
+                    flushed = await self.thread.run(store.flush, logs)
             except DiskFull as e:
                 # Nothing was written (storage changes the disk first): every tail is still in
                 # memory and the retry takes it. Not a crash.

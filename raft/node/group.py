@@ -60,6 +60,7 @@ from raft.node.log_open import open_log_with_progress
 from raft.node.mirror_group import MirrorGroup
 from raft.node.outbox import GroupOutbox, Links
 from raft.node.pending import PendingAnswers
+from raft.node.propose_then import ProposeThen
 from raft.node.retention import RetentionTask
 from raft.core.retention import RetentionPolicy
 from raft.node.scrub_scheduler import NodeScrubber
@@ -86,7 +87,7 @@ LOAD_CATCH_UP_BYTES = 8 << 20  # committed bytes the leader's load index applies
 DELIVER_SLICE_S = 0.002  # a peer frame's messages are stepped in slices of about this long
 
 
-class RaftGroup(MirrorGroup):
+class RaftGroup(MirrorGroup, ProposeThen):
     def __init__(self, config: NodeConfig, links: Links, *, log_storage: LogStorage | None,
                  rng: random.Random, group_id: int = 0,
                  voters: list[int] | None = None) -> None:

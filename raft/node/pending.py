@@ -8,16 +8,23 @@ until the earliest one still waiting, and an answered request's entry is dropped
 it reaches the top, or when stale entries outnumber live ones), so a write costs a heap push
 and no wake-up of the timer unless its deadline is the earliest. An idle group's timer waits on
 an event (no wake-ups).
+
+A waiter is a task parked on an event (`add`), or a callback (`then`, issue 28: a produce
+answered without a task of its own); a callback is called once, with the answer or None (timed
+out, shutting down), and taken out at once.
 """
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import trio
 
 from raft.core.ready import ProduceAnswer
+
+_P = TypeVar("_P", "Pending", "_Then")
 
 # Stale heap entries (answered requests) are swept out when they exceed this many plus four
 # times the live ones: the heap stays O(waiting) while a sweep is amortised over many writes.
@@ -32,11 +39,19 @@ class Pending:
     answer: ProduceAnswer | None = None
 
 
+@dataclass(slots=True)
+class _Then:
+    """A request whose answer goes to a callback (`then`)."""
+
+    callback: Callable[[ProduceAnswer | None], None]  # must not raise
+    answer: ProduceAnswer | None = None
+
+
 class PendingAnswers:
     """Waiters by core request id, and the one timer that times them out."""
 
     def __init__(self) -> None:
-        self._waiting: dict[int, Pending] = {}
+        self._waiting: dict[int, Pending | _Then] = {}
         self._deadlines: list[tuple[float, int]] = []  # (trio deadline, request id), a heap
         self._wake = trio.Event()  # an earlier deadline than the timer sleeps until
         self._sleeping_until = float("inf")
@@ -45,7 +60,15 @@ class PendingAnswers:
         return len(self._waiting)
 
     def add(self, request_id: int, timeout_s: float) -> Pending:
-        pending = Pending(trio.Event())
+        return self._put(request_id, timeout_s, Pending(trio.Event()))
+
+    def then(self, request_id: int, timeout_s: float,
+             callback: Callable[[ProduceAnswer | None], None]) -> None:
+        """Call `callback` once: with the answer, or None at the deadline or a shutdown. It runs
+        in the Ready loop or the timer, so it must not raise or wait."""
+        self._put(request_id, timeout_s, _Then(callback))
+
+    def _put(self, request_id: int, timeout_s: float, pending: _P) -> _P:
         self._waiting[request_id] = pending
         deadline = trio.current_time() + timeout_s
         heapq.heappush(self._deadlines, (deadline, request_id))
@@ -64,12 +87,18 @@ class PendingAnswers:
         pending = self._waiting.get(answer.request_id)
         if pending is not None:
             pending.answer = answer
-            pending.event.set()
+            self._release(answer.request_id, pending)
 
     def wake_all(self) -> None:
         """Shutdown: every waiter returns now, unanswered (its handler says why)."""
-        for pending in list(self._waiting.values()):
-            pending.event.set()
+        for request_id, pending in list(self._waiting.items()):
+            self._release(request_id, pending)
+
+    def _release(self, request_id: int, pending: Pending | _Then) -> None:
+        if type(pending) is Pending:
+            pending.event.set()  # the waiter discards itself
+        elif self._waiting.pop(request_id, None) is not None:  # once
+            pending.callback(pending.answer)
 
     async def run_timer(self) -> None:
         """Wake the waiters whose deadline passed (they answer TIMEOUT). Sleeps until the
@@ -94,4 +123,4 @@ class PendingAnswers:
                 return
             heapq.heappop(heap)
             if pending is not None:
-                pending.event.set()  # answer None: the waiter answers TIMEOUT
+                self._release(request_id, pending)  # answer None: the waiter answers TIMEOUT

@@ -232,3 +232,67 @@ def test_a_promoted_mirror_does_not_follow_its_old_source() -> None:
 def test_a_paused_links_mirror_does_not_grow() -> None:
     test_only_an_active_mirror_of_an_active_link_follows_its_sources_partitions(
         (LINK, PauseLink("dr")), {"dr": {"orders": 4}}, [])
+
+
+def test_the_manager_sleeps_until_an_event_and_retries_only_what_failed() -> None:
+    """With no links the manager looks once and then does no work however long the node
+    idles (issue 28: it used to look every SCAN_S on every node, 1,000 partitions or not);
+    a metadata change wakes it at once. A link whose source client cannot be made is looked at
+    again every SCAN_S until it can."""
+    import trio
+    import trio.testing
+    from raft.node.links import manager as manager_module
+
+    meta = founded()
+    groups = {g: FakeGroup(Role.LEADER) for g in (1, 2, 3)}
+    node = SimpleNamespace(config=SimpleNamespace(link_rate=1.0, node_dir=Path("/nonexistent")),
+                           registry=SimpleNamespace(get=groups.get, on_state_change=[]),
+                           controller_group=SimpleNamespace(core=None),
+                           transport=SimpleNamespace(identity=SimpleNamespace(cluster_id="sink")))
+    mgr = LinkManager(SimpleNamespace(node=node, metadata=meta))
+    failing = True
+
+    class Sources(_Sources):
+        def client(self, link: Any) -> Any:
+            if failing:
+                raise ValueError("bad CA")
+            return object()
+
+    class FakePuller:
+        def __init__(self, spec: Any, *_: Any) -> None:
+            self.spec = spec
+
+        async def run(self) -> None:
+            await trio.sleep_forever()
+
+    mgr.sources = Sources()
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        nonlocal failing
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(mgr.run)
+            await trio.sleep(100 * manager_module.SCAN_S)
+            seen["idle"] = mgr.looks
+            assert all(r.ok for r in run(meta, LINK))
+            mgr.kick()  # the controller's on_applied hook
+            await trio.testing.wait_all_tasks_blocked()
+            seen["woken"] = mgr.looks
+            await trio.sleep(10.5 * manager_module.SCAN_S)
+            seen["retrying"] = mgr.looks
+            failing = False
+            await trio.sleep(manager_module.SCAN_S)
+            seen["pulling"] = set(mgr.pullers)
+            before = mgr.looks
+            await trio.sleep(100 * manager_module.SCAN_S)
+            seen["settled"] = mgr.looks - before
+            nursery.cancel_scope.cancel()
+
+    with pytest.MonkeyPatch.context() as monkeypatch:  # not the fixture: mutants call bare
+        monkeypatch.setattr(manager_module, "Puller", FakePuller)
+        trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert seen["idle"] == 1, seen
+    assert seen["woken"] == 2, seen
+    assert seen["retrying"] == 12, seen  # every SCAN_S while the client fails
+    assert seen["pulling"] == {2, 3}, seen
+    assert seen["settled"] == 0, seen

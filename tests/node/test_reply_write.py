@@ -115,3 +115,25 @@ def test_a_broken_connection_is_reported_as_trio_reports_it() -> None:
         assert not conn.send_lock.locked()
 
     trio.run(main)
+
+
+def test_the_reply_writer_finishes_a_partly_taken_reply_before_the_next() -> None:
+    """raft.node.reply_writer: replies written from callbacks (no waiting) queue behind a reply
+    the socket took only in part, and go out whole and in order once the reader reads."""
+    from raft.node.reply_writer import ReplyWriter
+
+    async def main() -> None:
+        a, b = trio.socket.socketpair()
+        out, inp = trio.SocketStream(a), trio.SocketStream(b)
+        big = bytes(range(256)) * (16 * 1024)  # 4 MiB: more than the socket buffers take
+        small = [bytes([i]) * 100 for i in range(1, 6)]
+        received: list[bytes] = []
+        async with trio.open_nursery() as nursery:
+            writer = ReplyWriter(out, nursery)
+            writer.write(big)  # partly taken: the rest queues for the drain task
+            for s in small:
+                writer.write(s)  # never waits: behind it
+            received.append(await read_all(inp, len(big) + sum(map(len, small))))
+        assert received[0] == big + b"".join(small)
+
+    trio.run(main)

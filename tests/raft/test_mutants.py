@@ -76,6 +76,8 @@ import test_link_puller  # noqa: E402  (tests/node)
 import test_link_anchor  # noqa: E402  (tests/node: a source that lost data is not copied)
 import test_link_restore  # noqa: E402  (tests/node: link create --restore)
 import test_request_order  # noqa: E402  (tests/node: pipelined requests keep their order)
+import test_produce_callbacks  # noqa: E402  (tests/node: produces answered without a task)
+import test_reply_write  # noqa: E402  (tests/node: replies go out whole)
 import test_links_inproc  # noqa: E402  (tests/node: a link holds its source's retention)
 # The store's group commit across logs is killed by the storage tests (tests/storage).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
@@ -760,6 +762,16 @@ MUTANTS = [
            "if group_id in self._mirror_groups:",
            "if False:",
            (test_link_manager.test_a_new_leader_of_a_mirror_partition_pulls_at_once_on_the_virtual_clock,)),
+    Mutant("the link manager looks every SCAN_S with nothing to retry (idle nodes pay for it)",
+           "raft.node.links.manager", "LinkManager.run",
+           "SCAN_S if self._retry else math.inf",
+           "SCAN_S",
+           (test_link_manager.test_the_manager_sleeps_until_an_event_and_retries_only_what_failed,)),
+    Mutant("a link whose source client could not be made is not looked at again",
+           "raft.node.links.manager", "LinkManager.reconcile_once",
+           "self._retry = True",
+           "pass",
+           (test_link_manager.test_the_manager_sleeps_until_an_event_and_retries_only_what_failed,)),
     Mutant("every group's leadership change wakes the link manager (not only a mirror's)",
            "raft.node.links.manager", "LinkManager.group_state_changed",
            "if group_id in self._mirror_groups:",
@@ -1050,6 +1062,32 @@ MUTANTS = [
            "if before is not None and not before.is_set():",
            "if False:",
            (test_request_order.test_pipelined_writes_land_in_the_order_sent,)),
+    Mutant("a produce without a task is proposed ahead of a request read before it",
+           "raft.node.client_requests", "ClientRequests.serve",
+           "incoming.trace is None and (before is None or before.is_set()):",
+           "incoming.trace is None:",
+           (test_request_order.test_pipelined_writes_land_in_the_order_sent,)),
+    # Produces answered by callbacks (raft/node/reply_writer.py, raft/node/propose_then.py).
+    Mutant("a client that half-closes is hung up on before its pending produces are answered",
+           "raft.node.client_requests", "ClientRequests.serve",
+           "await replies.all_answered()",
+           "pass",
+           (test_produce_callbacks.test_a_client_that_half_closes_gets_every_pending_reply,)),
+    Mutant("a produce answered by a callback never gives back its place in the node's count",
+           "raft.node.client_requests", "ClientRequests._start_produce",
+           "replies.answered()\n                self._ended()",
+           "replies.answered()",
+           (test_produce_callbacks.test_a_connection_closed_with_answers_pending_leaves_the_node_serving,)),
+    Mutant("a reply is written into the socket while an earlier one is still queued",
+           "raft.node.reply_writer", "ReplyWriter.write",
+           "if not self._draining:",
+           "if True:",
+           (test_reply_write.test_the_reply_writer_finishes_a_partly_taken_reply_before_the_next,)),
+    Mutant("a produce's callback is dropped at its deadline",
+           "raft.node.pending", "PendingAnswers._release",
+           "pending.callback(pending.answer)",
+           "pass",
+           (test_produce_callbacks.test_a_client_that_half_closes_gets_every_pending_reply,)),
 ]
 
 

@@ -1,19 +1,64 @@
-"""`produce`: append one batch through the leader and answer once `acks` is satisfied."""
+"""`produce`: append one batch through the leader and answer once `acks` is satisfied.
+
+`execute` runs in a task of its own and waits; `start` (the client request loop's path for a
+plain connection, issue 28) proposes and hands the reply to a callback when the answer comes.
+Both check the request the same way (`admit`) and word the answer the same way (`reply_for`).
+"""
 
 from __future__ import annotations
+
+import logging
+from typing import Callable
 
 from raft.node.api.context import ApiContext
 from raft.node.errors import ERROR_ADVICE
 from raft.node.mirror_reads import answer_offsets
 from raft.node.topic_settings import record_over
-from raft.protocol.replies import ProduceOk, Reply
+from raft.protocol.replies import ErrorReply, ProduceOk, Reply
 from raft.protocol.requests import Produce
+from raft.core.ready import ProduceAnswer
 from raft.core.types import ErrorCode
 from storage.batch import Batch
 from storage.records import MalformedRecords, check_records
 
+log = logging.getLogger("raftlog.node")
+
 
 async def execute(ctx: ApiContext, req: Produce) -> Reply:
+    admitted = admit(ctx, req)
+    if not isinstance(admitted, Batch):
+        return admitted
+    try:
+        answer = await ctx.group.propose_and_wait(admitted, req.acks, req.timeout_ms / 1000)
+    except ValueError as e:  # the core refused the batch's shape
+        return ctx.error(ErrorCode.BAD_REQUEST, str(e))
+    return reply_for(ctx, req, answer)
+
+
+def start(ctx: ApiContext, req: Produce, done: Callable[[Reply], None]) -> None:
+    """`execute` without a task: `done` gets the reply, now (a refusal) or from the group's
+    Ready loop, timer or shutdown (raft.node.propose_then). It is called once and must not
+    raise; a failure to word the reply answers INTERNAL, never reaching the Ready loop."""
+    admitted = admit(ctx, req)
+    if not isinstance(admitted, Batch):
+        return done(admitted)
+
+    def answered(answer: ProduceAnswer) -> None:
+        try:
+            reply = reply_for(ctx, req, answer)
+        except Exception as e:
+            log.exception("request_failed produce answer=%s", answer)
+            reply = ErrorReply(ErrorCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
+        done(reply)
+
+    try:
+        ctx.group.propose_then(admitted, req.acks, req.timeout_ms / 1000, answered)
+    except ValueError as e:  # the core refused the batch's shape
+        done(ctx.error(ErrorCode.BAD_REQUEST, str(e)))
+
+
+def admit(ctx: ApiContext, req: Produce) -> Reply | Batch:
+    """The batch to propose, or the refusal to answer instead."""
     if ctx.closing:
         return ctx.error(ErrorCode.SHUTTING_DOWN)
     if ctx.group.disk_full and ctx.group.is_leader():
@@ -41,13 +86,13 @@ async def execute(ctx: ApiContext, req: Produce) -> Reply:
                              f"`raftlog topic alter {topic} --max-record-bytes N`",
                              max_record_bytes=limit, topic=topic)
     ctx.group.catchup.note_produce(len(req.payload), req.count)
-    batch = Batch.create(req.payload, req.count, timestamp_ms=req.timestamp_ms,
+    return Batch.create(req.payload, req.count, timestamp_ms=req.timestamp_ms,
                          producer_id=req.producer_id,
                          sequence=req.sequence if req.producer_id else -1)
-    try:
-        answer = await ctx.group.propose_and_wait(batch, req.acks, req.timeout_ms / 1000)
-    except ValueError as e:  # the core refused the batch's shape
-        return ctx.error(ErrorCode.BAD_REQUEST, str(e))
+
+
+def reply_for(ctx: ApiContext, req: Produce, answer: ProduceAnswer) -> Reply:
+    """The reply to a produce the core answered (or that timed out, or met a shutdown)."""
     if answer.error == ErrorCode.SHUTTING_DOWN and answer.request_id != -1:
         return ctx.error(ErrorCode.SHUTTING_DOWN,
                          "this node is shutting down; the write may or may not commit: "

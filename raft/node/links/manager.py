@@ -4,10 +4,11 @@ One manager per node (per shard process). It runs one puller for each mirror par
 topic is an active mirror of an active link and whose group this node leads; a puller stops
 when the leadership, the link or the topic changes. It is woken by every controller entry
 applied and by every role, term or leader change of a mirror partition's group here (the
-registry's `on_state_change`), so a new leader pulls at once; it also looks again every SCAN_S
-(a source client that could not be made, a puller that failed): one pass over the mirror
-partitions only, however many plain partitions the node runs, and an idle puller costs one
-long-poll fetch (no per-partition timer).
+registry's `on_state_change`), so a new leader pulls at once, and by a puller that ended. It
+sleeps on those events alone: a look on a timer (SCAN_S) only follows a source client that
+could not be made, so a node with no links does no work here at all (issue 28: 1,000 idle
+partitions). A look is one pass over the mirror partitions only, however many plain partitions
+the node runs, and an idle puller costs one long-poll fetch (no per-partition timer).
 
 When a link stops writing a mirror for good (link deleted, topic promoted or deleted), the
 puller's leader deletes the link's subscription on the source partition, so the source no
@@ -28,6 +29,7 @@ Structured: every puller is a task of the manager's nursery, under its own cance
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import trio
@@ -80,6 +82,8 @@ class LinkManager:
         self._paused: dict[tuple[str, str], tuple[Link, int, str]] = {}
         self._fed_now: tuple[set[tuple[str, str]], dict[tuple[str, str],
                                                         tuple[Link, int, str]]] = (set(), {})
+        self._retry = False  # a look failed in part: look again after SCAN_S, not only on events
+        self.looks = 0  # reconcile passes made (tests: none while nothing happens)
         self.grower = MirrorGrower(self)  # mirrors follow their sources' partition counts
         node.registry.on_state_change.append(self.group_state_changed)
 
@@ -104,7 +108,7 @@ class LinkManager:
                 nursery.start_soon(self.grower.run)
                 while True:
                     await self.reconcile_once()
-                    with trio.move_on_after(SCAN_S):
+                    with trio.move_on_after(SCAN_S if self._retry else math.inf):
                         await self._wake.wait()
                     self._wake = trio.Event()
         finally:
@@ -175,6 +179,8 @@ class LinkManager:
             not _feeds(meta.links.get(spec.link), topic.origin, topic.name)
 
     async def reconcile_once(self) -> None:
+        self.looks += 1
+        self._retry = False
         wanted = self.wanted()
         self._release_paused_ends()
         for gid, (puller, scope) in list(self.pullers.items()):
@@ -195,6 +201,7 @@ class LinkManager:
                 client = self.sources.client(link)
             except Exception as e:  # a bad CA in the metadata: shown, retried at each scan
                 log.warning("link_source_client_failed link=%s error=%s", link.name, e)
+                self._retry = True
                 continue
             puller = Puller(spec, group, client, self.rate, self._report_gap)
             scope = trio.CancelScope()
