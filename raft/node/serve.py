@@ -15,6 +15,7 @@ tests/conftest.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import logging
@@ -25,7 +26,7 @@ from typing import Any
 
 import trio
 
-from raft.node.config import ConfigError, NodeConfig
+from raft.node.config import ConfigError, NodeConfig, read_toml
 from raft.node.errors import NodeFailed
 from raft.node.identity import IdState
 from raft.node.logfmt import make_formatter
@@ -222,12 +223,16 @@ def serve(settings: dict[str, Any], prog: str = "raftlog serve", *,
     """Validate settings (flag values, or --config's TOML plus flags) and run the node until
     SIGTERM. Exit code 0 after a clean stop, 2 after a configuration error (one line on
     stderr saying what to fix). With --shards above 1 this process supervises that many
-    shard processes (raft.node.supervisor); `as_shard` is one of them."""
+    shard processes (raft.node.supervisor); `as_shard` is one of them. Without --shards the
+    node runs what its data was written with, else the usable cores
+    (supervisor.default_shards)."""
     from raft.node import supervisor
 
     try:
         config = NodeConfig.from_args(settings)
         if not as_shard:
+            if not _shards_given(settings):  # the default (docs/SHARDS.md "Sizing K")
+                config = dataclasses.replace(config, shards=supervisor.default_shards(config))
             supervisor.check_layout(config)
             if config.shards > 1:
                 return supervisor.supervise(config, prog)
@@ -245,6 +250,14 @@ def serve(settings: dict[str, Any], prog: str = "raftlog serve", *,
                   f"docs/STORAGE-SAFETY.md if it fails again", file=sys.stderr)
         return 3
     return code
+
+
+def _shards_given(settings: dict[str, Any]) -> bool:
+    """Whether --shards (or `shards` in the --config file) was given."""
+    if settings.get("shards") is not None:
+        return True
+    path = settings.get("config")
+    return bool(path) and "shards" in read_toml(path)
 
 
 if __name__ == "__main__":

@@ -250,6 +250,25 @@ class TopicRuntime:
                         **{f: figures.get(f) for f in SHARD_FIGURES}})
         return out
 
+    def _other_shards(self, meta: ClusterMetadata) -> list[dict[str, Any]]:
+        """Shard 0's lines for the partitions shards 1..K-1 of this node run (docs/SHARDS.md),
+        so the node's `status` counts all of them: each from the metadata and the leader its
+        shard reported ("leader", "follower", or None while it knows none); [] on shard k."""
+        if self.shard or self.feed is None:
+            return []
+        leaders = self.feed.leaders()
+        out = []
+        for k in range(1, self.node.config.shards):
+            for group_id in sorted(meta.groups_of(self.node_id, k)):
+                p = meta.groups[group_id]
+                leader = leaders.get(group_id)
+                role = None if leader is None else \
+                    "leader" if leader == self.node_id else "follower"
+                out.append({"topic": p.topic, "partition": p.index, "group": group_id,
+                            "shard": k, "role": role, "leader": leader,
+                            "replicas": list(p.replicas)})
+        return out
+
     def _other_shard_leader(self, group_id: int) -> tuple[int | None, str | None]:
         """The leader of a partition another shard of this node runs, as that shard reported
         it (through shard 0: raft.node.shard_feed), at its shard's address."""
@@ -345,7 +364,7 @@ class TopicRuntime:
         leader, address = self.leader_of(CONTROLLER_GROUP)
         shard_lines = self._shard_lines(meta)
         return {"partitions": lines, "shard": self.shard, "shards": self.node.config.shards,
-                "node_shards": shard_lines, "node_totals": node_totals(shard_lines),
+                "node_shards": shard_lines, "shard_partitions": self._other_shards(meta), "node_totals": node_totals(shard_lines),
                 "controller": {"leader": leader, "leader_address": address,
                                "applied": meta.applied,
                                "role": None if ctl is None else ctl.role.value,

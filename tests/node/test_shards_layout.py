@@ -57,3 +57,66 @@ def test_shard_k_listens_and_reaches_peers_on_ports_plus_k(tmp_path):
 def test_a_shard_index_outside_the_count_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="shards"):
         config(tmp_path, 2, shard=2)
+
+
+def test_left_out_the_count_is_the_datas_else_the_usable_cores(tmp_path, monkeypatch):
+    from raft.node import supervisor
+
+    monkeypatch.setattr(supervisor, "usable_cores", lambda: 6)
+    assert supervisor.default_shards(config(tmp_path / "new", 1)) == 6  # a new node
+    check_layout(config(tmp_path / "two", 2))
+    assert supervisor.default_shards(config(tmp_path / "two", 1)) == 2  # as recorded
+    one = tmp_path / "one" / "node-1"
+    one.mkdir(parents=True)
+    (one / "data.mdb").write_bytes(b"x")  # a one-shard node's data: it stays one
+    assert supervisor.default_shards(config(tmp_path / "one", 1)) == 1
+    zero = NodeConfig(node_id=1, data_dir=tmp_path / "zero",
+                      peers={1: "127.0.0.1:0"}).validate()
+    assert supervisor.default_shards(zero) == 1  # port 0: no port + k to listen on
+
+
+def test_shards_count_as_given_from_the_flag_or_the_config_file(tmp_path):
+    from raft.node.serve import _shards_given
+
+    toml = tmp_path / "node.toml"
+    toml.write_text("shards = 2\n")
+    plain = tmp_path / "plain.toml"
+    plain.write_text("tick_ms = 20\n")
+    assert _shards_given({"shards": 1})
+    assert _shards_given({"shards": None, "config": str(toml)})
+    assert not _shards_given({"shards": None, "config": str(plain)})
+    assert not _shards_given({"shards": None})
+
+
+@pytest.mark.parametrize("flag", ["--listen", "--metrics-listen"])
+def test_a_taken_shard_port_is_refused_naming_the_flag(tmp_path, flag):
+    import socket
+
+    from raft.cli.localcluster import free_ports
+    from raft.node.supervisor import check_ports
+
+    base, metrics = free_ports(3, consecutive=True)[0], free_ports(3, consecutive=True)[0]
+    c = NodeConfig(node_id=1, data_dir=tmp_path, shards=3, peers={1: f"127.0.0.1:{base}"},
+                   metrics_listen=f"127.0.0.1:{metrics}").validate()
+    check_ports(c)  # all free
+    taken = (base if flag == "--listen" else metrics) + 2
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", taken))
+        s.listen()
+        with pytest.raises(ConfigError) as e:
+            check_ports(c)
+    text = str(e.value)
+    assert f"shard 2 of 3 needs port {taken} ({flag} port" in text, text
+    assert "fewer --shards" in text and "--shards 1" in text
+
+
+def test_up_finds_a_sharded_node_by_its_shard_0s_parent(tmp_path):
+    import os
+
+    from raft.cli.adopted import _supervisor
+    from storage.lmdb_log import LOCK_FILE
+
+    assert _supervisor(tmp_path / "node-1") is None  # no shard 0 lock: no sharded node
+    (tmp_path / "node-1" / "shard-0").mkdir(parents=True)
+    (tmp_path / "node-1" / "shard-0" / LOCK_FILE).write_text(f"{os.getpid()}\n")
+    assert _supervisor(tmp_path / "node-1") == os.getppid()
