@@ -120,8 +120,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-dir", default="./data",
                    help="where the nodes keep their logs (default ./data)")
     p.add_argument("--base-port", type=non_negative_int, default=7101,
-                   help="node i listens on base-port + i - 1 (default 7101; 0 = pick free "
-                        "ports)")
+                   help="node i listens on base-port + (i - 1) x K, K its shards "
+                        "(default 7101; 0 = pick free ports)")
     p.add_argument("--partitions", type=positive_int, default=None, metavar="N",
                    help="grow the topic `default` to N partitions once the cluster is up "
                         "(commands without --topic use its partition 0; --topic default "
@@ -141,7 +141,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="pass ARG to every node's `raftlog serve` (repeatable; write it with "
                         "=, as in --server-arg=--retention-ms=7d); {id} becomes the node's "
-                        "id: --server-arg=--metrics-listen=127.0.0.1:910{id}")
+                        "id: --server-arg=--metrics-listen=127.0.0.1:91{id}0")
     p.add_argument("--config", metavar="FILE.toml",
                    help="pass --config FILE.toml to every node (`raftlog serve --config`: "
                         "keys = serve's flag names with _); not node_id, data_dir, peers, "

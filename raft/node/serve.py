@@ -71,10 +71,11 @@ def tune_interpreter() -> None:
 
 
 def configure_logging(level: str = "WARNING", fmt: str = "text",
-                      context: Callable[[], dict[str, Any]] | None = None) -> None:
+                      context: Callable[[], dict[str, Any]] | None = None,
+                      shard: int | None = None) -> None:
     """Structured lines on stderr, key=value text or JSON (raft.node.logfmt); quiet (WARNING)
     unless asked. `context` adds node id and term to JSON lines."""
-    formatter = make_formatter(fmt, context)
+    formatter = make_formatter(fmt, context, shard)
     for name in ("raftlog", "raft"):  # the node's loggers, and the load service's
         logger = logging.getLogger(name)
         logger.setLevel(getattr(logging, level.upper(), logging.WARNING))
@@ -106,7 +107,8 @@ async def run_node(config: NodeConfig, *, log_storage: LogStorage | None = None,
         core = node.group.core
         return {"node": config.node_id, "term": core.term if core is not None else None}
 
-    configure_logging(config.log_level, config.log_format, log_context)
+    configure_logging(config.log_level, config.log_format, log_context,
+                      config.shard if config.shards > 1 else None)
     try:
         await _run_node(node, config, task_status, on_signal)
     except BaseExceptionGroup as group:

@@ -62,13 +62,26 @@ def recorded_shards(config: NodeConfig) -> int | None:
 def default_shards(config: NodeConfig) -> int:
     """`--shards` left out (flag and config file): the count this node's data was written
     with, so a restart never changes it; for a new node the usable cores (its CPU affinity),
-    one shard per core; one when the port is 0 (shard k's port + k needs a fixed port)."""
+    one shard per core, but no more than the smallest port gap between two nodes of --peers
+    on one host, so no shard takes another node's port (nodes on consecutive ports, as a
+    hand-made local cluster has them, run one shard each). Every node given the same --peers
+    on alike machines so computes the same K. One when the port is 0 (shard k listens on
+    port + k: a fixed port is needed)."""
     recorded = recorded_shards(config)
     if recorded is not None:
         return recorded
     if config.listen_address[1] == 0:
         return 1
-    return usable_cores()
+    shards = usable_cores()
+    by_host: dict[str, list[int]] = {}
+    for address in config.peers.values():
+        host, port = parse_address(address)
+        by_host.setdefault(host, []).append(port)
+    for ports in by_host.values():
+        ports.sort()
+        for low, high in zip(ports, ports[1:]):
+            shards = min(shards, max(1, high - low))
+    return shards
 
 
 def check_layout(config: NodeConfig) -> None:

@@ -73,6 +73,16 @@ def test_left_out_the_count_is_the_datas_else_the_usable_cores(tmp_path, monkeyp
     zero = NodeConfig(node_id=1, data_dir=tmp_path / "zero",
                       peers={1: "127.0.0.1:0"}).validate()
     assert supervisor.default_shards(zero) == 1  # port 0: no port + k to listen on
+    # Nodes on one host closer than 6 ports: fewer shards, none on another node's port, and
+    # the same count on every node of the same --peers.
+    near = {1: "127.0.0.1:7101", 2: "127.0.0.1:7104", 3: "10.0.0.1:7102", 4: "127.0.0.1:7110"}
+    for n in near:
+        c = NodeConfig(node_id=n, data_dir=tmp_path / f"near{n}", peers=near).validate()
+        assert supervisor.default_shards(c) == 3  # 7101 and 7104; 7102 is another host's
+    consecutive = {1: "127.0.0.1:7101", 2: "127.0.0.1:7102", 3: "127.0.0.1:7103"}
+    for n in consecutive:
+        c = NodeConfig(node_id=n, data_dir=tmp_path / f"c{n}", peers=consecutive).validate()
+        assert supervisor.default_shards(c) == 1
 
 
 def test_shards_count_as_given_from_the_flag_or_the_config_file(tmp_path):
@@ -120,3 +130,17 @@ def test_up_finds_a_sharded_node_by_its_shard_0s_parent(tmp_path):
     (tmp_path / "node-1" / "shard-0").mkdir(parents=True)
     (tmp_path / "node-1" / "shard-0" / LOCK_FILE).write_text(f"{os.getpid()}\n")
     assert _supervisor(tmp_path / "node-1") == os.getppid()
+
+
+def test_a_shards_log_lines_say_which_shard():
+    import json
+    import logging
+
+    from raft.node.logfmt import make_formatter
+
+    record = logging.LogRecord("raftlog.node", logging.WARNING, __file__, 1,
+                               "peer_down node=1 peer=3", None, None)
+    assert " shard=1 event=peer_down" in make_formatter("text", shard=1).format(record)
+    assert "shard=" not in make_formatter("text").format(record)
+    line = json.loads(make_formatter("json", lambda: {"node": 1}, shard=1).format(record))
+    assert line["shard"] == 1 and line["node"] == 1 and line["event"] == "peer_down"

@@ -73,8 +73,24 @@ def produce(addresses: list[str], topic: str, partition: int, value: bytes) -> i
             hint = reply["error"].get("leader_address")
             if hint and hint not in addresses:
                 addresses = [hint, *addresses]
-        assert time.monotonic() < deadline, reply
+        assert time.monotonic() < deadline, (reply, seen_by(addresses, topic, partition))
         time.sleep(0.1)  # a retry's backoff, not synchronisation
+
+
+def seen_by(addresses: list[str], topic: str, partition: int) -> dict[str, Any]:
+    """What each address says of the partition and of its peers, for a failure's message."""
+    out: dict[str, Any] = {}
+    for address in addresses:
+        try:
+            st = call(address, "status")["status"]
+        except (OSError, KeyError) as e:
+            out[address] = repr(e)
+            continue
+        out[address] = {"partition": [p for p in st.get("partitions", [])
+                                      if p.get("topic") == topic
+                                      and p.get("partition") == partition],
+                        "peers": st.get("links") or st.get("peers")}
+    return out
 
 
 def running(address: str) -> set[tuple[str, int]]:
