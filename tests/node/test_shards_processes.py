@@ -120,7 +120,11 @@ def shard_address(address: str, shard: int) -> str:
 
 def admin_create(address: str, name: str, partitions: int, replicas: int,
                  others: list[str] = ()) -> dict[str, Any]:
+    """topic_create, retried until the controller's leader answers. An attempt that timed out
+    or lost its leader may have been applied all the same (on a loaded machine the create
+    commits after its timeout): TOPIC_EXISTS after such an attempt is the create done."""
     deadline = time.monotonic() + 60
+    unsure = False
     while True:
         for a in [address, *others]:
             try:
@@ -128,7 +132,11 @@ def admin_create(address: str, name: str, partitions: int, replicas: int,
                              replicas=replicas)
             except OSError:
                 continue
-            if reply["ok"] or reply["error"]["code"] not in ("NOT_LEADER", "TIMEOUT"):
+            code = None if reply["ok"] else reply["error"]["code"]
+            if code == "TOPIC_EXISTS" and unsure:
+                return {**reply, "ok": True, "topic": reply["error"].get("topic")}
+            unsure = unsure or code in ("TIMEOUT", "LEADERSHIP_LOST")
+            if code not in ("NOT_LEADER", "TIMEOUT", "LEADERSHIP_LOST"):
                 return reply
         assert time.monotonic() < deadline, reply
         time.sleep(0.1)
