@@ -58,13 +58,22 @@ def shards_of(meta: dict[str, Any], topic: str) -> dict[int, int]:
             for p in t["partitions"]}
 
 
-def produce(addresses: list[str], topic: str, partition: int, value: bytes) -> int:
+PRODUCER_ID = 27  # the tests' writes are idempotent: a retry after a TIMEOUT is no duplicate
+
+
+def produce(addresses: list[str], topic: str, partition: int, value: bytes,
+            sequence: int = -1) -> int:
+    """A quorum write, retried until taken. With `sequence` (the value's index among this
+    partition's writes) it is idempotent: a write that timed out may have been appended all
+    the same, and its retry to another leader would otherwise add it twice."""
     deadline = time.monotonic() + 60
+    ids = {"producer_id": PRODUCER_ID, "sequence": sequence} if sequence >= 0 else {}
     while True:
         for address in addresses:
             try:
                 reply = call(address, "produce", acks="quorum", timeout_ms=5000, topic=topic,
-                             partition=partition, payload=encode_values([value]), count=1)
+                             partition=partition, payload=encode_values([value]), count=1,
+                             **ids)
             except OSError:
                 continue
             if reply["ok"]:
@@ -177,8 +186,8 @@ def test_two_shards_serve_a_topic_fail_stop_together_and_recover(tmp_path: Path)
             assert where[p][0] == shard_address(base, shard), (p, where[p])
         acked = {p: [f"p{p}-{i}".encode() for i in range(3)] for p in range(4)}
         for p, vals in acked.items():
-            for v in vals:
-                produce(where[p], "orders", p, v)
+            for i, v in enumerate(vals):
+                produce(where[p], "orders", p, v, sequence=i)
         for p in range(4):
             assert values(shard_address(base, placed[p]), "orders", p) == acked[p]
 
@@ -196,7 +205,8 @@ def test_two_shards_serve_a_topic_fail_stop_together_and_recover(tmp_path: Path)
         for p in range(4):  # nothing quorum-acked is lost, and writes go on
             wait_for(lambda p=p: values(shard_address(base, placed[p]), "orders", p)
                      == acked[p], f"partition {p} to hold what was acked", 60)
-            produce(partition_addresses(metadata(base), "orders")[p], "orders", p, b"after")
+            produce(partition_addresses(metadata(base), "orders")[p], "orders", p, b"after",
+                    sequence=3)
 
         # The client library routes by the metadata alone (the node's shard 0 address is all
         # it is given): keyed records land in their partitions on both shards and read back.
@@ -256,14 +266,14 @@ def test_three_nodes_of_two_shards_survive_the_kill_of_a_node(tmp_path: Path) ->
         acked = {p: [f"p{p}-a".encode()] for p in range(4)}
         for p in range(4):
             produce([shard_address(a, placed[p]) for a in addresses], "orders", p,
-                    acked[p][0])
+                    acked[p][0], sequence=0)
         victim = 3
         cluster.kill(victim)  # the supervisor: its shards die with it
         survivors = [a for n, a in cluster.addresses.items() if n != victim]
         for p in range(4):
             acked[p].append(f"p{p}-b".encode())
             produce([shard_address(a, placed[p]) for a in survivors], "orders", p,
-                    acked[p][1])
+                    acked[p][1], sequence=1)
         cluster.start(victim)
         restarted = cluster.addresses[victim]
         for p in range(4):
