@@ -8,8 +8,9 @@ entry. So every data directory has an identity created with it (storage's incarn
 - A node whose metadata is empty (a new or lost directory) starts *pending*. It becomes a
   member in good standing only when (a) the cluster turns out to be brand new: every voter of
   its bootstrap configuration (--peers) answers a BootstrapProbe saying it never saved a term, a
-  vote or an entry, or sends it one (a node probes only while it is that new itself); or (b) the configuration in force records its own incarnation (the leader
-  re-added it, and promoted it once caught up). Until then it never votes (not even a
+  vote or an entry, or sends it one (a node probes only while it is that new itself); or (b) the
+  configuration in force records its own incarnation (the leader re-added it, and promoted it
+  once caught up). Until then it never votes (not even a
   pre-vote), never campaigns, and its replies say `rejoining`, so no leader counts them toward
   a commit.
   Why (a) is safe: every decision (an election won, an entry committed) involved a majority,

@@ -364,7 +364,8 @@ class TopicRuntime:
         leader, address = self.leader_of(CONTROLLER_GROUP)
         shard_lines = self._shard_lines(meta)
         return {"partitions": lines, "shard": self.shard, "shards": self.node.config.shards,
-                "node_shards": shard_lines, "shard_partitions": self._other_shards(meta), "node_totals": node_totals(shard_lines),
+                "node_shards": shard_lines, "shard_partitions": self._other_shards(meta),
+                "node_totals": node_totals(shard_lines),
                 "controller": {"leader": leader, "leader_address": address,
                                "applied": meta.applied,
                                "role": None if ctl is None else ctl.role.value,
