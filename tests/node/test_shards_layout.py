@@ -4,6 +4,7 @@ settings move its ports up by its index."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,17 @@ def test_a_shards_log_lines_say_which_shard():
     assert "shard=" not in make_formatter("text").format(record)
     line = json.loads(make_formatter("json", lambda: {"node": 1}, shard=1).format(record))
     assert line["shard"] == 1 and line["node"] == 1 and line["event"] == "peer_down"
+
+
+def test_config_show_says_what_serve_runs_without_shards(tmp_path):
+    from cli_helpers import cli
+
+    consecutive = cli("config", "show", "--node-id", "1", "--data-dir", str(tmp_path),
+                      "--peers", "1=127.0.0.1:7101,2=127.0.0.1:7102", "--json")
+    rows = {r["setting"]: r for r in json.loads(consecutive.stdout)["settings"]}
+    assert rows["shards"]["value"] == 1 and "usable cores" in rows["shards"]["source"]
+    check_layout(config(tmp_path, 3))  # data written with 3 shards: that is what it runs
+    recorded = cli("config", "show", "--node-id", "1", "--data-dir", str(tmp_path),
+                   "--peers", "1=127.0.0.1:7101", "--json")
+    assert {r["setting"]: r for r in json.loads(recorded.stdout)["settings"]}["shards"][
+        "value"] == 3
