@@ -94,6 +94,9 @@ class TopicRuntime:
         # Cross-cluster links (issue 30): pullers where this node leads a mirror partition.
         self.links = LinkManager(self)
         self.controller.on_applied.append(self.links.kick)
+        self._shards_warned: str | None = None
+        if self.shard == 0:
+            self.controller.on_applied.append(self._check_registered_shards)
 
     # -- what the reconciler needs (raft.node.reconciler.ReconcileHost) ---------------------------
     @property
@@ -147,6 +150,14 @@ class TopicRuntime:
 
     async def remove_group(self, group_id: int) -> None:
         await self.node.remove_group(group_id)
+
+    def _check_registered_shards(self) -> None:
+        """Loud, once per state: the metadata registers this node with another shard count
+        than it runs (docs/SHARDS.md: every node runs the same K for now)."""
+        warning = shard_count_mismatch(self.metadata, self.node_id, self.node.config.shards)
+        if warning is not None and warning != self._shards_warned:
+            log.error("%s", warning)
+        self._shards_warned = warning
 
     # -- the tasks -----------------------------------------------------------------------------
     def start(self, nursery: trio.Nursery) -> None:
@@ -373,6 +384,23 @@ class TopicRuntime:
 
 
 SHARD_FIGURES = ("groups", "cpu_seconds", "rss_bytes", "loop_lag_max_ms")
+
+
+def shard_count_mismatch(meta: ClusterMetadata, node_id: int, shards: int) -> str | None:
+    """The log line when the cluster registered `node_id` with another shard count than the
+    `shards` it runs (nodes are registered with the registering node's count: a node started
+    with another --shards, or the default on a machine with other cores); None when alike."""
+    info = meta.nodes.get(node_id)
+    if info is None or info.shards == shards:
+        return None
+    what = (f"shards {shards}..{info.shards - 1} have no process to run them"
+            if info.shards > shards else f"its shards {info.shards}..{shards - 1} get none")
+    return (f"shard_count_mismatch node={node_id} runs={shards} registered={info.shards}: the "
+            f"controller places partitions on shards 0..{info.shards - 1} of this node, and "
+            f"{what}. Every node of a cluster runs the same --shards for now (a node keeps the "
+            f"count its data was written with): start this node anew, on an empty --data-dir, "
+            f"with --shards {info.shards}, after moving its replicas away (docs/SHARDS.md "
+            f"\"Changing the shard count\")")
 
 
 def node_totals(lines: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -159,3 +159,20 @@ def test_config_show_says_what_serve_runs_without_shards(tmp_path):
                    "--peers", "1=127.0.0.1:7101", "--json")
     assert {r["setting"]: r for r in json.loads(recorded.stdout)["settings"]}["shards"][
         "value"] == 3
+
+
+def test_a_node_registered_with_another_shard_count_is_told_loudly():
+    from raft.controller.bootstrap import bootstrap_commands
+    from raft.controller.state import ClusterMetadata
+    from raft.node.topic_runtime import shard_count_mismatch
+
+    meta = ClusterMetadata()
+    for i, c in enumerate(bootstrap_commands({1: "127.0.0.1:7101", 2: "127.0.0.1:7201"},
+                                             shards=4)):
+        assert meta.apply(i, c).ok
+    assert shard_count_mismatch(meta, 2, 4) is None
+    assert shard_count_mismatch(meta, 3, 2) is None  # not registered (yet)
+    fewer = shard_count_mismatch(meta, 2, 2)
+    assert "runs=2 registered=4" in fewer and "shards 2..3 have no process" in fewer
+    assert "--shards 4" in fewer and "empty --data-dir" in fewer
+    assert "its shards 4..7 get none" in shard_count_mismatch(meta, 2, 8)
