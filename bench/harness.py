@@ -40,9 +40,11 @@ def serve_command(node_id: int) -> list[str]:
     if not override:
         # `raftlog serve` and `python -m raft.node` take the same flags; the latter lets the
         # bench run before the CLI module exists.
+        # One shard per node: the bench's nodes share this host, and `serve` left alone
+        # takes every core and K ports per node (a --shards in the extra args wins).
         if importlib.util.find_spec("raft.cli") is None:
-            return [sys.executable, "-m", "raft.node"]
-        return [sys.executable, "-m", "raft.cli", "serve"]
+            return [sys.executable, "-m", "raft.node", "--shards", "1"]
+        return [sys.executable, "-m", "raft.cli", "serve", "--shards", "1"]
     return [part.replace("{node_id}", str(node_id)) for part in shlex.split(override)]
 
 

@@ -63,7 +63,9 @@ def find(node_dir: Path, node_id: int) -> Adopted | None:
         text = (node_dir / LOCK_FILE).read_text(errors="replace").strip()
         pid = int(text)
     except (OSError, ValueError):
-        return None
+        pid = _supervisor(node_dir)
+        if pid is None:
+            return None
     if pid == os.getpid() or not _is_node(pid, node_id):
         return None
     try:
@@ -74,6 +76,17 @@ def find(node_dir: Path, node_id: int) -> Adopted | None:
         os.close(fd)
         return None
     return Adopted(node_id, pid, fd)
+
+
+def _supervisor(node_dir: Path) -> int | None:
+    """A node of K shards (docs/SHARDS.md): its shard 0 holds DATA_DIR/node-<id>/shard-0/'s
+    lock, and the `serve` to watch is that shard's parent, the supervisor."""
+    try:
+        pid = int((node_dir / "shard-0" / LOCK_FILE).read_text(errors="replace").strip())
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[1])  # the ppid
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _is_node(pid: int, node_id: int) -> bool:

@@ -45,6 +45,8 @@ def effective(args: argparse.Namespace) -> list[dict[str, Any]]:
             value, source = file_values[f.name], f"file {args.config}"
         elif f.name in ("node_id", "data_dir", "peers"):
             value, source = None, f"not set (required: {flag})"
+        elif f.name == "shards":
+            value, source = _default_shards(flags, file_values)
         elif f.default is None and f.name in NodeConfig._RAFT_KNOBS:
             value, source = raft_default(f.name), "default (core)"
         else:
@@ -67,6 +69,22 @@ def effective(args: argparse.Namespace) -> list[dict[str, Any]]:
                  "source": sources["timeout"]})
     rows += _client_security_rows(args)
     return rows
+
+
+def _default_shards(flags: dict[str, Any], file_values: dict[str, Any]) -> tuple[int, str]:
+    """What `serve` runs when --shards is left out (raft.node.supervisor.default_shards): the
+    count the node's data was written with, else the usable cores (capped by the port gap
+    between nodes of --peers on one host)."""
+    from raft.node.config import usable_cores
+    from raft.node.supervisor import default_shards
+
+    why = "default: the data's count, else the usable cores (docs/SHARDS.md)"
+    values = {**file_values, **{k: v for k, v in flags.items() if v is not None}}
+    values.pop("raft", None)
+    try:
+        return default_shards(NodeConfig.from_dict(values)), why
+    except (ConfigError, TypeError, ValueError):
+        return usable_cores(), why
 
 
 def _client_security_rows(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -88,7 +88,8 @@ class LocalCluster:
     node_args: Callable[[int], list[str]] | None = None
     client_options: dict[str, Any] = field(default_factory=dict)
     # Shard processes per node (docs/SHARDS.md): node i's shard k listens on its port + k, so
-    # nodes' ports are `shards` apart.
+    # nodes' ports are `shards` apart. Always passed: `serve` left alone runs one shard per
+    # usable core, and K nodes on one host would each take every core and K ports.
     shards: int = 1
 
     def __post_init__(self) -> None:
@@ -116,7 +117,7 @@ class LocalCluster:
         extra = ["--join"] if node_id in self.joining else []
         return [sys.executable, "-m", "raft.cli", "serve", "--node-id", str(node_id),
                 "--data-dir", str(self.data_dir), "--peers", self.peers_spec,
-                *(["--shards", str(self.shards)] if self.shards > 1 else []), *self.extra_args,
+                "--shards", str(self.shards), *self.extra_args,
                 *(self.node_args(node_id) if self.node_args else []), *extra]
 
     def new_node(self) -> int:

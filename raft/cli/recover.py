@@ -17,6 +17,8 @@ Topics (issue 26): the data directory holds the default topic's log (the legacy 
 one the plan is shown for) and the controller's (group 0). The controller is forced the same way
 from its own flushed log, so the new cluster's controller can elect this node too; other
 topics' partitions keep their configurations (re-place them after re-adding the nodes).
+A node of K shards (docs/SHARDS.md) has a store per shard, DATA_DIR/node-<id>/shard-<k>/: each
+is forced, shard 0's holding the controller and the default topic.
 """
 
 from __future__ import annotations
@@ -62,6 +64,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_recover)
 
 
+def store_dirs(node_dir: Path) -> list[Path]:
+    """The node's store directories: DATA_DIR/node-<id>/ itself, or for a node of K shards
+    (its `shards` file, raft.node.supervisor) each DATA_DIR/node-<id>/shard-<k>/ (docs/SHARDS.md).
+    Shard 0's holds the controller and the default topic; each other shard's holds the groups
+    0 and 1 of its own cell, which its runtime needs to start, and its partitions."""
+    marker = node_dir / "shards"
+    if not marker.exists():
+        return [node_dir]
+    try:
+        shards = int(marker.read_text().strip())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{marker} cannot be read ({e}); it records how many shards wrote "
+                          f"this data: restore it (a number)") from None
+    dirs = [node_dir / f"shard-{k}" for k in range(shards)]
+    missing = [str(d) for d in dirs if not d.is_dir()]
+    if missing:
+        raise ConfigError(f"node {node_dir.name} ran {shards} shards but {', '.join(missing)} "
+                          f"is missing; recover needs every shard's directory")
+    return dirs
+
+
+def _open(path: Path, node_id: int) -> LogStorage:
+    try:
+        return open_log(path)
+    except DataDirLocked as e:
+        raise ConfigError(f"node {node_id} is running ({e}); stop it first: recover "
+                          f"rewrites its state and must own its data directory") from None
+    except StorageError as e:
+        raise ConfigError(f"cannot open node {node_id}'s log in {path}: {e}") from None
+
+
 def cmd_recover(args: argparse.Namespace) -> int:
     if not args.force_new_cluster:
         raise ConfigError("say what to recover: --force-new-cluster (the only recovery there "
@@ -70,32 +103,39 @@ def cmd_recover(args: argparse.Namespace) -> int:
     if not node_dir.is_dir():
         raise ConfigError(f"no data directory for node {args.node_id} at {node_dir}; give the "
                           f"node's own --data-dir and --node-id")
+    dirs = store_dirs(node_dir)
+    logs: list[LogStorage] = []
     try:
-        log = open_log(node_dir)
-    except DataDirLocked as e:
-        raise ConfigError(f"node {args.node_id} is running ({e}); stop it first: recover "
-                          f"rewrites its state and must own its data directory") from None
-    except StorageError as e:
-        raise ConfigError(f"cannot open node {args.node_id}'s log: {e}") from None
-    try:
-        plan = plan_force_new_cluster(read_facts(log, args.node_id))
-        _show(args, plan)
+        for path in dirs:  # every shard's, before anything is shown or changed
+            logs.append(_open(path, args.node_id))
+        plans = [plan_force_new_cluster(read_facts(log, args.node_id)) for log in logs]
+        _show(args, plans[0])  # shard 0's: the default topic's log
+        if len(dirs) > 1 and not args.json:
+            print(f"raftlog recover: node {args.node_id} runs {len(dirs)} shards: each shard's "
+                  f"own groups 0 and 1 (in {node_dir}/shard-<k>/) are forced the same way",
+                  file=sys.stderr)
         if not _confirmed(args):
             raise ConfigError("not confirmed: nothing was changed. Run it again with --yes (or "
                               f"type {CONFIRM_WORD!r} when asked) to proceed")
         now_ms = int(time.time() * 1000)
-        controller = _force_controller(log, args.node_id, now_ms)
-        apply_plan(log, plan, now_ms)
+        controllers = []
+        for log, plan in zip(logs, plans):
+            controllers.append(_force_controller(log, args.node_id, now_ms))
+            apply_plan(log, plan, now_ms)
     finally:
-        log.close()
-    _write_audit(node_dir, plan, now_ms)
+        for log in logs:
+            log.close()
+    for path, plan in zip(dirs, plans):
+        _write_audit(path, plan, now_ms)
+    plan = plans[0]
     done = (f"node {args.node_id} is now the only voter of a new cluster (term {plan.term}, "
             f"log kept up to offset {plan.keep_upto}); start it with its usual command, then "
             f"re-add each other node with `raftlog add-node --id N --address HOST:PORT` once "
             f"it runs on an empty data directory")
     if args.json:
         print(json.dumps({"forced": True, **plan.audit, "message": done,
-                          "controller": controller}))
+                          "controller": controllers[0],
+                          **({"shards": len(dirs)} if len(dirs) > 1 else {})}))
     else:
         print(f"raftlog recover: {done}", file=sys.stderr)
     return 0

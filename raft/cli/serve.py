@@ -36,7 +36,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     up_settings.check_server_args(args.server_arg)
     config = up_settings.check_config_file(args.config) if args.config else None
     cluster = LocalCluster(Path(args.data_dir), nodes=args.nodes, base_port=args.base_port,
-                           shards=args.shards)
+                           shards=args.shards or local_shards(args.nodes))
     tls = _up_tls(args, cluster)
     cluster.node_args = up_settings.node_args(args.server_arg, config, cluster.node_args)
     configs = up_settings.check_nodes(cluster)
@@ -49,6 +49,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         notes.append(f"TLS: clients add {tls.client_flags()} (or: export "
                      f"RAFTLOG_TLS_CA={tls.ca})")
     return supervise(cluster, restart=args.restart, notes=notes, partitions=args.partitions)
+
+
+def local_shards(nodes: int) -> int:
+    """`up`'s default --shards: the nodes of a local cluster share this host's usable cores,
+    so each gets its share (1 on a 2-core machine with 3 nodes; 4 with 3 nodes on 12)."""
+    from raft.node.config import usable_cores
+
+    return max(1, usable_cores() // nodes)
 
 
 def _up_credentials(args: argparse.Namespace, cluster: "LocalCluster",
@@ -112,15 +120,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-dir", default="./data",
                    help="where the nodes keep their logs (default ./data)")
     p.add_argument("--base-port", type=non_negative_int, default=7101,
-                   help="node i listens on base-port + i - 1 (default 7101; 0 = pick free "
-                        "ports)")
+                   help="node i listens on base-port + (i - 1) x K, K its shards "
+                        "(default 7101; 0 = pick free ports)")
     p.add_argument("--partitions", type=positive_int, default=None, metavar="N",
                    help="grow the topic `default` to N partitions once the cluster is up "
                         "(commands without --topic use its partition 0; --topic default "
                         "spreads by key over all N)")
-    p.add_argument("--shards", type=positive_int, default=1, metavar="K",
-                   help="shard processes per node (default 1; docs/SHARDS.md): node i's shard "
-                        "k listens on its port + k, so nodes' ports are K apart")
+    p.add_argument("--shards", type=positive_int, default=None, metavar="K",
+                   help="shard processes per node (default: the usable cores shared by the "
+                        "nodes, at least 1; docs/SHARDS.md): node i's shard k listens on its "
+                        "port + k, so nodes' ports are K apart")
     p.add_argument("--tls", action="store_true",
                    help="TLS on every connection, with a throw-away CA and node certificates "
                         "made under DATA_DIR/tls/ (reused on restart); clients pass "
@@ -132,7 +141,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="pass ARG to every node's `raftlog serve` (repeatable; write it with "
                         "=, as in --server-arg=--retention-ms=7d); {id} becomes the node's "
-                        "id: --server-arg=--metrics-listen=127.0.0.1:910{id}")
+                        "id: --server-arg=--metrics-listen=127.0.0.1:91{id}0")
     p.add_argument("--config", metavar="FILE.toml",
                    help="pass --config FILE.toml to every node (`raftlog serve --config`: "
                         "keys = serve's flag names with _); not node_id, data_dir, peers, "

@@ -135,8 +135,10 @@ def identity_lines(statuses: dict[str, dict[str, Any]],
 
 def partition_summary(st: dict[str, Any]) -> dict[str, Any]:
     """One node's partitions (issue 26: a line per partition replica it runs) summed up:
-    how many it holds, leads, follows, how many have no leader it knows, and of which topics."""
-    lines = st.get("partitions") or []
+    how many it holds, leads, follows, how many have no leader it knows, and of which topics.
+    A node of K shards: shard 0's own lines and those of its other shards (`shard_partitions`,
+    docs/SHARDS.md)."""
+    lines = [*(st.get("partitions") or []), *(st.get("shard_partitions") or [])]
     return {"replicas": len(lines),
             "leading": sum(1 for p in lines if p.get("role") == "leader"),
             "following": sum(1 for p in lines if p.get("role") == "follower"),

@@ -95,32 +95,43 @@ def usable_data_dir(data_dir: Path) -> None:
 
 def check_free(cluster: LocalCluster) -> None:
     """Refuse (ConfigError) when a node directory is owned by a running node or a port is
-    taken, before anything starts."""
+    taken, before anything starts (a node of K shards: each shard's directory and port)."""
     for i in cluster.addresses:
-        lock = cluster.data_dir / f"node-{i}" / LOCK_FILE
-        if not lock.exists():
-            continue
-        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            raise ConfigError(f"node {i}'s data in {lock.parent} is in use by a running node "
-                              f"(pid {pid}); stop it first (kill -TERM {pid}), or pass another "
-                              f"--data-dir") from None
-        finally:
-            os.close(fd)  # closing drops the probe's shared lock
+        base = cluster.data_dir / f"node-{i}"
+        for lock in [base / LOCK_FILE, *sorted(base.glob(f"shard-*/{LOCK_FILE}"))]:
+            if lock.exists():
+                _check_lock(lock, i)
     for i, addr in cluster.addresses.items():
-        host, port = parse_address(addr)
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the nodes bind
-            try:
-                s.bind((host, port))
-            except OSError as e:
-                if e.errno != errno.EADDRINUSE:
-                    raise
-                raise ConfigError(f"port {port} (node {i}) is in use, by another `raftlog up` "
-                                  f"or `serve`?; stop it, or pick another --base-port") from None
+        host, base_port = parse_address(addr)
+        for port in range(base_port, base_port + cluster.shards):  # shard k: port + k
+            _check_port(host, port, i, cluster.shards)
+
+
+def _check_lock(lock: Path, i: int) -> None:
+    fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        raise ConfigError(f"node {i}'s data in {lock.parent} is in use by a running node "
+                          f"(pid {pid}); stop it first (kill -TERM {pid}), or pass another "
+                          f"--data-dir") from None
+    finally:
+        os.close(fd)  # closing drops the probe's shared lock
+
+
+def _check_port(host: str, port: int, i: int, shards: int) -> None:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the nodes bind
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise
+            what = f"node {i}" if shards == 1 else f"node {i}: {shards} shards, port + k each"
+            raise ConfigError(f"port {port} ({what}) is in use, by another `raftlog up` or "
+                              f"`serve`?; stop it, pick another --base-port, or fewer "
+                              f"--shards") from None
 
 
 def describe_exit(code: int | None) -> str:

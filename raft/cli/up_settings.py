@@ -6,7 +6,7 @@ Everything is checked before any node starts, by parsing each node's complete `s
 as `serve` itself would (one line, exit 2): a typo in a server argument must not start three
 nodes that each fail. What `up` sets for each node (id, data dir, peers, listen address, join)
 is refused in either place, and so is one metrics address for several nodes (they would fight
-over the port): `--server-arg=--metrics-listen=127.0.0.1:910{id}` gives each its own.
+over the port): `--server-arg=--metrics-listen=127.0.0.1:91{id}0` gives each its own.
 """
 
 from __future__ import annotations

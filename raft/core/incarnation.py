@@ -8,8 +8,9 @@ entry. So every data directory has an identity created with it (storage's incarn
 - A node whose metadata is empty (a new or lost directory) starts *pending*. It becomes a
   member in good standing only when (a) the cluster turns out to be brand new: every voter of
   its bootstrap configuration (--peers) answers a BootstrapProbe saying it never saved a term, a
-  vote or an entry; or (b) the configuration in force records its own incarnation (the leader
-  re-added it, and promoted it once caught up). Until then it never votes (not even a
+  vote or an entry, or sends it one (a node probes only while it is that new itself); or (b) the
+  configuration in force records its own incarnation (the leader re-added it, and promoted it
+  once caught up). Until then it never votes (not even a
   pre-vote), never campaigns, and its replies say `rejoining`, so no leader counts them toward
   a commit.
   Why (a) is safe: every decision (an election won, an entry committed) involved a majority,
@@ -137,6 +138,16 @@ class Incarnations:
     def _handle_probe(self, msg: m.BootstrapProbe) -> None:
         self._send(m.BootstrapProbeReply(self.node_id, msg.src, self.term, self.incarnation,
                                          self._is_fresh()))
+        if self._pending and self.standing() == Standing.CHECKING and \
+                msg.src in self.cfg.voters:
+            # A probe says its sender is fresh as surely as a fresh answer does: a node
+            # probes only while CHECKING, which needs it fresh. Counting it matters to a
+            # replica that started before the others (a new partition's, created first by
+            # the controller leader's node): its own probes were dropped by nodes not running
+            # the group yet, and their answers to its next ones come after they elected
+            # ("not fresh"), which would leave it a node that lost its disk, with no vote.
+            self._fresh_from.add(msg.src)
+            self._check_new_cluster()
 
     def _handle_probe_reply(self, msg: m.BootstrapProbeReply) -> None:
         if not self._pending or self.standing() != Standing.CHECKING:

@@ -166,7 +166,8 @@ class NodeConfig:
     join: bool = False
     # Shard processes (docs/SHARDS.md): with more than one, `raftlog serve` supervises that
     # many processes, shard k in DATA_DIR/node-<id>/shard-<k>/ on the listen port + k. `shard`
-    # is which one this process is (set by the supervisor).
+    # is which one this process is (set by the supervisor). 1 here (in-process nodes); the
+    # program's default when --shards is left out is raft.node.supervisor.default_shards.
     shards: int = 1
     shard: int = 0
     # -- disk loss and corruption (docs/DISK-LOSS.md) -----------------------------------------
@@ -523,9 +524,11 @@ class NodeConfig:
         parser.add_argument("--peers", metavar="ID=HOST:PORT,...",
                             help="every node of the cluster, this one included")
         parser.add_argument("--shards", type=_parse_shards, metavar="N|auto",
-                            help="shard processes for this node (default 1; auto = the usable "
-                                 "cores): shard k listens on the listen port + k and keeps "
-                                 "its data in DATA_DIR/node-<id>/shard-<k>/ (docs/SHARDS.md)")
+                            help="shard processes for this node (default: as many as its "
+                                 "data was written with, for a new node the usable cores, 1 "
+                                 "with port 0; auto = the usable cores): shard k listens on "
+                                 "the listen port + k (so K free ports) and keeps its data in "
+                                 "DATA_DIR/node-<id>/shard-<k>/ (docs/SHARDS.md)")
         parser.add_argument("--log-level", help="DEBUG, INFO, WARNING (default), ERROR")
         parser.add_argument("--log-format", choices=LOG_FORMATS,
                             help="text (key=value, default) or json (one object per line)")

@@ -14,9 +14,9 @@ Where the id comes from, so that all founding nodes agree on one:
   *tentative* id; it is saved with the first metadata save, which precedes any answer it sends.
 - The other nodes of a brand-new cluster take the tentative id from that founder (its hello or its
   hello reply). A brand-new cluster elects no leader until every founder has answered every
-  other's bootstrap probe (raft/core/incarnation.py), and the founder's answers travel on its own
-  connection, opened with a hello carrying its id: so every founder has its id before it counts
-  the cluster as new.
+  other's bootstrap probe or probed it (raft/core/incarnation.py), and the founder's answers and
+  probes travel on its own connection, opened with a hello carrying its id: so every founder has
+  its id before it counts the cluster as new.
 - A node whose standing becomes `member` makes its tentative id *firm* (saved). From then on it
   refuses any peer with another firm id.
 - A node without a firm id (an empty directory that lost its disk, a --join node, a directory of

@@ -70,8 +70,15 @@ def _value(text: str) -> Any:
 TEXT_FORMAT = "ts=%(asctime)s level=%(levelname)s logger=%(name)s event=%(message)s"
 
 
-def make_formatter(fmt: str, context: Callable[[], dict[str, Any]] | None = None
-                   ) -> logging.Formatter:
+def make_formatter(fmt: str, context: Callable[[], dict[str, Any]] | None = None,
+                   shard: int | None = None) -> logging.Formatter:
+    """`shard`: a shard process of a node of K > 1 (docs/SHARDS.md) says which on every line
+    (its shards share the node's stderr, so their lines interleave)."""
     if fmt == "json":
-        return JsonFormatter(context)
-    return logging.Formatter(TEXT_FORMAT)
+        if shard is None:
+            return JsonFormatter(context)
+        inner = context or (lambda: {})
+        return JsonFormatter(lambda: {**inner(), "shard": shard})
+    if shard is None:
+        return logging.Formatter(TEXT_FORMAT)
+    return logging.Formatter(TEXT_FORMAT.replace(" event=", f" shard={shard} event="))

@@ -15,6 +15,7 @@ tests/conftest.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import logging
@@ -25,7 +26,7 @@ from typing import Any
 
 import trio
 
-from raft.node.config import ConfigError, NodeConfig
+from raft.node.config import ConfigError, NodeConfig, read_toml
 from raft.node.errors import NodeFailed
 from raft.node.identity import IdState
 from raft.node.logfmt import make_formatter
@@ -70,10 +71,11 @@ def tune_interpreter() -> None:
 
 
 def configure_logging(level: str = "WARNING", fmt: str = "text",
-                      context: Callable[[], dict[str, Any]] | None = None) -> None:
+                      context: Callable[[], dict[str, Any]] | None = None,
+                      shard: int | None = None) -> None:
     """Structured lines on stderr, key=value text or JSON (raft.node.logfmt); quiet (WARNING)
     unless asked. `context` adds node id and term to JSON lines."""
-    formatter = make_formatter(fmt, context)
+    formatter = make_formatter(fmt, context, shard)
     for name in ("raftlog", "raft"):  # the node's loggers, and the load service's
         logger = logging.getLogger(name)
         logger.setLevel(getattr(logging, level.upper(), logging.WARNING))
@@ -105,7 +107,8 @@ async def run_node(config: NodeConfig, *, log_storage: LogStorage | None = None,
         core = node.group.core
         return {"node": config.node_id, "term": core.term if core is not None else None}
 
-    configure_logging(config.log_level, config.log_format, log_context)
+    configure_logging(config.log_level, config.log_format, log_context,
+                      config.shard if config.shards > 1 else None)
     try:
         await _run_node(node, config, task_status, on_signal)
     except BaseExceptionGroup as group:
@@ -222,12 +225,16 @@ def serve(settings: dict[str, Any], prog: str = "raftlog serve", *,
     """Validate settings (flag values, or --config's TOML plus flags) and run the node until
     SIGTERM. Exit code 0 after a clean stop, 2 after a configuration error (one line on
     stderr saying what to fix). With --shards above 1 this process supervises that many
-    shard processes (raft.node.supervisor); `as_shard` is one of them."""
+    shard processes (raft.node.supervisor); `as_shard` is one of them. Without --shards the
+    node runs what its data was written with, else the usable cores
+    (supervisor.default_shards)."""
     from raft.node import supervisor
 
     try:
         config = NodeConfig.from_args(settings)
         if not as_shard:
+            if not _shards_given(settings):  # the default (docs/SHARDS.md "Sizing K")
+                config = dataclasses.replace(config, shards=supervisor.default_shards(config))
             supervisor.check_layout(config)
             if config.shards > 1:
                 return supervisor.supervise(config, prog)
@@ -245,6 +252,14 @@ def serve(settings: dict[str, Any], prog: str = "raftlog serve", *,
                   f"docs/STORAGE-SAFETY.md if it fails again", file=sys.stderr)
         return 3
     return code
+
+
+def _shards_given(settings: dict[str, Any]) -> bool:
+    """Whether --shards (or `shards` in the --config file) was given."""
+    if settings.get("shards") is not None:
+        return True
+    path = settings.get("config")
+    return bool(path) and "shards" in read_toml(path)
 
 
 if __name__ == "__main__":

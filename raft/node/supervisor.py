@@ -25,6 +25,7 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from raft.controller.state import shard_address
-from raft.node.config import ConfigError, NodeConfig
+from raft.node.config import ConfigError, NodeConfig, parse_address, usable_cores
 from raft.node.shard_feed import FEED_ENV, FEEDS_ENV, REPORT_ENV, REPORTS_ENV
 
 SETTINGS_ENV = "RAFTLOG_SHARD_SETTINGS"  # a shard's settings, as JSON
@@ -42,21 +43,54 @@ STOP_GRACE_S = 30.0  # after SIGTERM, how long the shards may take before SIGKIL
 EXIT_FAILED = 3
 
 
+def recorded_shards(config: NodeConfig) -> int | None:
+    """How many shards wrote this node's data (DATA_DIR/node-<id>/shards; 1 for data a
+    one-shard node wrote), None for a node with no data yet."""
+    base = config.base_node_dir
+    marker = base / LAYOUT_FILE
+    if marker.exists():
+        try:
+            return int(marker.read_text().strip())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{marker} cannot be read ({e}); it records how many shards "
+                              f"wrote this data: restore it (a number)") from None
+    if base.is_dir() and any(p.name != ".write-test" for p in base.iterdir()):
+        return 1  # data written by a one-shard node (before shards, or --shards 1)
+    return None
+
+
+def default_shards(config: NodeConfig) -> int:
+    """`--shards` left out (flag and config file): the count this node's data was written
+    with, so a restart never changes it; for a new node the usable cores (its CPU affinity),
+    one shard per core, but no more than the smallest port gap between two nodes of --peers
+    on one host, so no shard takes another node's port (nodes on consecutive ports, as a
+    hand-made local cluster has them, run one shard each). Every node given the same --peers
+    on alike machines so computes the same K. One when the port is 0 (shard k listens on
+    port + k: a fixed port is needed)."""
+    recorded = recorded_shards(config)
+    if recorded is not None:
+        return recorded
+    if config.listen_address[1] == 0:
+        return 1
+    shards = usable_cores()
+    by_host: dict[str, list[int]] = {}
+    for address in config.peers.values():
+        host, port = parse_address(address)
+        by_host.setdefault(host, []).append(port)
+    for ports in by_host.values():
+        ports.sort()
+        for low, high in zip(ports, ports[1:]):
+            shards = min(shards, max(1, high - low))
+    return shards
+
+
 def check_layout(config: NodeConfig) -> None:
     """Refuse to start with a shard count other than the one the data was written with
     (ConfigError saying what to do); record it on the first start."""
     base = config.base_node_dir
     marker = base / LAYOUT_FILE
     wanted = config.shards
-    recorded: int | None = None
-    if marker.exists():
-        try:
-            recorded = int(marker.read_text().strip())
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"{marker} cannot be read ({e}); it records how many shards "
-                              f"wrote this data: restore it (a number)") from None
-    elif base.is_dir() and any(p.name != ".write-test" for p in base.iterdir()):
-        recorded = 1  # data written by a one-shard node (before shards, or --shards 1)
+    recorded = recorded_shards(config)
     if recorded is not None and recorded != wanted:
         raise ConfigError(
             f"{base} holds data written with --shards {recorded}; this start asks for "
@@ -86,6 +120,31 @@ def shard_settings(config: NodeConfig, shard: int) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
+def check_ports(config: NodeConfig) -> None:
+    """Refuse (ConfigError naming what to change) when a port a shard above 0 needs is taken:
+    shard k listens on the listen port + k (its metrics on the metrics port + k), so a node
+    of K shards needs K free ports from each, and a node next to it K ports away. (Shard 0's
+    own port is checked by its bind, as a one-shard node's is.)"""
+    wanted = [("--listen", config.listen or config.peers[config.node_id])]
+    if config.metrics_listen is not None:
+        wanted.append(("--metrics-listen", config.metrics_listen))
+    for flag, address in wanted:
+        host, port = parse_address(address)
+        for k in range(1, config.shards):
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the shards bind
+                try:
+                    s.bind((host, port + k))
+                except OSError as e:
+                    raise ConfigError(
+                        f"shard {k} of {config.shards} needs port {port + k} ({flag} port "
+                        f"{port} + {k}) and it is taken ({e.strerror or e}): a node of "
+                        f"--shards {config.shards} uses ports {port}..{port + config.shards - 1}"
+                        f". Give {flag} a port with {config.shards} free ports from it (nodes "
+                        f"on one host {config.shards} apart), or fewer --shards (--shards 1: one "
+                        f"process, one port); docs/SHARDS.md") from None
+
+
 def _die_with_parent() -> None:
     """In the child before exec: SIGKILL it if the supervisor dies (Linux)."""
     try:
@@ -111,6 +170,7 @@ class Supervisor:
             raise ConfigError("with --shards above 1 give a fixed port (--listen or --peers): "
                               "shard k listens on that port + k")
         check_layout(config)
+        check_ports(config)
         feeds = [os.pipe() for _ in range(1, config.shards)]  # shard 0 -> shard k
         reports = [os.pipe() for _ in range(1, config.shards)]  # shard k -> shard 0
         for shard in range(config.shards):

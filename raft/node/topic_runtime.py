@@ -94,6 +94,9 @@ class TopicRuntime:
         # Cross-cluster links (issue 30): pullers where this node leads a mirror partition.
         self.links = LinkManager(self)
         self.controller.on_applied.append(self.links.kick)
+        self._shards_warned: str | None = None
+        if self.shard == 0:
+            self.controller.on_applied.append(self._check_registered_shards)
 
     # -- what the reconciler needs (raft.node.reconciler.ReconcileHost) ---------------------------
     @property
@@ -147,6 +150,14 @@ class TopicRuntime:
 
     async def remove_group(self, group_id: int) -> None:
         await self.node.remove_group(group_id)
+
+    def _check_registered_shards(self) -> None:
+        """Loud, once per state: the metadata registers this node with another shard count
+        than it runs (docs/SHARDS.md: every node runs the same K for now)."""
+        warning = shard_count_mismatch(self.metadata, self.node_id, self.node.config.shards)
+        if warning is not None and warning != self._shards_warned:
+            log.error("%s", warning)
+        self._shards_warned = warning
 
     # -- the tasks -----------------------------------------------------------------------------
     def start(self, nursery: trio.Nursery) -> None:
@@ -250,6 +261,25 @@ class TopicRuntime:
                         **{f: figures.get(f) for f in SHARD_FIGURES}})
         return out
 
+    def _other_shards(self, meta: ClusterMetadata) -> list[dict[str, Any]]:
+        """Shard 0's lines for the partitions shards 1..K-1 of this node run (docs/SHARDS.md),
+        so the node's `status` counts all of them: each from the metadata and the leader its
+        shard reported ("leader", "follower", or None while it knows none); [] on shard k."""
+        if self.shard or self.feed is None:
+            return []
+        leaders = self.feed.leaders()
+        out = []
+        for k in range(1, self.node.config.shards):
+            for group_id in sorted(meta.groups_of(self.node_id, k)):
+                p = meta.groups[group_id]
+                leader = leaders.get(group_id)
+                role = None if leader is None else \
+                    "leader" if leader == self.node_id else "follower"
+                out.append({"topic": p.topic, "partition": p.index, "group": group_id,
+                            "shard": k, "role": role, "leader": leader,
+                            "replicas": list(p.replicas)})
+        return out
+
     def _other_shard_leader(self, group_id: int) -> tuple[int | None, str | None]:
         """The leader of a partition another shard of this node runs, as that shard reported
         it (through shard 0: raft.node.shard_feed), at its shard's address."""
@@ -345,7 +375,8 @@ class TopicRuntime:
         leader, address = self.leader_of(CONTROLLER_GROUP)
         shard_lines = self._shard_lines(meta)
         return {"partitions": lines, "shard": self.shard, "shards": self.node.config.shards,
-                "node_shards": shard_lines, "node_totals": node_totals(shard_lines),
+                "node_shards": shard_lines, "shard_partitions": self._other_shards(meta),
+                "node_totals": node_totals(shard_lines),
                 "controller": {"leader": leader, "leader_address": address,
                                "applied": meta.applied,
                                "role": None if ctl is None else ctl.role.value,
@@ -353,6 +384,23 @@ class TopicRuntime:
 
 
 SHARD_FIGURES = ("groups", "cpu_seconds", "rss_bytes", "loop_lag_max_ms")
+
+
+def shard_count_mismatch(meta: ClusterMetadata, node_id: int, shards: int) -> str | None:
+    """The log line when the cluster registered `node_id` with another shard count than the
+    `shards` it runs (nodes are registered with the registering node's count: a node started
+    with another --shards, or the default on a machine with other cores); None when alike."""
+    info = meta.nodes.get(node_id)
+    if info is None or info.shards == shards:
+        return None
+    what = (f"shards {shards}..{info.shards - 1} have no process to run them"
+            if info.shards > shards else f"its shards {info.shards}..{shards - 1} get none")
+    return (f"shard_count_mismatch node={node_id} runs={shards} registered={info.shards}: the "
+            f"controller places partitions on shards 0..{info.shards - 1} of this node, and "
+            f"{what}. Every node of a cluster runs the same --shards for now (a node keeps the "
+            f"count its data was written with): start this node anew, on an empty --data-dir, "
+            f"with --shards {info.shards}, after moving its replicas away (docs/SHARDS.md "
+            f"\"Changing the shard count\")")
 
 
 def node_totals(lines: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -12,6 +12,9 @@ from pathlib import Path
 
 from cli_helpers import REPO, Running, env, free_base_port
 
+# One node process (`serve` left alone runs one shard per usable core: docs/SHARDS.md).
+SERVE = ("serve", "--shards", "1")
+
 EXTRAS = ("pyspark", "pyarrow", "matplotlib", "hypothesis", "pytest")
 
 
@@ -52,7 +55,7 @@ def test_the_demo_and_the_node_import_nothing_from_the_extras() -> None:
 
 def test_serve_says_at_start_what_is_on_and_where(tmp_path: Path) -> None:
     port, metrics = free_base_port(1), free_base_port(1)
-    node = Running("serve", "--node-id", "1", "--data-dir", str(tmp_path), "--peers",
+    node = Running(*SERVE, "--node-id", "1", "--data-dir", str(tmp_path), "--peers",
                    f"1=127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics}",
                    "--retention-bytes", "64MiB", "--retention-ms", "7d")
     try:
@@ -63,7 +66,7 @@ def test_serve_says_at_start_what_is_on_and_where(tmp_path: Path) -> None:
             in line
     finally:
         assert node.stop() == 0
-    plain = Running("serve", "--node-id", "1", "--data-dir", str(tmp_path), "--peers",
+    plain = Running(*SERVE, "--node-id", "1", "--data-dir", str(tmp_path), "--peers",
                     f"1=127.0.0.1:{port}")
     try:
         line = plain.wait_line(r"^raftlog serve: TLS ").string
@@ -75,7 +78,7 @@ def test_serve_says_at_start_what_is_on_and_where(tmp_path: Path) -> None:
 def test_ctrl_c_stops_serve_cleanly_with_130_and_sigterm_with_0(tmp_path: Path) -> None:
     port = free_base_port(1)
     for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, 0)):
-        node = Running("serve", "--node-id", "1", "--data-dir", str(tmp_path), "--peers",
+        node = Running(*SERVE, "--node-id", "1", "--data-dir", str(tmp_path), "--peers",
                        f"1=127.0.0.1:{port}")
         try:
             node.wait_line(r"^raftlog serve: TLS ")

@@ -33,6 +33,9 @@ from raft.node.config import ConfigError
 from raft.node.load_service import OPS
 from storage.lmdb_log import LOCK_FILE
 
+# One node process (`serve` left alone runs one shard per usable core: docs/SHARDS.md).
+SERVE = ("serve", "--shards", "1")
+
 
 # Commands that touch no cluster run in this process (cli_helpers.cli); `serve` runs as a
 # process where it starts a node.
@@ -109,7 +112,7 @@ def test_a_mistyped_setting_is_refused_with_the_closest_key(tmp_path: Path) -> N
         res = cli(*cmd, "--config", str(toml))
         assert res.returncode == 2, res
         assert "tick_msx (did you mean tick_ms?)" in res.stderr
-    res = cli("serve", "--node-id", "1", "--data-dir", str(tmp_path), "--peers",
+    res = cli(*SERVE, "--node-id", "1", "--data-dir", str(tmp_path), "--peers",
                   "1=127.0.0.1:7101", "--raft", "producer_windw=4")
     assert res.returncode == 2
     assert "producer_windw (did you mean producer_window?)" in res.stderr
@@ -306,7 +309,7 @@ def test_failover_counts_only_writes_sent_after_the_kill() -> None:
 
 def test_serve_says_where_it_listens_and_stops_cleanly(tmp_path: Path) -> None:
     port = free_base_port(1)
-    node = Running("serve", "--node-id", "1", "--data-dir", str(tmp_path), "--peers",
+    node = Running(*SERVE, "--node-id", "1", "--data-dir", str(tmp_path), "--peers",
                    f"1=127.0.0.1:{port}")
     try:
         line = node.wait_line(r"listening on").string

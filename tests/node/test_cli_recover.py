@@ -23,9 +23,9 @@ class Tty(io.StringIO):
         return True
 
 
-def stopped_node(tmp_path: Path, node_id: int = 1) -> Path:
+def stopped_node(tmp_path: Path, node_id: int = 1, path: Path | None = None) -> Path:
     """A node's data directory with three flushed entries of term 2, as a stopped node leaves it."""
-    path = tmp_path / f"node-{node_id}"
+    path = path or tmp_path / f"node-{node_id}"
     log = open_log(path)
     try:
         boot = ClusterConfig((1, 2, 3))
@@ -85,3 +85,27 @@ def test_the_typed_confirmation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     finally:
         log.close()
     assert '"force-new-cluster"' in (path / AUDIT_FILE).read_text()
+
+
+def test_a_node_of_two_shards_is_forced_in_every_shards_store(tmp_path: Path) -> None:
+    node = tmp_path / "node-1"
+    shards = [stopped_node(tmp_path, path=node / f"shard-{k}") for k in range(2)]
+    (node / "shards").write_text("2\n")  # what the supervisor records (docs/SHARDS.md)
+    log = open_log(shards[1])  # shard 1 still runs: refused, nothing changed
+    try:
+        code, err = recover(tmp_path, "--yes")
+    finally:
+        log.close()
+    assert code == 2 and "node 1 is running" in err and str(shards[1]) in err
+    assert not any((s / AUDIT_FILE).exists() for s in shards)
+    code, err = recover(tmp_path, "--yes")
+    assert code == 0, err
+    assert "runs 2 shards" in err and not (node / "data.mdb").exists()
+    for path in shards:
+        log = open_log(path)
+        try:
+            forced = log.read(3, 1 << 20)[0]
+            assert ClusterConfig.from_batch(forced).voters == (1,) and forced.term == 3
+        finally:
+            log.close()
+        assert '"force-new-cluster"' in (path / AUDIT_FILE).read_text()

@@ -69,8 +69,8 @@ def test_a_second_serve_on_a_live_nodes_data_dir_exits_2_and_the_first_keeps_ser
     pid1 = up.pid(1)
     peers = ",".join(f"{i}={a}" for i, a in up.addresses.items())
     spare = f"127.0.0.1:{free_base_port(1)}"  # its own port: only the data dir is shared
-    res = raftlog("serve", "--node-id", "1", "--data-dir", str(up.data_dir), "--peers", peers,
-                  "--listen", spare)
+    res = raftlog("serve", "--shards=1", "--node-id", "1", "--data-dir", str(up.data_dir),
+                  "--peers", peers, "--listen", spare)
     assert res.returncode == 2, res
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, lines  # one clear line, no traceback

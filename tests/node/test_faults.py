@@ -190,7 +190,7 @@ def test_leader_partitioned_by_proxies_steps_down_and_nothing_acked_is_lost(
                          for j in ids)
         out = open(tmp_path / f"node-{i}.log", "ab")
         procs[i] = subprocess.Popen(
-            [sys.executable, "-m", "raft.cli", "serve", "--node-id", str(i), "--data-dir",
+            [sys.executable, "-m", "raft.cli", "serve", "--shards=1", "--node-id", str(i), "--data-dir",
              str(tmp_path), "--listen", f"127.0.0.1:{ports[i]}", "--peers", peers],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         out.close()

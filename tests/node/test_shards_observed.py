@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from raft.cli.localcluster import LocalCluster, free_ports, wait_for
+from raft.cli.status import partition_summary
 from raft.node.shard_metrics import scrape_text
 from test_shards_processes import admin_create, partition_addresses, produce, shards_of
 from test_topics_processes import call
@@ -84,6 +85,11 @@ def test_metrics_and_status_of_a_two_shard_node(tmp_path: Path) -> None:
                    for s in lines), lines
         assert totals["shards"] == 2 and totals["partitions"] == 5 and totals["leading"] == 5
         assert totals["groups"] == sum(s["groups"] for s in lines)
+        # The node's partition lines count every shard's: shard 1's from its reports.
+        assert sorted((p["partition"], p["shard"], p["role"]) for p in st["shard_partitions"]) \
+            == sorted((p, 1, "leader") for p, s in placed.items() if s == 1)
+        assert partition_summary(st) == {"replicas": 5, "leading": 5, "following": 0,
+                                         "without_leader": 0, "topics": ["default", "orders"]}
         assert totals["cpu_seconds"] == pytest.approx(sum(s["cpu_seconds"] for s in lines),
                                                       abs=0.02)
         shown = subprocess.run([sys.executable, "-m", "raft.cli", "status", "--servers", base],

@@ -39,6 +39,7 @@ import test_safety_rules
 import test_state_transfer
 import test_subscriptions
 import test_first_election
+import test_late_founder
 import test_mirror
 
 # The runtime's fail-stop rule is killed by a node test.
@@ -999,6 +1000,12 @@ MUTANTS = [
            "self._election_elapsed",
            (test_first_election
             .test_the_preferred_replica_campaigns_first_and_wins_the_first_term,)),
+    Mutant("a replica late to its new group's founding counts a probe as no sign of freshness",
+           "raft.core.incarnation", "Incarnations._handle_probe",
+           "            self._fresh_from.add(msg.src)\n            self._check_new_cluster()",
+           "            pass",
+           (test_late_founder
+            .test_a_replica_late_to_its_groups_founding_is_a_member_and_votes,)),
     Mutant("failed campaigns do not widen the election timeout's spread",
            "raft.core.raft", "RaftCore._reset_randomized_timeout",
            "spread = e << min(self._failed_campaigns, MAX_BACKOFF_DOUBLINGS)",

@@ -145,7 +145,8 @@ def rogue(tmp: Path, cert: pki.Issued, ca: Path, addresses: dict[int, str]) -> t
     log_path = tmp / "rogue.log"
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "raft.cli", "serve", "--node-id", "4", "--data-dir",
+            [sys.executable, "-m", "raft.cli", "serve", "--shards", "1", "--node-id", "4",
+             "--data-dir",
              str(tmp / "data"), "--peers", peers, "--pre-vote", "false", "--tick-ms", "20",
              "--tls-cert", str(cert.cert), "--tls-key", str(cert.key), "--tls-ca", str(ca)],
             stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={"PYTHONPATH": str(REPO)})

@@ -83,7 +83,7 @@ class Cluster:
                "PYTHONPATH": str(REPO)}
         out = open(self.root / f"node-{i}.log", "ab")
         self.procs[i] = subprocess.Popen(
-            [sys.executable, "-m", *serve_module(), "--node-id", str(i),
+            [sys.executable, "-m", *serve_module(), "--shards", "1", "--node-id", str(i),
              "--data-dir", str(self.root / "data"), "--listen", self.addr[i], "--peers", peers],
             stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
 

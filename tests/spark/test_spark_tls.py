@@ -29,7 +29,8 @@ def tls_node(tmp_path_factory: pytest.TempPathFactory):
     addr = f"127.0.0.1:{free_ports(1)[0]}"
     with open(root / "node.log", "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "raft.cli", "serve", "--node-id", "1", "--data-dir",
+            [sys.executable, "-m", "raft.cli", "serve", "--shards", "1", "--node-id", "1",
+             "--data-dir",
              str(root / "data"), "--peers", f"1={addr}", *pki.node_flags(1),
              "--auth-file", str(pki.auth_file)],
             stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={"PYTHONPATH": str(REPO)})
