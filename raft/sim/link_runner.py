@@ -11,8 +11,11 @@ and then lets the source's retention delete past the link's position, and the li
 Checked: per group of either cluster, the Raft checks of the topics profile (election safety,
 commit monotonic, committed prefix identical, flushed majority, log matching, committed data
 above log starts); the source's partitions: exactly once, per-key order, quorum-acked records
-kept; every mirror partition a prefix of its source (raft/sim/link_checker.py); and after the
-faults heal, within a bound, both clusters converged and every mirror caught up.
+kept; every mirror partition a prefix of its source (raft/sim/link_checker.py); replicated
+subscriptions (raft/sim/link_subscriptions.py: consumers commit positions on the source, the link
+copies them capped at the mirror's end; each copy set, never ahead of the mirror at its point of
+the sink's log, never ahead of the source); and after the faults heal, within a bound, both
+clusters converged, every mirror caught up and every mirrored position is its source's.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from raft.sim.checkers import Violation
 from raft.sim.link_actor import Link
 from raft.sim.link_checker import MirrorChecker
 from raft.sim.link_cluster import SimCluster
+from raft.sim.link_subscriptions import Subscriptions
 from raft.sim.loop import EventLoop
 from raft.sim.settings import SimConfig, SimResult
 from raft.sim.topics_node import GroupReplica
@@ -57,6 +61,9 @@ class LinkSimulation:
         self.link = Link(self.loop, self.source, self.sink,
                          random.Random(self.rng.getrandbits(64)), self.trace_tail)
         self.mirror = MirrorChecker(self.source, self.sink, self.link.gaps)
+        self.subs = Subscriptions(self.loop, self.source, self.sink, self.link,
+                                  self.mirror.history, random.Random(self.rng.getrandbits(64)))
+        self.mirror.subs = self.subs
         self._last_poll = -CONVERGE_POLL_US
         self._last_verdict = False
         self.idle_restarts = 0
@@ -95,6 +102,16 @@ class LinkSimulation:
                        f"{self.source.states()}; {self.sink.states()}; source DATA ends "
                        f"{ {g: h.data_end for g, h in self.mirror.history.items()} }")
 
+    def _wait_positions(self) -> None:
+        """Once the mirrors caught up, the link's next rounds carry every position exactly."""
+        self.loop.run_until(self.loop.now + self.cfg.converge_within_us,
+                            stop=self.subs.in_step)
+        if not self.subs.in_step():
+            self.sink.fail(self.sink.groups[0], "liveness",
+                           f"the mirrors caught up but their subscription positions are not "
+                           f"the source's {self.cfg.converge_within_us} us later: "
+                           f"{self.subs.describe()}")
+
     def _idle_restarts(self) -> None:
         """The mirrors caught up and sit idle past the sink's retention age, so each sink log
         is cut to its newest batch; then the whole sink cluster restarts, twice (the first
@@ -126,10 +143,12 @@ class LinkSimulation:
             c.liveness.start()
         self.link.schedule_faults(0, cfg.fault_time_us)
         self.link.start()
+        self.subs.start()
         try:
             self.loop.run_until(cfg.fault_time_us)
-            self.source.producers.stopped = True
+            self.source.producers.stopped = self.subs.stopped = True
             if self._wait_caught_up():
+                self._wait_positions()
                 self._idle_restarts()
             else:
                 self._not_caught_up("after healing")
@@ -153,6 +172,7 @@ class LinkSimulation:
                  "source_batches": sum(len(h.bases) for h in self.mirror.history.values()),
                  "mirrored_batches": sum(p.batches for p in self.mirror.progress.values()),
                  "mirror_ends": ends, "idle_restarts": self.idle_restarts, **self.link.stats,
+                 **self.subs.stats,
                  "restarts": sum(n.restarts for c in (self.source, self.sink)
                                  for n in c.nodes.values()),
                  "fail_stops": sum(n.fail_stops for c in (self.source, self.sink)

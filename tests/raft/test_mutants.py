@@ -1042,6 +1042,14 @@ MUTANTS = [
            "if fid in p.continues and not p.continues[fid]:",
            "if False:",
            (test_link_sim.test_a_reply_fetched_ahead_of_one_not_placed_whole_is_dropped,)),
+    # Replicated subscriptions: the link copies a source position capped at the mirror's
+    # committed visible end + 1; uncapped, a position past the mirror's end is refused by the
+    # sink's bound and the copy is lost (the checker: every copy is set).
+    Mutant("a link copies subscription positions uncapped (the link simulation)",
+           "raft.sim.link_subscriptions", "Subscriptions._on_rows",
+           "position = min(source_position, cap)  # the cap",
+           "position = source_position",
+           (test_link_sim.test_mirrored_subscription_positions_are_capped_at_the_mirror_end,)),
     # The mirror section, end to end: a sink cluster restarted with no MIRRORED batch left in
     # its logs starts from visible end -1 and the link appends the source's batches again.
     Mutant("a mirror's visible end at the log start is not read back (the link simulation)",
