@@ -111,6 +111,11 @@ class MirrorChecker:
     # Replicated subscriptions (raft/sim/link_subscriptions.py): fed every committed batch of
     # both sides, in log order, as they are checked here.
     subs: "Subscriptions | None" = None
+    # A promoted mirror's own writes (raft/sim/link_admin.py): `own_write(group, payload)`
+    # tells them apart; they are kept here (group -> base -> batch) for the reads' check.
+    own_write: Callable[[int, bytes], bool] | None = None
+    own: dict[int, dict[int, VisibleBatch]] = field(default_factory=dict)
+    promoted: set[int] = field(default_factory=set)  # the link's own set (no catching up)
 
     def on_source_ready(self, replica: "GroupReplica") -> None:
         self.history.setdefault(replica.group, SourceHistory()).advance(
@@ -158,6 +163,11 @@ class MirrorChecker:
                  f"{where}: visible batch at {v.base_offset} (count {v.count}) committed "
                  f"after one ending at {prev_last}")
             return False
+        if self.own_write is not None and self.own_write(group, v.payload):
+            self.own.setdefault(group, {})[v.base_offset] = v  # the promoted mirror's write
+            prog.visible_last = v.last_offset
+            prog.batches += 1
+            return True
         src = hist.batches.get(v.base_offset)
         if src is None:
             fail(group, "mirror: every batch is the source's",
@@ -210,7 +220,8 @@ class MirrorChecker:
         held = [vb for last, vb in prog.entries if log.start_offset <= last <= upto]
         start = mirrored.visible_start(log)
         hw = mirrored.run_sync(mirrored.visible_end_upto(log, upto))
-        want_hw = hist.batches[held[-1]].last_offset if held else start - 1
+        batches = {**hist.batches, **self.own.get(group, {})}
+        want_hw = batches[held[-1]].last_offset if held else start - 1
         if hw != want_hw:
             self.sink.fail(group, "mirror reads: visible high watermark",
                            f"{where}: visible_end_upto(commit {upto}) = {hw}, the committed "
@@ -223,7 +234,7 @@ class MirrorChecker:
             if not out:
                 break
             got.extend(VisibleBatch.of_reply(d) for d in out)
-        want = [hist.batches[vb] for vb in held]
+        want = [batches[vb] for vb in held]
         if got != want:
             first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
                          min(len(got), len(want)))
@@ -255,6 +266,8 @@ class MirrorChecker:
             hist = self.history.get(group, SourceHistory())
             if lead is None or lead.core is None:
                 return False
+            if group in self.promoted:
+                continue  # no longer a mirror: it follows nothing
             if visible_end(lead.core) < hist.data_end:
                 return False
         return True

@@ -26,12 +26,14 @@ import random
 from raft.core.retention import RetentionPolicy
 from raft.sim.checkers import Violation
 from raft.sim.link_actor import Link
+from raft.sim.link_admin import LinkAdmin
 from raft.sim.link_checker import MirrorChecker
 from raft.sim.link_cluster import SimCluster
 from raft.sim.link_subscriptions import Subscriptions
 from raft.sim.loop import EventLoop
 from raft.sim.settings import SimConfig, SimResult
 from raft.sim.topics_node import GroupReplica
+from storage.batch import Batch
 
 CONVERGE_POLL_US = 5_000
 SINK_IDS_FROM = 101
@@ -64,6 +66,12 @@ class LinkSimulation:
         self.subs = Subscriptions(self.loop, self.source, self.sink, self.link,
                                   self.mirror.history, random.Random(self.rng.getrandbits(64)))
         self.mirror.subs = self.subs
+        self.admin = LinkAdmin(self.loop, self.source, self.sink, self.link, self.subs,
+                               self.mirror, random.Random(self.rng.getrandbits(64)),
+                               self.trace_tail)
+        self.mirror.own_write = lambda g, payload: (g in self.link.promoted
+                                                    and self.admin.own_write(payload))
+        self.mirror.promoted = self.link.promoted
         self._last_poll = -CONVERGE_POLL_US
         self._last_verdict = False
         self.idle_restarts = 0
@@ -78,6 +86,9 @@ class LinkSimulation:
             self.mirror.on_source_ready(replica)
         else:
             self.mirror.on_sink_ready(replica)
+
+    def on_proposed(self, cluster: SimCluster, node_id: int, group: int, batch: Batch) -> None:
+        self.admin.on_proposed(cluster, node_id, group, batch)
 
     def on_retention_plan(self, cluster: SimCluster, replica: GroupReplica) -> None:
         """Record (check) what the cut is about to delete while it is still there."""
@@ -144,6 +155,7 @@ class LinkSimulation:
         self.link.schedule_faults(0, cfg.fault_time_us)
         self.link.start()
         self.subs.start()
+        self.admin.schedule(cfg.fault_time_us)
         try:
             self.loop.run_until(cfg.fault_time_us)
             self.source.producers.stopped = self.subs.stopped = True
@@ -158,6 +170,8 @@ class LinkSimulation:
         self.source.final_checks(check_data=True)
         self.sink.final_checks(check_data=False)
         ends = self.mirror.check(random.Random(self.rng.getrandbits(64)))
+        for group in sorted(self.link.promoted):
+            self.admin.check_resume(group)
         return self._result(ends)
 
     def _result(self, ends: dict[int, int]) -> SimResult:
@@ -172,7 +186,8 @@ class LinkSimulation:
                  "source_batches": sum(len(h.bases) for h in self.mirror.history.values()),
                  "mirrored_batches": sum(p.batches for p in self.mirror.progress.values()),
                  "mirror_ends": ends, "idle_restarts": self.idle_restarts, **self.link.stats,
-                 **self.subs.stats,
+                 **self.subs.stats, **self.admin.stats,
+                 "own_writes_checked": sum(len(o) for o in self.mirror.own.values()),
                  "restarts": sum(n.restarts for c in (self.source, self.sink)
                                  for n in c.nodes.values()),
                  "fail_stops": sum(n.fail_stops for c in (self.source, self.sink)

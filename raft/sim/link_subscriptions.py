@@ -188,7 +188,7 @@ class Subscriptions:
         upto = min(lead.core.commit_index, lead.log.dirty_offset)
         return mirrored.run_sync(mirrored.visible_end_upto(lead.log, upto))
 
-    def _on_rows(self, group: int, owner: tuple[int, int, int] | None,
+    def _on_rows(self, group: int, owner: tuple[int, ...] | None,
                  rows: dict[str, int]) -> None:
         cp = self.copiers[group]
         cp.asking = False
@@ -265,6 +265,8 @@ class Subscriptions:
     def in_step(self) -> bool:
         """Every mirrored position equals its source's (the mirrors caught up)."""
         for g in self.source.groups:
+            if g in self.link.promoted:
+                continue  # the link stopped for it: positions stay where they were
             src = self.source_tables.get(g)
             rows = {} if src is None else {n: s.position for n, s in src.subs.items()}
             sink = self.sink_tables.get(g)

@@ -133,3 +133,17 @@ def test_the_checker_finds_a_mirrored_position_ahead_of_the_source(
     monkeypatch.setattr(link_subscriptions.Subscriptions, "_serve", ahead)
     res = run_simulation(profile_config(1, 3, "link"))
     assert any("never ahead of the source" in v.prop for v in res.violations), res.describe()
+
+
+def test_a_paused_link_appends_nothing_and_a_promoted_mirror_takes_writes_not_the_link() -> None:
+    """`link pause` / `resume` and `topic promote` as scripted events (raft/sim/link_admin.py):
+    while paused no sink node takes a MIRRORED proposal, and resumed the link resyncs and
+    catches up; after the promote the link never proposes to that partition again, the
+    promoted mirror takes (and commits) a write of its own, and its consumers, resuming from
+    their mirrored positions, skip nothing the source had committed below them. The killer
+    of the pause's and the promote's mutants (tests/raft/test_mutants.py)."""
+    res = run_simulation(profile_config(1, 3, "link"))
+    assert res.ok, res.describe()
+    s = res.stats
+    assert s["pauses"] >= 1 and s["promotes"] == 1 and s["own_writes_checked"] == 1
+    assert s["resume_checks"] == 2 and s["sub_positions_set"] >= 10
