@@ -14,8 +14,11 @@ above log starts); the source's partitions: exactly once, per-key order, quorum-
 kept; every mirror partition a prefix of its source (raft/sim/link_checker.py); replicated
 subscriptions (raft/sim/link_subscriptions.py: consumers commit positions on the source, the link
 copies them capped at the mirror's end; each copy set, never ahead of the mirror at its point of
-the sink's log, never ahead of the source); and after the faults heal, within a bound, both
-clusters converged, every mirror caught up and every mirrored position is its source's.
+the sink's log, never ahead of the source); `link pause`/`resume` and `topic promote` as
+scripted events (raft/sim/link_admin.py: nothing proposed to the sink while paused or after the
+promote, consumers resuming on a promoted mirror skip nothing); and after the faults heal,
+within a bound, both clusters converged, every mirror caught up and every mirrored position is
+its source's.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import pytest
 
 import raft.sim.link_actor as link_actor
 import raft.sim.link_subscriptions as link_subscriptions
+from raft.core.subscription_table import make_entry
 from raft.sim.link_contract import VisibleBatch
 from raft.sim.runner import profile_config, run_simulation
 
@@ -147,3 +148,18 @@ def test_a_paused_link_appends_nothing_and_a_promoted_mirror_takes_writes_not_th
     s = res.stats
     assert s["pauses"] >= 1 and s["promotes"] == 1 and s["own_writes_checked"] == 1
     assert s["resume_checks"] == 2 and s["sub_positions_set"] >= 10
+
+
+def test_the_checker_finds_a_mirrored_position_ahead_of_the_mirror(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Teeth: the cap and the sink entry's bound both 100 too high (each alone is enough to
+    keep a copy within the mirror: the bound is the core's, the cap the link's), so a
+    position past what the mirror holds at that point of its log is set, and named."""
+    committed_end = link_subscriptions.Subscriptions._committed_visible_end
+    monkeypatch.setattr(link_subscriptions.Subscriptions, "_committed_visible_end",
+                        staticmethod(lambda lead: committed_end(lead) + 100))
+    monkeypatch.setattr(link_subscriptions, "make_entry",
+                        lambda src, ops, now, bound=None: make_entry(
+                            src, ops, now, None if bound is None else bound + 100))
+    res = run_simulation(profile_config(7, 3, "link"))
+    assert any("never ahead of the mirror" in v.prop for v in res.violations), res.describe()
