@@ -78,7 +78,7 @@ class Reply:
 @dataclass
 class Puller:
     group: int
-    owner: tuple[int, int, int] | None = None  # (sink node, id(core), term)
+    owner: tuple[int, ...] | None = None  # (sink node, id(core), term, link epoch)
     fetch_id: int = 0
     waiting: dict[int, int] = field(default_factory=dict)  # fetch id -> sent at (us)
     source_hint: int | None = None
@@ -107,10 +107,29 @@ class Link:
     proposing: int = 0  # the request id being proposed now
     refused_now: bool = False  # it was refused at once
     stopped: bool = False
+    # `link pause` (every puller stops; a resume starts new ones: `epoch` is part of a
+    # puller's ownership, so a reply fetched before the pause is stale) and `topic promote`
+    # (the partition's puller stops for good): raft/sim/link_admin.py.
+    paused: bool = False
+    epoch: int = 0
+    promoted: set[int] = field(default_factory=set)
     stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("fetches", "replies", "link_dropped", "proposed", "mirrored_acks",
          "position_refusals", "resyncs", "bootstraps", "stale_replies", "not_leader",
          "fetched_ahead", "ahead_dropped"), 0))
+
+    def pause(self) -> None:
+        self.paused, self.epoch = True, self.epoch + 1
+
+    def resume(self) -> None:
+        self.paused, self.epoch = False, self.epoch + 1
+
+    def promote(self, group: int) -> None:
+        self.promoted.add(group)
+
+    def runs(self, group: int) -> bool:
+        """Whether the partition's puller runs (not stopped, paused or promoted)."""
+        return not (self.stopped or self.paused or group in self.promoted)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -172,9 +191,9 @@ class Link:
     def _leadership(self, group: int):  # noqa: ANN202
         """The sink leader's replica and its (node, core, term), or (None, None)."""
         lead = self.sink.leader_of(group)
-        if lead is None or lead.core is None:
+        if lead is None or lead.core is None or not self.runs(group):
             return None, None
-        return lead, (lead.node_id, id(lead.core), lead.core.term)
+        return lead, (lead.node_id, id(lead.core), lead.core.term, self.epoch)
 
     def _round(self, group: int) -> None:
         if self.stopped:
@@ -242,7 +261,7 @@ class Link:
             pass  # a damaged batch is not served: the link asks again
         return Reply(out, start)
 
-    def _on_reply(self, group: int, owner: tuple[int, int, int] | None, fid: int,
+    def _on_reply(self, group: int, owner: tuple[int, ...] | None, fid: int,
                   position: int, reply: Reply) -> None:
         p = self.pullers[group]
         self.stats["replies"] += 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,10 +27,11 @@ from raft.sim.checkers import read_whole
 from raft.sim.link_actor import Gap
 from raft.sim.link_contract import VisibleBatch, visible_end, visible_of
 from storage import mirrored
-from storage.batch import BatchKind
+from storage.batch import Batch, BatchKind
 
 if TYPE_CHECKING:
     from raft.sim.link_cluster import SimCluster
+    from raft.sim.link_subscriptions import Subscriptions
     from raft.sim.topics_node import GroupReplica
 
 
@@ -41,7 +43,10 @@ class SourceHistory:
     bases: list[int] = field(default_factory=list)  # sorted
     recorded_to: int = -1  # every committed offset up to here is recorded
 
-    def advance(self, replica: "GroupReplica") -> None:
+    def advance(self, replica: "GroupReplica",
+                on_batch: Callable[[int, Batch], None] | None = None) -> None:
+        """Record what `replica` committed past `recorded_to`; `on_batch` sees every committed
+        batch (DATA or not), once, in log order."""
         core, log = replica.core, replica.log
         if core is None:
             return
@@ -60,6 +65,8 @@ class SourceHistory:
                     self.batches[b.base_offset] = VisibleBatch(b.base_offset, b.count,
                                                                b.timestamp_ms, b.payload)
                     self.bases.append(b.base_offset)
+                if on_batch is not None:
+                    on_batch(replica.group, b)
                 self.recorded_to = b.last_offset
             off = batches[-1].last_offset + 1
 
@@ -101,9 +108,18 @@ class MirrorChecker:
     gaps: list[Gap]
     history: dict[int, SourceHistory] = field(default_factory=dict)
     progress: dict[int, MirrorProgress] = field(default_factory=dict)
+    # Replicated subscriptions (raft/sim/link_subscriptions.py): fed every committed batch of
+    # both sides, in log order, as they are checked here.
+    subs: "Subscriptions | None" = None
+    # A promoted mirror's own writes (raft/sim/link_admin.py): `own_write(group, payload)`
+    # tells them apart; they are kept here (group -> base -> batch) for the reads' check.
+    own_write: Callable[[int, bytes], bool] | None = None
+    own: dict[int, dict[int, VisibleBatch]] = field(default_factory=dict)
+    promoted: set[int] = field(default_factory=set)  # the link's own set (no catching up)
 
     def on_source_ready(self, replica: "GroupReplica") -> None:
-        self.history.setdefault(replica.group, SourceHistory()).advance(replica)
+        self.history.setdefault(replica.group, SourceHistory()).advance(
+            replica, None if self.subs is None else self.subs.on_source_batch)
 
     def on_sink_ready(self, replica: "GroupReplica") -> None:
         prog = self.progress.setdefault(replica.group, MirrorProgress())
@@ -127,6 +143,8 @@ class MirrorChecker:
                         prog.failed = True
                         return
                     prog.entries.append((b.last_offset, v.base_offset))
+                if self.subs is not None:
+                    self.subs.on_sink_batch(replica, b, prog.visible_last)
                 prog.checked_to = b.last_offset
             off = batches[-1].last_offset + 1
 
@@ -145,6 +163,11 @@ class MirrorChecker:
                  f"{where}: visible batch at {v.base_offset} (count {v.count}) committed "
                  f"after one ending at {prev_last}")
             return False
+        if self.own_write is not None and self.own_write(group, v.payload):
+            self.own.setdefault(group, {})[v.base_offset] = v  # the promoted mirror's write
+            prog.visible_last = v.last_offset
+            prog.batches += 1
+            return True
         src = hist.batches.get(v.base_offset)
         if src is None:
             fail(group, "mirror: every batch is the source's",
@@ -197,7 +220,8 @@ class MirrorChecker:
         held = [vb for last, vb in prog.entries if log.start_offset <= last <= upto]
         start = mirrored.visible_start(log)
         hw = mirrored.run_sync(mirrored.visible_end_upto(log, upto))
-        want_hw = hist.batches[held[-1]].last_offset if held else start - 1
+        batches = {**hist.batches, **self.own.get(group, {})}
+        want_hw = batches[held[-1]].last_offset if held else start - 1
         if hw != want_hw:
             self.sink.fail(group, "mirror reads: visible high watermark",
                            f"{where}: visible_end_upto(commit {upto}) = {hw}, the committed "
@@ -210,7 +234,7 @@ class MirrorChecker:
             if not out:
                 break
             got.extend(VisibleBatch.of_reply(d) for d in out)
-        want = [hist.batches[vb] for vb in held]
+        want = [batches[vb] for vb in held]
         if got != want:
             first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
                          min(len(got), len(want)))
@@ -242,6 +266,8 @@ class MirrorChecker:
             hist = self.history.get(group, SourceHistory())
             if lead is None or lead.core is None:
                 return False
+            if group in self.promoted:
+                continue  # no longer a mirror: it follows nothing
             if visible_end(lead.core) < hist.data_end:
                 return False
         return True

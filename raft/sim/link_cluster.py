@@ -25,6 +25,7 @@ from raft.core import messages as m
 from raft.core.raft import RaftConfig
 from raft.core.ready import ProduceAnswer
 from raft.core.retention import RetentionPolicy
+from raft.core.types import Acks
 from raft.sim.checkers import Checkers
 from raft.sim.link_contract import translated_config
 from raft.sim.liveness import NodeLiveness
@@ -33,6 +34,7 @@ from raft.sim.network import Network
 from raft.sim.topics_node import GroupReplica, TopicsNode
 from raft.sim.topics_runner import Envelope, TopicsSimulation
 from raft.sim.topics_workload import TopicClient, TopicsWorkload
+from storage.batch import Batch
 
 # raft.sim.link_runner.LinkSimulation, which builds on this module (so not imported here).
 LinkSimulation = Any
@@ -60,6 +62,13 @@ class ClusterNode(TopicsNode):
     @property
     def metadata(self) -> None:
         return None
+
+    def propose(self, group: int, request_id: int, batch: Batch, acks: Acks) -> bool:
+        """As TopicsNode's, and every proposal taken is reported (the link admin's checks)."""
+        taken = super().propose(group, request_id, batch, acks)
+        if taken:
+            self.cluster.sim.on_proposed(self.cluster, self.node_id, group, batch)
+        return taken
 
     def start(self) -> None:
         self.up = True

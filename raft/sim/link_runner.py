@@ -11,8 +11,14 @@ and then lets the source's retention delete past the link's position, and the li
 Checked: per group of either cluster, the Raft checks of the topics profile (election safety,
 commit monotonic, committed prefix identical, flushed majority, log matching, committed data
 above log starts); the source's partitions: exactly once, per-key order, quorum-acked records
-kept; every mirror partition a prefix of its source (raft/sim/link_checker.py); and after the
-faults heal, within a bound, both clusters converged and every mirror caught up.
+kept; every mirror partition a prefix of its source (raft/sim/link_checker.py); replicated
+subscriptions (raft/sim/link_subscriptions.py: consumers commit positions on the source, the link
+copies them capped at the mirror's end; each copy set, never ahead of the mirror at its point of
+the sink's log, never ahead of the source); `link pause`/`resume` and `topic promote` as
+scripted events (raft/sim/link_admin.py: nothing proposed to the sink while paused or after the
+promote, consumers resuming on a promoted mirror skip nothing); and after the faults heal,
+within a bound, both clusters converged, every mirror caught up and every mirrored position is
+its source's.
 """
 
 from __future__ import annotations
@@ -23,11 +29,14 @@ import random
 from raft.core.retention import RetentionPolicy
 from raft.sim.checkers import Violation
 from raft.sim.link_actor import Link
+from raft.sim.link_admin import LinkAdmin
 from raft.sim.link_checker import MirrorChecker
 from raft.sim.link_cluster import SimCluster
+from raft.sim.link_subscriptions import Subscriptions
 from raft.sim.loop import EventLoop
 from raft.sim.settings import SimConfig, SimResult
 from raft.sim.topics_node import GroupReplica
+from storage.batch import Batch
 
 CONVERGE_POLL_US = 5_000
 SINK_IDS_FROM = 101
@@ -57,6 +66,15 @@ class LinkSimulation:
         self.link = Link(self.loop, self.source, self.sink,
                          random.Random(self.rng.getrandbits(64)), self.trace_tail)
         self.mirror = MirrorChecker(self.source, self.sink, self.link.gaps)
+        self.subs = Subscriptions(self.loop, self.source, self.sink, self.link,
+                                  self.mirror.history, random.Random(self.rng.getrandbits(64)))
+        self.mirror.subs = self.subs
+        self.admin = LinkAdmin(self.loop, self.source, self.sink, self.link, self.subs,
+                               self.mirror, random.Random(self.rng.getrandbits(64)),
+                               self.trace_tail)
+        self.mirror.own_write = lambda g, payload: (g in self.link.promoted
+                                                    and self.admin.own_write(payload))
+        self.mirror.promoted = self.link.promoted
         self._last_poll = -CONVERGE_POLL_US
         self._last_verdict = False
         self.idle_restarts = 0
@@ -71,6 +89,9 @@ class LinkSimulation:
             self.mirror.on_source_ready(replica)
         else:
             self.mirror.on_sink_ready(replica)
+
+    def on_proposed(self, cluster: SimCluster, node_id: int, group: int, batch: Batch) -> None:
+        self.admin.on_proposed(cluster, node_id, group, batch)
 
     def on_retention_plan(self, cluster: SimCluster, replica: GroupReplica) -> None:
         """Record (check) what the cut is about to delete while it is still there."""
@@ -94,6 +115,16 @@ class LinkSimulation:
                        f"not reached {self.cfg.converge_within_us} us {when}: "
                        f"{self.source.states()}; {self.sink.states()}; source DATA ends "
                        f"{ {g: h.data_end for g, h in self.mirror.history.items()} }")
+
+    def _wait_positions(self) -> None:
+        """Once the mirrors caught up, the link's next rounds carry every position exactly."""
+        self.loop.run_until(self.loop.now + self.cfg.converge_within_us,
+                            stop=self.subs.in_step)
+        if not self.subs.in_step():
+            self.sink.fail(self.sink.groups[0], "liveness",
+                           f"the mirrors caught up but their subscription positions are not "
+                           f"the source's {self.cfg.converge_within_us} us later: "
+                           f"{self.subs.describe()}")
 
     def _idle_restarts(self) -> None:
         """The mirrors caught up and sit idle past the sink's retention age, so each sink log
@@ -126,10 +157,13 @@ class LinkSimulation:
             c.liveness.start()
         self.link.schedule_faults(0, cfg.fault_time_us)
         self.link.start()
+        self.subs.start()
+        self.admin.schedule(cfg.fault_time_us)
         try:
             self.loop.run_until(cfg.fault_time_us)
-            self.source.producers.stopped = True
+            self.source.producers.stopped = self.subs.stopped = True
             if self._wait_caught_up():
+                self._wait_positions()
                 self._idle_restarts()
             else:
                 self._not_caught_up("after healing")
@@ -139,6 +173,8 @@ class LinkSimulation:
         self.source.final_checks(check_data=True)
         self.sink.final_checks(check_data=False)
         ends = self.mirror.check(random.Random(self.rng.getrandbits(64)))
+        for group in sorted(self.link.promoted):
+            self.admin.check_resume(group)
         return self._result(ends)
 
     def _result(self, ends: dict[int, int]) -> SimResult:
@@ -153,6 +189,8 @@ class LinkSimulation:
                  "source_batches": sum(len(h.bases) for h in self.mirror.history.values()),
                  "mirrored_batches": sum(p.batches for p in self.mirror.progress.values()),
                  "mirror_ends": ends, "idle_restarts": self.idle_restarts, **self.link.stats,
+                 **self.subs.stats, **self.admin.stats,
+                 "own_writes_checked": sum(len(o) for o in self.mirror.own.values()),
                  "restarts": sum(n.restarts for c in (self.source, self.sink)
                                  for n in c.nodes.values()),
                  "fail_stops": sum(n.fail_stops for c in (self.source, self.sink)

@@ -1049,6 +1049,28 @@ MUTANTS = [
            "if fid in p.continues and not p.continues[fid]:",
            "if False:",
            (test_link_sim.test_a_reply_fetched_ahead_of_one_not_placed_whole_is_dropped,)),
+    # Replicated subscriptions: the link copies a source position capped at the mirror's
+    # committed visible end + 1; uncapped, a position past the mirror's end is refused by the
+    # sink's bound and the copy is lost (the checker: every copy is set).
+    Mutant("a link copies subscription positions uncapped (the link simulation)",
+           "raft.sim.link_subscriptions", "Subscriptions._on_rows",
+           "position = min(source_position, cap)  # the cap",
+           "position = source_position",
+           (test_link_sim.test_mirrored_subscription_positions_are_capped_at_the_mirror_end,)),
+    # `link pause` and `topic promote` (raft/sim/link_admin.py): a paused link's pullers stop,
+    # a promoted partition's for good.
+    Mutant("a paused link keeps pulling (the link simulation)",
+           "raft.sim.link_actor", "Link.runs",
+           "self.stopped or self.paused or group in self.promoted",
+           "self.stopped or group in self.promoted",
+           (test_link_sim
+            .test_a_paused_link_appends_nothing_and_a_promoted_mirror_takes_writes_not_the_link,)),
+    Mutant("a promoted mirror's link keeps pulling (the link simulation)",
+           "raft.sim.link_actor", "Link.runs",
+           "self.stopped or self.paused or group in self.promoted",
+           "self.stopped or self.paused",
+           (test_link_sim
+            .test_a_paused_link_appends_nothing_and_a_promoted_mirror_takes_writes_not_the_link,)),
     # The mirror section, end to end: a sink cluster restarted with no MIRRORED batch left in
     # its logs starts from visible end -1 and the link appends the source's batches again.
     Mutant("a mirror's visible end at the log start is not read back (the link simulation)",

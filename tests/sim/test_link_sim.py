@@ -13,6 +13,8 @@ import os
 import pytest
 
 import raft.sim.link_actor as link_actor
+import raft.sim.link_subscriptions as link_subscriptions
+from raft.core.subscription_table import make_entry
 from raft.sim.link_contract import VisibleBatch
 from raft.sim.runner import profile_config, run_simulation
 
@@ -44,7 +46,7 @@ def test_a_reply_fetched_ahead_of_one_not_placed_whole_is_dropped() -> None:
     partway, a leadership lost), the one fetched after it is dropped and the link resyncs from
     the sink's visible end: appended, it would leave out what the first did not place, a gap
     the position rule allows and the checker finds. The killer of that rule's mutant."""
-    res = run_simulation(profile_config(18, 3, "link"))
+    res = run_simulation(profile_config(25, 3, "link"))
     assert res.ok, res.describe()
     assert res.stats["fetched_ahead"] > 50 and res.stats["ahead_dropped"] >= 1
 
@@ -104,3 +106,60 @@ def test_the_checker_finds_a_batch_mirrored_with_other_bytes(
                                              for b in bs])
     res = run_simulation(profile_config(1, 3, "link"))
     assert any("identical offsets" in v.prop for v in res.violations), res.describe()
+
+
+def test_mirrored_subscription_positions_are_capped_at_the_mirror_end() -> None:
+    """Consumers commit positions on the source; the link copies them into the mirrors at
+    min(source position, the mirror's committed visible end + 1), checked as each copy applies
+    on the sink (never ahead of the mirror there, never ahead of the source, never refused);
+    after the mirrors caught up every position is the source's. In this seed a source position
+    is past the mirror's appended end while the link catches up: copied uncapped, the sink's
+    bound refuses it (the position is lost for the round). The killer of the cap's mutant."""
+    res = run_simulation(profile_config(7, 3, "link"))
+    assert res.ok, res.describe()
+    s = res.stats
+    assert s["sub_positions_set"] >= 20 and s["sub_positions_capped"] >= 1
+
+
+def test_the_checker_finds_a_mirrored_position_ahead_of_the_source(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Teeth: a source that answers each position one past its committed one (a skipped
+    record for a consumer resuming on the mirror) is caught as the copy applies."""
+    serve = link_subscriptions.Subscriptions._serve
+
+    def ahead(self, node_id: int, group: int):  # noqa: ANN001, ANN202
+        rows = serve(self, node_id, group)
+        return None if rows is None else {n: p + 1 for n, p in rows.items()}
+
+    monkeypatch.setattr(link_subscriptions.Subscriptions, "_serve", ahead)
+    res = run_simulation(profile_config(1, 3, "link"))
+    assert any("never ahead of the source" in v.prop for v in res.violations), res.describe()
+
+
+def test_a_paused_link_appends_nothing_and_a_promoted_mirror_takes_writes_not_the_link() -> None:
+    """`link pause` / `resume` and `topic promote` as scripted events (raft/sim/link_admin.py):
+    while paused no sink node takes a MIRRORED proposal, and resumed the link resyncs and
+    catches up; after the promote the link never proposes to that partition again, the
+    promoted mirror takes (and commits) a write of its own, and its consumers, resuming from
+    their mirrored positions, skip nothing the source had committed below them. The killer
+    of the pause's and the promote's mutants (tests/raft/test_mutants.py)."""
+    res = run_simulation(profile_config(1, 3, "link"))
+    assert res.ok, res.describe()
+    s = res.stats
+    assert s["pauses"] >= 1 and s["promotes"] == 1 and s["own_writes_checked"] == 1
+    assert s["resume_checks"] == 2 and s["sub_positions_set"] >= 10
+
+
+def test_the_checker_finds_a_mirrored_position_ahead_of_the_mirror(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Teeth: the cap and the sink entry's bound both 100 too high (each alone is enough to
+    keep a copy within the mirror: the bound is the core's, the cap the link's), so a
+    position past what the mirror holds at that point of its log is set, and named."""
+    committed_end = link_subscriptions.Subscriptions._committed_visible_end
+    monkeypatch.setattr(link_subscriptions.Subscriptions, "_committed_visible_end",
+                        staticmethod(lambda lead: committed_end(lead) + 100))
+    monkeypatch.setattr(link_subscriptions, "make_entry",
+                        lambda src, ops, now, bound=None: make_entry(
+                            src, ops, now, None if bound is None else bound + 100))
+    res = run_simulation(profile_config(7, 3, "link"))
+    assert any("never ahead of the mirror" in v.prop for v in res.violations), res.describe()
