@@ -7,7 +7,6 @@ each partition's Raft group keeps them in a real node."""
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,12 +15,6 @@ import trio
 from raft.protocol.framing import encode_frame
 from raft.protocol.replies import ok_reply
 from raft.protocol.streams import FrameReader
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def error(rid: int, code: str, message: str, **details: Any) -> dict[str, Any]:
@@ -128,9 +121,8 @@ class FakeCluster:
         return error(rid, "BAD_REQUEST", f"unknown request type {t!r}")
 
 
-async def serve_node(cluster: FakeCluster, node: int, port: int, *,
+async def serve_node(cluster: FakeCluster, node: int, listeners: list[trio.SocketListener], *,
                      task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
 
     async def handle(stream: trio.SocketStream) -> None:
         reader = FrameReader(stream, 64 << 20)
@@ -151,10 +143,12 @@ async def serve_node(cluster: FakeCluster, node: int, port: int, *,
 
 
 async def start(nursery: trio.Nursery, cluster: FakeCluster, n: int = 3) -> list[str]:
-    """Start n fake nodes (ids 1..n); their addresses."""
-    ports = [free_port() for _ in range(n)]
-    for i, port in enumerate(ports, start=1):
-        cluster.nodes[i] = f"127.0.0.1:{port}"
-    for i, port in enumerate(ports, start=1):
-        await nursery.start(serve_node, cluster, i, port)
+    """Start n fake nodes (ids 1..n); their addresses. Each listens on a port the kernel
+    picked and that stayed bound (a port found free and then bound again could be taken in
+    between: CI saw EADDRINUSE)."""
+    listening = [await trio.open_tcp_listeners(0, host="127.0.0.1") for _ in range(n)]
+    for i, listeners in enumerate(listening, start=1):
+        cluster.nodes[i] = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    for i, listeners in enumerate(listening, start=1):
+        await nursery.start(serve_node, cluster, i, listeners)
     return [cluster.nodes[i] for i in sorted(cluster.nodes)]
