@@ -259,7 +259,9 @@ async def test_a_mirror_grows_when_its_source_topic_grows() -> None:
             await produce(source, "orders", 1, b"b")
             want = await batches(node, "orders", 1)
             assert want
-            with trio.fail_after(DEADLINE_S):
+            # The grower looks every 0.05 s here and the whole test takes ~0.2 s: 5 s is ample,
+            # and is what the mutant that stops the growth costs (DEADLINE_S: 20 s).
+            with trio.fail_after(5.0):
                 await metadata_everywhere(sink, lambda m: len(m.topics["orders"].partitions) == 2)
                 dst = await partition_leader(sink, group_of(sink.live[0], "orders", 1))
                 while await batches(dst, "orders", 1) != want:
