@@ -329,6 +329,9 @@ class Quiescence:
         lease answer those as always). True: drop `msg` unhandled, it is older than the
         quiescing round (a request or reply the round has already superseded; Raft tolerates
         losing any message, and answering it would only make a quiet group send)."""
+        if self._announces_itself(msg):
+            self._wake_for_announce()
+            return False
         if msg.term < self.term or isinstance(msg, (m.BootstrapProbe, m.BootstrapProbeReply)):
             return False
         if isinstance(msg, m.RequestVote) and msg.src not in self.config.voters:
@@ -352,6 +355,38 @@ class Quiescence:
             return False
         self._wake_follower(ping=True)
         return False
+
+    def _announces_itself(self, msg: m.Message) -> bool:
+        """`msg` is a member of our configuration saying it exists and knows no leader, whatever
+        its term: a bootstrap probe (it restarted on an empty data directory) or a ping it sent
+        for want of a leader (`_announce`). Either way it restarted unseen by the failure
+        detector (faster than its down bound) and will not campaign, so nothing else would
+        ever wake us to re-add it or catch it up."""
+        if msg.src == self.node_id or msg.src not in self.config.members:
+            return False
+        if isinstance(msg, m.BootstrapProbe):
+            return not self._is_fresh()
+        return isinstance(msg, m.HeartbeatReply) and msg.seq == 0 and msg.term < self.term
+
+    def _wake_for_announce(self) -> None:
+        if self.role == Role.LEADER:
+            self._wake_leader()  # its heartbeat makes the node answer with what it holds
+        else:
+            self._wake_follower(ping=True)  # the ping wakes our leader, which heartbeats it
+
+    def _announce(self) -> None:
+        """A node whose election timer ran out that may not campaign (it lost its disk, or
+        flushed entries it must get back first) and knows no leader tells every member it
+        exists. With every group quiet nobody would otherwise ever send to it: a node that
+        restarted faster than the failure detector's down bound never looked down, so no
+        peer_up woke its group. A ping (HeartbeatReply, seq 0) wakes a quiet member
+        (`_quiet_step`), and a leader's heartbeat then makes it answer with what it holds, so
+        the leader catches it up or re-adds it (raft/core/incarnation.py). A ping of a lower
+        term than the receiver's changes nothing else (the term rules drop it); one of a higher
+        term moves the receiver up as any message of that term would."""
+        for node_id in self.config.members:
+            if node_id != self.node_id:
+                self._send(self._heartbeat_reply(node_id, 0))
 
     def _round_step(self, msg: m.Message) -> None:
         """Leader with a quiescing round under way, not quiet yet: a follower that answered
