@@ -44,7 +44,20 @@ Wake-ups (the group goes back to ticking as today):
   seq 0), which wakes the leader, whose heartbeats then keep the follower's timer from running
   out: a spurious wake-up costs one round trip, not an election. A follower whose leader's
   node is reported up again after being reported down (a detector flap) pings it too.
-- either: a tick that finds storage recorded new damage since (the scrubber), any role change.
+- either: a tick that finds storage recorded new damage since (the scrubber), any role change;
+  a member announcing it restarted unseen (below).
+
+A node that restarts faster than the failure detector's down bound never looks down, so no
+peer_up wakes its group; and one that came back with less than it had (an empty data directory,
+or flushed entries lost: a lost position) may not campaign, so it sends nothing either. Left
+alone it stays empty or behind while its group is quiet, and if it led, its quiet followers wait
+for it with no leader at all. So a quiet core wakes on a BootstrapProbe from a member when it is
+not new itself (the prober lost its disk), and on a ping (HeartbeatReply, seq 0) from a member
+of any term (`_announces_itself`; a lower term's ping changes nothing else, the term rules drop
+it); and a node whose election timer runs out while it may not campaign and it knows no leader
+pings every member (`_announce`). The woken leader's heartbeat makes the node answer with what
+it holds (rejoining or behind), so it is re-added or caught up; woken followers ping their
+leader, or, when the node was their leader, time out and elect another.
 Proposals to a quiesced follower are answered NOT_LEADER as always and wake nothing.
 
 Node liveness enters as inputs, never as a clock: `peer_down(node)` / `peer_up(node)`, called by
