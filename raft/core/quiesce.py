@@ -396,7 +396,9 @@ class Quiescence:
         (`_quiet_step`), and a leader's heartbeat then makes it answer with what it holds, so
         the leader catches it up or re-adds it (raft/core/incarnation.py). A ping of a lower
         term than the receiver's changes nothing else (the term rules drop it); one of a higher
-        term moves the receiver up as any message of that term would."""
+        term moves the receiver up as any message of that term would. (Called for a member
+        only: a node not added yet, or removed, has nobody to be caught up by; a node still
+        checking whether the cluster is new probes instead.)"""
         for node_id in self.config.members:
             if node_id != self.node_id:
                 self._send(self._heartbeat_reply(node_id, 0))

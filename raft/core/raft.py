@@ -409,7 +409,8 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
                 self._failed_campaigns += 1  # our last campaign timed out: split or unheard
             self._election_elapsed = 0
             self._campaign(Campaign.PRE_VOTE if self.cfg.pre_vote else Campaign.ELECTION)
-        elif self.leader_id is None and self.standing() != Standing.CHECKING:
+        elif (self.leader_id is None and self.node_id in self.config.members
+              and self.standing() != Standing.CHECKING):
             self._election_elapsed = 0
             self._announce()  # may not campaign: a quiet leader must hear of us (quiesce.py)
 
