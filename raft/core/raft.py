@@ -409,10 +409,12 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
                 self._failed_campaigns += 1  # our last campaign timed out: split or unheard
             self._election_elapsed = 0
             self._campaign(Campaign.PRE_VOTE if self.cfg.pre_vote else Campaign.ELECTION)
-        elif (self.leader_id is None and self.node_id in self.config.members
+        elif ((self._election_elapsed - timeout) % self.cfg.election_ticks == 0
+              and self.leader_id is None and self.node_id in self.config.members
               and self.standing() != Standing.CHECKING):
-            self._election_elapsed = 0
-            self._announce()  # may not campaign: a quiet leader must hear of us (quiesce.py)
+            # May not campaign (yet): a quiet leader must hear of us (raft/core/quiesce.py).
+            # The count goes on, so we campaign at the first tick we may, as before.
+            self._announce()
 
     def _reset_randomized_timeout(self) -> None:
         """A random timeout in [e, 2e) ticks; after campaigns that timed out in a row, the
