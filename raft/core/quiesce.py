@@ -337,9 +337,11 @@ class Quiescence:
     # -- messages ----------------------------------------------------------------------------------
     def _quiet_step(self, msg: m.Message) -> bool:
         """Before a quiesced core handles `msg`: wake it unless `msg` changes nothing that
-        matters (a lower term's, a probe, a quiesced answer, our leader's quiescing heartbeat
-        itself, a vote request from a node that is no voter of ours: the term rules and the
-        lease answer those as always). True: drop `msg` unhandled, it is older than the
+        matters (a lower term's, a probe or probe answer, a quiesced answer, our leader's
+        quiescing heartbeat itself, a vote request from a node that is no voter of ours: the
+        term rules and the lease answer those as always), except what a member that restarted
+        unseen sends to announce itself (`_announces_itself`: its probe, its ping of any
+        term), which always wakes. True: drop `msg` unhandled, it is older than the
         quiescing round (a request or reply the round has already superseded; Raft tolerates
         losing any message, and answering it would only make a quiet group send)."""
         if self._announces_itself(msg):
