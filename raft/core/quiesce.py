@@ -44,7 +44,20 @@ Wake-ups (the group goes back to ticking as today):
   seq 0), which wakes the leader, whose heartbeats then keep the follower's timer from running
   out: a spurious wake-up costs one round trip, not an election. A follower whose leader's
   node is reported up again after being reported down (a detector flap) pings it too.
-- either: a tick that finds storage recorded new damage since (the scrubber), any role change.
+- either: a tick that finds storage recorded new damage since (the scrubber), any role change;
+  a member announcing it restarted unseen (below).
+
+A node that restarts faster than the failure detector's down bound never looks down, so no
+peer_up wakes its group; and one that came back with less than it had (an empty data directory,
+or flushed entries lost: a lost position) may not campaign, so it sends nothing either. Left
+alone it stays empty or behind while its group is quiet, and if it led, its quiet followers wait
+for it with no leader at all. So a quiet core wakes on a BootstrapProbe from a member when it is
+not new itself (the prober lost its disk), and on a ping (HeartbeatReply, seq 0) from a member
+of any term (`_announces_itself`; a lower term's ping changes nothing else, the term rules drop
+it); and a node whose election timer runs out while it may not campaign and it knows no leader
+pings every member (`_announce`). The woken leader's heartbeat makes the node answer with what
+it holds (rejoining or behind), so it is re-added or caught up; woken followers ping their
+leader, or, when the node was their leader, time out and elect another.
 Proposals to a quiesced follower are answered NOT_LEADER as always and wake nothing.
 
 Node liveness enters as inputs, never as a clock: `peer_down(node)` / `peer_up(node)`, called by
@@ -324,11 +337,16 @@ class Quiescence:
     # -- messages ----------------------------------------------------------------------------------
     def _quiet_step(self, msg: m.Message) -> bool:
         """Before a quiesced core handles `msg`: wake it unless `msg` changes nothing that
-        matters (a lower term's, a probe, a quiesced answer, our leader's quiescing heartbeat
-        itself, a vote request from a node that is no voter of ours: the term rules and the
-        lease answer those as always). True: drop `msg` unhandled, it is older than the
+        matters (a lower term's, a probe or probe answer, a quiesced answer, our leader's
+        quiescing heartbeat itself, a vote request from a node that is no voter of ours: the
+        term rules and the lease answer those as always), except what a member that restarted
+        unseen sends to announce itself (`_announces_itself`: its probe, its ping of any
+        term), which always wakes. True: drop `msg` unhandled, it is older than the
         quiescing round (a request or reply the round has already superseded; Raft tolerates
         losing any message, and answering it would only make a quiet group send)."""
+        if self._announces_itself(msg):
+            self._wake_for_announce()
+            return False
         if msg.term < self.term or isinstance(msg, (m.BootstrapProbe, m.BootstrapProbeReply)):
             return False
         if isinstance(msg, m.RequestVote) and msg.src not in self.config.voters:
@@ -352,6 +370,40 @@ class Quiescence:
             return False
         self._wake_follower(ping=True)
         return False
+
+    def _announces_itself(self, msg: m.Message) -> bool:
+        """`msg` is a member of our configuration saying it exists and knows no leader, whatever
+        its term: a bootstrap probe (it restarted on an empty data directory) or a ping it sent
+        for want of a leader (`_announce`). Either way it restarted unseen by the failure
+        detector (faster than its down bound) and will not campaign, so nothing else would
+        ever wake us to re-add it or catch it up."""
+        if msg.src == self.node_id or msg.src not in self.config.members:
+            return False
+        if isinstance(msg, m.BootstrapProbe):
+            return not self._is_fresh()
+        return isinstance(msg, m.HeartbeatReply) and msg.seq == 0 and msg.term < self.term
+
+    def _wake_for_announce(self) -> None:
+        if self.role == Role.LEADER:
+            self._wake_leader()  # its heartbeat makes the node answer with what it holds
+        else:
+            self._wake_follower(ping=True)  # the ping wakes our leader, which heartbeats it
+
+    def _announce(self) -> None:
+        """A node whose election timer ran out that may not campaign (it lost its disk, or
+        flushed entries it must get back first) and knows no leader tells every member it
+        exists. With every group quiet nobody would otherwise ever send to it: a node that
+        restarted faster than the failure detector's down bound never looked down, so no
+        peer_up woke its group. A ping (HeartbeatReply, seq 0) wakes a quiet member
+        (`_quiet_step`), and a leader's heartbeat then makes it answer with what it holds, so
+        the leader catches it up or re-adds it (raft/core/incarnation.py). A ping of a lower
+        term than the receiver's changes nothing else (the term rules drop it); one of a higher
+        term moves the receiver up as any message of that term would. (Called for a member
+        only: a node not added yet, or removed, has nobody to be caught up by; a node still
+        checking whether the cluster is new probes instead.)"""
+        for node_id in self.config.members:
+            if node_id != self.node_id:
+                self._send(self._heartbeat_reply(node_id, 0))
 
     def _round_step(self, msg: m.Message) -> None:
         """Leader with a quiescing round under way, not quiet yet: a follower that answered

@@ -37,7 +37,7 @@ from raft.core.config import RaftConfig, Rng
 from raft.core.confchange import INTERNAL_REQUEST, ConfChanges
 from raft.core.election import Campaign, Elections
 from raft.core.follower import FollowerSide
-from raft.core.incarnation import Incarnations
+from raft.core.incarnation import Incarnations, Standing
 from raft.core.leader import LeaderSide
 from raft.core.leader_state import LeaderState, Waiting
 from raft.core.membership import ClusterConfig, ConfigEntry
@@ -402,12 +402,19 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
     def _tick_follower(self) -> None:
         self._election_elapsed += 1
         timeout = self._randomized_timeout * (2 if self._damaged() else 1)
-        if (self._election_elapsed >= timeout and self.is_voter()
-                and self._may_campaign()):
+        if self._election_elapsed < timeout:
+            return
+        if self.is_voter() and self._may_campaign():
             if self.role is not Role.FOLLOWER:
                 self._failed_campaigns += 1  # our last campaign timed out: split or unheard
             self._election_elapsed = 0
             self._campaign(Campaign.PRE_VOTE if self.cfg.pre_vote else Campaign.ELECTION)
+        elif ((self._election_elapsed - timeout) % self.cfg.election_ticks == 0
+              and self.leader_id is None and self.node_id in self.config.members
+              and self.standing() != Standing.CHECKING):
+            # May not campaign (yet): a quiet leader must hear of us (raft/core/quiesce.py).
+            # The count goes on, so we campaign at the first tick we may, as before.
+            self._announce()
 
     def _reset_randomized_timeout(self) -> None:
         """A random timeout in [e, 2e) ticks; after campaigns that timed out in a row, the

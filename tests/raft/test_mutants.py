@@ -29,6 +29,7 @@ import pytest
 
 import test_core
 import test_quiesce
+import test_quiet_rejoin
 import test_recovering_flag
 import test_retention
 import test_disk_loss_rules
@@ -696,6 +697,25 @@ MUTANTS = [
            "                if not self._live_quorum():",
            "                if False:",
            (test_quiesce.test_a_quiet_leader_that_lost_its_majority_wakes_and_steps_down,)),
+    # A node that restarted faster than the failure detector noticed (tests/raft/test_quiet_rejoin.py).
+    Mutant("a quiesced group ignores the bootstrap probe of a member that lost its disk",
+           "raft.core.quiesce", "Quiescence._announces_itself",
+           "            return not self._is_fresh()",
+           "            return False",
+           (test_quiet_rejoin.test_a_wiped_followers_probe_wakes_its_quiet_leader_which_re_adds_it,)),
+    Mutant("a node that may not campaign and knows no leader stays silent",
+           "raft.core.raft", "RaftCore._tick_follower",
+           "            self._announce()",
+           "            pass",
+           (functools.partial(
+               test_quiet_rejoin.test_a_node_that_lost_flushed_entries_and_restarted_unseen_is_caught_up,
+               "follower"),)),
+    Mutant("a quiesced follower ignores a lower term's ping from a member",
+           "raft.core.quiesce", "Quiescence._announces_itself",
+           "msg.seq == 0 and msg.term < self.term",
+           "False",
+           (functools.partial(test_quiet_rejoin.test_what_a_node_that_restarted_unseen_sends_wakes_a_quiet_core,
+                              *test_quiet_rejoin.CASES[3]),)),
     Mutant("a link is created with some of its mirror topics when another name is taken",
            "raft.controller.links_apply", "LinkApply._create_link",
            "            if m.name in self.topics:",

@@ -239,7 +239,9 @@ def test_recovery_chunks_are_deferred_flush_and_commit_follows_flushes() -> None
     assert not sim.checkers.violations, sim.checkers.violations
 
 
-@pytest.mark.parametrize("seed,nodes", [(5299, 3), (90275, 3), (7131584, 3), (29782835, 3)])
+@pytest.mark.parametrize("seed,nodes", [(5299, 3), (90275, 3), (7131584, 3), (29782835, 3),
+                                        (11250097, 3), (11250113, 3), (11250769, 3),
+                                        (77281, 5), (77353, 5)])
 def test_disk_loss_schedules_that_once_failed(seed: int, nodes: int) -> None:
     """5299: damage in a range retention had deleted everywhere else was never repaired until
     the follower dropped it with its prefix (raft/core/repair.py, _drop_damaged_prefix). 90275: a
@@ -252,7 +254,13 @@ def test_disk_loss_schedules_that_once_failed(seed: int, nodes: int) -> None:
     29782835 (issue 24): a new leader whose copy of a committed entry rotted declared it lost
     after hearing from one voter far behind, while the voter holding it was down (it counted a
     voter it had never heard from as answered); it now waits for evidence from every voter
-    (raft/core/repair.py, CopyCensus)."""
+    (raft/core/repair.py, CopyCensus). 11250097, 11250113, 11250769, 77281 and 77353 (5 nodes): a node
+    restarted faster than the failure detector's down bound, so it never looked down, while
+    its group was quiesced: wiped (11250097), its bootstrap probes were answered and woke
+    nobody; with a lost position (the others; in 11250769, 77281 and 77353 the leader) it may
+    not campaign and sent nothing. It stayed empty or behind, no leader in three of them, until
+    a write; now a member's probe wakes a quiet core and such a node pings every member
+    (raft/core/quiesce.py, tests/raft/test_quiet_rejoin.py)."""
     res = run_simulation(profile_config(seed, nodes, "diskloss"))
     assert res.ok, res.describe()
 
