@@ -268,12 +268,15 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
     def col(k: str) -> list[float]:
         return [x[k] for x in rounds if k in x]
 
-    # Target: the mirror keeps up with what producers write flat out (within 20%).
-    src_rates = sorted(col("source_MBps"))
-    keep_up = (">=", round(0.8 * src_rates[len(src_rates) // 2], 1)) if src_rates else None
+    # Target: the mirror keeps up with what producers write flat out. With both clusters on
+    # one machine, link.MBps is bound by the CPU they share (docs/PERFORMANCE.md, the link
+    # section): what says whether a sink on machines like the source's keeps up is its CPU
+    # per MB against the source's, within 25%.
+    src_cpu = sorted(col("source_cpu_ms_per_MB"))
+    keep_up = (("<=", round(1.25 * src_cpu[len(src_cpu) // 2], 1)) if src_cpu else None)
     figures = [
         figure("link.MBps", "link", "mirror throughput, flat-out producers (leader acks)",
-               "MB/s", col("MBps"), params=params, target=keep_up),
+               "MB/s", col("MBps"), params=params),
         figure("link.source.MBps", "link", "the producers' own rate on the source", "MB/s",
                col("source_MBps"), params=params),
         figure("link.lag_p50_ms", "link", f"mirror lag p50 at {s['rate_mb']} MB/s", "ms",
@@ -285,7 +288,8 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
                "ms/MB", col("source_cpu_ms_per_MB"), better="lower", params=params),
         figure("link.sink.cpu_ms_per_MB", "link",
                "sink cluster CPU per MB in the flat-out round (mirroring, serving the reader)",
-               "ms/MB", col("sink_cpu_ms_per_MB"), better="lower", params=params),
+               "ms/MB", col("sink_cpu_ms_per_MB"), better="lower", params=params,
+               target=keep_up),
         figure("link.catchup_s", "link", f"catch-up after a {s['cut_s']:.0f} s pause", "s",
                col("catchup_s"), better="lower", params=params),
         figure("link.promote_s", "link", "promote, until a write is acknowledged", "s",
