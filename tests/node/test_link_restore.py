@@ -62,24 +62,29 @@ async def same(src_cluster, dst_cluster, topic: str = "orders") -> bool:
     return bool(want) and await batches(dst, topic, 0) == want
 
 
+async def mirrored_from(a, b) -> None:  # noqa: ANN001
+    """A's topic `orders` (1 partition, records a, b, c) mirrored on B by link `dr`, in step."""
+    await create(a, "orders", 1, 1)
+    await all_partitions_led(a, "orders")
+    for value in (b"a", b"b", b"c"):
+        await produce(a, "orders", 0, value)
+    meta = await request(a.live[0], "metadata")
+    await metadata_everywhere(b, lambda m: "default" in m.topics)
+    made = await admin(b, "link_create", **{**mirror_fields(
+        "dr", [a.live[0].address], meta["cluster_id"], [["orders", "orders", 1]]),
+        "replicas": 1})
+    assert made["ok"], made
+    await metadata_everywhere(b, lambda m: "orders" in m.topics)
+    with trio.fail_after(DEADLINE_S):
+        while not await same(a, b):
+            await trio.sleep(0.05)
+
+
 @trio_test
 async def test_restore_refuses_records_replaces_an_empty_leftover_and_the_survivor_follows() \
         -> None:
     async with running_cluster(1) as a, running_cluster(1) as b:
-        await create(a, "orders", 1, 1)
-        await all_partitions_led(a, "orders")
-        for value in (b"a", b"b", b"c"):
-            await produce(a, "orders", 0, value)
-        meta = await request(a.live[0], "metadata")
-        await metadata_everywhere(b, lambda m: "default" in m.topics)
-        made = await admin(b, "link_create", **{**mirror_fields(
-            "dr", [a.live[0].address], meta["cluster_id"], [["orders", "orders", 1]]),
-            "replicas": 1})
-        assert made["ok"], made
-        await metadata_everywhere(b, lambda m: "orders" in m.topics)
-        with trio.fail_after(DEADLINE_S):
-            while not await same(a, b):
-                await trio.sleep(0.05)
+        await mirrored_from(a, b)
         held = await batches(await partition_leader(b, group_of(b.live[0], "orders", 0)),
                              "orders", 0)
         args = restore_args(b.live[0].address, a.live[0].address)
@@ -129,20 +134,7 @@ async def test_a_source_recreated_and_written_again_leaves_the_mirror_diverged_u
     """A's topic is deleted and recreated, then written past B's mirror's end: B's puller
     copies nothing (the anchor differs), and `link_status` says `diverged` and where to look."""
     async with running_cluster(1) as a, running_cluster(1) as b:
-        await create(a, "orders", 1, 1)
-        await all_partitions_led(a, "orders")
-        for value in (b"a", b"b", b"c"):
-            await produce(a, "orders", 0, value)
-        meta = await request(a.live[0], "metadata")
-        await metadata_everywhere(b, lambda m: "default" in m.topics)
-        made = await admin(b, "link_create", **{**mirror_fields(
-            "dr", [a.live[0].address], meta["cluster_id"], [["orders", "orders", 1]]),
-            "replicas": 1})
-        assert made["ok"], made
-        await metadata_everywhere(b, lambda m: "orders" in m.topics)
-        with trio.fail_after(DEADLINE_S):
-            while not await same(a, b):
-                await trio.sleep(0.05)
+        await mirrored_from(a, b)
         b0 = await partition_leader(b, group_of(b.live[0], "orders", 0))
         held = await batches(b0, "orders", 0)
         assert (await admin(a, "topic_delete", name="orders"))["ok"]
