@@ -218,17 +218,9 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
     def start_term(self) -> int:
         return self._start_term
 
-    @property
-    def dirty_offset(self) -> int:
-        return self._dirty
-
-    @property
-    def flushed_offset(self) -> int:
-        return self._flushed
-
-    @property
-    def unflushed_bytes(self) -> int:
-        return self._unflushed
+    dirty_offset = property(lambda self: self._dirty)
+    flushed_offset = property(lambda self: self._flushed)
+    unflushed_bytes = property(lambda self: self._unflushed)
 
     @property
     def retained_bytes(self) -> int:
@@ -556,6 +548,10 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
 
     def _last_term_locked(self) -> int:
         return self._term_at_locked(self._dirty)
+
+    def last_term(self) -> int:  # one lock: a worker's truncate_suffix may lower _dirty between
+        with self._lock:  # reading dirty_offset and looking up its term (a fail-stop, bench produce)
+            return self._last_term_locked()
 
     def term_at(self, offset: int) -> int:
         with self._lock:

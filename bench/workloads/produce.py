@@ -165,8 +165,11 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
     details: dict = {"points": [], "batch_bytes": cfg.batch_bytes, "window": cfg.window,
                      "warmup_s": warmup, "duration_s": cfg.duration}
     with ctx.cluster() as cluster:
-        leader = cluster.wait_for_leader()
         for acks, size_name, nprod in configs(cfg.quick):
+            # The leader of each point, not of the first: it may move between points (the
+            # leader balancer hands it to the partition's preferred node), and generators
+            # pinned to a former leader would only collect NOT_LEADER for the rest of the run.
+            leader = cluster.wait_for_leader()
             size = RECORD_SIZES[size_name]
             args = ProduceArgs(cluster.nodes[leader].addr, acks, size, cfg.batch_bytes,
                                cfg.window, warmup, cfg.duration)
