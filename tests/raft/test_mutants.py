@@ -84,6 +84,7 @@ import test_links_inproc  # noqa: E402  (tests/node: a link holds its source's r
 # The store's group commit across logs is killed by the storage tests (tests/storage).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
 import test_store  # noqa: E402
+import test_lmdb_edges  # noqa: E402  (tests/storage, on the path above)
 import test_flusher  # noqa: E402  (tests/node, on the path above)
 import test_reconciler  # noqa: E402  (tests/node: the node's topics)
 import test_topic_settings_inproc  # noqa: E402  (tests/node: per-topic settings in force)
@@ -726,6 +727,12 @@ MUTANTS = [
            "await self.report_gap(self.spec, pos, int(start) - 1)",
            "pass",
            (test_link_puller.test_a_bootstrap_records_the_gap_before_going_past_it,)),
+    Mutant("a log's last term is looked up for a dirty offset read outside its lock",
+           "storage.lmdb_log", "LmdbLog.last_term",
+           "        with self._lock:  # reading dirty_offset and looking up its term (a fail-stop, bench produce)\n            return self._last_term_locked()",
+           "        return self.term_at(self.dirty_offset)",
+           (_in_tmp(test_lmdb_edges
+                    .test_the_last_term_is_read_with_its_dirty_offset_across_a_truncation),)),
     Mutant("a link bootstraps on a follower's log start while the source's leader holds the position",
            "raft.node.links.puller", "Puller._out_of_range",
            "                start = await self._leaders_start(pos)",

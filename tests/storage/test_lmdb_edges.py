@@ -169,3 +169,46 @@ def test_meta_survives_reopen(tmp_path: Path) -> None:
     meta.incarnation = inc
     assert log.load_meta() == meta and log.incarnation == inc
     log.close()
+
+
+class _SignallingLock:
+    """The log's lock, saying when a thread starts to wait for it."""
+
+    def __init__(self, lock: threading.RLock, waiting: threading.Event) -> None:
+        self._lock, self._waiting = lock, waiting
+
+    def __enter__(self) -> bool:
+        if threading.current_thread() is not threading.main_thread():
+            self._waiting.set()
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.__exit__(*exc)
+
+
+def test_the_last_term_is_read_with_its_dirty_offset_across_a_truncation(tmp_path: Path) -> None:
+    """A follower's truncate_suffix runs on a worker thread while the event loop builds a
+    reply: the last term must be looked up for the dirty offset as it is then, not for one
+    read before the truncation (the node failed-stop with OffsetOutOfRange)."""
+    log = open_log(tmp_path)
+    log.append(batches(0, 5))  # offsets 0..9
+    log.flush()
+    real, waiting = log._lock, threading.Event()
+    log._lock = _SignallingLock(real, waiting)  # type: ignore[assignment]
+    got: list[object] = []
+    with real:  # the truncating thread holds the log
+        reader = threading.Thread(target=lambda: got.append(_try(log.last_term)))
+        reader.start()
+        assert waiting.wait(30), "the reader never asked for the lock"
+        log.truncate_suffix(3)
+    reader.join(30)
+    log._lock = real  # type: ignore[assignment]
+    assert got == [1] and log.dirty_offset == 3, got
+    log.close()
+
+
+def _try(fn):  # noqa: ANN001, ANN202
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - the test reports it
+        return e
