@@ -139,6 +139,42 @@ async def test_fetch_ranges_long_poll_and_budget() -> None:
 
 
 @trio_test
+async def test_an_offset_appended_but_not_committed_long_polls_instead_of_out_of_range() -> None:
+    """A producer with acks=leader is given its offset before the commit; a consumer that
+    fetches it at once must wait for it, not be told it is out of range (it would reset its
+    position). Past the log end it still is out of range; a follower that has not got the
+    offset sends the reader to the leader."""
+    async with running_cluster(3) as cluster:
+        leader = await cluster.wait_leader()
+        client = await RawClient.connect(leader.address)
+        top = (await client.request("fetch", offset=0, max_bytes=1, max_wait_ms=0))[
+            "high_watermark"]
+        # A follower whose log ends before the offset sends the reader to the leader.
+        follower = next(n for n in cluster.nodes if n is not leader)
+        reader = await RawClient.connect(follower.address)
+        redirect = await reader.request("fetch", offset=top + 5, max_bytes=100, max_wait_ms=0)
+        assert redirect["error"]["code"] == "NOT_LEADER", redirect
+        assert redirect["error"]["leader_id"] == leader.node_id
+        await reader.aclose()
+        for other in cluster.nodes:
+            if other is not leader:
+                await cluster.stop(other.node_id)
+        # The followers gone, nothing more commits.
+        reply = await client.request("produce", acks="leader", payload=values_payload(
+            [b"a", b"b", b"c"]), count=3)
+        assert reply["ok"], reply
+        base, last = reply["base_offset"], reply["last_offset"]
+        assert last > top + 1  # past what the old rule (high_watermark + 1) allowed
+        for offset in (base, last):
+            got = await client.request("fetch", offset=offset, max_bytes=100, max_wait_ms=0)
+            assert got["ok"] and got["batches"] == [] and got["next_offset"] == offset, got
+        beyond = await client.request("fetch", offset=last + 2, max_bytes=100, max_wait_ms=0)
+        assert beyond["error"]["code"] == "OFFSET_OUT_OF_RANGE", beyond
+        assert beyond["error"]["high_watermark"] < base
+        await client.aclose()
+
+
+@trio_test
 async def test_pipelined_requests_on_one_connection() -> None:
     async with running_cluster(3) as cluster:
         leader = await cluster.wait_leader()

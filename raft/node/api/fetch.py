@@ -41,12 +41,18 @@ async def execute(ctx: ApiContext, req: Fetch) -> Reply:
             await group.loads.catch_up(group.core.high_watermark)
         hw = visible_hw(group)
         start = visible_start(group)
-        if offset < start or offset > hw + 1:
+        end = fetchable_end(group, hw)
+        if offset > end and not group.translated and not group.is_leader() \
+                and group.core.leader_id is not None:
+            # A follower whose log ends before `offset`: the leader may have it (appended,
+            # not yet here); only the leader knows the log's end.
+            return ctx.refuse_not_leader()
+        if offset < start or offset > end:
             return ctx.error(
                 ErrorCode.OFFSET_OUT_OF_RANGE,
-                f"offset {offset} is outside the readable range [{start}, {hw + 1}]; fetch "
-                f"from start_offset or at most high_watermark + 1",
-                start_offset=start, high_watermark=hw)
+                f"offset {offset} is outside the readable range [{start}, {end}]; fetch "
+                f"from start_offset, or at most the log end (high_watermark + 1 once what "
+                f"was appended is committed)", start_offset=start, high_watermark=hw)
         if offset <= hw:
             try:
                 if group.translated:
@@ -80,6 +86,18 @@ def visible_hw(group: RaftGroup) -> int:
     if group.translated:
         return mirror_reads.visible_hw(group, hw)
     return hw if group.loads is None else min(hw, group.loads.stable_offset(hw))
+
+
+def fetchable_end(group: RaftGroup, hw: int) -> int:
+    """The highest offset a fetch may name: high_watermark + 1, or this node's log end when
+    it has appended past the watermark. An offset a producer was just given (acks=leader or
+    none, answered before the commit) exists and becomes readable once committed: a fetch for
+    it long-polls like one at high_watermark + 1 instead of failing, as a Kafka leader accepts
+    offsets up to its log end offset. A consumer told OFFSET_OUT_OF_RANGE would reset its
+    position. A translated group speaks visible offsets, which only committed batches have."""
+    if group.translated:
+        return hw + 1
+    return max(hw, group.log.dirty_offset) + 1
 
 
 def visible_start(group: RaftGroup) -> int:
