@@ -189,7 +189,7 @@ class Client(SubscriptionCalls, TopicCalls):
             return err
         assert isinstance(route, tuple)
         try:
-            meta.partition(*route)
+            (await self.controllers_view(meta, route[0])).partition(*route)
         except UnknownTopicError as fresh:
             return fresh
         return None

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from raft.client.errors import OffsetOutOfRangeError, RaftlogError, RequestTimeout
+from raft.client.errors import (OffsetOutOfRangeError, RaftlogError, RequestTimeout,
+                                UnknownTopicError)
 from raft.client.metadata import DEFAULT_TOPIC, Metadata, TopicInfo
 from raft.protocol.topic_requests import Metadata as MetadataRequest
 from raft.protocol.topic_requests import TopicAlter, TopicCreate, TopicDelete, TopicMove
@@ -76,7 +77,26 @@ class TopicCalls:
         """One topic's metadata (cached unless `refresh`, or unknown to the cache);
         UnknownTopicError naming the topics that exist."""
         meta = await self.metadata.get(name) if not refresh else await self.cluster_metadata()
-        return meta.topic(name)
+        try:
+            return meta.topic(name)
+        except UnknownTopicError:
+            return (await self.controllers_view(meta, name)).topic(name)
+
+    async def controllers_view(self, meta: Metadata, name: str) -> Metadata:
+        """`meta` (an answer without topic `name`) checked with the controller's leader. A
+        node answers from the controller state it applied, which can lag (a node just
+        restarted, replaying or catching up): only the controller's leader may say a topic
+        does not exist. `meta` itself when it came from that leader or the leader does not
+        answer."""
+        if not meta.controller_address or name in meta.topics:
+            return meta
+        try:
+            reply = await self.call(metadata_request(), leader=False,
+                                    server=meta.controller_address,
+                                    timeout=min(self.timeout, 5.0))
+        except RaftlogError:
+            return meta
+        return Metadata.parse(reply)
 
     async def create_topic(self, name: str, partitions: int, replicas: int, *,
                            retention_bytes: int | None = None, retention_ms: int | None = None,

@@ -70,7 +70,10 @@ class FakeCluster:
         rid, t = frame["id"], frame["t"]
         if t == "metadata":
             self.metadata_requests += 1
-            return ok_reply(rid, **self.metadata())
+            meta = self.metadata()
+            if node in self.lagging and node != self.controller:  # its view lacks new topics
+                meta["topics"] = [t for t in meta["topics"] if t["name"] not in self.new_topics]
+            return ok_reply(rid, **meta)
         if t == "status":
             return ok_reply(rid, status={"node_id": node, "role": "leader"})
         if t == "topic_create":

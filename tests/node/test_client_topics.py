@@ -224,6 +224,30 @@ async def test_a_node_that_has_not_applied_a_new_topic_yet_is_retried() -> None:
 
 
 @trio_test
+async def test_a_node_behind_the_controller_does_not_make_a_topic_unknown() -> None:
+    """A node answers `metadata` from the controller state it applied; one that restarted
+    and is still catching up lacks a topic everyone else has. The client asks the
+    controller's leader before it says a topic does not exist."""
+    cluster = FakeCluster(controller=2)
+    async with trio.open_nursery() as nursery:
+        servers = await start(nursery, cluster)
+        cluster.add_topic("default", 1)
+        cluster.add_topic("orders", 2)
+        cluster.new_topics.add("orders")
+        cluster.lagging.add(1)
+        with trio.fail_after(DEADLINE_S):
+            async with Client(servers[:1]) as c:
+                assert "orders" not in (await c.cluster_metadata()).topics  # node 1's view
+                info = await c.topic("orders", refresh=True)
+                assert info.partition_count == 2
+                desc = await c.describe_topic("orders")
+                assert [p["partition"] for p in desc["partitions"]] == [0, 1]
+                with pytest.raises(UnknownTopicError, match="default, orders"):
+                    await c.topic("ordres", refresh=True)  # the controller agrees: unknown
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
 async def test_a_lost_connection_to_a_partitions_leader_refreshes_the_metadata() -> None:
     cluster = FakeCluster()
     async with trio.open_nursery() as nursery:
