@@ -167,7 +167,7 @@ class Quiescence:
         elif node_id == self.leader_id and self.role == Role.FOLLOWER:
             # Our leader was only thought dead (a detector flap): wake it, so it heartbeats
             # us before our timer, started when it was reported down, runs out.
-            self._send(self._heartbeat_reply(node_id, 0))
+            self._ping(node_id)
 
     def peers_down(self) -> frozenset[int]:
         return frozenset(self._peers_down)
@@ -332,7 +332,7 @@ class Quiescence:
         self._reset_randomized_timeout()
         leader = self.leader_id
         if ping and leader is not None and leader not in self._peers_down:
-            self._send(self._heartbeat_reply(leader, 0))
+            self._ping(leader)
 
     # -- messages ----------------------------------------------------------------------------------
     def _quiet_step(self, msg: m.Message) -> bool:
@@ -403,7 +403,7 @@ class Quiescence:
         checking whether the cluster is new probes instead.)"""
         for node_id in self.config.members:
             if node_id != self.node_id:
-                self._send(self._heartbeat_reply(node_id, 0))
+                self._ping(node_id)
 
     def _round_step(self, msg: m.Message) -> None:
         """Leader with a quiescing round under way, not quiet yet: a follower that answered

@@ -136,6 +136,11 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         self._storage_running: StorageWork | None = None
         self._after_storage: tuple[Callable[[], object], ...] = ()
         self._resume: m.AppendEntries | None = None
+        # What waits for stored() because it reads the log (its end and that end's term, which
+        # a running truncation changes on the driver's worker): the follower's answers to a
+        # flush, and pings to these nodes.
+        self._flushed_after_storage = False
+        self._pings_after_storage: set[int] = set()
 
         # Ready output.
         self._messages: list[m.Message] = []
@@ -311,6 +316,14 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         if self.role == Role.LEADER:
             self._maybe_commit()
             return
+        if self._storage_running is not None:
+            self._flushed_after_storage = True  # the log is changing: answer once stored()
+            return
+        self._follower_flushed()
+
+    def _follower_flushed(self) -> None:
+        """A follower's answers to a flush: the commit index it may take now, the replies
+        that waited for the flush, and its own-schedule report to the leader."""
         self._advance_follower_commit()
         held, self._held_replies = self._held_replies, []
         for reply in held:
@@ -321,7 +334,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         flushed = self._reportable_flushed()
         if flushed > self._reported_flushed and not held and self.leader_id is not None:
             # Flushed on our own schedule: report so the leader can advance the commit index.
-            self._send(self._heartbeat_reply(self.leader_id, 0))
+            self._ping(self.leader_id)
         self._reported_flushed = max(self._reported_flushed, flushed)
 
     def stored(self) -> None:
@@ -333,6 +346,13 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         self._storage_running, self._after_storage, self._resume = None, (), None
         for fn in then:
             fn()
+        if self._flushed_after_storage:
+            self._flushed_after_storage = False
+            if self.role != Role.LEADER:
+                self._follower_flushed()
+        pings, self._pings_after_storage = self._pings_after_storage, set()
+        for node_id in sorted(pings):
+            self._ping(node_id)
         if resume is not None and resume.term == self.term:
             self.step(resume)  # the append that needed the change, from where it stopped
 
@@ -509,6 +529,16 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
     # ------------------------------------------------------------------ output helpers
     def _send(self, msg: m.Message) -> None:
         self._messages.append(msg)
+
+    def _ping(self, dst: int) -> None:
+        """An unsolicited heartbeat reply to `dst` (what this node holds: its log's end and
+        that end's term, its flushed offset). It reads the log, so while storage work runs
+        (a truncation lowers the end on the driver's worker between the two reads) it is
+        sent once stored()."""
+        if self._storage_running is not None:
+            self._pings_after_storage.add(dst)
+            return
+        self._send(self._heartbeat_reply(dst, 0))
 
     def _hand_off(self, work: StorageWork, *then: Callable[[], object]) -> None:
         """Ask the driver for a durable change of the log (it fsyncs: the driver runs it off

@@ -107,7 +107,7 @@ class Repairs:
             self._damage_ticks = 0
             if self.role != Role.LEADER and self.leader_id is not None:
                 # Tell the leader now: it stops counting the range and sends it again.
-                self._send(self._heartbeat_reply(self.leader_id, 0))
+                self._ping(self.leader_id)
         if self.role == Role.LEADER and self._damaged():
             self._damage_ticks += 1
             self._leader_damaged(self.log.damaged()[0])

@@ -280,6 +280,63 @@ def test_a_truncation_is_the_drivers_work_and_the_log_waits_for_it() -> None:
     assert (log.dirty_offset, log.term_at(1)) == (1, 2)
 
 
+def _truncation_running(held: bool) -> tuple[MemoryLog, RaftCore, object]:
+    """A follower holding offsets 0-1 of term 1 (unflushed) that a leader of term 2 asked to
+    truncate after 0: the truncation handed to the driver, not run yet. With `held`, the
+    new leader's first append (offset 0 again, flush=True) left a reply waiting for the
+    flush."""
+    log = MemoryLog()
+    core = RaftCore(RaftConfig(node_id=2, voters=[1, 2, 3]), log, random.Random(1))
+    old = [Batch.create(encode_values([v]), 1).placed(i, 1) for i, v in enumerate([b"a", b"b"])]
+    core.step(m.AppendEntries(1, 2, 1, -1, 0, old, 0, False, 1))
+    core.ready()
+    if held:
+        core.step(m.AppendEntries(3, 2, 2, -1, 0, old[:1], 0, True, 1))
+        assert not _log_reports(core.ready().messages)  # waits for the flush
+    new = Batch.create(encode_values([b"B"]), 1).placed(1, 2)
+    core.step(m.AppendEntries(3, 2, 2, 0, 1, [new], 0, True, 1))
+    rd = core.ready()
+    assert rd.storage is not None and rd.storage.op == StorageOp.TRUNCATE_SUFFIX
+    return log, core, rd.storage
+
+
+def _log_reports(messages: list) -> list:
+    return [x for x in messages if isinstance(x, (m.HeartbeatReply, m.AppendEntriesReply))]
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["own-schedule", "held-reply"])
+def test_a_flush_completing_during_a_truncation_is_answered_once_the_log_is_stored(
+        held: bool) -> None:
+    """A flush the driver finished while a truncation runs on its worker: the follower's
+    answers to it (the replies that waited for it, its own-schedule report) read the log's
+    end and that end's term, two reads a running truncation can split (an end from before it
+    with a term from after), and would report offsets it is removing as flushed. They wait
+    for stored(), and then describe the log as the truncation left it."""
+    log, core, work = _truncation_running(held)
+    core.flushed(log.flush())  # the flush thread finishes first
+    assert not _log_reports(core.ready().messages)
+    work.run(log)
+    core.stored()
+    reports = _log_reports(core.ready().messages)
+    assert all((r.dirty_offset, r.dirty_term) == (0, 1) and r.flushed_offset <= 0
+               for r in reports)
+    assert [(type(r), r.dst) for r in reports] == [
+        (m.AppendEntriesReply if held else m.HeartbeatReply, 3)]
+
+
+def test_a_ping_asked_for_during_a_truncation_is_sent_once_the_log_is_stored() -> None:
+    """The unsolicited reports (a ping to the leader the detector saw come back, to the
+    members, the repair notice) read the log too: while a truncation runs they wait for it."""
+    log, core, work = _truncation_running(False)
+    core.peer_down(3)
+    core.peer_up(3)  # the leader's node is back: ping it
+    assert not _log_reports(core.ready().messages)
+    work.run(log)
+    core.stored()
+    reports = [x for x in core.ready().messages if isinstance(x, m.HeartbeatReply)]
+    assert [(r.dst, r.dirty_offset, r.dirty_term) for r in reports] == [(3, 0, 1)]
+
+
 def test_transfer_leadership_moves_to_target() -> None:
     c = Cluster(3)
     leader = c.elect()
