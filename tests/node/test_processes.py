@@ -141,6 +141,10 @@ def test_sigterm_on_the_leader_hands_over_and_exits_zero(cluster: LocalCluster) 
 def test_not_leader_redirect_and_typed_errors(cluster: LocalCluster) -> None:
     leader = cluster.wait_leader()
     follower = next(i for i in cluster.addresses if i != leader)
+    # A follower learns who leads from the leader's first append, which a loaded machine can
+    # deliver after `wait_leader` returned; until then its NOT_LEADER names nobody.
+    wait_for(lambda: (cluster.status_of(follower) or {}).get("leader_id") == leader,
+             f"node {follower} to know its leader {leader}", 30)
     with BlockingClient(cluster.addresses[follower]) as client:
         # The client follows the redirect to the leader by itself.
         res = client.produce([b"redirected"], acks="leader")
