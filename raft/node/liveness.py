@@ -99,6 +99,8 @@ class NodeLiveness:
         self.down: set[int] = set()
         self.reported_down = 0
         self.reported_up = 0
+        self.refusals = 0  # downs reported on a refused connection, not on silence
+        self._framed: set[int] = set()  # peers a frame came from since we started
         self.stalls = 0
         self._lateness: collections.deque[float] = collections.deque(maxlen=LATENESS_WINDOW)
 
@@ -114,12 +116,31 @@ class NodeLiveness:
             gaps.append((now, now - frame))
         self._last_heard[peer] = now
         self._last_frame[peer] = now
+        self._framed.add(peer)
         if peer in self.down:
             self.down.discard(peer)
             self._up_since[peer] = now
             self.reported_up += 1
             log.warning("peer_up node=%d peer=%d: heard from it again", self.node_id, peer)
             self.on_change(peer, True)
+
+    def refused(self, peer: int) -> None:
+        """Dialing `peer` was refused: nothing listens at its address, its process is gone
+        (killed, crashed, stopping), which silence would only show after the timeout. Down
+        now; its first frame reports it up again, as after any down. (Only a refusal counts:
+        a dial that times out, or a network that is unreachable, may be a partition, and the
+        timeout judges those.) The groups it led elect at once: their followers campaign
+        within half an election timeout (raft/core/quiesce.py `_campaign_soon`), which is
+        what bounds the failover after a crash (docs/PERFORMANCE.md)."""
+        if (peer == self.node_id or peer in self.down or peer not in self.peers()
+                or peer not in self._framed):
+            return  # (never heard from: not started yet, which the timeout judges as before)
+        self.down.add(peer)
+        self.reported_down += 1
+        self.refusals += 1
+        log.warning("peer_down node=%d peer=%d: its address refused a connection (the process "
+                    "is not running); its groups here elect new leaders", self.node_id, peer)
+        self.on_change(peer, False)
 
     def is_up(self, peer: int) -> bool:
         return peer not in self.down

@@ -109,8 +109,12 @@ class PeerLink:
                  encodings: BatchEncodings | None = None,
                  tls: Callable[[], NodeTLS | None] = lambda: None,
                  identity: ClusterIdentity | None = None,
-                 ping_s: float | None = None) -> None:
+                 ping_s: float | None = None,
+                 on_refused: Callable[[int], None] = lambda peer: None) -> None:
         self.self_id = self_id
+        # Told when the peer's address refuses a connection (no process listens there): the
+        # failure detector need not wait out its timeout (raft/node/liveness.py `refused`).
+        self._on_refused = on_refused
         # Write a ping after this long without writing anything (None: never).
         self._ping_s = ping_s
         # The node's cluster id, sent in the hello and compared with the peer's answer
@@ -217,6 +221,8 @@ class PeerLink:
                 with trio.fail_after(CONNECT_TIMEOUT_S):
                     stream = await trio.open_tcp_stream(host, port)
             except (OSError, trio.TooSlowError, ValueError) as e:
+                if refused(e):
+                    self._on_refused(self.peer_id)
                 failures += 1
                 if failures in (1, 10) or failures % 100 == 0:
                     log.info("peer_connect_failed node=%d peer=%d address=%s failures=%d "
@@ -411,6 +417,20 @@ class PeerLink:
             self.sent_messages += len(msgs)
             self.sent_frames += 1
             last_write = trio.current_time()
+
+
+def refused(e: BaseException) -> bool:
+    """Whether a failed dial was refused by the peer's host (ECONNREFUSED: nothing listens on
+    that port, the process is gone), as opposed to a timeout or an unreachable network, which
+    say nothing about the process. trio reports a refused dial as an OSError caused by a group
+    of the attempts' errors."""
+    if isinstance(e, ConnectionRefusedError):
+        return True
+    cause = e.__cause__
+    if isinstance(cause, BaseExceptionGroup):
+        return bool(cause.exceptions) and all(
+            isinstance(x, ConnectionRefusedError) for x in cause.exceptions)
+    return isinstance(cause, ConnectionRefusedError)
 
 
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:

@@ -101,3 +101,47 @@ def test_a_silence_is_forgotten_after_the_memory_and_outages_are_not_slack() -> 
         assert d.peer_slack(2, trio.current_time()) == 0.0
 
     run(main)
+
+
+def test_a_refused_connection_reports_the_peer_down_at_once_and_a_frame_brings_it_up() -> None:
+    """A refused dial means no process listens at the peer's address (killed, crashed): it
+    is down now, not after the timeout; only watched peers; the next frame reports it up.
+    What only a timeout can judge (a dial that times out: maybe a partition) stays with it."""
+    async def main() -> None:
+        d, seen = detector()
+        d.check(trio.current_time())
+        await frames_every(d, PING_S, 3)
+        d.refused(2)
+        assert seen == [(2, False)] and not d.is_up(2) and d.refusals == 1
+        d.refused(2)  # already down: reported once
+        d.refused(9)  # not watched
+        d.refused(1)  # ourselves
+        assert seen == [(2, False)]
+        fresh, early = detector()
+        fresh.check(trio.current_time())
+        fresh.refused(3)  # never heard from since we started: not started yet, no verdict
+        assert early == [] and fresh.is_up(3)
+        d.heard(2)
+        assert seen == [(2, False), (2, True)]
+
+    run(main)
+
+
+def test_only_a_refused_dial_counts_as_refused() -> None:
+    from raft.node.peer import refused
+
+    async def dial(port: int) -> BaseException:
+        try:
+            await trio.open_tcp_stream("127.0.0.1", port)
+        except OSError as e:
+            return e
+        raise AssertionError("connected")
+
+    import socket
+    with socket.socket() as s:  # bound, not listening: a port nobody answers on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        assert refused(trio.run(dial, port))
+    assert refused(ConnectionRefusedError())
+    assert not refused(TimeoutError()) and not refused(OSError("unreachable"))
+    assert not refused(trio.TooSlowError())
