@@ -153,6 +153,27 @@ class Quiescence:
                 self._wake_follower(ping=False)
         elif self.leader is not None and self.leader.quiesce_seq >= 0:
             self._maybe_quiesced()  # the round no longer waits for its answer
+        elif self.role == Role.FOLLOWER and node_id == self.leader_id:
+            self._campaign_soon(node_id)
+
+    def _campaign_soon(self, leader: int) -> None:
+        """An awake follower's leader is reported down. Its own timer would fire a whole
+        election timeout after the leader's last heartbeat; a report that came sooner (the
+        leader's process refused a connection: raft/node/liveness.py `refused`) would be
+        wasted. Campaign within half a timeout instead, the voters in the order they follow
+        the old leader (node ids, wrapping) taking turns: the first in ticks [1, e/2], the
+        next in (e/2, e], ..., so two survivors do not split the vote, and the groups a dead
+        node led are not all taken over by the same survivor, nor all in one tick. (A quiet
+        group keeps the full randomised timeout after it wakes: a node's worth of idle groups
+        campaigning at once is a storm, tests/raft/test_quiesce.py.) Timing only: the vote
+        decides (a survivor whose log is behind loses it, and the next one campaigns)."""
+        others = sorted(v for v in self.config.voters if v != leader)
+        if self.node_id not in others:
+            return
+        ring = sorted(others, key=lambda v: (v - leader) % (max(others + [leader]) + 1))
+        half = max(1, self.cfg.election_ticks // 2)
+        delay = 1 + ring.index(self.node_id) * half + self.rng.randrange(half)
+        self._election_elapsed = max(self._election_elapsed, self._randomized_timeout - delay)
 
     def peer_up(self, node_id: int) -> None:
         """The failure detector hears from `node_id`'s node again. A quiesced leader wakes to

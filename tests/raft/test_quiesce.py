@@ -436,6 +436,43 @@ def test_the_groups_of_a_dead_node_elect_once_each_and_not_all_in_one_tick() -> 
     assert min(first_campaign) >= E  # a full randomised timeout after the report, as usual
 
 
+@pytest.mark.parametrize("n", [3, 5])
+def test_an_awake_groups_dead_leader_is_replaced_within_half_a_timeout_in_turn(n: int) -> None:
+    """An awake group whose leader's node is reported down early (its process refused a
+    connection) need not wait out its followers' timers: the survivors campaign in turn, in
+    the order they follow the old leader, the first within half an election timeout, the next
+    not before it; each group elects once, and the groups of a dead node are taken over by
+    different survivors."""
+    successors = set()
+    for seed in range(1, 21):
+        c = Cluster(n, seed=seed)
+        leader = c.elect()
+        c.propose(leader, [b"v"])
+        c.deliver()
+        c.tick(1)  # a heartbeat: every follower's timer starts afresh
+        c.deliver()
+        term = c.cores[leader].term
+        c.down.add(leader)
+        ring = sorted(followers(c, leader), key=lambda v: (v - leader) % (n + 1))
+        for f in followers(c, leader):
+            c.cores[f].peer_down(leader)
+        for t in range(1, E):
+            c.tick()
+            campaigners = [f for f in followers(c, leader)
+                           if c.cores[f].role != Role.FOLLOWER]
+            if campaigners:
+                break
+        assert campaigners == [ring[0]] and t <= E // 2, (seed, t, campaigners, ring)
+        for _ in range(E):
+            c.tick()
+            if any(c.cores[f].role == Role.LEADER for f in followers(c, leader)):
+                break
+        won = [f for f in followers(c, leader) if c.cores[f].role == Role.LEADER]
+        assert won == [ring[0]] and c.cores[ring[0]].term == term + 1, (seed, won)
+        successors.add(ring[0])
+    assert len(successors) > 1  # leaders differ by seed, so do their successors
+
+
 def test_a_leader_reported_down_by_mistake_is_pinged_when_reported_up_again() -> None:
     """A detector flap: the follower woke and started its timer; when its leader's node is
     heard from again it pings the leader, whose heartbeats then keep it from campaigning."""
