@@ -41,6 +41,7 @@ import test_state_transfer
 import test_subscriptions
 import test_first_election
 import test_late_founder
+import test_founders
 import test_mirror
 
 # The runtime's fail-stop rule is killed by a node test.
@@ -1033,6 +1034,29 @@ MUTANTS = [
            "            pass",
            (test_late_founder
             .test_a_replica_late_to_its_groups_founding_is_a_member_and_votes,)),
+    # The founders rule (raft/core/incarnation.py, (c)).
+    Mutant("a founder cut off before its answers is never vouched for (diskloss seed 112)",
+           "raft.core.incarnation", "Incarnations._handle_probe_reply",
+           "if msg.founder and self._counted_as_founder():",
+           "if False:",
+           (test_founders
+            .test_a_founder_cut_off_before_its_answers_is_a_member_after_a_real_disk_loss,)),
+    Mutant("a founder vouches for a prober by its id, whatever directory it answers from",
+           "raft.core.incarnation", "Incarnations._handle_probe",
+           "founder = (self._founders.get(msg.src) == msg.incarnation",
+           "founder = (msg.src in self._founders",
+           (test_founders.test_a_founder_that_really_lost_its_disk_is_not_vouched_for,)),
+    Mutant("a prober takes answers meant for an earlier directory of its own",
+           "raft.core.incarnation", "Incarnations._handle_probe_reply",
+           "if msg.prober_incarnation and msg.prober_incarnation != self.incarnation:",
+           "if False:",
+           (test_founders
+            .test_answers_meant_for_an_earlier_directory_of_the_prober_count_for_nothing,)),
+    Mutant("a founder vouches for a member removed since",
+           "raft.core.incarnation", "Incarnations._handle_probe",
+           "                   and msg.src in self.config.voters)",
+           "                   )",
+           (test_founders.test_a_founder_removed_since_is_not_vouched_for,)),
     Mutant("failed campaigns do not widen the election timeout's spread",
            "raft.core.raft", "RaftCore._reset_randomized_timeout",
            "spread = e << min(self._failed_campaigns, MAX_BACKOFF_DOUBLINGS)",
