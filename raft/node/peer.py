@@ -109,8 +109,13 @@ class PeerLink:
                  encodings: BatchEncodings | None = None,
                  tls: Callable[[], NodeTLS | None] = lambda: None,
                  identity: ClusterIdentity | None = None,
-                 ping_s: float | None = None) -> None:
+                 ping_s: float | None = None, boot: int | None = None,
+                 on_boot: Callable[[int, int | None], None] = lambda peer, boot: None) -> None:
         self.self_id = self_id
+        # This process's boot id, sent in the hello, and who hears the peer's from its answer
+        # (the node's failure detector: a new one means the peer restarted).
+        self._boot = boot
+        self._on_boot = on_boot
         # Write a ping after this long without writing anything (None: never).
         self._ping_s = ping_s
         # The node's cluster id, sent in the hello and compared with the peer's answer
@@ -286,7 +291,7 @@ class PeerLink:
     async def _session(self, stream: trio.abc.Stream) -> None:
         reader = FrameReader(stream, self._max_frame)
         identity = self._identity
-        hello = Hello.peer(self.self_id, *identity.hello_fields())
+        hello = Hello.peer(self.self_id, *identity.hello_fields(), boot=self._boot)
         await stream.send_all(encode_frame(hello.to_frame()))
         with trio.fail_after(HELLO_TIMEOUT_S):
             frame = await reader.receive()
@@ -311,6 +316,7 @@ class PeerLink:
             identity.refused(self.peer_id, problem, by_us=True)
             raise WireError(problem)
         identity.connected(self.peer_id)
+        self._on_boot(self.peer_id, reply.boot)
         self.connected = True
         self.connects += 1
         log.info("peer_connected node=%d peer=%d address=%s", self.self_id, self.peer_id,

@@ -107,7 +107,8 @@ class PeerTransport:
             backoff_min_s=config.reconnect_min_ms / 1000,
             backoff_max_s=config.reconnect_max_ms / 1000,
             rng=random.Random(self._rng.getrandbits(64)), encodings=self._encodings,
-            tls=self._tls, identity=self.identity, ping_s=self.liveness.ping_s)
+            tls=self._tls, identity=self.identity, ping_s=self.liveness.ping_s,
+            boot=self.liveness.boot_id, on_boot=self.liveness.peer_booted)
         self.links[peer_id] = link
         scope = trio.CancelScope()
         self._link_scopes[peer_id] = scope

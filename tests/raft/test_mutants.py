@@ -60,6 +60,7 @@ import test_multigroup_inproc  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
 import test_records  # noqa: E402
 import test_quiesce_inproc  # noqa: E402
+import test_peer_restart  # noqa: E402  (tests/node: a peer restarted unseen)
 # The security rules' killers live with the security tests (tests/security).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "security"))
 import test_security_unit  # noqa: E402
@@ -1069,6 +1070,13 @@ MUTANTS = [
            "if peer not in self.down and (now - heard > limit",
            "if False and (now - heard > limit",
            (test_quiesce_inproc.test_killing_the_leader_of_50_quiesced_groups_fails_over_without_a_herd,)),
+    Mutant("the node's failure detector takes a peer's new boot id for a reconnect",
+           "raft.node.liveness", "NodeLiveness.peer_booted",
+           "if known is None or known == boot:",
+           "if True:",
+           (test_peer_restart.test_a_new_boot_id_is_a_restart_and_the_same_one_a_reconnect,
+            test_peer_restart
+            .test_quiet_groups_led_by_a_node_that_restarted_unseen_wake_at_once)),
     Mutant("the node's failure detector ignores the peer's own recent silences",
            "raft.node.liveness", "NodeLiveness.check",
            "limit = self.down_s + slack + self.peer_slack(peer, now)",
