@@ -25,7 +25,9 @@ entry. So every data directory has an identity created with it (storage's incarn
   did nothing). Without it, a founder cut off before its own answers came (its probe was
   counted, the answers it needed were lost) hears "not fresh" and takes itself for a node that
   lost its disk: with one real disk loss after that, two of three nodes may not vote and no
-  leader is ever elected to re-add them (the simulation's diskloss seed 112).
+  leader is ever elected to re-add them (the simulation's diskloss seed 112). A founder
+  answers that node's announce (a ping of term 0: it knows no leader) the same way, so a
+  vouch lost on the way is given again.
 - The configuration records the incarnation a member was added with (ClusterConfig.
   incarnations). A member whose message carries another incarnation than the one recorded, or
   than the new one the leader is re-adding it with, is not the member the configuration knows:
@@ -153,13 +155,15 @@ class Incarnations:
             if v != self.node_id and v not in self._fresh_from:
                 self._send(m.BootstrapProbe(self.node_id, v, self.term, self.incarnation))
 
+    def _vouches_for(self, node_id: int, incarnation: int) -> bool:
+        """The founders rule's answer: only for the very directory counted at founding, and
+        only for a voter still (a founder removed since is no member to be made one again)."""
+        return self._founders.get(node_id) == incarnation and node_id in self.config.voters
+
     def _handle_probe(self, msg: m.BootstrapProbe) -> None:
-        # Vouch only for the very directory counted at founding, and only for a voter still
-        # (a founder removed since is no member to be made one again).
-        founder = (self._founders.get(msg.src) == msg.incarnation
-                   and msg.src in self.config.voters)
         self._send(m.BootstrapProbeReply(self.node_id, msg.src, self.term, self.incarnation,
-                                         self._is_fresh(), msg.incarnation, founder))
+                                         self._is_fresh(), msg.incarnation,
+                                         self._vouches_for(msg.src, msg.incarnation)))
         if self._pending and self.standing() == Standing.CHECKING and \
                 msg.src in self.cfg.voters:
             # A probe says its sender is fresh as surely as a fresh answer does: a node
@@ -185,6 +189,17 @@ class Incarnations:
             return
         self._fresh_from[msg.src] = msg.incarnation
         self._check_new_cluster()
+
+    def _vouch_for_announce(self, msg: m.Message) -> None:
+        """A founder answers the ping of a node announcing itself (raft/core/quiesce.py,
+        `_announce`: it may not vote and knows no leader) as it would its probe when that node
+        never saved a term and is a voter it counted, with that directory: one whose vouch was
+        lost stops probing at its first "not fresh", and with no leader to re-add it only its
+        announce is left to answer."""
+        if (isinstance(msg, m.HeartbeatReply) and msg.seq == 0 and msg.rejoining
+                and self._vouches_for(msg.src, msg.incarnation)):
+            self._send(m.BootstrapProbeReply(self.node_id, msg.src, self.term, self.incarnation,
+                                             self._is_fresh(), msg.incarnation, True))
 
     def _counted_as_founder(self) -> bool:
         """A founder vouched for this incarnation (the answer echoes it): a member, if this

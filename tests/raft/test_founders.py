@@ -160,3 +160,23 @@ def test_a_founder_removed_since_is_not_vouched_for() -> None:
     c.deliver()
     c.tick(3 * E)
     assert c.cores[3].standing() != Standing.MEMBER and not c.cores[3].may_vote()
+
+
+def test_a_founder_whose_vouch_was_lost_is_vouched_for_when_it_announces_itself() -> None:
+    """Node 3's probes stop at its first "not fresh"; the founder's answer that vouched for it
+    was lost, and no leader is left to re-add it. Its announce (it knows no leader) is
+    answered with the vouch."""
+    c = founded_without_node_3()
+    leader = elect_and_commit(c)
+    lose_meta(c, leader)
+    lost = {"vouches": 0}
+
+    def lose_the_first_vouch(msg: m.Message) -> bool:
+        if isinstance(msg, m.BootstrapProbeReply) and msg.founder and not lost["vouches"]:
+            lost["vouches"] += 1
+            return False
+        return True
+
+    c.filter = lose_the_first_vouch
+    converge(c)
+    assert lost["vouches"] == 1 and c.cores[3].standing() == Standing.MEMBER
