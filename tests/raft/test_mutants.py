@@ -1040,8 +1040,10 @@ MUTANTS = [
            "raft.core.incarnation", "Incarnations._handle_probe_reply",
            "if msg.founder and self._counted_as_founder():",
            "if False:",
-           (test_founders
-            .test_a_founder_cut_off_before_its_answers_is_a_member_after_a_real_disk_loss,)),
+           (functools.partial(
+               test_founders
+               .test_a_founder_cut_off_before_its_answers_is_a_member_after_a_real_disk_loss,
+               False),)),
     Mutant("a founder vouches for a prober by its id, whatever directory it answers from",
            "raft.core.incarnation", "Incarnations._vouches_for",
            "return self._founders.get(node_id) == incarnation and",
