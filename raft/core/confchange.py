@@ -178,6 +178,8 @@ class ConfChanges:
             "commit": self.commit_index}
         if self._pending:
             out["pending"] = True  # not yet a member in good standing (raft/core/incarnation.py)
+        if self._founders:  # whom this node counted when it founded the cluster (ditto)
+            out["founders"] = sorted(self._founders.items())
         return out
 
     def _load_configs(self, meta: dict | None) -> list[ConfigEntry]:

@@ -17,6 +17,17 @@ entry. So every data directory has an identity created with it (storage's incarn
   every member of which saved a term; with less than a majority of disks lost at once, one of
   them still remembers and answers "not fresh". (So a brand-new cluster elects its first leader
   once every node of --peers has started.)
+  (c) The founders rule: a node that founded the cluster by (a) remembers, in its metadata,
+  the incarnation each voter it counted had (`founders`). A node that is still as new as when
+  it was counted (never saved a term, a vote or an entry) with that same incarnation is told so
+  in the answer to its probe, and is a member: it was one of the founders, and an incarnation
+  changes whenever a directory loses its metadata, so nothing it ever did was forgotten (it
+  did nothing). Without it, a founder cut off before its own answers came (its probe was
+  counted, the answers it needed were lost) hears "not fresh" and takes itself for a node that
+  lost its disk: with one real disk loss after that, two of three nodes may not vote and no
+  leader is ever elected to re-add them (the simulation's diskloss seed 112). A founder
+  answers that node's announce (a ping of term 0: it knows no leader) the same way, so a
+  vouch lost on the way is given again.
 - The configuration records the incarnation a member was added with (ClusterConfig.
   incarnations). A member whose message carries another incarnation than the one recorded, or
   than the new one the leader is re-adding it with, is not the member the configuration knows:
@@ -59,8 +70,10 @@ class Standing(str, Enum):
 
 
 class Incarnations:
-    """State lives on RaftCore: `incarnation`, `_pending`, `_fresh_from`, `_not_fresh`,
-    `_probe_elapsed`, `votes_refused`; leader side `_rejoiners` (member -> the new incarnation it
+    """State lives on RaftCore: `incarnation`, `_pending`, `_fresh_from` (voter -> the
+    incarnation it was counted with), `_founders` (what `_fresh_from` was when this node
+    founded the cluster, itself included; durable), `_not_fresh`, `_probe_elapsed`,
+    `votes_refused`; leader side `_rejoiners` (member -> the new incarnation it
     is being re-added with), `_incarnation_heard` (member -> the incarnation its accepted
     replies carry) and `_retired` (member -> incarnations it had before, whose late messages
     are ignored)."""
@@ -72,7 +85,9 @@ class Incarnations:
     def _init_incarnation(self, meta: "Meta") -> None:
         self.incarnation = self.log.incarnation
         self._pending = meta.is_empty() or bool((meta.config or {}).get("pending"))
-        self._fresh_from: set[int] = set()
+        self._fresh_from: dict[int, int] = {}
+        self._founders: dict[int, int] = {
+            int(k): int(v) for k, v in (meta.config or {}).get("founders", ())}
         self._not_fresh = False
         self._probe_elapsed = 0
         self.votes_refused = 0
@@ -111,8 +126,13 @@ class Incarnations:
 
     def _is_fresh(self) -> bool:
         """Never saved a term, a vote or an entry, and never heard that anyone did."""
+        return self._never_saved() and not self._not_fresh
+
+    def _never_saved(self) -> bool:
+        """This data directory never saved a term, a vote or an entry (nor learnt of a
+        configuration entry): it never took part in any decision."""
         log = self.log
-        return (self.term == 0 and self.voted_for is None and not self._not_fresh
+        return (self.term == 0 and self.voted_for is None
                 and log.dirty_offset == -1 and log.start_offset == 0
                 and self._configs[-1].offset == -1 and not self.config.incarnations)
 
@@ -135,9 +155,15 @@ class Incarnations:
             if v != self.node_id and v not in self._fresh_from:
                 self._send(m.BootstrapProbe(self.node_id, v, self.term, self.incarnation))
 
+    def _vouches_for(self, node_id: int, incarnation: int) -> bool:
+        """The founders rule's answer: only for the very directory counted at founding, and
+        only for a voter still (a founder removed since is no member to be made one again)."""
+        return self._founders.get(node_id) == incarnation and node_id in self.config.voters
+
     def _handle_probe(self, msg: m.BootstrapProbe) -> None:
         self._send(m.BootstrapProbeReply(self.node_id, msg.src, self.term, self.incarnation,
-                                         self._is_fresh()))
+                                         self._is_fresh(), msg.incarnation,
+                                         self._vouches_for(msg.src, msg.incarnation)))
         if self._pending and self.standing() == Standing.CHECKING and \
                 msg.src in self.cfg.voters:
             # A probe says its sender is fresh as surely as a fresh answer does: a node
@@ -146,23 +172,53 @@ class Incarnations:
             # the controller leader's node): its own probes were dropped by nodes not running
             # the group yet, and their answers to its next ones come after they elected
             # ("not fresh"), which would leave it a node that lost its disk, with no vote.
-            self._fresh_from.add(msg.src)
+            self._fresh_from[msg.src] = msg.incarnation
             self._check_new_cluster()
 
     def _handle_probe_reply(self, msg: m.BootstrapProbeReply) -> None:
+        if msg.prober_incarnation and msg.prober_incarnation != self.incarnation:
+            return  # an answer to another incarnation of this node (before a disk loss)
+        if msg.founder and self._counted_as_founder():
+            self._pending = False  # the founders rule (module docstring, (c))
+            self._hs_dirty = True
+            return
         if not self._pending or self.standing() != Standing.CHECKING:
             return
         if not msg.fresh:
             self._not_fresh = True  # the cluster has a history this node lost: rejoin
             return
-        self._fresh_from.add(msg.src)
+        self._fresh_from[msg.src] = msg.incarnation
         self._check_new_cluster()
+
+    def _vouch_for_announce(self, msg: m.Message) -> None:
+        """A founder answers the ping of a node announcing itself (raft/core/quiesce.py,
+        `_announce`: it may not vote and knows no leader) as it would its probe when that node
+        never saved a term and is a voter it counted, with that directory: one whose vouch was
+        lost stops probing at its first "not fresh", and with no leader to re-add it only its
+        announce is left to answer."""
+        if (isinstance(msg, m.HeartbeatReply) and msg.seq == 0 and msg.rejoining
+                and self._vouches_for(msg.src, msg.incarnation)):
+            self._send(m.BootstrapProbeReply(self.node_id, msg.src, self.term, self.incarnation,
+                                             self._is_fresh(), msg.incarnation, True))
+
+    def _counted_as_founder(self) -> bool:
+        """A founder vouched for this incarnation (the answer echoes it): a member, if this
+        directory is still as new as it was then (whatever it did since would be saved here:
+        its identity would have changed had it lost that) and the configuration it knows
+        still has it as a voter with no other incarnation recorded."""
+        return (self._pending and self._never_saved() and self.node_id in self.cfg.voters
+                and self.node_id in self.config.voters
+                and self.config.incarnations.get(self.node_id) is None)
 
     def _check_new_cluster(self) -> None:
         others = {v for v in self.cfg.voters if v != self.node_id}
-        if self.standing() == Standing.CHECKING and others <= self._fresh_from:
+        if self.standing() == Standing.CHECKING and others <= self._fresh_from.keys():
             self._pending = False  # every voter is new too: this is the cluster's first start
             self._hs_dirty = True
+            # Who was counted, with which directory: a founder cut off before its own answers
+            # came is recognised by it later (the founders rule).
+            self._founders = {v: self._fresh_from[v] for v in others}
+            self._founders[self.node_id] = self.incarnation
 
     # -- screening messages from members ---------------------------------------------------------
     def _screen(self, msg: m.Message) -> bool:

@@ -161,6 +161,12 @@ class BootstrapProbeReply:
     # The replier never saved a term, a vote or an entry: as far as it knows, nothing ever
     # happened in this cluster.
     fresh: bool
+    # The probe's incarnation, echoed: a prober ignores an answer to another incarnation of
+    # itself (one delayed across a disk loss). 0: from a node that does not echo it yet.
+    prober_incarnation: int = 0
+    # The replier founded the cluster counting the prober, with this very incarnation, among
+    # its fresh voters (raft/core/incarnation.py, the founders rule).
+    founder: bool = False
 
 
 Message = (AppendEntries | AppendEntriesReply | Heartbeat | HeartbeatReply | RequestVote

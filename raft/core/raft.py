@@ -216,6 +216,8 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
         if isinstance(msg, m.BootstrapProbeReply):
             self._handle_probe_reply(msg)
             return
+        if msg.term == 0 and self._founders:
+            self._vouch_for_announce(msg)  # a founder that never saved a term (incarnation.py)
         if not self._screen(msg):
             return  # from a data directory the configuration does not know for its sender
         if msg.term > self.term:

@@ -39,6 +39,16 @@ the simulation models it (raft/sim/liveness.py):
   on this 2-core machine, peers' silences of 0.56-1.1 s against 0.5 s gave a false down every
   few seconds per pair, and each woke every group the pair shares: docs/PERFORMANCE.md.)
   Safety never rests on the detector: it only decides when quiet groups wake and campaign.
+- A peer that restarted faster than the timeout never looked silent, yet everything its
+  groups were doing is gone (leaderships, what was not flushed; after a disk loss its data).
+  Every process has a random boot id (`boot_id`), sent in the hello of each peer connection
+  it opens and in the answer to each one it accepts (raft.protocol.hello); a peer whose boot
+  id changes is reported down and at once up again (`peer_booted`), so its groups' quiet
+  followers wake, ping their leader and elect another if it does not answer, and quiet
+  leaders check on it, at once rather than at the core's own fallback (a node that may not
+  campaign pings its members each election timeout: raft/core/quiesce.py). The simulation
+  models the same (raft/sim/liveness.py, `restart_is_down`). A reconnect to the same process
+  (a network blip) carries the same boot id and reports nothing.
 
 The peers watched are the node's links (`peers()`: the union of its groups' members), read at
 each check, so links opened and closed by membership changes need no bookkeeping here. A peer
@@ -49,6 +59,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import random
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -103,6 +114,33 @@ class NodeLiveness:
         self._framed: set[int] = set()  # peers a frame came from since we started
         self.stalls = 0
         self._lateness: collections.deque[float] = collections.deque(maxlen=LATENESS_WINDOW)
+        # This process's boot id (module docstring), and the last one each peer sent.
+        self.boot_id = random.SystemRandom().getrandbits(62) + 1
+        self._boots: dict[int, int] = {}
+        self.restarts_seen = 0
+
+    def peer_booted(self, peer: int, boot: int | None) -> None:
+        """A peer connection's handshake said `peer` runs as process `boot` (None: a version
+        that does not say). Another boot id than the last one: it restarted, seen or not."""
+        if boot is None or peer == self.node_id:
+            return
+        known = self._boots.get(peer)
+        self._boots[peer] = boot
+        if known is None or known == boot:
+            return
+        self.restarts_seen += 1
+        now = trio.current_time()
+        # Its old process's silences (and this restart's) say nothing about the new one.
+        self._gaps.pop(peer, None)
+        self._last_frame[peer] = now
+        if peer not in self.down:
+            self.down.add(peer)
+            self.reported_down += 1
+            log.warning("peer_down node=%d peer=%d: it restarted (a new boot id in its "
+                        "handshake) before it looked silent; its groups here check on it",
+                        self.node_id, peer)
+            self.on_change(peer, False)
+        self.heard(peer)  # and up: it is talking to us
 
     def heard(self, peer: int) -> None:
         """A frame from `peer` arrived (any group, any messages, or a ping)."""

@@ -109,9 +109,14 @@ class PeerLink:
                  encodings: BatchEncodings | None = None,
                  tls: Callable[[], NodeTLS | None] = lambda: None,
                  identity: ClusterIdentity | None = None,
-                 ping_s: float | None = None,
+                 ping_s: float | None = None, boot: int | None = None,
+                 on_boot: Callable[[int, int | None], None] = lambda peer, boot: None,
                  on_refused: Callable[[int], None] = lambda peer: None) -> None:
         self.self_id = self_id
+        # This process's boot id, sent in the hello, and who hears the peer's from its answer
+        # (the node's failure detector: a new one means the peer restarted).
+        self._boot = boot
+        self._on_boot = on_boot
         # Told when the peer's address refuses a connection (no process listens there): the
         # failure detector need not wait out its timeout (raft/node/liveness.py `refused`).
         self._on_refused = on_refused
@@ -292,7 +297,7 @@ class PeerLink:
     async def _session(self, stream: trio.abc.Stream) -> None:
         reader = FrameReader(stream, self._max_frame)
         identity = self._identity
-        hello = Hello.peer(self.self_id, *identity.hello_fields())
+        hello = Hello.peer(self.self_id, *identity.hello_fields(), boot=self._boot)
         await stream.send_all(encode_frame(hello.to_frame()))
         with trio.fail_after(HELLO_TIMEOUT_S):
             frame = await reader.receive()
@@ -317,6 +322,7 @@ class PeerLink:
             identity.refused(self.peer_id, problem, by_us=True)
             raise WireError(problem)
         identity.connected(self.peer_id)
+        self._on_boot(self.peer_id, reply.boot)
         self.connected = True
         self.connects += 1
         log.info("peer_connected node=%d peer=%d address=%s", self.self_id, self.peer_id,

@@ -496,10 +496,11 @@ class Node:
         session = self._check_hello(hello, identity, remote)
         # The frame limit lets a client refuse an oversized request itself instead of having
         # it cut off mid-send.
-        cluster = (self.transport.identity.hello_fields() if hello.role is Speaker.PEER
-                   else (None, False))
+        peer = hello.role is Speaker.PEER
+        cluster = self.transport.identity.hello_fields() if peer else (None, False)
         reply = HelloReply(self.node_id, self.config.max_frame_bytes,
-                           None if session is None else session.principal, *cluster)
+                           None if session is None else session.principal, *cluster,
+                           boot=self.transport.liveness.boot_id if peer else None)
         await conn.stream.send_all(encode_frame(reply.to_frame()))
         self.metrics.connections.labels(conn.role).dec()
         conn.role, conn.session = hello.role.value, session
@@ -531,6 +532,8 @@ class Node:
                 cluster.refused(peer_id, problem, by_us=True)
                 raise WireError(problem)
             cluster.connected(peer_id)
+            # A new boot id: it restarted, however fast (raft/node/liveness.py).
+            self.transport.liveness.peer_booted(peer_id, hello.boot)
         else:
             session = self.gate.authenticate(hello.token, identity, remote)
         if self._closing:

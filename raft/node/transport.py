@@ -108,6 +108,7 @@ class PeerTransport:
             backoff_max_s=config.reconnect_max_ms / 1000,
             rng=random.Random(self._rng.getrandbits(64)), encodings=self._encodings,
             tls=self._tls, identity=self.identity, ping_s=self.liveness.ping_s,
+            boot=self.liveness.boot_id, on_boot=self.liveness.peer_booted,
             on_refused=self.liveness.refused)
         self.links[peer_id] = link
         scope = trio.CancelScope()

@@ -50,6 +50,10 @@ class Hello:
     # and whether it is firm (a tentative one is only a founder's proposal).
     cluster_id: str | None = None
     cluster_firm: bool = False
+    # A peer's boot id: random for each process start, so a peer that restarted faster than
+    # the failure detector's timeout is still seen to have restarted (raft/node/liveness.py).
+    # None: an older version.
+    boot: int | None = None
 
     @classmethod
     def client(cls, token: str | None = None) -> Hello:
@@ -57,8 +61,8 @@ class Hello:
 
     @classmethod
     def peer(cls, node_id: int, cluster_id: str | None = None,
-             cluster_firm: bool = False) -> Hello:
-        return cls(Speaker.PEER, node_id, None, cluster_id, cluster_firm)
+             cluster_firm: bool = False, boot: int | None = None) -> Hello:
+        return cls(Speaker.PEER, node_id, None, cluster_id, cluster_firm, boot)
 
     @classmethod
     def parse(cls, frame: dict[str, Any]) -> Hello:
@@ -68,7 +72,8 @@ class Hello:
         role = Speaker(get_str(frame, "role", choices=_SPEAKERS, where=HELLO))
         if role is Speaker.PEER:
             cid, firm = _cluster_fields(frame)
-            return cls(role, get_int(frame, "node_id", where=HELLO), None, cid, firm)
+            return cls(role, get_int(frame, "node_id", where=HELLO), None, cid, firm,
+                       _boot_field(frame))
         token = frame.get("token")
         if token is not None and (not isinstance(token, str) or not token
                                   or len(token) > MAX_TOKEN_CHARS):
@@ -83,6 +88,8 @@ class Hello:
         if self.token:
             out["token"] = self.token
         _put_cluster_fields(out, self.cluster_id, self.cluster_firm)
+        if self.boot is not None:
+            out["boot"] = self.boot
         return out
 
 
@@ -97,6 +104,7 @@ class HelloReply:
     principal: str | None = None
     cluster_id: str | None = None  # the answering node's (peer connections only)
     cluster_firm: bool = False
+    boot: int | None = None  # the answering node's boot id (peer connections only)
 
     @classmethod
     def parse(cls, frame: dict[str, Any]) -> HelloReply:
@@ -109,7 +117,8 @@ class HelloReply:
         cid, firm = _cluster_fields(frame)
         return cls(get_int(frame, "node_id", default=0, where="hello reply"),
                    limit if type(limit) is int and limit > 0 else None,
-                   principal if isinstance(principal, str) else None, cid, firm)
+                   principal if isinstance(principal, str) else None, cid, firm,
+                   _boot_field(frame))
 
     def to_frame(self) -> dict[str, Any]:
         out: dict[str, Any] = {"v": PROTOCOL_VERSION, "t": HELLO, "node_id": self.node_id}
@@ -118,6 +127,8 @@ class HelloReply:
         if self.principal is not None:
             out["principal"] = self.principal
         _put_cluster_fields(out, self.cluster_id, self.cluster_firm)
+        if self.boot is not None:
+            out["boot"] = self.boot
         return out
 
 
@@ -130,6 +141,13 @@ def _cluster_fields(frame: dict[str, Any]) -> tuple[str | None, bool]:
     if not isinstance(cid, str) or not cid or len(cid) > MAX_CLUSTER_ID_CHARS:
         return None, False
     return cid, frame.get("cluster_firm") is True
+
+
+def _boot_field(frame: dict[str, Any]) -> int | None:
+    """Lenient, like the cluster id: an older node sends none; a malformed one counts as none
+    (it only makes a restart be noticed later, by silence)."""
+    boot = frame.get("boot")
+    return boot if type(boot) is int and boot > 0 else None
 
 
 def _put_cluster_fields(out: dict[str, Any], cid: str | None, firm: bool) -> None:

@@ -18,7 +18,8 @@ A peer that restarted faster than `down_us` never looks silent, yet everything i
 doing is gone; with many groups per node a restarted process may not even run a group again
 until it has caught up with the controller (or, its disk lost, been re-added), so its quiet
 followers would wait for a leader that never speaks. With `restart_is_down` each ping carries
-the sender's process epoch (in the runtime: the peer link's new session after a reconnect), and
+the sender's process epoch (in the runtime: the boot id in the peer handshake,
+raft/node/liveness.py `peer_booted`), and
 an observer that hears a newer epoch than it knew reports the peer down and at once up again:
 the quiet followers wake, start their election timers and ping their leader, and elect another
 if it does not answer (raft/core/quiesce.py). Off by default: the single-group profiles' runs

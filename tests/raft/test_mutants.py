@@ -41,6 +41,7 @@ import test_state_transfer
 import test_subscriptions
 import test_first_election
 import test_late_founder
+import test_founders
 import test_mirror
 
 # The runtime's fail-stop rule is killed by a node test.
@@ -59,6 +60,7 @@ import test_multigroup_inproc  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
 import test_records  # noqa: E402
 import test_quiesce_inproc  # noqa: E402
+import test_peer_restart  # noqa: E402  (tests/node: a peer restarted unseen)
 # The security rules' killers live with the security tests (tests/security).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "security"))
 import test_security_unit  # noqa: E402
@@ -1045,6 +1047,37 @@ MUTANTS = [
            "            pass",
            (test_late_founder
             .test_a_replica_late_to_its_groups_founding_is_a_member_and_votes,)),
+    # The founders rule (raft/core/incarnation.py, (c)).
+    Mutant("a founder cut off before its answers is never vouched for (diskloss seed 112)",
+           "raft.core.incarnation", "Incarnations._handle_probe_reply",
+           "if msg.founder and self._counted_as_founder():",
+           "if False:",
+           (functools.partial(
+               test_founders
+               .test_a_founder_cut_off_before_its_answers_is_a_member_after_a_real_disk_loss,
+               False),)),
+    Mutant("a founder vouches for a prober by its id, whatever directory it answers from",
+           "raft.core.incarnation", "Incarnations._vouches_for",
+           "return self._founders.get(node_id) == incarnation and",
+           "return node_id in self._founders and",
+           (test_founders.test_a_founder_that_really_lost_its_disk_is_not_vouched_for,)),
+    Mutant("a prober takes answers meant for an earlier directory of its own",
+           "raft.core.incarnation", "Incarnations._handle_probe_reply",
+           "if msg.prober_incarnation and msg.prober_incarnation != self.incarnation:",
+           "if False:",
+           (test_founders
+            .test_answers_meant_for_an_earlier_directory_of_the_prober_count_for_nothing,)),
+    Mutant("a founder vouches for a member removed since",
+           "raft.core.incarnation", "Incarnations._vouches_for",
+           "== incarnation and node_id in self.config.voters",
+           "== incarnation",
+           (test_founders.test_a_founder_removed_since_is_not_vouched_for,)),
+    Mutant("a founder leaves unanswered the announce of a founder whose vouch was lost",
+           "raft.core.raft", "RaftCore._step",
+           "if msg.term == 0 and self._founders:",
+           "if False:",
+           (test_founders
+            .test_a_founder_whose_vouch_was_lost_is_vouched_for_when_it_announces_itself,)),
     Mutant("failed campaigns do not widen the election timeout's spread",
            "raft.core.raft", "RaftCore._reset_randomized_timeout",
            "spread = e << min(self._failed_campaigns, MAX_BACKOFF_DOUBLINGS)",
@@ -1057,6 +1090,13 @@ MUTANTS = [
            "if peer not in self.down and (now - heard > limit",
            "if False and (now - heard > limit",
            (test_quiesce_inproc.test_killing_the_leader_of_50_quiesced_groups_fails_over_without_a_herd,)),
+    Mutant("the node's failure detector takes a peer's new boot id for a reconnect",
+           "raft.node.liveness", "NodeLiveness.peer_booted",
+           "if known is None or known == boot:",
+           "if True:",
+           (test_peer_restart.test_a_new_boot_id_is_a_restart_and_the_same_one_a_reconnect,
+            test_peer_restart
+            .test_quiet_groups_led_by_a_node_that_restarted_unseen_wake_at_once)),
     Mutant("the node's failure detector ignores the peer's own recent silences",
            "raft.node.liveness", "NodeLiveness.check",
            "limit = self.down_s + slack + self.peer_slack(peer, now)",
