@@ -65,10 +65,16 @@ class Gaps:
     offsets: int = 0
     latest: list[tuple[int, int]] = field(default_factory=list)
 
-    def add(self, gap_from: int, gap_to: int) -> None:
+    def add(self, gap_from: int, gap_to: int) -> bool:
+        """Count the gap; False (nothing counted) for one that starts at or before the end of
+        the latest: the puller retrying a report whose answer it lost (it was applied). A
+        later bootstrap starts past the earlier gap, since the mirror went on after it."""
+        if self.latest and gap_from <= self.latest[-1][1]:
+            return False
         self.count += 1
         self.offsets += gap_to - gap_from + 1
         self.latest = (self.latest + [(gap_from, gap_to)])[-MAX_GAPS_KEPT:]
+        return True
 
 
 @dataclass(slots=True)
