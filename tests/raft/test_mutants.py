@@ -1043,7 +1043,7 @@ MUTANTS = [
             .test_the_preferred_replica_campaigns_first_and_wins_the_first_term,)),
     Mutant("a replica late to its new group's founding counts a probe as no sign of freshness",
            "raft.core.incarnation", "Incarnations._handle_probe",
-           "            self._fresh_from.add(msg.src)\n            self._check_new_cluster()",
+           "            self._fresh_from[msg.src] = msg.incarnation\n            self._check_new_cluster()",
            "            pass",
            (test_late_founder
             .test_a_replica_late_to_its_groups_founding_is_a_member_and_votes,)),
@@ -1089,7 +1089,7 @@ MUTANTS = [
            "raft.node.liveness", "NodeLiveness.check",
            "if peer not in self.down and (now - heard > limit",
            "if False and (now - heard > limit",
-           (test_quiesce_inproc.test_killing_the_leader_of_50_quiesced_groups_fails_over_without_a_herd,)),
+           (test_liveness_lag.test_a_peer_that_showed_no_silence_is_down_after_the_plain_timeout,)),
     Mutant("the node's failure detector takes a peer's new boot id for a reconnect",
            "raft.node.liveness", "NodeLiveness.peer_booted",
            "if known is None or known == boot:",
