@@ -64,9 +64,13 @@ class FlushThread:
                 while self._result is None:
                     await trio.lowlevel.wait_readable(wake)
                     try:
-                        wake.recv(64)
+                        got = wake.recv(64)
                     except BlockingIOError:  # (a byte of an earlier call, already taken)
-                        pass
+                        continue
+                    if not got and self._result is None:  # the thread's end closed: it died
+                        raise RuntimeError(
+                            "the flush thread ended without answering (see the exception it "
+                            "printed); the flush's outcome is unknown, so the node must stop")
             result, self._result = self._result, None
         finally:
             self._busy = False

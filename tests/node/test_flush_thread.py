@@ -5,6 +5,7 @@ before a cancelled caller goes on (its commit may be on disk: the caller must he
 from __future__ import annotations
 
 import os
+import socket
 import threading
 
 import pytest
@@ -109,6 +110,9 @@ def test_closing_ends_the_thread_and_releases_its_sockets() -> None:
     """A node opens and closes flushers (tests, shards, restarts): each close ends its thread
     and closes both ends of its socket pair, also when it comes while a call waits (that call
     still gets its answer)."""
+    for earlier in threading.enumerate():  # other tests' closed workers close their ends too
+        if earlier.name == "raftlog-flush":
+            earlier.join(timeout=30)
     fds_before = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
     threads: list[threading.Thread] = []
     workers: list[FlushThread] = []  # kept alive: a garbage-collected socket closes itself
@@ -150,3 +154,33 @@ def test_closing_ends_the_thread_and_releases_its_sockets() -> None:
     if fds_before is not None:
         assert len(os.listdir("/proc/self/fd")) == fds_before
     assert len(workers) == 21
+
+
+
+def test_a_thread_that_dies_without_answering_is_an_error_not_a_hang(monkeypatch) -> None:
+    """If the worker thread itself ends without answering (not the call it runs: that call's
+    outcome, exceptions included, is handed back), the waiting flusher hears it at once: the
+    flush's outcome is unknown, which stops the node (raft.node.flusher: any failure but a
+    full disk is fatal) instead of waiting forever in a shielded wait."""
+
+    def dies(self: FlushThread, jobs: object, done: socket.socket) -> None:
+        done.close()  # as a thread killed by a bug would leave it: its end closed, no answer
+
+    monkeypatch.setattr(FlushThread, "_work", dies)
+    seen: list[BaseException] = []
+
+    async def main() -> None:
+        worker = FlushThread()
+        try:
+            await worker.run(sum, [1])
+        except BaseException as e:  # noqa: BLE001 - recorded for the assertion
+            seen.append(e)
+        worker.close()
+
+    # In its own thread, so that a wait that never ends fails this test instead of hanging it.
+    runner = threading.Thread(target=trio.run, args=(main,), daemon=True)
+    runner.start()
+    runner.join(timeout=30)
+    assert not runner.is_alive(), "the flusher still waits for a thread that is gone"
+    assert len(seen) == 1 and isinstance(seen[0], RuntimeError), seen
+    assert "ended without answering" in str(seen[0])
