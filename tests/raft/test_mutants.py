@@ -47,6 +47,7 @@ import test_mirror
 # The runtime's fail-stop rule is killed by a node test.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "node"))
 import test_failstop  # noqa: E402
+import test_flush_thread  # noqa: E402
 import test_malformed_records  # noqa: E402
 import test_subscriptions_inproc  # noqa: E402
 import test_topic_subscriptions_inproc  # noqa: E402
@@ -1196,6 +1197,19 @@ MUTANTS = [
            "pending.callback(pending.answer)",
            "pass",
            (test_produce_callbacks.test_a_client_that_half_closes_gets_every_pending_reply,)),
+    # The flush thread (raft/node/flush_thread.py): a flush that started is waited for, and its
+    # outcome goes to the one task that asked for it.
+    Mutant("a cancelled flusher goes on before the flush it started has finished",
+           "raft.node.flush_thread", "FlushThread.run",
+           "with trio.CancelScope(shield=True):",
+           "with trio.CancelScope(shield=False):",
+           (test_flush_thread.test_a_cancelled_caller_waits_for_the_call_it_started,)),
+    Mutant("a second flush call shares the first one's result slot",
+           "raft.node.flush_thread", "FlushThread.run",
+           "if self._busy:",
+           "if False:",
+           (test_flush_thread
+            .test_a_second_concurrent_call_is_refused_and_the_first_is_answered,)),
 ]
 
 
