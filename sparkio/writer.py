@@ -36,9 +36,9 @@ from sparkio.staging import (LoadClosed, RaftlogError, Session, Stager, parse_se
 log = logging.getLogger("sparkio.writer")
 
 # The leader's AppendEntries carry about 1 MiB (raft max_append_bytes, at least one batch):
-# 4 MiB staged batches made 4 MiB frames on every peer link, and at a load average of 8-10 on
-# two cores a follower then heard nothing for over 0.5 s (an election) in 5 of 6 loads of 4 M
-# rows, aborting them (1 MiB: none in 7). The per-row CPU is the same (docs/PERFORMANCE.md).
+# 4 MiB staged batches made 4 MiB frames on every peer link, and at a load average of 7-16 on
+# two cores the followers then heard nothing for over 0.5 s (an election) in 23 of 29 loads,
+# aborting them (1 MiB: 2 of 32). The per-row CPU is the same (docs/PERFORMANCE.md).
 DEFAULT_BATCH_BYTES = 1 << 20
 
 
