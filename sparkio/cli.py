@@ -42,7 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="idempotency key: a re-run with the same id after success is a no-op "
                         "(default: a fresh id, printed)")
     p.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
-    p.add_argument("--batch-bytes", type=int, default=4 << 20, help="bytes per staged request")
+    p.add_argument("--batch-bytes", type=int, default=1 << 20,  # writer.DEFAULT_BATCH_BYTES
+                   help="bytes per staged request")
     p.add_argument("--csv-header", action="store_true", help="the CSV file has a header row")
     p.add_argument("--csv-schema", metavar="DDL", default=None,
                    help="CSV column names and types as Spark DDL, e.g. 'id INT, name STRING, "

@@ -35,7 +35,11 @@ from sparkio.staging import (LoadClosed, RaftlogError, Session, Stager, parse_se
 
 log = logging.getLogger("sparkio.writer")
 
-DEFAULT_BATCH_BYTES = 4 << 20
+# The leader's AppendEntries carry about 1 MiB (raft max_append_bytes, at least one batch):
+# 4 MiB staged batches made 4 MiB frames on every peer link, and at a load average of 7-16 on
+# two cores the followers then heard nothing for over 0.5 s (an election) in 23 of 29 loads,
+# aborting them (1 MiB: 2 of 32). The per-row CPU is the same (docs/PERFORMANCE.md).
+DEFAULT_BATCH_BYTES = 1 << 20
 
 
 class InjectedFailure(RuntimeError):

@@ -132,9 +132,14 @@ class Batch:
                                                  f"computed {want:#010x})")
 
     def encode(self) -> bytes:
+        return self.header() + self.payload
+
+    def header(self) -> bytes:
+        """The encoded header alone: a writer that appends more after the payload joins the
+        pieces in one copy instead of copying the payload twice (storage/lmdb_format.py)."""
         return _HEADER.pack(self.base_offset, self.count, self.term, int(self.kind),
                             self.timestamp_ms, self.producer_id, self.sequence, self.crc,
-                            len(self.payload)) + self.payload
+                            len(self.payload))
 
     @staticmethod
     def decode(data: bytes | memoryview, *, verify: bool = True) -> "Batch":

@@ -119,10 +119,13 @@ def disk_error(path: str, what: str, e: BaseException) -> StorageError:
 
 # -- batch records ------------------------------------------------------------------------------
 def encode_value(batch: Batch, fmt: int = FORMAT) -> bytes:
-    raw = batch.encode()
+    """The stored record: header, payload and (format 2) the header's own CRC. One join, so
+    the payload is copied once (a flush of large batches spent as long in a second copy as in
+    LMDB's own write of them)."""
+    hdr = batch.header()
     if fmt < 2:
-        return raw
-    return raw + _CRC.pack(zlib.crc32(memoryview(raw)[:HEADER_SIZE]))
+        return b"".join((hdr, batch.payload))
+    return b"".join((hdr, batch.payload, _CRC.pack(zlib.crc32(hdr))))
 
 
 def head(value: memoryview | bytes, fmt: int) -> tuple[int, int, int] | None:

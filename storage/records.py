@@ -225,6 +225,8 @@ def check_records(payload: bytes, count: int | None) -> int:
     if count is not None and count > size // MIN_RECORD_BYTES:
         raise MalformedRecords(f"count {count} cannot fit in {size} bytes: a record takes at "
                                f"least {MIN_RECORD_BYTES}")
+    if count is not None and count >= FAST_MIN_RECORDS and _uniform_valid(p, count):
+        return count
     if (count is not None and FAST_MIN_RECORDS <= count <= FAST_MAX_RECORDS
             and size < count * FAST_MAX_AVG_BYTES and count * 2 <= gc.get_threshold()[0]
             and _plainly_valid(p, count)):
@@ -275,6 +277,64 @@ def check_records(payload: bytes, count: int | None) -> int:
     if i != size:
         raise MalformedRecords(f"{size - i} bytes follow the array of {n} records")
     return n
+
+
+def _uniform_valid(p: bytes, count: int) -> bool:
+    """True only if `p` is exactly `count` records that are all laid out like the first: the
+    same size, and the same bytes at every position that is not key or value data (the array
+    header of 3, the key's nil or bin header, the value's bin header with its length, the nil
+    headers). False means "let the other paths decide".
+
+    Why that is enough: the first record is walked as the rule says, so its non-data bytes
+    spell out a valid record of exactly `size` bytes whatever its data bytes hold; a record
+    with the same non-data bytes at the same places is then valid too. Checking a position in
+    every record is one strided slice compared in C, so a batch of fixed-size records (a bulk
+    load of fixed-width rows, a benchmark's) costs a dozen slices instead of a Python step per
+    record (the walk: ~0.2 us a record, ~0.2 s of the leader's CPU per million 100-byte
+    rows). Records with headers, or of differing sizes, are not this shape."""
+    try:
+        return _uniform(p, count)
+    except (IndexError, struct.error):  # shorter than its first record: the walk says why
+        return False
+
+
+def _uniform(p: bytes, count: int) -> bool:
+    n, i0 = _array(p, 0)
+    body = len(p) - i0
+    if n != count or n < 2 or body % n:
+        return False
+    size = body // n
+    marks: list[int] = []  # offsets, within a record, of the bytes that are not data
+    j = i0
+    if p[j] != 0x93:
+        return False
+    marks.append(0)
+    j += 1
+    for field in ("key", "value"):
+        b = p[j]
+        if b == 0xC0 and field == "key":
+            marks.append(j - i0)
+            j += 1
+            continue
+        end = _bin_end(p, j, b)
+        if end < 0:
+            return False
+        head = {0xC4: 2, 0xC5: 3, 0xC6: 5}[b]
+        marks.extend(range(j - i0, j - i0 + head))
+        j = end
+    if j >= len(p) or p[j] != 0xC0:  # headers: nil only (rows with headers vary anyway)
+        return False
+    marks.append(j - i0)
+    j += 1
+    if j - i0 != size:
+        return False
+    for m in marks:  # the same byte at this place of every record
+        column = p[i0 + m::size]
+        if type(column) is not bytes:
+            column = bytes(column)  # a memoryview's slice: count() needs bytes
+        if column.count(p[i0 + m]) != n:
+            return False
+    return True
 
 
 def _plainly_valid(p: bytes, count: int) -> bool:

@@ -4,6 +4,11 @@ One cached DataFrame of 100-byte rows is written to Spark's `noop` sink (the cei
 own cost of producing and shipping Arrow batches to Python) and then to raftlog with leader and
 quorum acks, in the same run, on local[*]. rows/s and MB/s cover the whole job: load_begin,
 staging, the driver's load_commit (so a load is only counted once it is visible).
+
+CPU seconds per million rows (utime+stime from /proc, which hold up on a shared machine where
+rows/s do not): the three nodes together, and Spark's side (the JVM and its Python workers,
+reaped ones included), per mode. A load aborted by an election (leader-acked staged batches
+lost: exactly-once refuses to publish it) is counted in `aborted` and gives no rows/s sample.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import uuid
 
 from bench.disk import DiskNeed
 from bench.harness import Cluster
+from bench.partitions_probe import cpu_seconds
 from bench.results import figure
 from bench.workloads.common import MB, Ctx
 
@@ -57,6 +63,10 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
     df.count()  # materialise: every mode writes the same cached rows
     samples: dict[str, list[float]] = {m: [] for m in MODES}
     elections = {m: 0 for m in MODES}  # term changes while each mode ran (should stay 0)
+    aborted = {m: 0 for m in MODES}  # loads an election aborted (no rows/s sample)
+    cpu_nodes: dict[str, list[float]] = {m: [] for m in MODES}  # CPU s per million rows
+    cpu_spark: dict[str, list[float]] = {m: [] for m in MODES}
+    jvm = spark.sparkContext._gateway.proc.pid
     try:
         with ctx.cluster() as cluster:
             cluster.wait_for_leader()
@@ -69,14 +79,24 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
                 for mode in MODES:
                     ctx.describe(f"spark load {mode} {n:,} rows (repeat {r + 1})")
                     cluster.wait_caught_up()
+                    pids = [node.proc.pid for node in cluster.nodes.values() if node.proc]
+                    n0, s0 = _cpu(pids), _tree_cpu(jvm)
                     t0 = time.perf_counter()
-                    if mode == "noop":
-                        df.write.format("noop").mode("append").save()
+                    try:
+                        if mode == "noop":
+                            df.write.format("noop").mode("append").save()
+                        else:
+                            (df.write.format("raftlog").option("servers", servers)
+                             .option("acks", mode).option("loadId", f"bench-{uuid.uuid4()}")
+                             .mode("append").save())
+                    except Exception as e:  # noqa: BLE001 (pyspark wraps the writer's error)
+                        if "was not committed" not in str(e):
+                            raise
+                        aborted[mode] += 1  # an election lost staged batches: not published
                     else:
-                        (df.write.format("raftlog").option("servers", servers)
-                         .option("acks", mode).option("loadId", f"bench-{uuid.uuid4()}")
-                         .mode("append").save())
-                    samples[mode].append(n / (time.perf_counter() - t0))
+                        samples[mode].append(n / (time.perf_counter() - t0))
+                    cpu_nodes[mode].append((_cpu(pids) - n0) / (n / 1e6))
+                    cpu_spark[mode].append((_tree_cpu(jvm) - s0) / (n / 1e6))
                     elections[mode] += _max_term(cluster) - term
                     term = _max_term(cluster)
                     ctx.advance("spark")
@@ -91,8 +111,47 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
                               target=(">=", TARGET_RPS) if mode == "leader" else None))
         figures.append(figure(f"spark.{mode}.MBps", "spark", f"{title} MB/s", "MB/s",
                               [x * ROW_BYTES / MB for x in samples[mode]], params=params))
+        figures.append(figure(f"spark.{mode}.cpu_s_per_Mrow.nodes", "spark",
+                              f"{title}: the nodes' CPU s per million rows", "s",
+                              cpu_nodes[mode], better="lower", params=params))
+        figures.append(figure(f"spark.{mode}.cpu_s_per_Mrow.spark", "spark",
+                              f"{title}: Spark's CPU s (JVM + Python workers) per million rows",
+                              "s", cpu_spark[mode], better="lower", params=params))
     return figures, {"rows": n, "partitions": parts, "rows_per_s": samples,
-                     "elections": elections}
+                     "elections": elections, "aborted": aborted,
+                     "cpu_s_per_Mrow": {"nodes": cpu_nodes, "spark": cpu_spark},
+                     "load_average": list(os.getloadavg())}
+
+
+def _cpu(pids: list[int]) -> float:
+    return sum(cpu_seconds(p) or 0.0 for p in pids)
+
+
+def _tree_cpu(root: int) -> float:
+    """CPU seconds of `root` and every process under it (Spark's JVM: its Python daemon and
+    workers), reaped children included (cutime+cstime), so a worker that exited still counts."""
+    parent: dict[int, int] = {}
+    spent: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        rest = raw[raw.rindex(")") + 2:].split()
+        parent[int(entry)] = int(rest[1])
+        spent[int(entry)] = sum(int(x) for x in rest[11:15]) / _TICKS
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += spent.get(pid, 0.0)
+        todo += [p for p, pp in parent.items() if pp == pid]
+    return total
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _max_term(cluster: Cluster) -> int:

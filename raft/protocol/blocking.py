@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from raft.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from raft.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame_pieces
 
 _READ_CHUNK = 1 << 20
 
@@ -35,7 +35,12 @@ class FrameSocket:
         self._decoder = FrameDecoder(max_frame_bytes)
 
     def send(self, frame: dict[str, Any]) -> None:
-        self.sock.sendall(encode_frame(frame))
+        pieces = encode_frame_pieces(frame)
+        if len(pieces) <= 2:  # nothing large: one write
+            self.sock.sendall(b"".join(pieces))
+            return
+        for piece in pieces:  # large payloads written from the caller's object, uncopied
+            self.sock.sendall(piece)
 
     def send_raw(self, data: bytes) -> None:
         self.sock.sendall(data)

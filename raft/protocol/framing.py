@@ -72,6 +72,38 @@ def encode_frame_parts(obj: dict[str, Any]) -> tuple[bytes, bytes]:
     return _LEN.pack(len(body)), body
 
 
+# A bytes value at least this large is sent as its own piece by encode_frame_pieces.
+PIECE_BYTES = 64 * 1024
+_BIN32_HEAD = struct.Struct(">BI")
+
+
+def encode_frame_pieces(obj: dict[str, Any]) -> list[bytes]:
+    """A frame (length prefix first) as pieces to write in order: the same bytes as
+    encode_frame, but each bytes value of PIECE_BYTES or more is a piece of its own, the object
+    itself, not copied into the packed body. A blocking sender of large payloads (a Spark
+    task's staged batches) copied each one three times to frame it (packb's buffer, its bytes,
+    the prefix join). msgpack packs such a value as bin32 either way."""
+    if "v" not in obj:
+        obj = {"v": PROTOCOL_VERSION, **obj}
+    pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+    n = len(obj)
+    small = [bytes([0x80 | n]) if n < 16 else
+             b"\xde" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdf" + n.to_bytes(4, "big")]
+    pieces: list[bytes] = []
+    for key, value in obj.items():
+        small.append(pack(key))
+        if type(value) is bytes and len(value) >= PIECE_BYTES:
+            small.append(_BIN32_HEAD.pack(0xC6, len(value)))
+            pieces.append(b"".join(small))
+            pieces.append(value)
+            small = []
+        else:
+            small.append(pack(value))
+    if small:
+        pieces.append(b"".join(small))
+    return [_LEN.pack(sum(len(p) for p in pieces)), *pieces]
+
+
 # -- decoding ---------------------------------------------------------------------------------------
 
 def decode_body(body: bytes | bytearray | memoryview) -> dict[str, Any]:

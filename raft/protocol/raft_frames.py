@@ -86,7 +86,8 @@ class BatchEncodings:
     A leader sends the same batch objects (read from its dirty tail) to every follower; encoding
     once instead of once per follower saves a copy of every replicated byte. Entries are keyed by
     object identity and hold the object, so an id cannot be reused while its entry lives. Bounded
-    in entries and bytes; the oldest entry goes first."""
+    in entries and bytes; the oldest entry goes first. Batches of ZERO_COPY_BYTES or more are
+    not encoded at all: their header and payload go out as separate pieces (_frame_parts)."""
 
     def __init__(self, max_entries: int = 512, max_bytes: int = 32 << 20) -> None:
         if max_entries < 1 or max_bytes < 1:
@@ -293,6 +294,15 @@ def _frame_parts(items: list[GroupMessage], encodings: BatchEncodings | None) ->
                 continue
             parts.append(_array_header(len(value)))
             for b in value:
+                if len(b.payload) >= ZERO_COPY_BYTES:
+                    # Header and payload as two pieces: the payload is written from the
+                    # batch itself, never copied into an encoding (the leader of a bulk load
+                    # copied every replicated byte once more for that).
+                    head = b.header()
+                    parts.append(_BIN32.pack(0xC6, len(head) + len(b.payload)))
+                    parts.append(head)
+                    parts.append(b.payload)
+                    continue
                 raw = encodings.encode(b) if encodings is not None else b.encode()
                 parts.append(_BIN32.pack(0xC6, len(raw)))
                 parts.append(raw)

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from raft.core import messages as m
 from raft.protocol.fields import get_bytes, get_int, get_opt_int, get_str
-from raft.protocol.framing import decode_body, encode_frame, FrameTooLarge, WireError
+from raft.protocol.framing import (PIECE_BYTES, decode_body, encode_frame, encode_frame_pieces,
+                                   FrameTooLarge, WireError)
 from raft.protocol.raft_frames import (_KIND_OF, BatchEncodings, encode_raft_frame,
                                        encode_raft_frame_pieces, message_from_wire,
                                        message_to_wire, messages_from_frame, raft_frame,
@@ -94,6 +95,20 @@ def test_fast_raft_frame_encoder_writes_the_same_document(msgs: list, extra: int
     assert b"".join(encode_raft_frame_pieces(items)) == prefix + body
     assert decode_body(body) == decode_body(encode_frame(raft_frame(items))[4:])
     assert messages_from_frame(decode_body(body)) == items
+
+
+@pytest.mark.parametrize("fields", [0, 3, 20])
+def test_a_frame_in_pieces_is_the_same_bytes_with_large_values_uncopied(fields: int) -> None:
+    """The blocking client's framing (a staged batch's payload written from the caller's
+    object) sends exactly what encode_frame does, for small and for wide maps."""
+    big, small = b"p" * PIECE_BYTES, b"s" * (PIECE_BYTES - 1)
+    frame = {"t": "load_stage", **{f"f{i}": i for i in range(fields)}, "payload": big,
+             "other": small, "n": None}
+    pieces = encode_frame_pieces(frame)
+    assert b"".join(pieces) == encode_frame(frame)
+    assert any(p is big for p in pieces) and not any(p is small for p in pieces)
+    assert encode_frame_pieces({"t": "x"}) == [encode_frame({"t": "x"})[:4],
+                                               encode_frame({"t": "x"})[4:]]
 
 
 def test_every_message_type_has_a_tag() -> None:

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from storage.records import (FAST_MIN_RECORDS, MalformedRecords, Record, _plainly_valid,
+                             _uniform_valid,
                              check_records, decode_records, encode_records, encode_values,
                              undecodable_message)
 
@@ -224,3 +225,51 @@ def test_big_batches_with_keys_headers_and_wide_encodings_take_the_fast_path() -
     wide = b"\xdd" + (100).to_bytes(4, "big") + (b"\x93\xc0\xc6\x00\x00\x00\x02vv\xc0" * 100)
     assert _plainly_valid(memoryview(b"pre" + wide)[3:], 100)
     assert check_records(wide, 100) == 100
+
+
+# Fixed-size records (the Spark writer's layout: bin32 values of one length) with record 50 one
+# byte off in a place that is not data: same size, so only the uniform path's per-record check
+# can tell it apart.
+_ROW = b"\x93\xc0\xc6\x00\x00\x00\x02vv\xc0"
+
+
+def _uniform_with(row50: bytes) -> bytes:
+    assert len(row50) == len(_ROW)
+    return b"\xdd" + (100).to_bytes(4, "big") + _ROW * 50 + row50 + _ROW * 49
+
+
+UNIFORM_NEAR_MISSES = [
+    (_uniform_with(b"\x93\xc0\xdb\x00\x00\x00\x02vv\xc0"), "the value must be a bin, got a str"),
+    (_uniform_with(b"\x93\xc2\xc6\x00\x00\x00\x02vv\xc0"), "the key must be a bin or nil"),
+    (_uniform_with(b"\x93\xc0\xc6\x00\x00\x00\x02vv\xc2"), "headers must be nil or an array"),
+    (_uniform_with(b"\x94\xc0\xc6\x00\x00\x00\x02vv\xc0"), "got an array of 4"),
+    (_uniform_with(b"\x93\xc0\xc6\x00\x00\x00\x03vv\xc0"), "record 50"),
+]
+
+
+@pytest.mark.parametrize("payload, fragment", UNIFORM_NEAR_MISSES)
+def test_the_uniform_path_accepts_no_near_miss(payload: bytes, fragment: str) -> None:
+    """Also the mutation tests' killer for the uniform path (tests/raft/test_mutants.py)."""
+    assert not _uniform_valid(payload, 100)
+    with pytest.raises(MalformedRecords) as e:
+        check_records(payload, 100)
+    assert fragment in str(e.value), str(e.value)
+
+
+def test_fixed_size_records_take_the_uniform_path() -> None:
+    keyed = [Record(b"%05d" % i, b"k%03d" % i) for i in range(FAST_MIN_RECORDS)]
+    keyless = [Record(b"x" * 300) for _ in range(FAST_MIN_RECORDS)]
+    for recs in (keyed, keyless):
+        payload = encode_records(recs)
+        assert _uniform_valid(payload, len(recs))
+        assert check_records(payload, len(recs)) == len(recs)
+        assert decode_records(payload, len(recs)) == recs
+        assert _uniform_valid(memoryview(b"pre" + payload)[3:], len(recs))
+    spark = _uniform_with(_ROW)
+    assert _uniform_valid(spark, 100) and check_records(spark, 100) == 100
+    # Not this shape: sizes differ, a key only on some rows, headers, a count the array lacks.
+    assert not _uniform_valid(encode_records([Record(b"v%d" % i) for i in range(100)]), 100)
+    assert not _uniform_valid(encode_records([Record(b"v", b"k" if i % 2 else None)
+                                              for i in range(100)]), 100)
+    assert not _uniform_valid(encode_records([Record(b"v", None, (("h", b"x"),))] * 100), 100)
+    assert not _uniform_valid(spark, 99) and not _uniform_valid(spark[:-1], 100)
