@@ -95,6 +95,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "recovery")
 import test_budget  # noqa: E402
 import test_liveness_lag  # noqa: E402  (tests/node: the detector under a peer's lag)
 import test_peer_lanes  # noqa: E402  (tests/node: a link's lanes and a stream's rules)
+import test_meta_checkpoint  # noqa: E402  (tests/node: checkpoints off the Ready loop)
 import test_scrub_scheduler  # noqa: E402  (tests/node: the node's one scrub task)
 # The many-group simulation's routing and reconciling rules are killed by its seeds (tests/sim).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "sim"))
@@ -1144,6 +1145,19 @@ MUTANTS = [
            "pending.callback(pending.answer)",
            "pass",
            (test_produce_callbacks.test_a_client_that_half_closes_gets_every_pending_reply,)),
+    # Metadata saves (raft/node/meta_saver.py, issue 28): a commit checkpoint holds no message,
+    # and no save writes an older term or vote over a newer one.
+    Mutant("the Ready loop waits for a commit checkpoint's save (behind the running flush)",
+           "raft.node.meta_saver", "MetaSaver.put",
+           "if urgent or not checkpoint_only(hs, saved):",
+           "if True:",
+           (_in_tmp(test_meta_checkpoint
+                    .test_heartbeats_leave_while_a_checkpoint_waits_for_the_store),)),
+    Mutant("a vote's save leaves an older checkpoint queued to be written after it",
+           "raft.node.meta_saver", "MetaSaver.save",
+           "self._lazy = None  # `hs` is newer",
+           "pass  # `hs` is newer",
+           (test_meta_checkpoint.test_a_waiting_checkpoint_never_overwrites_a_newer_term,)),
 ]
 
 
