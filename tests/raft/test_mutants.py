@@ -27,7 +27,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from raft.core.types import Acks
 import test_core
+import test_backlog
 import test_quiesce
 import test_quiet_rejoin
 import test_recovering_flag
@@ -1145,6 +1147,24 @@ MUTANTS = [
            "pending.callback(pending.answer)",
            "pass",
            (test_produce_callbacks.test_a_client_that_half_closes_gets_every_pending_reply,)),
+    # acks=leader/none paced by replication (raft/core/backlog.py, issue 28).
+    Mutant("a leader takes acks=none writes however far its log runs ahead of the commit index",
+           "raft.core.raft", "RaftCore.propose",
+           "if lead.backlog.must_wait(acks, limit):",
+           "if False:",
+           (functools.partial(
+               test_backlog.test_writes_that_do_not_wait_for_the_quorum_wait_past_the_backlog_bound,
+               Acks.NONE),)),
+    Mutant("the backlog never shrinks as the commit index passes it",
+           "raft.core.leader", "LeaderSide._maybe_commit",
+           "lead.backlog.committed(candidate)",
+           "pass",
+           (test_backlog.test_a_quorum_write_waits_behind_them_in_order_and_commits,)),
+    Mutant("a quorum write overtakes the writes waiting for room (the log loses their order)",
+           "raft.core.backlog", "Backlog.must_wait",
+           "return bool(self.parked) or (",
+           "return (",
+           (test_backlog.test_a_quorum_write_waits_behind_them_in_order_and_commits,)),
     # Metadata saves (raft/node/meta_saver.py, issue 28): a commit checkpoint holds no message,
     # and no save writes an older term or vote over a newer one.
     Mutant("the Ready loop waits for a commit checkpoint's save (behind the running flush)",
