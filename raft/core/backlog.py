@@ -17,8 +17,11 @@ flushes, stay bounded too. Waiting, not refusing: a refusal (BACKPRESSURE) costs
 whole request (read, decoded, checked) and the client a backoff and a resend; measured, it cut
 acks=none throughput to a third of what the same cluster committed at quorum. A parked write
 answers the client later, so its connection's in-flight limit stops the node reading more from
-it (TCP backpressure). What may wait is bounded too (the same number of bytes, and
-max_pending_produce writes); past that a write is refused BACKPRESSURE (nothing written). A
+it (TCP backpressure). What may wait is bounded too (PARKED_FACTOR times the bound in bytes,
+and max_pending_produce writes); past that a write is refused BACKPRESSURE (nothing written):
+the waiting room must hold what producers keep in flight (the bench: 8 x 8 x 256 KiB = 16 MiB),
+or a small bound turns into refusals (measured at 8 MiB with a room of 8 MiB: ~8,000
+BACKPRESSURE answers a point and acks=none at 22 MB/s; with a room of 32 MiB, none). A
 parked write is answered NOT_LEADER (nothing written) if leadership goes first; one whose
 client gave up (TIMEOUT, from the runtime's timer) may still be written later, as TIMEOUT says.
 
@@ -33,6 +36,9 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from raft.core.types import Acks
+
+# What may wait for room, in bytes, is this many times max_uncommitted_bytes.
+PARKED_FACTOR = 4
 
 if TYPE_CHECKING:
     from storage.batch import Batch

@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 from raft.core import messages as m
 from raft.core.config import RaftConfig, Rng
+from raft.core.backlog import PARKED_FACTOR
 from raft.core.confchange import INTERNAL_REQUEST, ConfChanges
 from raft.core.election import Campaign, Elections
 from raft.core.follower import FollowerSide
@@ -266,11 +267,12 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
             return
         limit = self.cfg.max_uncommitted_bytes
         if lead.backlog.must_wait(acks, limit):  # paced by replication (raft/core/backlog.py)
-            if not lead.backlog.park(request_id, batch, acks, limit, self.cfg.max_pending_produce):
+            room = PARKED_FACTOR * limit
+            if not lead.backlog.park(request_id, batch, acks, room, self.cfg.max_pending_produce):
                 self._answer(request_id, ErrorCode.BACKPRESSURE, message=(
                     f"the leader holds {lead.backlog.bytes} bytes its followers have not "
-                    f"committed (max_uncommitted_bytes {limit}) and as many writes wait; retry "
-                    f"shortly"))
+                    f"committed (max_uncommitted_bytes {limit}) and {lead.backlog.parked_bytes} "
+                    f"bytes of writes wait; retry shortly"))
             return
         self._propose_now(request_id, batch, acks)
 

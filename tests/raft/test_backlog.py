@@ -17,7 +17,7 @@ from raft.core.types import Acks, ErrorCode
 
 LIMIT = 64 << 10
 VALUES = [b"v" * 1000] * 8  # one ~8 KB batch per write
-WRITES = 12  # ~96 KB: more than the limit, less than the limit plus what may wait
+WRITES = 12  # ~96 KB: more than the limit, less than the limit plus what may wait (4x)
 
 
 def _stalled(acks: Acks, writes: int = WRITES) -> tuple[Cluster, int, list[int]]:
@@ -73,7 +73,7 @@ def test_a_quorum_write_waits_behind_them_in_order_and_commits() -> None:
 
 
 def test_waiting_writes_are_bounded_and_told_not_leader_when_leadership_goes() -> None:
-    c, leader, rids = _stalled(Acks.NONE, writes=40)
+    c, leader, rids = _stalled(Acks.NONE, writes=60)  # past the limit and 4x its bytes waiting
     refused = [r for r in rids if r in c.answers and c.answers[r].error != ErrorCode.OK]
     assert refused and all(c.answers[r].error == ErrorCode.BACKPRESSURE for r in refused)
     assert "max_uncommitted_bytes" in c.answers[refused[0]].message
