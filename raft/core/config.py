@@ -47,6 +47,10 @@ class RaftConfig:
     check_quorum: bool = True
     # Quorum produce requests waiting for commit; beyond it the leader answers BACKPRESSURE.
     max_pending_produce: int = 10_000
+    # Bytes the leader may hold appended past its commit index before it answers acks=leader
+    # and acks=none writes BACKPRESSURE (raft/core/backlog.py): such writes are paced by
+    # replication instead of running the leader's log far ahead of its followers (0 = no limit).
+    max_uncommitted_bytes: int = 32 << 20
     # Sequences remembered per idempotent producer, and producers remembered.
     producer_window: int = 8
     max_producers: int = 100_000
@@ -92,7 +96,8 @@ class RaftConfig:
                      "follower_flush_bytes", "follower_flush_ticks", "max_pending_produce",
                      "producer_window", "max_producers"):
             positive(name)
-        for name in ("recovery_rate_bytes_per_tick", "recovery_burst_bytes", "quiesce_ticks"):
+        for name in ("recovery_rate_bytes_per_tick", "recovery_burst_bytes", "quiesce_ticks",
+                     "max_uncommitted_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"raft setting {name}={value!r} must be an integer >= 0 "

@@ -119,6 +119,7 @@ class LeaderSide:
                     return
         if quiescing:
             self._maybe_quiesced()  # (no follower left to ask: a single voter, or all down)
+        self._admit_parked()  # (after a transfer gave up, say: not only when commits move)
         self._bcast_wanted = True
 
     def _append_as_leader(self, batch: Batch) -> Batch | None:
@@ -130,6 +131,8 @@ class LeaderSide:
         except TailFull:
             self._flush_wanted = True
             return None
+        if self.leader is not None:
+            self.leader.backlog.appended(placed.last_offset, placed.size)
         self._applied_to_log(placed)
         self._flush_wanted = True  # the leader flushes in parallel with replication
         self._bcast_wanted = True
@@ -331,8 +334,10 @@ class LeaderSide:
         if candidate > self.commit_index and candidate <= self.log.dirty_offset and \
                 self.log.term_at(candidate) == self.term:
             self.commit_index = candidate
+            lead.backlog.committed(candidate)
             self._answer_committed()
             self._on_commit()
+            self._admit_parked()  # writes that waited for room (raft/core/backlog.py)
 
     def _answer_committed(self) -> None:
         lead = self.leader

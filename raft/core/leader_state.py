@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from raft.core.backlog import Backlog
 from raft.core.progress import FollowerProgress
 
 
@@ -44,3 +45,5 @@ class LeaderState:
     idle_ticks: int = 0
     quiesce_seq: int = -1
     quiesce_acked: set[int] = field(default_factory=set)
+    # Bytes appended in this term past the commit index (acks leader/none wait beyond a bound).
+    backlog: Backlog = field(default_factory=Backlog)

@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 from raft.core import messages as m
 from raft.core.config import RaftConfig, Rng
+from raft.core.backlog import PARKED_FACTOR
 from raft.core.confchange import INTERNAL_REQUEST, ConfChanges
 from raft.core.election import Campaign, Elections
 from raft.core.follower import FollowerSide
@@ -271,6 +272,29 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
             hint = self.leader_id if lead is None else lead.transfer_target
             self._answer(request_id, ErrorCode.NOT_LEADER, leader_id=hint)
             return
+        limit = self.cfg.max_uncommitted_bytes
+        if lead.backlog.must_wait(acks, limit):  # paced by replication (raft/core/backlog.py)
+            room = PARKED_FACTOR * limit
+            if not lead.backlog.park(request_id, batch, acks, room, self.cfg.max_pending_produce):
+                self._answer(request_id, ErrorCode.BACKPRESSURE, message=(
+                    f"the leader holds {lead.backlog.bytes} bytes its followers have not "
+                    f"committed (max_uncommitted_bytes {limit}) and {lead.backlog.parked_bytes} "
+                    f"bytes of writes wait; retry shortly"))
+            return
+        self._propose_now(request_id, batch, acks)
+
+    def _admit_parked(self) -> None:
+        """The commit index moved: writes waiting for room go in, in the order they came."""
+        lead = self.leader
+        while lead is not None and lead.transfer_target is None:
+            item = lead.backlog.next_admitted(self.cfg.max_uncommitted_bytes)
+            if item is None:
+                return
+            self._propose_now(*item)
+
+    def _propose_now(self, request_id: int, batch: Batch, acks: Acks) -> None:
+        lead = self.leader
+        assert lead is not None
         if batch.producer_id and batch.kind in _IDEMPOTENT:
             verdict, written = self.producers.lookup(batch.producer_id, batch.sequence)
             if verdict == Verdict.DUPLICATE:
@@ -502,6 +526,10 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
             self._answer(w.request_id, ErrorCode.LEADERSHIP_LOST, leader_id=self.leader_id,
                          message=("leadership changed before the write committed; it may or may "
                                   "not commit: retry (idempotent producers make it safe)"))
+        for request_id, _, _ in lead.backlog.take_parked():  # never appended
+            self._answer(request_id, ErrorCode.NOT_LEADER, leader_id=self.leader_id,
+                         message="leadership changed while the write waited for replication; "
+                                 "nothing was written: send it to the new leader")
 
     def _become_leader(self) -> None:
         self.role = Role.LEADER

@@ -4,7 +4,9 @@ The driver (trio runtime or simulation) loops:
     1. feed inputs: core.tick(), core.step(msg), core.propose(...), core.flushed(offset);
     2. rd = core.ready();
     3. if rd.hard_state: storage.save_meta(...) durably BEFORE sending any of rd.messages
-       (a vote or term must never be forgotten once someone may have seen it);
+       (a vote or term must never be forgotten once someone may have seen it); a hard state
+       that differs from the saved one only in the commit checkpoint (config["commit"]) may
+       be saved after them (a hint: raft/node/meta_saver.py does so, never waiting for it);
     4. send rd.messages (any order; the network may drop/reorder them anyway);
     5. if rd.flush and no flush is running: run storage.flush() (worker thread / simulated disk
        delay) and when it completes call core.flushed(new_flushed_offset);

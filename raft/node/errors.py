@@ -10,8 +10,8 @@ from raft.core.types import ErrorCode
 ERROR_ADVICE: dict[ErrorCode, str] = {
     ErrorCode.NOT_LEADER: "this node is not the leader; send the request to leader_addr (or "
                           "retry shortly if no leader is known yet: an election is running)",
-    ErrorCode.BACKPRESSURE: "the leader's unflushed tail or in-flight window is full; retry "
-                            "after a short backoff",
+    ErrorCode.BACKPRESSURE: "the leader's unflushed tail, in-flight window or queue of writes "
+                            "waiting for replication is full; retry after a short backoff",
     ErrorCode.TOO_LARGE: "the batch exceeds the leader's limit; split it into smaller batches",
     ErrorCode.LEADERSHIP_LOST: "leadership changed before the write committed; it may or may "
                                "not be in the log: retry (idempotent producers make the retry "

@@ -57,6 +57,7 @@ from raft.node.flusher import NodeFlusher
 from raft.node.identity import ClusterIdentity
 from raft.node.load_service import LoadService
 from raft.node.log_open import open_log_with_progress
+from raft.node.meta_saver import MetaSaver
 from raft.node.mirror_group import MirrorGroup
 from raft.node.outbox import GroupOutbox, Links
 from raft.node.pending import PendingAnswers
@@ -158,6 +159,9 @@ class RaftGroup(MirrorGroup, ProposeThen):
         # The cluster id (raft/node/identity.py), kept in the metadata's extra map; the node
         # shares it with its peer links.
         self.identity = ClusterIdentity(config.node_id)
+        # Metadata saves in order; commit checkpoints off the Ready loop (raft.node.meta_saver).
+        self.meta_saver = MetaSaver(self._write_meta, self.fail)
+        self._identity_changed = False  # the next save carries a new cluster id: urgent
 
     def fail(self, exc: BaseException, where: str) -> None:
         """Stop the node now: it can no longer trust its state. Nothing is flushed on the way
@@ -221,6 +225,7 @@ class RaftGroup(MirrorGroup, ProposeThen):
     def _save_identity(self) -> None:
         """The cluster id changed (in self._meta.extra): the next Ready saves the metadata."""
         if self.core is not None:
+            self._identity_changed = True
             self.core.request_meta_save()
             self.kick()
 
@@ -234,6 +239,7 @@ class RaftGroup(MirrorGroup, ProposeThen):
         thread is waited for, not abandoned)."""
         nursery.start_soon(self.catchup.run_sampler)
         nursery.start_soon(self._ready_loop)
+        nursery.start_soon(self.meta_saver.run)
         nursery.start_soon(self._pending.run_timer)
         if self.flusher is None:
             self.flusher = NodeFlusher(self.metrics)
@@ -276,7 +282,8 @@ class RaftGroup(MirrorGroup, ProposeThen):
         rd = self.core.ready()
         try:
             if rd.hard_state is not None:
-                await self._save_meta(rd.hard_state)
+                await self.meta_saver.save(rd.hard_state)
+            await self.meta_saver.flush_pending()
             flushed = await self._run_io(self.log.flush)
         except StorageError as e:  # a full disk too: the stop cannot be clean
             log.error("final_flush_failed node=%d error=%s: the unflushed tail (offsets %d..%d) "
@@ -465,13 +472,13 @@ class RaftGroup(MirrorGroup, ProposeThen):
                 self.fail(e, "ready")
                 return
 
-    async def _save_meta(self, hard_state: Any) -> None:
-        """Persist term, vote and configuration. On a full disk, a new term or vote holds the
-        Ready (its messages depend on it) and is retried until space returns; a save that only
-        moves the commit checkpoint or the configuration history does not hold it (neither must
-        be durable first: configurations are in the log, and the checkpoint only spares a
-        restart some catch-up), and the core asks again at its next checkpoint. Any other
-        failure is fatal."""
+    async def _write_meta(self, hard_state: Any) -> None:
+        """Persist term, vote and configuration (self.meta_saver calls it, one at a time). On a
+        full disk, a new term or vote holds the Ready (its messages depend on it) and is
+        retried until space returns; a save that only moves the commit checkpoint or the
+        configuration history does not hold it (neither must be durable first: configurations
+        are in the log, and the checkpoint only spares a restart some catch-up), and the core
+        asks again at its next checkpoint. Any other failure is fatal."""
         meta = Meta(term=hard_state.term, voted_for=hard_state.voted_for,
                     config=hard_state.config, extra=self._meta.extra)
         while True:
@@ -510,8 +517,10 @@ class RaftGroup(MirrorGroup, ProposeThen):
         if trace.ENABLED:
             trace.event("commit", self.group_id, self.core.commit_index)
         if rd.hard_state is not None:
-            # A term or vote must be durable before anyone can see a message that depends on it.
-            await self._save_meta(rd.hard_state)
+            # A term or vote is durable before any message that depends on it leaves; a commit
+            # checkpoint is not waited for (raft.node.meta_saver: it would wait for a flush).
+            urgent, self._identity_changed = self._identity_changed, False
+            await self.meta_saver.put(rd.hard_state, self._meta, urgent)
         for msg in rd.messages:
             self._outbox.send(msg)
         if rd.flush:

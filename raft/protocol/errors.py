@@ -7,7 +7,8 @@ facts about a code, kept here once for the Python client, sparkio and the bench 
 RETRYABLE: the failure is transient; the same request, sent again (to the leader it names, or
 after a backoff), may succeed without anyone changing anything.
   - NOT_LEADER: an election ran or the client picked a follower; the reply names the leader.
-  - BACKPRESSURE: the leader's tail or in-flight window is full; it drains by itself.
+  - BACKPRESSURE: the leader's tail, in-flight window or queue of writes waiting for
+    replication is full; it drains by itself.
   - SHUTTING_DOWN: this node is stopping; another node (or the next leader) serves it.
   - TIMEOUT, LEADERSHIP_LOST: the node gave up waiting, or lost leadership, before the entry
     committed; a later attempt meets a settled cluster.

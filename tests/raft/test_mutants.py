@@ -27,7 +27,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from raft.core.types import Acks
 import test_core
+import test_backlog
 import test_quiesce
 import test_quiet_rejoin
 import test_recovering_flag
@@ -98,6 +100,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "recovery")
 import test_budget  # noqa: E402
 import test_liveness_lag  # noqa: E402  (tests/node: the detector under a peer's lag)
 import test_peer_lanes  # noqa: E402  (tests/node: a link's lanes and a stream's rules)
+import test_meta_checkpoint  # noqa: E402  (tests/node: checkpoints off the Ready loop)
 import test_scrub_scheduler  # noqa: E402  (tests/node: the node's one scrub task)
 # The many-group simulation's routing and reconciling rules are killed by its seeds (tests/sim).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "sim"))
@@ -1222,6 +1225,37 @@ MUTANTS = [
            "if False:",
            (test_flush_thread
             .test_a_second_concurrent_call_is_refused_and_the_first_is_answered,)),
+    # acks=leader/none paced by replication (raft/core/backlog.py, issue 28).
+    Mutant("a leader takes acks=none writes however far its log runs ahead of the commit index",
+           "raft.core.raft", "RaftCore.propose",
+           "if lead.backlog.must_wait(acks, limit):",
+           "if False:",
+           (functools.partial(
+               test_backlog.test_writes_that_do_not_wait_for_the_quorum_wait_past_the_backlog_bound,
+               Acks.NONE),)),
+    Mutant("the backlog never shrinks as the commit index passes it",
+           "raft.core.leader", "LeaderSide._maybe_commit",
+           "lead.backlog.committed(candidate)",
+           "pass",
+           (test_backlog.test_a_quorum_write_waits_behind_them_in_order_and_commits,)),
+    Mutant("a quorum write overtakes the writes waiting for room (the log loses their order)",
+           "raft.core.backlog", "Backlog.must_wait",
+           "return bool(self.parked) or (",
+           "return (",
+           (test_backlog.test_a_quorum_write_waits_behind_them_in_order_and_commits,)),
+    # Metadata saves (raft/node/meta_saver.py, issue 28): a commit checkpoint holds no message,
+    # and no save writes an older term or vote over a newer one.
+    Mutant("the Ready loop waits for a commit checkpoint's save (behind the running flush)",
+           "raft.node.meta_saver", "MetaSaver.put",
+           "if urgent or not checkpoint_only(hs, saved):",
+           "if True:",
+           (_in_tmp(test_meta_checkpoint
+                    .test_heartbeats_leave_while_a_checkpoint_waits_for_the_store),)),
+    Mutant("a vote's save leaves an older checkpoint queued to be written after it",
+           "raft.node.meta_saver", "MetaSaver.save",
+           "self._lazy = None  # `hs` is newer",
+           "pass  # `hs` is newer",
+           (test_meta_checkpoint.test_a_waiting_checkpoint_never_overwrites_a_newer_term,)),
 ]
 
 
