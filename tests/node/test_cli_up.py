@@ -202,13 +202,14 @@ def _readable(c: BlockingClient, offset: int) -> bool:
 
 def test_demo_measures_failover_from_the_kill() -> None:
     """The figure counts from the killed process's end to the first acknowledgement of a
-    write sent after it. That cannot be under an election timeout (10 ticks of 50 ms, less
-    the tick in which the last heartbeat may have arrived): followers do not campaign before
-    it. The old figure (0.00 s) counted a write the dying leader had acknowledged."""
+    write sent after it. That cannot be under 50 ms: the followers learn of the death when
+    their links' next dial is refused, after a reconnect backoff of at least 50 ms, and then
+    campaign (raft/core/quiesce.py `_campaign_soon`) and elect. The old figure (0.00 s)
+    counted a write the dying leader had acknowledged."""
     res = raftlog("demo", "--records", "100", timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     m = re.search(r"writes succeeded again (\d+\.\d+) s after the kill", res.stdout)
     assert m, res.stdout
-    assert float(m.group(1)) >= 0.3, m.group(0)
+    assert float(m.group(1)) >= 0.05, m.group(0)
     # The topic step: keyed records over 4 partitions, each key in its partition, read back.
     assert "each key in its partition, in order, read" in res.stdout, res.stdout[-3000:]
