@@ -105,6 +105,16 @@ async def _create(args: argparse.Namespace) -> int:
 
 # -- list / describe ---------------------------------------------------------------------------
 async def _links(sink: Client, args: argparse.Namespace) -> dict[str, Any]:
+    """The links as the controller's leader has them: any node answers from the controller
+    state it applied, and one still catching up (just restarted) may lack a link; the leader
+    may not. Any node's answer when the leader cannot be asked."""
+    try:
+        meta = await sink.cluster_metadata()
+        if meta.controller_address:
+            return await sink.call(LinkList(), server=meta.controller_address, leader=False,
+                                   timeout=min(args.timeout, 5.0))
+    except RaftlogError:
+        pass
     return await sink.call(LinkList(), timeout=args.timeout)
 
 

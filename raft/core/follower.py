@@ -223,6 +223,32 @@ class FollowerSide:
         reply.rejoining, reply.repair_from = not self.may_vote(), self._repair_from()
         return reply
 
+    def _follower_flushed(self) -> None:
+        """A follower's answers to a flush: the commit index it may take now, the replies
+        that waited for the flush, and its own-schedule report to the leader."""
+        self._advance_follower_commit()
+        held, self._held_replies = self._held_replies, []
+        for reply in held:
+            if reply.last_appended <= self.log.flushed_offset:
+                self._send(self._refresh_reply(reply))  # (its flushed offset: never past damage)
+            else:
+                self._held_replies.append(reply)
+        flushed = self._reportable_flushed()
+        if flushed > self._reported_flushed and not held and self.leader_id is not None:
+            # Flushed on our own schedule: report so the leader can advance the commit index.
+            self._ping(self.leader_id)
+        self._reported_flushed = max(self._reported_flushed, flushed)
+
+    def _ping(self, dst: int) -> None:
+        """An unsolicited heartbeat reply to `dst` (what this node holds: its log's end and
+        that end's term, its flushed offset). It reads the log, so while storage work runs
+        (a truncation lowers the end on the driver's worker between the two reads) it is
+        sent once stored()."""
+        if self._storage_running is not None:
+            self._pings_after_storage.add(dst)
+            return
+        self._send(self._heartbeat_reply(dst, 0))
+
     def _heartbeat_reply(self, dst: int, seq: int) -> m.HeartbeatReply:
         log = self.log
         flushed = self._reportable_flushed()

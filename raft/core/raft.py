@@ -347,22 +347,6 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
             return
         self._follower_flushed()
 
-    def _follower_flushed(self) -> None:
-        """A follower's answers to a flush: the commit index it may take now, the replies
-        that waited for the flush, and its own-schedule report to the leader."""
-        self._advance_follower_commit()
-        held, self._held_replies = self._held_replies, []
-        for reply in held:
-            if reply.last_appended <= self.log.flushed_offset:
-                self._send(self._refresh_reply(reply))  # (its flushed offset: never past damage)
-            else:
-                self._held_replies.append(reply)
-        flushed = self._reportable_flushed()
-        if flushed > self._reported_flushed and not held and self.leader_id is not None:
-            # Flushed on our own schedule: report so the leader can advance the commit index.
-            self._ping(self.leader_id)
-        self._reported_flushed = max(self._reported_flushed, flushed)
-
     def stored(self) -> None:
         """The driver finished the StorageWork of an earlier Ready: the change is durable."""
         if self._storage_running is None:
@@ -559,16 +543,6 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
     # ------------------------------------------------------------------ output helpers
     def _send(self, msg: m.Message) -> None:
         self._messages.append(msg)
-
-    def _ping(self, dst: int) -> None:
-        """An unsolicited heartbeat reply to `dst` (what this node holds: its log's end and
-        that end's term, its flushed offset). It reads the log, so while storage work runs
-        (a truncation lowers the end on the driver's worker between the two reads) it is
-        sent once stored()."""
-        if self._storage_running is not None:
-            self._pings_after_storage.add(dst)
-            return
-        self._send(self._heartbeat_reply(dst, 0))
 
     def _hand_off(self, work: StorageWork, *then: Callable[[], object]) -> None:
         """Ask the driver for a durable change of the log (it fsyncs: the driver runs it off

@@ -256,7 +256,7 @@ MUTANTS = [
                test_core.test_a_flush_completing_during_a_truncation_is_answered_once_the_log_is_stored,
                True),)),
     Mutant("a follower pings while its log is being truncated",
-           "raft.core.raft", "RaftCore._ping",
+           "raft.core.follower", "FollowerSide._ping",
            "if self._storage_running is not None:",
            "if False:",
            (test_core.test_a_ping_asked_for_during_a_truncation_is_sent_once_the_log_is_stored,)),

@@ -32,11 +32,17 @@ def test_topic_schedules_keep_every_property(seed: int, nodes: int) -> None:
     assert res.ok, res.describe()
 
 
+# A schedule whose admin deletes topics (which seeds do depends on everything that moves the
+# schedule's timing: seed 1 stopped deleting when followers began to campaign at once on a
+# leader reported down, 2026-11-26).
+DELETES_SEED = 2
+
+
 def test_the_profile_creates_grows_and_deletes_topics_under_faults() -> None:
     """What the checks above stand on: the schedules really run many groups, create and
     delete topics, drop deleted logs, apply the controller log on every node, and group
     commit flushes several groups in one store commit."""
-    res = run_simulation(profile_config(1, 3, "topics"))
+    res = run_simulation(profile_config(DELETES_SEED, 3, "topics"))
     assert res.ok, res.describe()
     s = res.stats
     assert 10 <= s["live_partitions"] <= 50 and s["groups"] >= s["live_partitions"]
@@ -99,7 +105,7 @@ def test_messages_reach_their_own_group() -> None:
 
 
 def test_a_deleted_topics_groups_stop_and_their_logs_are_dropped() -> None:
-    res = run_simulation(profile_config(1, 3, "topics"))
+    res = run_simulation(profile_config(DELETES_SEED, 3, "topics"))
     stray = [v for v in res.violations if v.prop.startswith("a deleted topic's groups")]
     assert not stray, res.describe()
     assert res.ok and res.stats["dropped_logs"] > 0, res.describe()
@@ -114,7 +120,7 @@ def test_teeth_a_node_that_never_drops_deleted_groups_is_caught(
         return type(plan)(plan.start, plan.stop, (), plan.unknown)
 
     monkeypatch.setattr(raft.controller.reconcile, "reconcile", keep_everything)
-    res = run_simulation(profile_config(1, 3, "topics"))
+    res = run_simulation(profile_config(DELETES_SEED, 3, "topics"))
     props = {v.prop for v in res.violations}
     assert any(p.startswith("a deleted topic's groups stop") for p in props), res.describe()
 
