@@ -73,7 +73,7 @@ class Backlog:
 
     def full(self, limit: int) -> bool:
         """Whether a write that does not wait for the quorum must wait (0: no limit)."""
-        return limit > 0 and self._appended - self._committed >= limit
+        return limit > 0 and self.bytes >= limit
 
     def must_wait(self, acks: Acks, limit: int) -> bool:
         """Whether a write proposed now waits: one is waiting already (order), or it does not
