@@ -2,23 +2,25 @@
 
 Issue 28's target: with 1,000 idle partitions on the node, the 200/s quorum p50 moves by at
 most 10%. Run by name: `raftlog bench latency_idle [--partitions N]` (default 1,000; 4 with
---quick). On ONE fresh cluster, so the two halves share disk, processes and warm caches:
+--quick). Two fresh 3-node clusters side by side on this machine: `idle` gets a topic of N
+partitions (replication 3) and waits until every partition is led on every node by its
+preferred replica (the leader balancer moves leaderships a few seconds after a create: each
+transfer wakes its group and saves a term, so rounds taken meanwhile measure the balancer)
+and every group on every node has quiesced; `plain` has only the default topic. Then
+open-loop quorum writes of 100 B at 200/s into the default topic of each, round by round,
+the order flipped every repeat (as `bench tls` does), so a load that moves on a shared machine
+moves both halves alike. Figures `latency.idle0.quorum.r200.*`,
+`latency.idle<N>.quorum.r200.*` and the ratio of the p50s (`...p50_ratio`, target <= 1.10).
 
-1. open-loop quorum writes of 100 B records at 200/s into the default topic's partition,
-   `--repeats` rounds (`latency.idle0.quorum.r200.*`);
-2. `topic create idle` with N partitions, replication 3, and wait until every partition is led
-   on every node and every group on every node has quiesced (the balancer's transfers over);
-3. the same rounds again (`latency.idle<N>.quorum.r200.*`), and the ratio of the two p50s
-   (`latency.idle<N>.quorum.r200.p50_ratio`, target <= 1.10).
-
-Why the rounds are not interleaved: taking 1,000 partitions away and back costs minutes of
-deletes and creates per round. What is compared is therefore before / after on one cluster;
-the load average of each half is in the details, and a ratio taken while the machine's load
-moved says so there.
+What the pairing costs the comparison: while `plain` is measured, `idle`'s nodes burn their
+idle CPU (3.5-3.9% of a core each at 1,000 partitions, docs/PERFORMANCE.md) beside it, and
+`plain`'s idle nodes (2.6-2.8%) beside `idle`: a difference of about 3% of one core, which
+makes the ratio slightly kinder than on separate machines.
 """
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import Any
 
 from bench.disk import DiskNeed
@@ -29,7 +31,8 @@ from bench.stats import Histogram, Summary
 from bench.workers import WorkerGroup
 from bench.workloads.common import Ctx
 from bench.workloads.latency import RECORD_SIZE, LatencyArgs, latency_worker
-from bench.workloads.partitions import CREATE_BOUND_S, QUIET_BOUND_S, admin
+from bench.workloads.partitions import (CREATE_BOUND_S, QUIET_BOUND_S, SETTLE_BOUND_S, admin,
+                                       settled_leaders)
 
 RATE = 200
 RATIO_TARGET = 1.10
@@ -45,57 +48,76 @@ def steps(ctx_cfg: Any) -> int:
     return 2 * ctx_cfg.repeats + 1
 
 
-def _rounds(ctx: Ctx, cluster: Cluster, label: str) -> dict[str, Any]:
-    """`repeats` open-loop rounds at RATE/s on the default topic's leader."""
-    cfg = ctx.cfg
-    warmup = 0.2 if cfg.quick else 0.5
-    leader = cluster.wait_for_leader()
-    args = LatencyArgs(cluster.nodes[leader].addr, RATE, warmup, cfg.duration)
-    merged, reps = Histogram(), []
-    load0 = load_average()
-    with WorkerGroup(latency_worker, [args]) as group:
-        for r in range(cfg.repeats):
-            ctx.describe(f"latency_idle: {RATE}/s {label} (repeat {r + 1})")
-            cluster.wait_caught_up()
-            _, (res,) = group.round(timeout=warmup + cfg.duration + 30)
-            h = Histogram.from_json(res["latency"])
-            merged.merge(h)
-            reps.append({k: v for k, v in res.items() if k != "latency"}
-                        | {"p50_ms": _ms(h.percentile(0.5)), "p99_ms": _ms(h.percentile(0.99))})
-            ctx.advance("latency_idle")
-    return {"leader": leader, "repeats": reps, "load_start": load0, "load_end": load_average(),
-            "p50_ms": _ms(merged.percentile(0.5)), "p99_ms": _ms(merged.percentile(0.99))}
+def _round(ctx: Ctx, cluster: Cluster, group: WorkerGroup, label: str, r: int) -> dict:
+    ctx.describe(f"latency_idle: {RATE}/s {label} (repeat {r + 1})")
+    cluster.wait_caught_up()
+    load = load_average()
+    warmup = 0.2 if ctx.cfg.quick else 0.5
+    _, (res,) = group.round(timeout=warmup + ctx.cfg.duration + 30)
+    h = Histogram.from_json(res["latency"])
+    ctx.advance("latency_idle")
+    return {k: v for k, v in res.items() if k != "latency"} | {
+        "p50_ms": _ms(h.percentile(0.5)), "p99_ms": _ms(h.percentile(0.99)), "load": load,
+        "latency": res["latency"]}
+
+
+def _settle(ctx: Ctx, cluster: Cluster, n: int) -> dict[str, Any]:
+    """Create the idle topic and wait until it is led, settled and quiet."""
+    ctx.describe(f"latency_idle: topic create of {n} idle partitions")
+    cluster.wait_for_leader()
+    created = admin(cluster, "create", TOPIC, n, timeout=CREATE_BOUND_S)  # type: ignore[arg-type]
+    led_s, led = wait_led(cluster, TOPIC, n, CREATE_BOUND_S)
+    if led_s is None:
+        raise RuntimeError(f"only {led} of {n} idle partitions were led on every node after "
+                           f"{CREATE_BOUND_S:.0f}s; try a smaller --partitions")
+    bound = 5.0 if ctx.cfg.quick else SETTLE_BOUND_S
+    _, settled_s = settled_leaders(cluster, TOPIC, created, bound)  # type: ignore[arg-type]
+    quiet_s = wait_quiet(cluster, QUIET_BOUND_S)
+    ctx.advance("latency_idle")
+    return {"led_after_s": round(led_s, 2),
+            "settled_after_s": None if settled_s is None else round(settled_s, 2),
+            "quiet_after_s": None if quiet_s is None else round(quiet_s, 2)}
 
 
 def run(ctx: Ctx) -> tuple[list[dict], dict]:
-    n = ctx.cfg.partitions
-    det: dict[str, Any] = {"rate": RATE, "record_size": RECORD_SIZE, "partitions": n}
-    with ctx.cluster() as cluster:
-        det["without"] = _rounds(ctx, cluster, "without idle partitions")
-        ctx.describe(f"latency_idle: topic create of {n} idle partitions")
-        admin(cluster, "create", TOPIC, n, timeout=CREATE_BOUND_S)  # type: ignore[arg-type]
-        led_s, led = wait_led(cluster, TOPIC, n, CREATE_BOUND_S)
-        if led_s is None:
-            raise RuntimeError(f"only {led} of {n} idle partitions were led on every node "
-                               f"after {CREATE_BOUND_S:.0f}s; try a smaller --partitions")
-        quiet_s = wait_quiet(cluster, QUIET_BOUND_S)
-        det["created"] = {"led_after_s": round(led_s, 2),
-                          "quiet_after_s": None if quiet_s is None else round(quiet_s, 2)}
-        ctx.advance("latency_idle")
-        det["with"] = _rounds(ctx, cluster, f"with {n} idle partitions")
+    cfg, n = ctx.cfg, ctx.cfg.partitions
+    warmup = 0.2 if cfg.quick else 0.5
+    det: dict[str, Any] = {"rate": RATE, "record_size": RECORD_SIZE, "partitions": n,
+                           "without": {"repeats": []}, "with": {"repeats": []}}
+    with ctx.cluster() as plain, ctx.cluster() as idle:
+        det["created"] = _settle(ctx, idle, n)
+        groups = {}
+        with ExitStack() as stack:
+            for key, cluster in (("without", plain), ("with", idle)):
+                leader = cluster.wait_for_leader()
+                det[key]["leader"] = leader
+                args = LatencyArgs(cluster.nodes[leader].addr, RATE, warmup, cfg.duration)
+                groups[key] = (cluster, stack.enter_context(WorkerGroup(latency_worker, [args])))
+            for r in range(cfg.repeats):
+                order = ("without", "with") if r % 2 == 0 else ("with", "without")
+                for key in order:
+                    cluster, group = groups[key]
+                    label = "without idle partitions" if key == "without" else (
+                        f"with {n} idle partitions")
+                    det[key]["repeats"].append(_round(ctx, cluster, group, label, r))
     params = {"rate": RATE, "acks": "quorum", "record_size": RECORD_SIZE}
     figs: list[dict] = []
     for key, parts in (("without", 0), ("with", n)):
         reps = det[key]["repeats"]
+        merged = Histogram()
+        for x in reps:
+            merged.merge(Histogram.from_json(x.pop("latency")))
+        det[key]["p50_ms"] = _ms(merged.percentile(0.5))
+        det[key]["p99_ms"] = _ms(merged.percentile(0.99))
         for q in ("p50", "p99"):
             figs.append(figure(
                 f"latency.idle{parts}.quorum.r{RATE}.{q}", "latency_idle",
                 f"latency {RATE}/s {q}, {parts} idle partitions", "ms",
-                [x[f"{q}_ms"] for x in reps], better="lower", params={**params,
-                                                                        "idle_partitions": parts}))
+                [x[f"{q}_ms"] for x in reps], better="lower",
+                params={**params, "idle_partitions": parts}))
     base = Summary.of([x["p50_ms"] for x in det["without"]["repeats"]]).median
-    idle = Summary.of([x["p50_ms"] for x in det["with"]["repeats"]]).median
-    ratio = idle / base if base and idle is not None else None
+    idle_p50 = Summary.of([x["p50_ms"] for x in det["with"]["repeats"]]).median
+    ratio = idle_p50 / base if base and idle_p50 is not None else None
     figs.append(figure(f"latency.idle{n}.quorum.r{RATE}.p50_ratio", "latency_idle",
                        f"latency {RATE}/s p50 with {n} idle partitions / without", "x",
                        [ratio], better="lower", params={**params, "idle_partitions": n},
