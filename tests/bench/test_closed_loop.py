@@ -72,3 +72,19 @@ def test_writers_keep_one_write_in_flight_and_count_the_window() -> None:
         assert 0 < res["ok"] <= sum(len(ids) for ids in seen)
         assert res["rps"] == res["ok"] / args.duration
     assert all(w.rid == 0 for w in writers)  # nothing left in flight after a round
+
+
+def test_only_closed64_leaves_out_the_open_loop_rates() -> None:
+    from types import SimpleNamespace
+
+    import argparse
+
+    from bench.cli import add_arguments, config_from_args
+    from bench.workloads import latency
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    cfg = config_from_args(parser.parse_args(["latency", "--only", "closed64", "--repeats", "2"]))
+    assert latency.rates(cfg) == ()
+    assert latency.steps(cfg) == 2  # the closed-loop writers' repeats alone
+    assert latency.rates(SimpleNamespace(quick=False, only=[])) == latency.DEFAULT_RATES
