@@ -16,7 +16,8 @@ WORKLOADS = ("latency", "produce", "fetch", "failover")
 # and trace's `closed`: 64 closed-loop writers instead of the open-loop rate).
 PARTITION_MEASURES = ("throughput", "keyed", "fsyncs", "idle", "create", "failover")
 TRACE_MEASURES = ("closed",)
-MEASURES = (*PARTITION_MEASURES, *TRACE_MEASURES)
+LATENCY_MEASURES = ("closed64",)  # latency: only the closed-loop writers, no open-loop rates
+MEASURES = (*PARTITION_MEASURES, *TRACE_MEASURES, *LATENCY_MEASURES)
 
 
 def available_workloads() -> list[str]:

@@ -13,6 +13,7 @@ path, not a context, so worker arguments stay picklable.
 from __future__ import annotations
 
 import functools
+import socket
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -120,6 +121,13 @@ class SyncConn:
 
     def close(self) -> None:
         self._frames.close()
+
+    def detach(self) -> socket.socket:
+        """The connection's socket, non-blocking, for a caller that drives it itself (the
+        closed-loop writers' epoll loop); only between requests (nothing buffered)."""
+        sock = self._frames.sock
+        sock.setblocking(False)
+        return sock
 
     def __enter__(self) -> "SyncConn":
         return self

@@ -132,6 +132,8 @@ def quorum_floor_ms(limits: dict) -> float | None:
 
 
 def rates(ctx_cfg) -> tuple[int, ...]:
+    if "closed64" in getattr(ctx_cfg, "only", ()):  # `--only closed64`: the writers alone
+        return ()
     return QUICK_RATES if ctx_cfg.quick else DEFAULT_RATES
 
 
