@@ -20,12 +20,13 @@ makes the ratio slightly kinder than on separate machines.
 
 from __future__ import annotations
 
+import time
 from contextlib import ExitStack
 from typing import Any
 
 from bench.disk import DiskNeed
 from bench.harness import Cluster
-from bench.partitions_probe import load_average, wait_led, wait_quiet
+from bench.partitions_probe import cpu_seconds, load_average, wait_led, wait_quiet
 from bench.results import figure
 from bench.stats import Histogram, Summary
 from bench.workers import WorkerGroup
@@ -58,6 +59,7 @@ def _round(ctx: Ctx, cluster: Cluster, group: WorkerGroup, label: str, r: int) -
     ctx.advance("latency_idle")
     return {k: v for k, v in res.items() if k != "latency"} | {
         "p50_ms": _ms(h.percentile(0.5)), "p99_ms": _ms(h.percentile(0.99)), "load": load,
+        "warm": int(warmup * RATE),
         "latency": res["latency"]}
 
 
@@ -99,7 +101,15 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
                     cluster, group = groups[key]
                     label = "without idle partitions" if key == "without" else (
                         f"with {n} idle partitions")
-                    det[key]["repeats"].append(_round(ctx, cluster, group, label, r))
+                    before = _cpu(plain, idle)
+                    rep = _round(ctx, cluster, group, label, r)
+                    after = _cpu(plain, idle)
+                    rep["cpu_s"] = after[0] - before[0]  # the measured cluster's nodes
+                    rep["other_cpu_s"] = after[1] - before[1]
+                    if key == "with":  # (plain, idle) order
+                        rep["cpu_s"], rep["other_cpu_s"] = rep["other_cpu_s"], rep["cpu_s"]
+                    rep["wall_s"] = after[2] - before[2]
+                    det[key]["repeats"].append(rep)
     params = {"rate": RATE, "acks": "quorum", "record_size": RECORD_SIZE}
     figs: list[dict] = []
     for key, parts in (("without", 0), ("with", n)):
@@ -115,6 +125,7 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
                 f"latency {RATE}/s {q}, {parts} idle partitions", "ms",
                 [x[f"{q}_ms"] for x in reps], better="lower",
                 params={**params, "idle_partitions": parts}))
+    figs += _cpu_figures(det, n, params)
     base = Summary.of([x["p50_ms"] for x in det["without"]["repeats"]]).median
     idle_p50 = Summary.of([x["p50_ms"] for x in det["with"]["repeats"]]).median
     ratio = idle_p50 / base if base and idle_p50 is not None else None
@@ -123,6 +134,39 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
                        [ratio], better="lower", params={**params, "idle_partitions": n},
                        target=("<=", RATIO_TARGET)))
     return figs, det
+
+
+def _cpu(plain: Cluster, idle: Cluster) -> tuple[float, float, float]:
+    """CPU seconds (utime+stime) of each cluster's nodes together, and the clock."""
+    def of(c: Cluster) -> float:
+        return sum(cpu_seconds(nd.proc.pid) or 0.0 for nd in c.nodes.values() if nd.proc)
+    return of(plain), of(idle), time.monotonic()
+
+
+def _cpu_figures(det: dict[str, Any], n: int, params: dict) -> list[dict]:
+    """CPU ms per write over each cluster's three nodes, net of what the same nodes burn
+    idle: a cluster sits idle while the other is measured, and its CPU then is its idle
+    rate. Holds up on a loaded machine where the latencies do not: the same code doing the
+    same writes costs the same CPU whatever else runs."""
+    figs, rates = [], {}
+    for key, other in (("without", "with"), ("with", "without")):
+        reps, others = det[key]["repeats"], det[other]["repeats"]
+        # This cluster idle = while the other one was measured (its "other_cpu_s").
+        idle_s = sum(x["other_cpu_s"] for x in others)
+        idle_wall = sum(x["wall_s"] for x in others)
+        rates[key] = idle_s / idle_wall if idle_wall else 0.0
+        per = []
+        for x in reps:
+            writes = x["sent"] + x.get("warm", 0)
+            net = x["cpu_s"] - rates[key] * x["wall_s"]
+            per.append(net * 1e3 / writes if writes else None)
+        det[key]["idle_cpu_cores"] = rates[key]
+        parts = 0 if key == "without" else n
+        figs.append(figure(f"latency.idle{parts}.quorum.r{RATE}.cpu_ms_per_write", "latency_idle",
+                           f"CPU ms per write at {RATE}/s, 3 nodes net of idle, {parts} idle "
+                           f"partitions", "ms", per, better="lower",
+                           params={**params, "idle_partitions": parts}))
+    return figs
 
 
 def _ms(us: float | None) -> float | None:
