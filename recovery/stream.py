@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from storage.api import LogStorage
 from storage.batch import Batch
 
+# A chunk may carry up to budget >> OVERSHOOT_SHIFT bytes beyond its byte budget.
+OVERSHOOT_SHIFT = 3
+
 
 @dataclass(slots=True, frozen=True)
 class StreamLimits:
@@ -60,6 +63,11 @@ def next_chunk(log: LogStorage, next_index: int, *, replicating: bool, recoverin
     if replicating and nxt > log.dirty_offset:
         return None
     budget = limits.recovery_chunk_bytes if recovering else limits.max_append_bytes
+    # Budgets are round sizes, and so are clients' batches (256 KiB of records, a little
+    # more with their framing and the batch header): a hard budget sent 3 such batches per
+    # 1 MiB append and 1 per 512 KiB recovery chunk, a third to a half more frames, each
+    # decoded, appended, flushed and answered. A chunk may run up to an eighth over.
+    budget += budget >> OVERSHOOT_SHIFT
     cap = limits.max_batches
     batches = log.read(nxt, budget, cap) if nxt <= log.dirty_offset else []
     prev = batches[0].base_offset - 1 if batches else nxt - 1
