@@ -46,8 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", default="", metavar="A,B",
                    help="run only these measures of a workload that has several (partitions: "
                         "throughput,keyed,fsyncs,idle,create,failover; trace: closed, 64 "
-                        "closed-loop writers instead of 200 writes/s; latency: closed64, the "
-                        "closed-loop writers without the open-loop rates)")
+                         "closed-loop writers instead of 200 writes/s; latency: closed64, the "
+                         "closed-loop writers without the open-loop rates; produce: its points "
+                         "as ACKS.SIZE.pN, e.g. quorum.1KiB.p8)")
     p.add_argument("--partitions", type=int, default=None,
                    help="the large partition count of `partitions` (default 1000; 4 with "
                         "--quick)")

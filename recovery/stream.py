@@ -1,7 +1,8 @@
 """Planning what the leader sends a follower next: the RFC's recovery stream.
 
-A follower at the leader's tail gets normal AppendEntries (up to `max_append_bytes`, asking for a
-flush, so quorum writes commit quickly). A follower further behind is *recovering*: it gets
+A follower at the leader's tail, or lacking only entries not yet committed (the write pipeline),
+is in step: it gets normal AppendEntries (up to `max_append_bytes`, asking for a flush, so quorum
+writes commit quickly). A follower that lacks committed entries is *recovering*: it gets
 chunks of `recovery_chunk_bytes` sent with `flush=False`, so it appends them to its in-memory
 tail without an fsync per chunk and flushes on its own schedule (`deferred_flush`); the chunk
 that reaches the leader's tail asks for a flush again. A follower behind the leader's log start
@@ -20,6 +21,9 @@ from dataclasses import dataclass
 
 from storage.api import LogStorage
 from storage.batch import Batch
+
+# A chunk may carry up to budget >> OVERSHOOT_SHIFT bytes beyond its byte budget.
+OVERSHOOT_SHIFT = 3
 
 
 @dataclass(slots=True, frozen=True)
@@ -47,7 +51,7 @@ class Chunk:
 
 
 def next_chunk(log: LogStorage, next_index: int, *, replicating: bool, recovering: bool,
-               limits: StreamLimits) -> Chunk | None:
+               limits: StreamLimits, commit_index: int | None = None) -> Chunk | None:
     """The next request for a follower whose next index is `next_index`, or None when a
     replicating follower already has everything (heartbeats carry the commit index then).
     A probing follower always gets a request, empty if need be."""
@@ -60,6 +64,11 @@ def next_chunk(log: LogStorage, next_index: int, *, replicating: bool, recoverin
     if replicating and nxt > log.dirty_offset:
         return None
     budget = limits.recovery_chunk_bytes if recovering else limits.max_append_bytes
+    # Budgets are round sizes, and so are clients' batches (256 KiB of records, a little
+    # more with their framing and the batch header): a hard budget sent 3 such batches per
+    # 1 MiB append and 1 per 512 KiB recovery chunk, a third to a half more frames, each
+    # decoded, appended, flushed and answered. A chunk may run up to an eighth over.
+    budget += budget >> OVERSHOOT_SHIFT
     cap = limits.max_batches
     batches = log.read(nxt, budget, cap) if nxt <= log.dirty_offset else []
     prev = batches[0].base_offset - 1 if batches else nxt - 1
@@ -69,4 +78,8 @@ def next_chunk(log: LogStorage, next_index: int, *, replicating: bool, recoverin
     reset = reset or (prev == log.start_offset - 1 and log.start_offset > 0)
     last = batches[-1].last_offset if batches else prev
     at_tail = last >= log.dirty_offset
-    return Chunk(prev, batches, last, at_tail, at_tail or limits.flush_per_chunk, reset)
+    # A chunk after which the follower lacks only entries not yet committed (the write
+    # pipeline) asks for a flush like one reaching the tail: the quorum may be waiting for it.
+    # Only a chunk that leaves it short of committed entries defers its flush.
+    in_step = at_tail or (commit_index is not None and last >= commit_index)
+    return Chunk(prev, batches, last, at_tail, in_step or limits.flush_per_chunk, reset)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import trio
 
 from bench.disk import DiskNeed
+from bench.partitions_probe import cpu_seconds
 from bench.results import figure
 from bench.stats import Histogram
 from bench.wire import AsyncConn, error_code, produce_frame
@@ -140,7 +141,14 @@ async def produce_round(conn: AsyncConn, a: ProduceArgs, payload: bytes, count: 
             "stalled": stalled[0]}
 
 
-def configs(quick: bool) -> list[tuple[str, str, int]]:
+def configs(quick: bool, only: list[str] | tuple[str, ...] = ()) -> list[tuple[str, str, int]]:
+    """The points to run: `--only quorum.1KiB.p8,...` picks points of the full set by their
+    figure id (even with --quick, which otherwise runs its own small set)."""
+    points = [f"{acks}.{size}.p{n}" for n, acks, size in
+              itertools.product((1, 8), ACKS, RECORD_SIZES)]
+    picked = [p for p in points if p in only]
+    if picked:
+        return [(p.split(".")[0], p.split(".")[1], int(p.split(".")[2][1:])) for p in picked]
     if quick:
         return [("quorum", "1KiB", 1), ("leader", "1KiB", 1), ("none", "1KiB", 1),
                 ("quorum", "1KiB", 2)]
@@ -155,7 +163,7 @@ def disk_need(ctx_cfg) -> DiskNeed:  # noqa: ANN001
 
 def steps(ctx_cfg) -> int:
     after = latency.steps(ctx_cfg) if "latency" in ctx_cfg.workloads else 0
-    return len(configs(ctx_cfg.quick)) * ctx_cfg.repeats + after
+    return len(configs(ctx_cfg.quick, ctx_cfg.only)) * ctx_cfg.repeats + after
 
 
 def run(ctx: Ctx) -> tuple[list[dict], dict]:
@@ -165,7 +173,7 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
     details: dict = {"points": [], "batch_bytes": cfg.batch_bytes, "window": cfg.window,
                      "warmup_s": warmup, "duration_s": cfg.duration}
     with ctx.cluster() as cluster:
-        for acks, size_name, nprod in configs(cfg.quick):
+        for acks, size_name, nprod in configs(cfg.quick, cfg.only):
             # The leader of each point, not of the first: it may move between points (the
             # leader balancer hands it to the partition's preferred node), and generators
             # pinned to a former leader would only collect NOT_LEADER for the rest of the run.
@@ -176,6 +184,7 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
             rps, mbps, errs, lat = [], [], {}, Histogram()
             catch_up: list[float] = []  # seconds waiting for the previous backlog before each
             lag: list[dict] = []  # the leader's event-loop lag after each repeat
+            cpu: list[dict] = []  # CPU s per GB acknowledged, per process role, each repeat
             failure = None
             done = 0
             try:
@@ -186,8 +195,14 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
                         t_wait = time.monotonic()
                         cluster.wait_caught_up()
                         catch_up.append(round(time.monotonic() - t_wait, 2))
+                        roles = _roles(cluster, leader, group)
+                        cpu0 = {k: _cpu(v) for k, v in roles.items()}
                         _, res = group.round(timeout=warmup + cfg.duration + 60)
+                        cpu1 = {k: _cpu(v) for k, v in roles.items()}
                         lag.append(loop_lag_of(cluster, leader))
+                        acked_gb = sum(x["all_ok_records"] for x in res) * size / 1e9
+                        cpu.append({k: round((cpu1[k] - cpu0[k]) / acked_gb, 2)
+                                    if acked_gb else None for k in roles})
                         recs = sum(x["ok_records"] for x in res)
                         rps.append(recs / cfg.duration)
                         mbps.append(recs * size / cfg.duration / MB)
@@ -216,9 +231,16 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
                 "rec/s", rps, params=params,
                 target=(">=", TARGETS_RPS[(acks, size_name)])
                 if (acks, size_name) in TARGETS_RPS else None))
+            nodes_cpu = [c["leader"] + c["followers"] for c in cpu
+                         if c["leader"] is not None]
+            figures.append(figure(
+                f"{base}.cpu_s_per_GB.nodes", "produce",
+                f"produce {acks} {size_name} ×{nprod} node CPU per GB", "s", nodes_cpu,
+                better="lower", params=params))
             details["points"].append({
                 **params, "MBps": mbps, "records_per_s": rps, "errors": errs,
                 "catch_up_wait_s": catch_up, "leader_loop_lag": lag, "failure": failure,
+                "cpu_s_per_GB": cpu,
                 "request_latency_ms": {"p50": _ms(lat.percentile(0.5)),
                                        "p99": _ms(lat.percentile(0.99)), "max": _ms(lat.max)}})
         if "latency" in cfg.workloads:
@@ -227,6 +249,19 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
             figures.extend(after)
             details["latency_after_produce"] = after_details
     return figures, details
+
+
+def _roles(cluster, leader: int, group: WorkerGroup) -> dict[str, list[int]]:  # noqa: ANN001
+    """The processes whose CPU a point reports: the leader, the followers, the producers."""
+    return {"leader": [cluster.nodes[leader].proc.pid],
+            "followers": [n.proc.pid for k, n in cluster.nodes.items() if k != leader and n.proc],
+            "producers": [p.pid for p in group.procs if p.pid]}
+
+
+def _cpu(pids: list[int]) -> float:
+    """utime+stime of these processes (one that is gone counts 0: its share is lost, not
+    invented)."""
+    return sum(cpu_seconds(p) or 0.0 for p in pids)
 
 
 def _count_errors(errs: dict[str, int], x: dict) -> None:

@@ -29,7 +29,7 @@ class RaftConfig:
     election_ticks: int = 10
     heartbeat_ticks: int = 1
     # Bytes per AppendEntries in normal replication and per recovery chunk (at least one batch
-    # is always sent, whatever its size).
+    # is always sent, whatever its size; a chunk may run an eighth over, recovery/stream.py).
     max_append_bytes: int = 1 << 20
     recovery_chunk_bytes: int = 512 << 10
     # ...and at most this many batches per request: the leader reads and encodes, the follower

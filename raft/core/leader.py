@@ -148,7 +148,7 @@ class LeaderSide:
         throttle, budget = self._recovery_throttle, self._recovery_budget
         # Every reply handler ends here, so a follower that a reply or flush report showed
         # at our tail stops counting as recovering before anything is planned for it.
-        pr.settle_recovering(log.dirty_offset)
+        pr.settle_recovering(log.dirty_offset, self.commit_index)
         if budget is not None and not pr.recovering:
             budget.done(pr.node_id)  # caught up (or never behind): its slot is free
         while pr.can_send(self.cfg.max_inflight, self.cfg.max_inflight_bytes):
@@ -166,12 +166,15 @@ class LeaderSide:
             try:
                 chunk = next_chunk(log, pr.next_index,
                                    replicating=pr.state == ProgressState.REPLICATE,
-                                   recovering=pr.recovering, limits=self._stream_limits)
+                                   recovering=pr.recovering, limits=self._stream_limits,
+                                   commit_index=self.commit_index)
             except CorruptBatch:
                 return  # our copy is damaged (now recorded): raft/core/repair.py takes it from here
             if chunk is None:
                 return  # nothing new; heartbeats carry the commit index
-            pr.recovering = not chunk.at_tail
+            # Recovering only while it still lacks committed entries: one that lacks only
+            # the uncommitted pipeline is in step (tail-sized appends, each flushed).
+            pr.recovering = not chunk.at_tail and chunk.last_offset < self.commit_index
             self._seq += 1
             # A reset carries the state at our log start (the state transfer).
             self._send(m.AppendEntries(self.node_id, pr.node_id, self.term, chunk.prev_offset,

@@ -43,9 +43,9 @@ class FollowerProgress:
     # match_index or trigger another back-off.
     reset_seq: int = 0
     # Set while catch-up needs more than one request (the RFC's recovery); shown in status.
-    # Set by the chunk planner when a chunk stops short of the leader's tail; cleared by it
-    # when one reaches the tail, and by `settle_recovering` when a reply or flush report
-    # shows the follower holds the tail already.
+    # Set by the chunk planner when a chunk stops short of the leader's tail and of its commit
+    # index; cleared by it when one reaches either, and by `settle_recovering` when a reply or
+    # flush report shows the follower holds the tail or everything committed already.
     recovering: bool = False
     # Follower answered "busy" (its unflushed tail is full): wait for a flush report.
     busy: bool = False
@@ -108,7 +108,7 @@ class FollowerProgress:
         self.inflight.clear()
         self.next_index = self.match_index + 1
 
-    def settle_recovering(self, leader_last: int) -> None:
+    def settle_recovering(self, leader_last: int, commit_index: int = -1) -> None:
         """A follower that matches the leader's tail (`leader_last`, its dirty offset) needs no
         more requests, so it is not recovering: its next append is a normal, tail-sized one
         asking for a flush, and the recovery throttle no longer applies to it. Whether it has
@@ -116,8 +116,15 @@ class FollowerProgress:
         flushed offsets count for the commit index anyway). Needed because a reply or flush
         report can raise match_index to the tail while the last chunk sent (a resend after
         a reset, to a follower that already held the rest) stopped short of it, and then no
-        further chunk is planned that would clear the flag."""
-        if self.recovering and self.match_index >= leader_last:
+        further chunk is planned that would clear the flag.
+
+        The same holds for a follower that holds everything committed (`commit_index`): what
+        it lacks is the write pipeline the quorum is still flushing, not a backlog to catch
+        up, so it is replicated in step (issue 28: under eight producers the leader's log runs
+        a few MiB ahead of both followers for good, and treating them as recovering sent one
+        256 KiB batch per deferred-flush chunk, read back from LMDB, for the whole run)."""
+        if self.recovering and (self.match_index >= leader_last
+                                or (commit_index >= 0 and self.match_index >= commit_index)):
             self.recovering = False
 
     def note_flushed(self, offset: int) -> None:

@@ -12,8 +12,10 @@ FLAG_HELP = {
     "election_ticks": "a follower that hears no leader for a random 1-2x this many ticks "
                       "campaigns",
     "heartbeat_ticks": "leader heartbeat interval in ticks (carries the commit index)",
-    "max_append_bytes": "bytes per AppendEntries in normal replication",
-    "recovery_chunk_bytes": "bytes per recovery chunk to a lagging follower (sent unflushed)",
+    "max_append_bytes": "bytes per AppendEntries in normal replication (up to an eighth over, "
+                        "so round-sized batches fill it)",
+    "recovery_chunk_bytes": "bytes per recovery chunk to a lagging follower (sent unflushed; "
+                            "up to an eighth over)",
     "max_append_batches": "batches per AppendEntries or recovery chunk (bounds one event-loop "
                           "step with small batches)",
     "max_inflight": "pipelined AppendEntries per follower",

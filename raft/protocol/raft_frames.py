@@ -180,7 +180,7 @@ def message_from_wire(obj: Any) -> m.Message:
                     raise WireError(f'{where} field "{f.name}" holds a {type_name(raw)}, '
                                     f'expected encoded batch bytes')
                 try:
-                    batches.append(Batch.decode(raw, verify=True))
+                    batches.append(Batch.decode(raw, verify=True, keep=True))
                 except CorruptBatch as e:
                     raise WireError(f"{where} carries a damaged batch: {e}") from None
             value = batches

@@ -1,8 +1,9 @@
 """When a follower stops recovering (FollowerProgress.recovering, shown in `status`).
 
-The rule: a follower is recovering while it needs more requests to reach the leader's tail,
-i.e. while its match index is below the leader's dirty offset. Once it matches the tail it
-is not recovering, however it got there: the tail chunk of the stream, or a reply or flush
+The rule: a follower is recovering while it needs more requests to reach the leader's tail
+and lacks committed entries, i.e. while its match index is below both the leader's dirty
+offset and its commit index (one lacking only the write pipeline is in step, issue 28). Once
+it matches the tail it is not recovering, however it got there: the tail chunk of the stream, or a reply or flush
 report showing it already held what a resent chunk was about to repeat. Whether it has
 flushed yet does not matter: it needs no more requests, only its own deferred flush, and
 its next append must be a normal one (tail-sized, asking for a flush, never throttled).
@@ -17,6 +18,8 @@ import pytest
 from harness import Cluster
 from raft.core import messages as m
 from raft.core.types import Acks
+from storage.batch import Batch
+from storage.records import encode_values
 
 
 def _recovering(c: Cluster, leader: int, follower: int) -> bool:
@@ -154,3 +157,32 @@ def test_a_follower_still_behind_is_recovering() -> None:
     pr = c.cores[leader].leader.progress[lag]
     assert pr.match_index < c.logs[leader].dirty_offset
     assert _recovering(c, leader, lag)
+
+
+def test_a_follower_lacking_only_uncommitted_entries_is_replicated_in_step() -> None:
+    """Issue 28: under eight producers the leader's log runs a few MiB ahead of both
+    followers for good. A follower that lacks only entries not yet committed (the write
+    pipeline) is in step: every request to it asks for a flush (the quorum may be waiting
+    for it) and it never counts as recovering (no deferred flush, no recovery throttle). One
+    that lacks committed entries still gets flush=False chunks until the last one."""
+    c = Cluster(3, max_append_bytes=1, max_inflight=1)
+    leader = c.elect()
+    c.tick(2)
+    f = next(i for i in c.ids if i != leader)
+    c.auto_flush[f] = False  # f answers only after its flush: its window stays full
+    c.sent.clear()
+    for rid in (901, 902, 903):  # proposed together: the first request is not at the tail
+        c.cores[leader].propose(rid, Batch.create(encode_values([b"x" * 1000]), 1),
+                                Acks.LEADER)
+    c.deliver()
+    to_f = [x for x in c.sent if isinstance(x, m.AppendEntries) and x.dst == f and x.batches]
+    assert to_f and all(x.flush for x in to_f), [x.flush for x in to_f]
+    assert not _recovering(c, leader, f)
+    # The third node committed all three meanwhile: f now lacks committed entries, and the
+    # request after its flush (one batch, more committed ones follow) defers its flush.
+    assert c.cores[leader].commit_index == c.logs[leader].dirty_offset
+    c.sent.clear()
+    c.flush(f)
+    c.deliver()
+    to_f = [x for x in c.sent if isinstance(x, m.AppendEntries) and x.dst == f and x.batches]
+    assert to_f and not to_f[0].flush

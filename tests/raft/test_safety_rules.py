@@ -216,29 +216,36 @@ def test_a_stale_success_reply_does_not_raise_match() -> None:
     """A reply to a request sent before the follower's stream was reset may describe a tail it
     has since lost (its crash dropped the unflushed data): it must not raise match_index, which
     picks the TimeoutNow target and promotes learners."""
-    c = Watched(3, max_append_bytes=1)
+    c = Watched(3, max_append_bytes=1, max_inflight=1)
     leader = c.elect()
     c.tick(2)
     f = next(i for i in c.ids if i != leader)
     c.propose(leader, [b"a"] * 5, Acks.QUORUM)
     c.tick(2)
-    flushed = c.logs[f].flushed_offset
-    assert flushed == c.logs[leader].dirty_offset
+    assert c.logs[f].flushed_offset == c.logs[leader].dirty_offset
     held: list[m.Message] = []
 
     def hold_f_replies(msg: m.Message) -> bool:
-        if isinstance(msg, m.AppendEntriesReply) and msg.src == f and msg.success:
+        if isinstance(msg, m.AppendEntriesReply) and msg.src == f and msg.success \
+                and msg.last_appended > msg.flushed_offset:  # answered before its flush
             held.append(msg)
             return False
         return True
 
     c.auto_flush[f] = False
     c.filter = hold_f_replies
-    # Two batches in one round: the first goes with flush=False (more follows), so f answers
-    # it at once, unflushed; that answer is held back.
-    for rid, value in ((901, b"b"), (902, b"c")):
+    # Three batches, one request in flight to f: it holds the first unflushed while the
+    # leader and the third node commit all three. Once f flushes the first, the second
+    # leaves it short of committed entries, so it goes with flush=False (more follows) and
+    # f answers it at once, unflushed; that answer is held back. (A request to a follower
+    # that lacks only uncommitted entries asks for a flush: no unflushed answer.)
+    for rid, value in ((901, b"b"), (902, b"c"), (903, b"d")):
         c.cores[leader].propose(rid, Batch.create(encode_values([value] * 5), 5), Acks.LEADER)
     c.deliver()
+    assert c.cores[leader].commit_index == c.logs[leader].dirty_offset
+    c.flush(f)
+    c.deliver()
+    flushed = c.logs[f].flushed_offset
     assert held and held[-1].last_appended > flushed
     c.crash(f)  # loses the unflushed batch
     c.auto_flush[f] = False
