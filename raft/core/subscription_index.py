@@ -22,7 +22,7 @@ from array import array
 from collections.abc import Callable
 
 from raft.core.subscription_table import SNAPSHOT_SECTION, Applied, SubscriptionTable
-from storage.api import LogStorage
+from storage.api import LogStorage, OffsetOutOfRange
 from storage.batch import HEADER_SIZE, Batch, BatchHead, BatchKind, CorruptBatch
 
 DEFAULT_MAX_POINTS = 1 << 16
@@ -171,6 +171,8 @@ class SubscriptionIndex:
                                               _TABLE_KINDS)
             except CorruptBatch:
                 return False  # damaged here (raft/core/repair.py fetches it again): wait for it
+            except OffsetOutOfRange:
+                return False  # a state transfer moved the start meanwhile (raft/core/loads.py)
             if not batches:
                 return False
             for b in batches:

@@ -45,6 +45,7 @@ import test_first_election
 import test_late_founder
 import test_founders
 import test_mirror
+import test_index_log_moved
 
 # The runtime's fail-stop rule is killed by a node test.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "node"))
@@ -1268,6 +1269,13 @@ MUTANTS = [
            "self._lazy = None  # `hs` is newer",
            "pass  # `hs` is newer",
            (test_meta_checkpoint.test_a_waiting_checkpoint_never_overwrites_a_newer_term,)),
+    Mutant("a loads index read that meets a state transfer's new start stops the node",
+           "raft.core.loads", "LoadIndex.catch_up",
+           "except OffsetOutOfRange:\n                # The log moved under us",
+           "except ZeroDivisionError:\n                # The log moved under us",
+           (functools.partial(test_index_log_moved.
+                              test_a_reset_under_a_read_is_not_caught_up_yet_then_the_index_restores,
+                              test_index_log_moved.LoadIndex),)),
 ]
 
 
