@@ -278,7 +278,12 @@ class Client(SubscriptionCalls, TopicCalls):
                     if server is not None or set(self.servers) <= set(refused):
                         raise UnavailableError(_summary(refused), details={
                             "addresses": sorted(refused)}) from None
-                last = UnavailableError(f"{target}: {e}; check the node is running")
+                if last is None or isinstance(last, (UnavailableError, RequestTimeout)):
+                    # A live node's answer (BACKPRESSURE from a leader that cannot take the
+                    # write yet, NOT_LEADER, ...) says more than a down node's refusal: the
+                    # rotation may end on the down one (ci16: UNAVAILABLE reported for a
+                    # leader that kept answering BACKPRESSURE while another node was down).
+                    last = UnavailableError(f"{target}: {e}; check the node is running")
                 if is_partition(route) and server is None:
                     await self.refresh_metadata(deadline)  # the partition's leader may move
             except TooLargeError:

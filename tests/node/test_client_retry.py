@@ -12,10 +12,11 @@ import pytest
 import trio
 
 from inproc_cluster import DEADLINE_S, trio_test
-from raft.client import Client, UnavailableError
+from raft.client import BackpressureError, Client, UnavailableError
 from raft.client.backoff import RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S, Backoff
 from raft.protocol.framing import encode_frame
-from raft.protocol.replies import ok_reply
+from raft.core.types import ErrorCode
+from raft.protocol.replies import error_reply, ok_reply
 from raft.protocol.streams import FrameReader
 from test_client import free_port
 
@@ -111,4 +112,44 @@ async def test_first_contact_fails_at_once_but_a_client_that_reached_a_node_wait
             await done.wait()
         produced = [f for f in seen if f["t"] == "produce"]
         assert len(produced) == 1 and result == [len(seen)]  # delivered, and written once
+        nursery.cancel_scope.cancel()
+
+
+async def busy_leader_at(port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """A leader that answers every produce BACKPRESSURE (it cannot take the write yet)."""
+    listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
+
+    async def handle(stream: trio.SocketStream) -> None:
+        reader = FrameReader(stream, 64 << 20)
+        async with stream:
+            if await reader.receive() is None:
+                return
+            await stream.send_all(encode_frame({"t": "hello", "node_id": 1}))
+            while (frame := await reader.receive()) is not None:
+                if frame["t"] == "produce":
+                    reply = error_reply(frame["id"], ErrorCode.BACKPRESSURE,
+                                        "the leader is waiting for a repair")
+                else:  # metadata: a node that predates topics
+                    reply = error_reply(frame["id"], ErrorCode.BAD_REQUEST, "unknown request")
+                await stream.send_all(encode_frame(reply))
+
+    task_status.started()
+    await trio.serve_listeners(handle, listeners)
+
+
+@trio_test
+async def test_giving_up_reports_the_live_leaders_answer_not_a_down_nodes_refusal() -> None:
+    # ci16: a leader kept answering BACKPRESSURE while another node was down; the client's
+    # rotation ended on the down node, and the caller was told UNAVAILABLE. Every seed: the
+    # rotation's order and where the budget runs out differ, the answer must not.
+    busy, down = free_port(), free_port()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(busy_leader_at, busy)
+        for seed in range(4):
+            async with Client([f"127.0.0.1:{down}", f"127.0.0.1:{busy}"], timeout=0.25,
+                              rng=random.Random(seed)) as client:
+                with trio.fail_after(DEADLINE_S):
+                    with pytest.raises(BackpressureError):
+                        await client.produce([b"x"], acks="leader", producer_id=7, sequence=0)
+                assert client.retries >= 2  # it did go round, the down node included
         nursery.cancel_scope.cancel()
