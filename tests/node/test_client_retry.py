@@ -7,6 +7,7 @@ test_restart_all_processes.py)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 import trio
@@ -39,10 +40,10 @@ def test_backoff_pauses_double_with_jitter_up_to_the_cap_and_stop_at_the_deadlin
             Client("127.0.0.1:1", retry_backoff=initial, retry_backoff_max=cap)
 
 
-async def fake_node_at(port: int, seen: list[dict], *,
-                       task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """A node on `port` that says hello and answers status and produce; it hangs up every
-    connection when its task is cancelled (a killed node, as the client sees it)."""
+async def serve_fake_node(port: int, answer: Callable[[dict], dict], *,
+                          task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """A node on `port` that says hello and answers each frame with `answer(frame)`; it hangs
+    up every connection when its task is cancelled (a killed node, as the client sees it)."""
     listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
 
     async def handle(stream: trio.SocketStream) -> None:
@@ -52,15 +53,22 @@ async def fake_node_at(port: int, seen: list[dict], *,
                 return
             await stream.send_all(encode_frame({"t": "hello", "node_id": 9}))
             while (frame := await reader.receive()) is not None:
-                seen.append(frame)
-                if frame["t"] == "produce":
-                    reply = ok_reply(frame["id"], base_offset=len(seen), last_offset=len(seen))
-                else:
-                    reply = ok_reply(frame["id"], status={"node_id": 9, "role": "leader"})
-                await stream.send_all(encode_frame(reply))
+                await stream.send_all(encode_frame(answer(frame)))
 
     task_status.started()
     await trio.serve_listeners(handle, listeners)
+
+
+async def fake_node_at(port: int, seen: list[dict], *,
+                       task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """A node that answers status and produce (each produce at the next offset)."""
+    def answer(frame: dict) -> dict:
+        seen.append(frame)
+        if frame["t"] == "produce":
+            return ok_reply(frame["id"], base_offset=len(seen), last_offset=len(seen))
+        return ok_reply(frame["id"], status={"node_id": 9, "role": "leader"})
+
+    await serve_fake_node(port, answer, task_status=task_status)
 
 
 @trio_test
@@ -116,25 +124,15 @@ async def test_first_contact_fails_at_once_but_a_client_that_reached_a_node_wait
 
 
 async def busy_leader_at(port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """A leader that answers every produce BACKPRESSURE (it cannot take the write yet)."""
-    listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
+    """A leader that answers every produce BACKPRESSURE (it cannot take the write yet), and
+    metadata as a node that predates topics."""
+    def answer(frame: dict) -> dict:
+        if frame["t"] == "produce":
+            return error_reply(frame["id"], ErrorCode.BACKPRESSURE,
+                               "the leader is waiting for a repair")
+        return error_reply(frame["id"], ErrorCode.BAD_REQUEST, "unknown request")
 
-    async def handle(stream: trio.SocketStream) -> None:
-        reader = FrameReader(stream, 64 << 20)
-        async with stream:
-            if await reader.receive() is None:
-                return
-            await stream.send_all(encode_frame({"t": "hello", "node_id": 1}))
-            while (frame := await reader.receive()) is not None:
-                if frame["t"] == "produce":
-                    reply = error_reply(frame["id"], ErrorCode.BACKPRESSURE,
-                                        "the leader is waiting for a repair")
-                else:  # metadata: a node that predates topics
-                    reply = error_reply(frame["id"], ErrorCode.BAD_REQUEST, "unknown request")
-                await stream.send_all(encode_frame(reply))
-
-    task_status.started()
-    await trio.serve_listeners(handle, listeners)
+    await serve_fake_node(port, answer, task_status=task_status)
 
 
 @trio_test
