@@ -42,6 +42,9 @@ class Chunk:
     batches: list[Batch]
     last_offset: int  # the last offset the chunk carries (prev_offset when empty: a probe)
     at_tail: bool  # it reaches the leader's dirty offset: the follower is caught up after it
+    # After it the follower lacks at most entries not yet committed (the write pipeline): it
+    # is in step (flushed per append), not recovering.
+    in_step: bool
     flush: bool  # the follower must flush before it answers
     log_start_reset: bool  # the follower is behind our log start: reset it there
 
@@ -82,4 +85,4 @@ def next_chunk(log: LogStorage, next_index: int, *, replicating: bool, recoverin
     # pipeline) asks for a flush like one reaching the tail: the quorum may be waiting for it.
     # Only a chunk that leaves it short of committed entries defers its flush.
     in_step = at_tail or (commit_index is not None and last >= commit_index)
-    return Chunk(prev, batches, last, at_tail, in_step or limits.flush_per_chunk, reset)
+    return Chunk(prev, batches, last, at_tail, in_step, in_step or limits.flush_per_chunk, reset)

@@ -174,7 +174,7 @@ class LeaderSide:
                 return  # nothing new; heartbeats carry the commit index
             # Recovering only while it still lacks committed entries: one that lacks only
             # the uncommitted pipeline is in step (tail-sized appends, each flushed).
-            pr.recovering = not chunk.at_tail and chunk.last_offset < self.commit_index
+            pr.recovering = not chunk.in_step
             self._seq += 1
             # A reset carries the state at our log start (the state transfer).
             self._send(m.AppendEntries(self.node_id, pr.node_id, self.term, chunk.prev_offset,

@@ -281,7 +281,7 @@ MUTANTS = [
             test_a_follower_lacking_only_uncommitted_entries_is_replicated_in_step,)),
     Mutant("a follower lacking only uncommitted entries counts as recovering",
            "raft.core.leader", "LeaderSide._send_append",
-           "pr.recovering = not chunk.at_tail and chunk.last_offset < self.commit_index",
+           "pr.recovering = not chunk.in_step",
            "pr.recovering = not chunk.at_tail",
            (test_recovering_flag.
             test_a_follower_lacking_only_uncommitted_entries_is_replicated_in_step,)),
