@@ -42,7 +42,7 @@ class Peer:
         self.server.close()
 
 
-GUARD_S = 30  # a hub that misses an event would hang the test: fail it instead
+GUARD_S = 10  # a hub that misses an event would hang the test: fail it instead
 
 
 async def started_hub(nursery: trio.Nursery) -> ClientHub:
@@ -121,6 +121,7 @@ def test_bad_frames_and_eof_end_only_their_connection() -> None:
             done.client.shutdown(socket.SHUT_WR)  # EOF between frames: a clean end
             ok.client.sendall(frames(range(5)))
             await trio.testing.wait_all_tasks_blocked()
+            assert bad.conn.closed and cut.conn.closed and done.conn.closed  # without a wait
             assert isinstance(await bad.conn.finished(), WireError) and bad.got == [0, 1, 2]
             assert isinstance(await cut.conn.finished(), WireError) and cut.got == [0, 1]
             assert await done.conn.finished() is None and done.got == [0, 1, 2, 3]
