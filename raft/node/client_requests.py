@@ -5,7 +5,10 @@ Each request is answered in its own task, up to the connection's in-flight budge
 TCP window fills instead of the node's memory. A produce on a plain TCP connection has no task
 (issue 28): the loop proposes it and its reply is written by a callback when the answer comes
 (raft.node.api.produce.start, raft.node.reply_writer), unless a request read before it has not
-started yet (the order rule below) or it is traced. A request is parsed into its type, checked
+started yet (the order rule below) or it is traced. Plain TCP connections are read by one hub
+task for all of them (raft.node.client_hub: one epoll wait, not one per connection per
+request), which hands each frame to the same routing and dispatch; TLS connections are read by
+their own task. A request is parsed into its type, checked
 against the connection's permissions, routed by (topic, partition) or its group
 (raft.node.topic_runtime), and run by its handler (raft.node.api) with its group's context. The
 node waits for `idle` on a graceful stop so in-flight answers go out before it closes.
@@ -16,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -24,6 +27,7 @@ from raft.core.types import ErrorCode
 from raft.node import api, trace
 from raft.node.api import produce
 from raft.node.auth import NAMES_TOPIC
+from raft.node.client_hub import ClientHub
 from raft.node.plain_socket import plain_socket, send_rest, write_now
 from raft.node.reply_writer import ReplyWriter
 from raft.protocol.fields import get_int
@@ -44,20 +48,64 @@ class ClientRequests:
         self._active = 0  # requests being answered, over all connections
         self.idle = trio.Event()  # set while none is
         self.idle.set()
+        self.hub = ClientHub()  # reads the plain connections; run by the node (raft.node.server)
 
     async def serve(self, conn: Any) -> None:
         """Read requests and answer each in its own task: read, route, run, reply.
         Backpressure: with the connection's in-flight budget spent we stop reading, so the
-        client's TCP window fills instead of our memory."""
-        limiter = trio.Semaphore(self._node.config.max_inflight_per_connection)
+        client's TCP window fills instead of our memory. A plain TCP connection is read by the
+        node's hub (raft.node.client_hub) while it runs; TLS ones by this task."""
         conn.auth = self._node.gate.auth
+        sock = plain_socket(conn.stream)
+        if sock is not None and self.hub.running:
+            await self._serve_from_hub(conn, sock)
+        else:
+            await self._serve_task(conn)
+
+    async def _serve_from_hub(self, conn: Any, sock: Any) -> None:
+        """The hub reads the connection and calls back with each frame (in order, one budget
+        slot taken); this task owns the connection's nursery (its request tasks and reply
+        drain) and ends it as `_serve_task` would: at EOF after the replies, at once on a
+        malformed frame (raised to the caller, which answers it) or a broken socket."""
+        assert conn.reader is not None
+        decoder = conn.reader.detach_decoder()
+        take_prefix = getattr(conn.stream, "take_prefix", None)
+        if take_prefix is not None:
+            decoder.feed(take_prefix())  # bytes the TLS sniff read that no frame took yet
+        failure: BaseException | None = None
+        async with trio.open_nursery() as nursery:
+            order = _Order(conn, ReplyWriter(conn.stream, nursery), nursery)
+            hub_conn = self.hub.add(sock.fileno(), decoder,
+                                    self._node.config.max_inflight_per_connection,
+                                    lambda frame: self._dispatch(
+                                        order, self._route(conn, frame), hub_conn))
+            try:
+                ended = await hub_conn.finished()
+                if ended is None:
+                    await order.replies.all_answered()  # half-closed: the replies first
+                elif isinstance(ended, (trio.BrokenResourceError, trio.ClosedResourceError,
+                                        OSError)):
+                    nursery.cancel_scope.cancel()  # the client is gone: nobody to answer
+                else:
+                    failure = ended  # raised outside the nursery (as `_serve_task`)
+                    nursery.cancel_scope.cancel()
+            finally:
+                self.hub.remove(hub_conn)  # before the socket closes: its descriptor is reused
+                if nursery.cancel_scope.cancel_called:
+                    order.replies.close()
+        order.replies.close()
+        if failure is not None:
+            raise failure
+
+    async def _serve_task(self, conn: Any) -> None:
+        """The connection read by this task: TLS, or a plain one while the hub is not running."""
+        limiter = trio.Semaphore(self._node.config.max_inflight_per_connection)
         failure: WireError | None = None
         read = 0
-        before: trio.Event | None = None  # set once the previous request's handler started
-        replies: ReplyWriter | None = None
         async with trio.open_nursery() as nursery:
-            if plain_socket(conn.stream) is not None:
-                replies = ReplyWriter(conn.stream, nursery)
+            order = _Order(conn, ReplyWriter(conn.stream, nursery)
+                           if plain_socket(conn.stream) is not None else None, nursery)
+            replies = order.replies
             try:
                 while True:
                     # A budget slot without a reschedule (one per request, issue 28); the read
@@ -68,18 +116,11 @@ class ClientRequests:
                         await limiter.acquire()
                     else:
                         limiter.acquire_nowait()
-                    incoming = await self._read_request(conn)
-                    if incoming is None:
+                    assert conn.reader is not None
+                    frame = await conn.reader.receive()
+                    if frame is None:
                         break  # client half-closed: finish in-flight replies, then hang up
-                    if replies is not None and incoming.execute is produce.execute and \
-                            incoming.trace is None and (before is None or before.is_set()):
-                        self._start_produce(incoming, limiter, replies)  # no task (issue 28)
-                        before = None  # it has started: the next need not wait
-                        continue
-                    started = trio.Event()
-                    nursery.start_soon(self._answer, conn, incoming, limiter,
-                                       nursery.cancel_scope, before, started, replies)
-                    before = started
+                    self._dispatch(order, self._route(conn, frame), limiter)
                 if replies is not None:
                     await replies.all_answered()  # the tasks' replies: the nursery waits
             except WireError as e:
@@ -95,14 +136,26 @@ class ClientRequests:
         if failure is not None:
             raise failure
 
-    async def _read_request(self, conn: Any) -> _Incoming | None:
-        """The next request, parsed into its type and routed to its group (None at EOF). A
-        type the node does not know, a permission the client lacks or a group the node does
-        not run is answered with an error reply; a malformed frame raises WireError (hang up)."""
-        assert conn.reader is not None
-        frame = await conn.reader.receive()
-        if frame is None:
-            return None
+    def _dispatch(self, order: _Order, incoming: _Incoming, budget: _Budget) -> None:
+        """Start one routed request, its budget slot taken: a plain connection's untraced
+        produce is proposed now (no task, issue 28) unless a request read before it has not
+        started yet; anything else runs in a task of the connection's nursery, started after
+        the one before it (`_answer`)."""
+        replies = order.replies
+        if replies is not None and incoming.execute is produce.execute and \
+                incoming.trace is None and (order.before is None or order.before.is_set()):
+            self._start_produce(incoming, budget, replies)
+            order.before = None  # it has started: the next need not wait
+            return
+        started = trio.Event()
+        order.nursery.start_soon(self._answer, order.conn, incoming, budget,
+                                 order.nursery.cancel_scope, order.before, started, replies)
+        order.before = started
+
+    def _route(self, conn: Any, frame: dict[str, Any]) -> _Incoming:
+        """One request frame parsed into its type and routed to its group. A type the node
+        does not know, a permission the client lacks or a group the node does not run is
+        answered with an error reply; a malformed frame raises WireError (hang up)."""
         started = time.perf_counter()
         t = frame["t"]
         rid = get_int(frame, "id", where=f'request "{t}"')
@@ -161,7 +214,7 @@ class ClientRequests:
             extra["topic"] = refusal.topic
         return ErrorReply(refusal.code, refusal.message, extra)
 
-    def _start_produce(self, incoming: _Incoming, limiter: trio.Semaphore,
+    def _start_produce(self, incoming: _Incoming, limiter: _Budget,
                        replies: ReplyWriter) -> None:
         """Propose a produce now and write its reply when the answer comes (a callback from
         the group's Ready loop, timer or shutdown), releasing the budget slot then; nothing
@@ -202,7 +255,7 @@ class ClientRequests:
         if self._active == 0:
             self.idle.set()
 
-    async def _answer(self, conn: Any, incoming: _Incoming, limiter: trio.Semaphore,
+    async def _answer(self, conn: Any, incoming: _Incoming, limiter: _Budget,
                       scope: trio.CancelScope, before: trio.Event | None = None,
                       started: trio.Event | None = None,
                       replies: ReplyWriter | None = None) -> None:
@@ -272,6 +325,23 @@ async def send_reply(conn: Any, data: bytes) -> None:
         await send_rest(conn.stream, data, write_now(sock, data))
     finally:
         lock.release()
+
+
+class _Budget(Protocol):
+    """Where an answered request gives its slot back: the task loop's semaphore, or the
+    hub's connection (raft.node.client_hub.HubConn)."""
+
+    def release(self) -> None: ...
+
+
+@dataclass(slots=True, eq=False)
+class _Order:
+    """One connection's serving state: requests start in the order they were read."""
+
+    conn: Any
+    replies: ReplyWriter | None  # plain TCP only
+    nursery: trio.Nursery
+    before: trio.Event | None = None  # set once the previous request's handler started
 
 
 @dataclass(slots=True)

@@ -394,6 +394,7 @@ class Node:
                     self.topics.start(driver)  # the controller, the reconciler
                     async with trio.open_nursery() as conn_nursery:
                         self._accept_scope = trio.CancelScope()
+                        conn_nursery.start_soon(self.clients.hub.run)
                         conn_nursery.start_soon(self._accept, listeners, conn_nursery)
                         task_status.started(self)
                         await self._shutdown_requested.wait()

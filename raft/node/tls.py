@@ -224,6 +224,11 @@ class PrefixedStream(trio.abc.Stream):
                 await trio.lowlevel.cancel_shielded_checkpoint()
             return data
 
+    def take_prefix(self) -> bytes:
+        """The sniffed bytes not yet returned (for a reader that takes the socket over)."""
+        prefix, self._prefix = self._prefix, b""
+        return prefix
+
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self.stream.send_all(data)
 

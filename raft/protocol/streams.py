@@ -31,6 +31,11 @@ class FrameReader:
         """Bytes of memory the reader's buffer holds."""
         return self._decoder.held
 
+    def detach_decoder(self) -> FrameDecoder:
+        """The decoder, with the bytes read past the last frame, for a reader that takes the
+        stream over (raft.node.client_hub); this reader must not be used after."""
+        return self._decoder
+
     async def receive_raw(self) -> bytes | None:
         """The next frame's body, or None on a clean EOF between frames."""
         decoder = self._decoder

@@ -56,6 +56,7 @@ import test_subscriptions_inproc  # noqa: E402
 import test_topic_subscriptions_inproc  # noqa: E402
 import test_protocol_types  # noqa: E402
 import test_client_retry  # noqa: E402
+import test_client_hub  # noqa: E402
 import test_client_topics  # noqa: E402
 import test_cluster_identity  # noqa: E402
 import test_group_wire  # noqa: E402
@@ -531,7 +532,7 @@ MUTANTS = [
            "            if False:\n",
            (test_security_unit.test_an_unknown_token_is_refused,)),
     Mutant("requests are dispatched without the permission check",
-           "raft.node.client_requests", "ClientRequests._read_request",
+           "raft.node.client_requests", "ClientRequests._route",
            "refusal = conn.auth.authorize(conn.session, t) if conn.auth.enabled else None",
            "refusal = None",
            (test_security_unit
@@ -669,11 +670,24 @@ MUTANTS = [
            (test_group_wire
             .test_a_frame_is_routed_to_each_group_in_order_and_unknown_groups_are_counted,)),
     Mutant("a client request for a group the node does not run is served by the default topic",
-           "raft.node.client_requests", "ClientRequests._read_request",
+           "raft.node.client_requests", "ClientRequests._route",
            "        ctx = self._node.registry.api(group_id)\n",
            "        ctx = self._node.registry.api(1)  # the default topic's group\n",
            (test_multigroup_inproc
             .test_a_request_for_a_group_the_node_does_not_run_names_the_groups_it_runs,)),
+    # The client hub (raft/node/client_hub.py): a connection over its in-flight budget is not
+    # read on; a hang-up reported with the last bytes is read to its EOF (no edge follows it).
+    Mutant("the client hub reads a connection over its in-flight budget",
+           "raft.node.client_hub", "ClientHub._serve",
+           "if conn.budget <= 0:",
+           "if False:",
+           (test_client_hub
+            .test_a_connection_over_its_budget_is_not_read_and_does_not_block_others,)),
+    Mutant("the client hub drops a hang-up that came with the last bytes",
+           "raft.node.client_hub", "ClientHub._poll",
+           "if events & _HANGUP:",
+           "if False:",
+           (test_client_hub.test_bad_frames_and_eof_end_only_their_connection,)),
     # The partition-aware client (raft/client/producer.py, raft/client/client.py): a key's
     # records go to the partition Kafka's murmur2 names, all of them; sequences are counted per
     # partition; a NOT_LEADER that names no leader refreshes the metadata.
