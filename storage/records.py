@@ -88,6 +88,31 @@ def encode_values(values: list[bytes]) -> bytes:
     return msgpack.packb([[None, v, None] for v in values], use_bin_type=True)
 
 
+def records_start(payload: bytes, count: int) -> int:
+    """Where the records of `payload` begin (after its array header), if it starts with the
+    header of an array of exactly `count` records; -1 otherwise. Reads the header only: what
+    follows was checked when the payload was admitted (`check_records`)."""
+    try:
+        n, i = _array(payload, 0)
+    except (IndexError, struct.error):
+        return -1
+    return i if n == count else -1
+
+
+def join_records(parts: list[bytes], starts: list[int], count: int) -> bytes:
+    """One payload of `count` records from payloads whose records begin at `starts`
+    (`records_start`) and together number `count`: a new array header, then each payload's
+    records as they are (the leader merges concurrent produces into one stored batch this way,
+    raft/core/merging.py; no record is decoded or re-encoded)."""
+    if count < 16:
+        head = bytes((0x90 | count,))
+    elif count < 1 << 16:
+        head = b"\xdc" + count.to_bytes(2, "big")
+    else:
+        head = b"\xdd" + count.to_bytes(4, "big")
+    return b"".join([head, *(memoryview(p)[i:] for p, i in zip(parts, starts))])
+
+
 def decode_records(payload: bytes, count: int | None = None) -> list[Record]:
     """The records of a payload; MalformedRecords (never a msgpack error) when it breaks the
     rule, or holds other than `count` records when `count` is given."""

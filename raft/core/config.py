@@ -51,6 +51,11 @@ class RaftConfig:
     # and acks=none writes BACKPRESSURE (raft/core/backlog.py): such writes are paced by
     # replication instead of running the leader's log far ahead of its followers (0 = no limit).
     max_uncommitted_bytes: int = 32 << 20
+    # Concurrent single-producer DATA writes proposed within one Ready pass are appended as one
+    # batch (raft/core/merging.py) of at most this many records and bytes (and never more than
+    # max_append_bytes). 0 records = every write a batch of its own.
+    merge_max_records: int = 1024
+    merge_max_bytes: int = 256 << 10
     # Sequences remembered per idempotent producer, and producers remembered.
     producer_window: int = 8
     max_producers: int = 100_000
@@ -97,7 +102,7 @@ class RaftConfig:
                      "producer_window", "max_producers"):
             positive(name)
         for name in ("recovery_rate_bytes_per_tick", "recovery_burst_bytes", "quiesce_ticks",
-                     "max_uncommitted_bytes"):
+                     "max_uncommitted_bytes", "merge_max_records", "merge_max_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"raft setting {name}={value!r} must be an integer >= 0 "

@@ -61,6 +61,7 @@ class LeaderSide:
                              f"{self.leader_id} instead")
         if self._quiesced:
             self._wake_leader()
+        self._seal_open()  # (its writes go to the target with the rest)
         candidates = [v for v in self.config.voters if v != self.node_id]
         if to is None:
             if not candidates:
@@ -77,6 +78,7 @@ class LeaderSide:
         self._send_append(lead.progress[to])
 
     def _tick_leader(self) -> None:
+        self._seal_open()
         lead = self.leader
         assert lead is not None
         lead.heartbeat_elapsed += 1
@@ -123,8 +125,13 @@ class LeaderSide:
         self._bcast_wanted = True
 
     def _append_as_leader(self, batch: Batch) -> Batch | None:
-        """Place `batch` at the end of our log in our term; None when the unflushed tail is
-        full (a flush is requested; the caller answers BACKPRESSURE or steps down)."""
+        """Place `batch` at the end of our log in our term, after the open batch of client
+        writes (raft/core/merging.py); None when the unflushed tail is full (a flush is
+        requested; the caller answers BACKPRESSURE or steps down)."""
+        self._seal_open()
+        return self._place_as_leader(batch)
+
+    def _place_as_leader(self, batch: Batch) -> Batch | None:
         placed = batch.placed(self.log.dirty_offset + 1, self.term)
         try:
             self.log.append([placed])

@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from raft.core.backlog import Backlog
+from raft.core.open_batch import OpenBatch
 from raft.core.progress import FollowerProgress
 
 
@@ -47,3 +48,6 @@ class LeaderState:
     quiesce_acked: set[int] = field(default_factory=set)
     # Bytes appended in this term past the commit index (acks leader/none wait beyond a bound).
     backlog: Backlog = field(default_factory=Backlog)
+    # Client writes proposed since the last Ready pass, to be appended as one batch
+    # (raft/core/merging.py); never appended if leadership ends first.
+    open: OpenBatch | None = None

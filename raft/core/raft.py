@@ -42,6 +42,7 @@ from raft.core.incarnation import Incarnations, Standing
 from raft.core.leader import LeaderSide
 from raft.core.leader_state import LeaderState, Waiting
 from raft.core.membership import ClusterConfig, ConfigEntry
+from raft.core.merging import ProduceMerging
 from raft.core.mirror import Mirror
 from raft.core.producers import ProducerTable, Verdict
 from raft.core.quiesce import Quiescence
@@ -66,7 +67,7 @@ _IDEMPOTENT = frozenset({BatchKind.DATA, BatchKind.MIRRORED})
 
 
 class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, Repairs,
-               Quiescence, Mirror):
+               Quiescence, Mirror, ProduceMerging):
     """One Raft group's consensus state machine. Drive it with tick/step/propose/flushed and
     drain ready(); see raft/core/ready.py for the driver contract. An idle group quiesces
     (raft/core/quiesce.py): while `quiesced`, tick() is a no-op, and the runtime feeds node
@@ -318,10 +319,13 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
             if converted is None:
                 return
             batch = converted
-        if acks == Acks.QUORUM and len(lead.waiting) >= self.cfg.max_pending_produce:
+        waiting = len(lead.waiting) + self._open_waiting()
+        if acks == Acks.QUORUM and waiting >= self.cfg.max_pending_produce:
             self._answer(request_id, ErrorCode.BACKPRESSURE, message=(
-                f"{len(lead.waiting)} quorum writes are waiting for commit; retry shortly"))
+                f"{waiting} quorum writes are waiting for commit; retry shortly"))
             return
+        if self._open_propose(request_id, batch, acks):
+            return  # appended with the writes proposed beside it (raft/core/merging.py)
         placed = self._append_as_leader(batch)
         if placed is None:
             self._answer(request_id, ErrorCode.BACKPRESSURE, message=(
@@ -373,6 +377,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
 
     # ------------------------------------------------------------------ outputs
     def ready(self) -> Ready:
+        self._seal_open()
         if self._bcast_wanted and self.leader is not None:
             self._bcast_wanted = False
             for pr in self.leader.progress.values():
@@ -504,6 +509,7 @@ class RaftCore(Elections, FollowerSide, LeaderSide, ConfChanges, Incarnations, R
     def _step_down(self, lead: LeaderState) -> None:
         """What only a leader held goes with its leadership; its waiting writes are told."""
         self.leader = None
+        self._drop_open(lead)
         if self._recovery_budget is not None:
             self._recovery_budget.release()  # its catch-up streams end with its leadership
         for w in lead.waiting:

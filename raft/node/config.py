@@ -202,6 +202,8 @@ class NodeConfig:
     pre_vote: bool | None = None
     check_quorum: bool | None = None
     max_pending_produce: int | None = None
+    merge_max_records: int | None = None
+    merge_max_bytes: int | None = None
     # Any other RaftConfig keyword (forward compatible with knobs the core adds).
     raft: dict[str, Any] = field(default_factory=dict)
 
@@ -232,7 +234,7 @@ class NodeConfig:
     _RAFT_KNOBS = ("election_ticks", "heartbeat_ticks", "max_append_bytes",
                    "recovery_chunk_bytes", "max_append_batches", "max_inflight",
                    "max_inflight_bytes", "follower_flush_bytes", "follower_flush_ticks", "pre_vote", "check_quorum",
-                   "max_pending_produce")
+                   "max_pending_produce", "merge_max_records", "merge_max_bytes")
 
     # -- derived ---------------------------------------------------------------------------------
     @property
@@ -354,6 +356,10 @@ class NodeConfig:
             if name in ("pre_vote", "check_quorum"):
                 if not isinstance(value, bool):
                     raise ConfigError(f"{name} must be true or false, got {value!r}")
+            elif name == "merge_max_records":  # 0 turns merging off
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ConfigError(f"{name} must be an integer >= 0 (0 = never merge), "
+                                      f"got {value!r}")
             elif isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(self.raft, dict):

@@ -25,6 +25,10 @@ FLAG_HELP = {
     "pre_vote": "pre-vote: a partitioned node cannot disrupt the cluster when it returns",
     "check_quorum": "a leader that loses touch with a majority steps down",
     "max_pending_produce": "quorum writes waiting for commit before BACKPRESSURE",
+    "merge_max_records": "concurrent produces without a producer id, of one timestamp, are "
+                         "stored as one batch of at most this many records (0 = each its own "
+                         "batch; raft/core/merging.py)",
+    "merge_max_bytes": "... and at most this many bytes (never above max_append_bytes)",
     "max_frame_bytes": "largest accepted frame; larger requests get TOO_LARGE",
     "max_inflight_per_connection": "pipelined requests per client connection before the node "
                                    "stops reading from it",

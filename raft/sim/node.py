@@ -57,6 +57,10 @@ class SimNode:
     # crash in between comes back with the longer log.
     retention: RetentionPolicy | None = None
     retention_every_ticks: int = 5
+    # A proposal's Ready pass runs this long after it (0: at once), as a busy runtime's event
+    # loop takes several requests before its next pass: proposals in between may be appended
+    # as one batch (raft/core/merging.py).
+    propose_ready_us: int = 0
 
     def __post_init__(self) -> None:
         self.log = self._open_log()
@@ -66,6 +70,7 @@ class SimNode:
         self.flushing = False
         self.flush_again = False
         self.inbox: list[m.Message] = []  # messages that arrived while paused
+        self.ready_due = False  # a Ready pass is scheduled for proposals (propose_ready_us)
         self.core: RaftCore | None = None
         self.restarts = 0
         self.fail_stops = 0
@@ -96,6 +101,7 @@ class SimNode:
         self.flushing = False
         self.flush_again = False
         self.held.clear()
+        self.ready_due = False
         self.epoch += 1
         epoch = self.epoch
         self.loop.after(self.rng.randint(0, self.tick_us), lambda: self._tick(epoch))
@@ -245,8 +251,20 @@ class SimNode:
         except StorageError as e:
             self.fail_stop(e)
             return True
-        self.process()
+        if not self.propose_ready_us:
+            self.process()
+        elif not self.ready_due:
+            self.ready_due = True
+            epoch = self.epoch
+            self.loop.after(self.propose_ready_us, lambda: self._proposals_ready(epoch))
         return True
+
+    def _proposals_ready(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            return  # (crashed since: a new life schedules its own)
+        self.ready_due = False
+        if self.up and not self.paused and self.core is not None:
+            self.process()  # (paused: the pass after resume() takes them)
 
     # -- the Ready loop --------------------------------------------------------------------
     def process(self) -> None:

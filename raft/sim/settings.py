@@ -22,6 +22,11 @@ class SimConfig:
     spare_nodes: int = 0
     clients: int = 3
     client_think_us: tuple[int, int] = (500, 10_000)  # a client's pause between writes
+    # Clients without a producer id (never retrying a write: each attempt writes a new value),
+    # whose writes the leader may merge into one batch (raft/core/merging.py), and how long a
+    # node's Ready pass waits after a proposal (raft/sim/node.py) so that several come in one.
+    plain_clients: int = 0
+    propose_ready_us: int = 0
     # Consumers of subscriptions (raft/sim/subscription_model.py), one per subscription.
     subscriptions: int = 2
     fault_time_us: int = 2_000_000

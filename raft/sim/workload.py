@@ -41,13 +41,16 @@ class Workload(RetryingProducers):
     # keeps groups busy; long lets them quiesce between writes while faults go on.
     think_us: tuple[int, int] = (500, 10_000)
 
-    def start(self, n_clients: int) -> None:
-        for c in range(n_clients):
-            client = Client(c, producer_id=1000 + c)
+    def start(self, n_clients: int, plain: int = 0) -> None:
+        """`n_clients` idempotent producers and `plain` clients without a producer id."""
+        for c in range(n_clients + plain):
+            client = Client(c, producer_id=1000 + c if c < n_clients else 0)
             self.clients.append(client)
             self.sim.loop.after(self.rng.randint(0, 20_000), lambda cl=client: self._next(cl))
 
-    def _value(self, c: Client) -> bytes:
+    def _value(self, c: Client, rid: int) -> bytes:
+        if not c.producer_id:  # no retry is ever recognised: every attempt is a new write
+            return f"c{c.cid}-r{rid}".encode()
         return f"c{c.cid}-s{c.sequence}".encode()
 
     def _send(self, c: Client) -> None:
@@ -58,11 +61,12 @@ class Workload(RetryingProducers):
             self.rng.choice(sorted(nodes))
         rid = self.next_rid
         self.next_rid += 1
-        value = self._value(c)
+        value = self._value(c, rid)
         c.attempts += 1
         self.requests[rid] = (c, c.sequence, c.acks, value)
         batch = Batch.create(encode_values([value]), 1, producer_id=c.producer_id,
-                             sequence=c.sequence, timestamp_ms=self.sim.loop.now // 1000)
+                             sequence=c.sequence if c.producer_id else -1,
+                             timestamp_ms=self.sim.loop.now // 1000)
         delay = self.rng.randint(100, 2_000)
         node = nodes[target]
 

@@ -30,6 +30,7 @@ import pytest
 from raft.core.types import Acks
 import test_core
 import test_backlog
+import test_merging
 import test_quiesce
 import test_quiet_rejoin
 import test_recovering_flag
@@ -1270,6 +1271,34 @@ MUTANTS = [
            "return bool(self.parked) or (",
            "return (",
            (test_backlog.test_a_quorum_write_waits_behind_them_in_order_and_commits,)),
+    # Concurrent writes appended as one batch (raft/core/merging.py, issue 28).
+    Mutant("an idempotent write is merged into a batch without its producer id (a retry of it "
+           "is appended again)",
+           "raft.core.open_batch", "merge_start",
+           "batch.producer_id != NO_PRODUCER or ",
+           "",
+           (test_merging
+            .test_an_idempotent_retry_of_a_write_proposed_beside_others_is_a_duplicate,)),
+    Mutant("writes of another timestamp are merged (their records show the first's timestamp)",
+           "raft.core.merging", "ProduceMerging._open_propose",
+           "batch.timestamp_ms == held.timestamp_ms",
+           "True",
+           (functools.partial(
+               test_merging.test_writes_proposed_in_one_pass_share_a_batch_at_their_answered_offsets,
+               test_merging.CASES[2]),)),
+    Mutant("every write of a merged batch is answered with the batch's first offset",
+           "raft.core.merging", "ProduceMerging._seal_open",
+           "base = last + 1",
+           "pass",
+           (functools.partial(
+               test_merging.test_writes_proposed_in_one_pass_share_a_batch_at_their_answered_offsets,
+               test_merging.CASES[0]),)),
+    Mutant("writes still open when leadership ends are never answered",
+           "raft.core.raft", "RaftCore._step_down",
+           "self._drop_open(lead)",
+           "pass",
+           (test_merging
+            .test_writes_still_open_when_leadership_ends_are_answered_not_leader_and_never_written,)),
     # Metadata saves (raft/node/meta_saver.py, issue 28): a commit checkpoint holds no message,
     # and no save writes an older term or vote over a newer one.
     Mutant("the Ready loop waits for a commit checkpoint's save (behind the running flush)",

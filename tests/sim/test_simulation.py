@@ -306,3 +306,13 @@ def test_without_quiescence_the_quiet_phase_still_checks_failover() -> None:
     res = run_simulation(profile_config(11, 3, "noquiesce"))
     assert res.ok, res.describe()
     assert "quiet_messages" not in res.stats and res.stats["failover_ms"] <= 1000
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_merged_writes_are_found_at_the_offsets_each_was_answered(seed: int) -> None:
+    """The merging profile: plain writes proposed in one Ready pass share a stored batch
+    (raft/core/merging.py); the final checks find every acknowledged write at its own answered
+    offset, and nothing twice, among the faults. The runs must really merge."""
+    res = run_simulation(profile_config(seed, 3, "merging"))
+    assert res.ok, res.describe()
+    assert res.stats["merged_batches"] > 0, res.stats

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from storage.records import (FAST_MIN_RECORDS, MalformedRecords, Record, _plainly_valid,
                              _uniform_valid,
                              check_records, decode_records, encode_records, encode_values,
-                             undecodable_message)
+                             join_records, records_start, undecodable_message)
 
 
 def reference_ok(payload: bytes, count: int | None) -> bool:
@@ -273,3 +273,23 @@ def test_fixed_size_records_take_the_uniform_path() -> None:
                                               for i in range(100)]), 100)
     assert not _uniform_valid(encode_records([Record(b"v", None, (("h", b"x"),))] * 100), 100)
     assert not _uniform_valid(spark, 99) and not _uniform_valid(spark[:-1], 100)
+
+
+@pytest.mark.parametrize("counts", [(1, 1), (7, 8), (15, 1), (65_535, 1), (3, 65_534)])
+def test_joined_payloads_are_one_array_of_every_record_in_order(counts: tuple[int, int]) -> None:
+    """join_records (the leader's merge of concurrent produces, raft/core/merging.py) writes
+    a new array header of the summed count, whatever width each part's header had and the
+    sum needs (fixarray, array16, array32)."""
+    parts = [encode_values([b"%d-%d" % (p, i) for i in range(n)]) for p, n in enumerate(counts)]
+    starts = [records_start(p, n) for p, n in zip(parts, counts)]
+    assert all(s > 0 for s in starts)
+    joined = join_records(parts, starts, sum(counts))
+    got = [r.value for r in decode_records(joined, sum(counts))]
+    assert got == [b"%d-%d" % (p, i) for p, n in enumerate(counts) for i in range(n)]
+
+
+@pytest.mark.parametrize("payload,count", [(b"", 1), (b"\xc0", 1), (encode_values([b"a"]), 2),
+                                           (b"\xdc\x00", 1)])
+def test_a_payload_that_is_not_an_array_of_count_records_has_no_records_start(
+        payload: bytes, count: int) -> None:
+    assert records_start(payload, count) == -1
