@@ -132,7 +132,18 @@ class Batch:
                                                  f"computed {want:#010x})")
 
     def encode(self) -> bytes:
-        return self.header() + self.payload
+        p = self.payload
+        if type(p) is memoryview:
+            # Decoded with keep (Batch.decode: its payload is the view past the header of the
+            # one bytes object that holds the whole encoding): that object is the encoding,
+            # unless the batch was placed elsewhere since (its header then differs).
+            whole = p.obj
+            if type(whole) is bytes and len(whole) == HEADER_SIZE + p.nbytes:
+                head = self.header()
+                if whole.startswith(head):
+                    return whole
+            return self.header() + p
+        return self.header() + p
 
     def header(self) -> bytes:
         """The encoded header alone: a writer that appends more after the payload joins the
@@ -152,8 +163,11 @@ class Batch:
         `keep`: `data` is an immutable bytes object the caller hands over (a follower's batch
         straight out of the AppendEntries it received), so the payload is a read-only view of
         it instead of a copy (issue 28: one copy of every replicated byte less per follower;
-        the view holds just the 48-byte header more). Anything else is copied: a view into
-        LMDB's map must not outlive its read transaction."""
+        the view holds just the 48-byte header more; `encode` hands `data` back as the batch's
+        encoding, no copy). This is the only place that makes a payload a view of a bytes
+        object, and the view always runs from the end of the header to the end of `data`
+        (what `encode` relies on). Anything else is copied: a view into LMDB's map must not
+        outlive its read transaction."""
         if len(data) < HEADER_SIZE:
             raise CorruptBatch(None, f"{len(data)} bytes is shorter than a batch header")
         (base, count, term, kind, ts, pid, seq, crc, plen) = _HEADER.unpack_from(data, 0)

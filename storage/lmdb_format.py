@@ -158,9 +158,13 @@ def decode_value(base: int, value: memoryview | bytes, fmt: int) -> Batch:
     """The batch stored under `base`, every checksum checked; CorruptBatch names the offset."""
     if head(value, fmt) is None:
         raise CorruptBatch(base, "its header fails its checksum")
-    raw = memoryview(value)[:len(value) - TRAILER] if fmt >= 2 else value
+    # One copy of header and payload together, the payload a view of it (keep): the copy is
+    # then the batch's whole encoding, which Batch.encode hands out as it is, so a leader
+    # sending what it read (recovery, issue 28) does not copy every byte once more to encode it.
+    with memoryview(value) as view:
+        raw = bytes(view[:len(value) - TRAILER] if fmt >= 2 else view)
     try:
-        b = Batch.decode(raw)
+        b = Batch.decode(raw, keep=True)
     except CorruptBatch as e:
         raise CorruptBatch(base, e.reason) from None
     if b.base_offset != base:

@@ -73,8 +73,10 @@ def _fill(addr: str, total_mb: int) -> int:
     return last
 
 
-def _catch_up(ctx: Ctx, args: list[str], bulk: int) -> float:
-    """Seconds until a follower that missed `bulk` MiB has flushed the leader's log."""
+def _catch_up(ctx: Ctx, args: list[str], bulk: int) -> tuple[float, float | None]:
+    """Seconds until a follower that missed `bulk` MiB has flushed the leader's log, and
+    until the restarted process first answered (its start-up, inside the first figure: on a
+    calm machine about 0.5 s of a 1-2 s catch-up, docs/PERFORMANCE.md "Issue 28: recovery")."""
     cluster = ctx.cluster()
     cluster.extra_args = [*cluster.extra_args, *args]
     with cluster:
@@ -85,14 +87,18 @@ def _catch_up(ctx: Ctx, args: list[str], bulk: int) -> float:
         cluster.start_node(lag)
         t0 = time.perf_counter()
         deadline = t0 + 900
+        answered = None
         while time.perf_counter() < deadline:
             try:
-                if _status(cluster.nodes[lag].addr)["flushed_offset"] >= top:
+                flushed = _status(cluster.nodes[lag].addr)["flushed_offset"]
+                if answered is None:
+                    answered = time.perf_counter() - t0
+                if flushed >= top:
                     break
             except OSError:
                 pass
             time.sleep(0.02)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, answered
 
 
 def run(ctx: Ctx) -> tuple[list[dict], dict]:
@@ -100,6 +106,7 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
     bulk = _bulk_mb(cfg.quick)
     rates: dict[tuple[str, str], list[float]] = {(m, d): [] for m in MODES for d in DISKS}
     seconds: dict[str, list[float]] = {f"{m}.{d}": [] for m in MODES for d in DISKS}
+    startup: dict[str, list[float | None]] = {f"{m}.{d}": [] for m in MODES for d in DISKS}
     saved = os.environ.get("RAFTLOG_BENCH_FSYNC_DELAY_MS")
     try:
         for r in range(cfg.repeats):
@@ -108,8 +115,9 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
                 for mode, args in MODES.items():
                     ctx.describe(f"recovery {mode}, {disk} disk: {bulk} MiB behind "
                                  f"(repeat {r + 1})")
-                    took = _catch_up(ctx, args, bulk)
+                    took, answered = _catch_up(ctx, args, bulk)
                     seconds[f"{mode}.{disk}"].append(took)
+                    startup[f"{mode}.{disk}"].append(answered)
                     rates[(mode, disk)].append(bulk * (1 << 20) / MB / took)
                     ctx.advance("recovery")
     finally:
@@ -135,4 +143,5 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
                    [a / b for a, b in zip(rates[("deferred", disk)], rates[("baseline", disk)])],
                    params=params, target=(">=", 3.0)),
         ]
-    return figures, {"bulk_MiB": bulk, "catchup_seconds": seconds}
+    # startup_seconds: of each catch-up, the part before the restarted follower first answered.
+    return figures, {"bulk_MiB": bulk, "catchup_seconds": seconds, "startup_seconds": startup}

@@ -8,8 +8,8 @@ import pytest
 from raft.protocol import PARSERS, Limits, parse_request
 from raft.protocol import errors as protocol_errors
 from raft.protocol.errors import NOT_WRITTEN, RETRYABLE
-from raft.protocol.framing import (FrameDecoder, FrameTooLarge, WireError, decode_body,
-                                   encode_frame)
+from raft.protocol.framing import (GATHER_BYTES, LEN_SIZE, FrameDecoder, FrameTooLarge,
+                                   WireError, decode_body, encode_frame)
 from raft.protocol.hello import Hello, HelloReply
 from raft.protocol.load_requests import (LoadAbort, LoadBegin, LoadCommit, LoadRefused,
                                          LoadStage, LoadStatus, parse_load)
@@ -102,6 +102,34 @@ def test_decoder_takes_frames_however_the_bytes_arrive() -> None:
             while (frame := decoder.next_frame()) is not None:
                 got.append(frame)
         assert got == frames and decoder.buffered == 0
+
+
+def test_decoder_gathers_large_frames_between_small_ones() -> None:
+    """Large bodies are gathered read by read (framing.GATHER_BYTES) and joined once; frames
+    come out whole and in order whatever the reads' sizes, and a reused read buffer (as a
+    recv_into caller's) is not kept by reference."""
+    big = GATHER_BYTES + 5
+    frames = [{"v": 1, "t": "x", "n": i, "pad": bytes([i]) * (big * (i % 3) + i)}
+              for i in range(9)]
+    data = b"".join(encode_frame(f) for f in frames)
+    for step in (7, 4096, GATHER_BYTES - 1, big + 11, len(data)):
+        decoder = FrameDecoder(1 << 20)
+        got = []
+        scratch = bytearray(step)
+        for i in range(0, len(data), step):
+            piece = data[i:i + step]
+            scratch[:len(piece)] = piece
+            decoder.feed(memoryview(scratch)[:len(piece)])
+            scratch[:len(piece)] = bytes(len(piece))  # the caller reuses its buffer
+            assert decoder.held <= 2 * big + 4 * step + 64
+            while (frame := decoder.next_frame()) is not None:
+                got.append(frame)
+        assert got == frames and decoder.buffered == 0
+    decoder = FrameDecoder(1 << 20)
+    decoder.feed(data[:LEN_SIZE + 100 + len(encode_frame(frames[0]))])
+    assert decoder.next_body() is not None and decoder.next_body() is None
+    assert decoder.wanted() == len(encode_frame(frames[1])) - LEN_SIZE - 100
+    assert "got 100 of" in str(decoder.truncated())
 
 
 def test_decoder_refuses_an_oversized_frame_from_its_header() -> None:

@@ -47,3 +47,31 @@ def test_append_entries_off_the_wire_keep_their_batches_bytes() -> None:
     back = message_from_wire(message_to_wire(msg))
     assert isinstance(back, m.AppendEntries) and back.batches == [b]
     assert isinstance(back.batches[0].payload, memoryview)
+
+
+def test_a_kept_batch_encodes_as_the_bytes_it_came_from_unless_placed_elsewhere() -> None:
+    """Batch.encode hands out the kept bytes (no copy: a leader sends what it read as it was
+    stored, issue 28); a batch placed at another offset or term gets its own header."""
+    raw = _batch().encode()
+    kept = Batch.decode(raw, keep=True)
+    assert kept.encode() is raw
+    moved = kept.placed(11, 2)
+    assert moved.encode() == moved.header() + bytes(kept.payload)
+    assert Batch.decode(moved.encode()) == moved
+    assert kept.placed(10, 3).encode()[:16] != raw[:16]
+
+
+def test_batches_read_back_from_lmdb_encode_as_they_were_written(tmp_path) -> None:  # noqa: ANN001
+    from storage.lmdb_log import LmdbLog
+
+    log = LmdbLog(tmp_path / "log")
+    try:
+        batches = [Batch.create(bytes([i]) * (100 + i), 2).placed(i * 2, 1) for i in range(5)]
+        log.append(batches)
+        log.flush()
+        back = log.read(0, 1 << 20)
+        assert back == batches
+        assert [b.encode() for b in back] == [b.encode() for b in batches]
+        assert all(b.encode() is b.payload.obj for b in back)  # the read's one copy
+    finally:
+        log.close()
