@@ -9,6 +9,8 @@ Rules held here:
   offset equals the term the follower reported for it (`_matches_our_log`).
 - Replies to requests sent before the last reset of a follower's stream (`seq < reset_seq`)
   may describe a log the follower no longer has: they neither raise match nor back off.
+  Every reset moves `reset_seq`, including a probe resent because the follower answered a
+  later heartbeat instead (`_handle_heartbeat_reply`).
 - Replies from a data directory the configuration does not know for their sender never get
   here (raft/core/incarnation.py screens them); a reply reporting damage lowers what counts and gets
   the range resent (raft/core/repair.py); the leader's own flushed offset counts only up to its
@@ -272,7 +274,14 @@ class LeaderSide:
         elif fresh and pr.state == ProgressState.REPLICATE:
             self._heartbeat_accounts(pr, msg.seq)
         if pr.state == ProgressState.PROBE:
-            pr.probe_sent = False  # a probe may have been lost: try again
+            if fresh and pr.probe_sent and pr.inflight.sent_before(msg.seq):
+                # It answered a heartbeat that left after the probe, and not the probe: lost,
+                # or its answer is late and may describe a tail a crash has since taken. The
+                # resend is a reset like any other: answers from before it no longer count.
+                self._seq += 1
+                pr.become_probe(pr.next_index, self._seq)
+            else:
+                pr.probe_sent = False  # a probe may have been lost: try again
         self._note_damage(pr, msg.repair_from, fresh)
         self._note_copy_answer(msg)
         self._maybe_commit()

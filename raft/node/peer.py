@@ -35,6 +35,14 @@ ping interval, whatever the number of groups (their quiesced groups send nothing
 Why one connection per direction: each node dials each peer and only writes on that connection;
 replies come back on the peer's own outgoing connection. No request/response pairing on a socket
 means a slow peer never blocks our reads, and reconnect logic lives in one place.
+
+A peer we hear from is one we can most likely reach. After a partition heals, the peer's link
+to us may connect while ours to it still waits out its backoff (up to `backoff_max_s`, 2 s by
+default), and every reply we owe it waits with it (ci17: a healed old leader's replies). So
+whatever the node reads from the peer (its handshake, any frame on its link to us) calls
+`heard_from_peer`, which cuts a backoff short and redials now; at most once per
+HEARD_REDIAL_INTERVAL_S, so a peer that reaches us while we cannot reach it (an asymmetric
+partition) costs a few dials a second on this link, not one per frame it sends.
 """
 
 from __future__ import annotations
@@ -75,6 +83,8 @@ BULK_FRAME_BYTES = 1 << 20
 BULK_FRAME_BATCHES = 1024
 # A liveness ping: a raft frame with no messages (see the module docstring).
 PING_FRAME = encode_frame({"t": "raft", "msgs": []})
+# Hearing from the peer cuts the backoff at most this often (the module docstring).
+HEARD_REDIAL_INTERVAL_S = 0.25
 
 
 class Lane(enum.Enum):
@@ -146,6 +156,10 @@ class PeerLink:
         self._rng = rng
         self._has_data = trio.Event()
         self._address_changed = trio.Event()
+        # Set while the link waits out a backoff: what cuts it short (heard_from_peer,
+        # set_address).
+        self._cut: trio.Event | None = None
+        self._last_cut = float("-inf")
         self._session_scope: trio.CancelScope | None = None
         self.connected = False
         self.sent_messages = 0
@@ -154,6 +168,7 @@ class PeerLink:
         self.dropped_messages = 0
         self.superseded_messages = 0  # queued messages a sender withdrew (see withdraw)
         self.connects = 0
+        self.heard_redials = 0  # backoffs cut short because the peer reached us
 
     # -- called by the node -------------------------------------------------------------------
     def enqueue(self, group: int, msg: Message, lane: Lane, sender: Sender) -> bool:
@@ -205,8 +220,30 @@ class PeerLink:
         if address != self.address:
             self.address = address
             self._address_changed.set()
+            if self._cut is not None:
+                self._cut.set()
             if self._session_scope is not None:
                 self._session_scope.cancel()
+
+    @property
+    def backing_off(self) -> bool:
+        """Whether the link waits out a backoff before its next dial."""
+        return self._cut is not None
+
+    def heard_from_peer(self) -> None:
+        """The peer reached us (its handshake, or a frame on its own link to us): if this link
+        waits out a backoff, redial now, unless a cut happened less than
+        HEARD_REDIAL_INTERVAL_S ago (the module docstring). Called per frame: cheap when
+        connected."""
+        cut = self._cut
+        if cut is None or cut.is_set():
+            return
+        now = trio.current_time()
+        if now - self._last_cut < HEARD_REDIAL_INTERVAL_S:
+            return
+        self._last_cut = now
+        self.heard_redials += 1
+        cut.set()
 
     def status(self) -> dict:
         return {"address": self.address, "connected": self.connected,
@@ -214,7 +251,7 @@ class PeerLink:
                 "queued_bytes": self._queued_bytes, "sent": self.sent_messages,
                 "frames": self.sent_frames, "pings": self.sent_pings,
                 "dropped": self.dropped_messages, "superseded": self.superseded_messages,
-                "connects": self.connects}
+                "connects": self.connects, "heard_redials": self.heard_redials}
 
     # -- the connection loop ----------------------------------------------------------------------
     async def run(self) -> None:
@@ -258,14 +295,20 @@ class PeerLink:
             await self._backoff(failures)
 
     async def _backoff(self, failures: int) -> None:
-        """Exponential backoff with full jitter; cut short when the address changes."""
+        """Exponential backoff with full jitter; cut short when the address changes or the
+        peer is heard from (heard_from_peer)."""
         # Messages queued for a peer we cannot reach are stale by the time we get through;
         # Raft regenerates what still matters.
         self._drop_queue()
         cap = min(self._backoff_max, self._backoff_min * (2 ** min(failures, 20)))
         delay = self._rng.uniform(self._backoff_min, max(self._backoff_min, cap))
-        with trio.move_on_after(delay):
-            await self._address_changed.wait()
+        if not self._address_changed.is_set():  # (moved during the dial: no wait)
+            self._cut = trio.Event()
+            try:
+                with trio.move_on_after(delay):
+                    await self._cut.wait()
+            finally:
+                self._cut = None
         if self._address_changed.is_set():
             self._address_changed = trio.Event()
 

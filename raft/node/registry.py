@@ -29,6 +29,8 @@ node pair. The consensus core does not know group ids; the runtime does, here:
   a rate-limited log line naming the group and the sender). Raft tolerates lost messages; a
   group that starts later catches up from its leader.
 - Client requests are routed by their `group` field (the node asks `api`).
+- After a burst of `add`s or `remove`s settles, the collector is refrozen (raft.node.gc_freeze):
+  the new groups' objects leave the collections, the removed groups' cycles are freed first.
 - A group's role, term or leader change is passed to every `on_state_change` hook with its
   id (the link manager starts a mirror partition's puller when this node becomes its leader):
   no timer, nothing at all while leadership stays put.
@@ -44,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from raft.node.gc_freeze import GcRefreezer
 from raft.node.group import DELIVER_SLICE_S, RaftGroup
 from raft.protocol.raft_frames import GroupMessage
 
@@ -92,6 +95,8 @@ class GroupRegistry:
         self.on_state_change: list[Callable[[int], None]] = []  # (group id): see the docstring
         self._unknown_logged_at: float | None = None
         self._unknown_since_log = 0
+        # Refreezes the collector once a burst of group creations or deletions settles.
+        self.gc = GcRefreezer()
 
     # -- the groups --------------------------------------------------------------------------------
     def get(self, group_id: int) -> RaftGroup | None:
@@ -147,6 +152,7 @@ class GroupRegistry:
         if group.core is None:
             raise ValueError(f"group {group_id}: start its core before adding it")
         entry = self._entries[group_id] = _Entry(group, api)
+        self.gc.changed(removed=False)
         group.on_input = lambda: self._woke(entry)
         group.on_state_change = lambda: self._state_changed(group_id)
         self._woke(entry)
@@ -164,6 +170,7 @@ class GroupRegistry:
         for entry in self._entries.values():
             self._start(entry)
         nursery.start_soon(self._run_ticker, tick_s)
+        nursery.start_soon(self.gc.run)
 
     def _start(self, entry: _Entry) -> None:
         assert self._nursery is not None and not entry.started
@@ -189,6 +196,7 @@ class GroupRegistry:
             raise KeyError(f"group {group_id} does not run on node {self.node_id}; it runs "
                            f"{self.ids()}")
         self._awake.pop(entry, None)
+        self.gc.changed(removed=True)
         entry.group.on_input = lambda: None
         entry.group.on_state_change = lambda: None
         entry.group.begin_shutdown()

@@ -535,6 +535,8 @@ class Node:
             cluster.connected(peer_id)
             # A new boot id: it restarted, however fast (raft/node/liveness.py).
             self.transport.liveness.peer_booted(peer_id, hello.boot)
+            # It reaches us: our link to it need not wait out its backoff (raft/node/peer.py).
+            self.transport.heard_from(peer_id)
         else:
             session = self.gate.authenticate(hello.token, identity, remote)
         if self._closing:
@@ -549,6 +551,7 @@ class Node:
                 raise WireError(f'peer connections carry only "raft" frames, got '
                                 f'{frame["t"]!r}')
             items = messages_from_frame(frame)
+            self.transport.heard_from(conn.peer_id)
             if trace.ENABLED:
                 trace.frame_read(items, conn.peer_id, "read")
             if self.core is not None and not self._closing:

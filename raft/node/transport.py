@@ -85,6 +85,13 @@ class PeerTransport:
         """The open link to `node_id` (None: not a peer now)."""
         return self.links.get(node_id)
 
+    def heard_from(self, peer_id: int) -> None:
+        """`peer_id` reached us (a handshake or a frame on its link to us): our own link to it
+        redials now if it waits out a backoff (raft.node.peer `heard_from_peer`)."""
+        link = self.links.get(peer_id)
+        if link is not None:
+            link.heard_from_peer()
+
     def start(self, nursery: trio.Nursery, members: Collection[int],
               addresses: Mapping[int, str]) -> None:
         """Run links in `nursery` from now on: one to every peer known now (from --peers, and

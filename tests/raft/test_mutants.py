@@ -47,6 +47,7 @@ import test_late_founder
 import test_founders
 import test_mirror
 import test_index_log_moved
+import test_probe_resets
 
 # The runtime's fail-stop rule is killed by a node test.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "node"))
@@ -268,6 +269,12 @@ MUTANTS = [
            "            if fresh:\n",
            "            if fresh or msg.last_appended > pr.match_index:\n",
            (test_safety_rules.test_a_stale_success_reply_does_not_raise_match,)),
+    Mutant("a probe resent after a later heartbeat's answer keeps the old reset_seq",
+           "raft.core.leader", "LeaderSide._handle_heartbeat_reply",
+           "if fresh and pr.probe_sent and pr.inflight.sent_before(msg.seq):",
+           "if False:",
+           (functools.partial(test_probe_resets.test_a_resent_probe_is_a_reset,
+                              test_probe_resets.ROWS[0]),)),
     Mutant("a follower a reply showed at the leader's tail stays recovering",
            "raft.core.leader", "LeaderSide._send_append",
            "pr.settle_recovering(log.dirty_offset, self.commit_index)",

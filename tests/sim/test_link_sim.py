@@ -57,7 +57,7 @@ def test_the_profile_mirrors_under_faults_and_bootstraps_after_retention() -> No
     delete past its position, so it bootstraps with a recorded gap; the mirrors are cut too,
     and a sink node behind the start gets the mirror's visible end by state transfer; storage
     faults fail-stop nodes."""
-    res = run_simulation(profile_config(2, 3, "link"))
+    res = run_simulation(profile_config(5, 3, "link"))
     assert res.ok, res.describe()
     s = res.stats
     assert s["mirrored_batches"] > 200 and s["restarts"] >= 3 and s["resyncs"] >= 3
@@ -115,7 +115,7 @@ def test_mirrored_subscription_positions_are_capped_at_the_mirror_end() -> None:
     after the mirrors caught up every position is the source's. In this seed a source position
     is past the mirror's appended end while the link catches up: copied uncapped, the sink's
     bound refuses it (the position is lost for the round). The killer of the cap's mutant."""
-    res = run_simulation(profile_config(7, 3, "link"))
+    res = run_simulation(profile_config(3, 3, "link"))
     assert res.ok, res.describe()
     s = res.stats
     assert s["sub_positions_set"] >= 20 and s["sub_positions_capped"] >= 1

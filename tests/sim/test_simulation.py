@@ -146,7 +146,7 @@ def test_teeth_size_retention_deletes_while_over_the_limit(
 def test_disk_loss_fires_and_the_cluster_repairs_itself() -> None:
     """The disk-loss profile really wipes, cuts and rots disks, and the run still converges with
     every acknowledged record on every member."""
-    res = run_simulation(profile_config(3, 3, "diskloss"))
+    res = run_simulation(profile_config(4, 3, "diskloss"))
     assert res.ok, res.describe()
     assert res.stats["disk_losses"] >= 3
 

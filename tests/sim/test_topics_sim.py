@@ -65,7 +65,7 @@ def test_catch_ups_queue_for_their_nodes_recovery_slots() -> None:
     """Nodes back from crashes and partitions catch up in many small chunks and wait for one
     of their node's two recovery slots (recovery/budget.py), and every property still holds:
     the budget delays catch-up, it never loses or stalls a partition."""
-    res = run_simulation(profile_config(4, 3, "topics"))
+    res = run_simulation(profile_config(6, 3, "topics"))
     assert res.ok, res.describe()
     assert res.stats["recovery_granted"] > 0 and res.stats["recovery_denied"] > 0
 
