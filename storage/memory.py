@@ -297,7 +297,8 @@ class MemoryLog(LogStorage):
 
     def _flush_plan(self, upto: int | None) -> tuple[int, int] | None:
         """The live batches [i, j) a flush writes, or None when there is nothing to write."""
-        # Invariant: the durable list holds exactly the live batches up to the flushed offset.
+        # Invariant: the durable list holds the live batches up to the flushed offset, after
+        # any a not yet persisted advance_start retired (below the live start).
         i = bisect.bisect_right(self._bases, self._flushed)
         j = len(self._batches)
         if upto is not None:
@@ -324,8 +325,11 @@ class MemoryLog(LogStorage):
         del self._batches[i:]
         del self._bases[i:]
         if after_offset < self._flushed:
-            # Everything left is at or below after_offset < flushed, so all of it was durable.
-            self._d_batches = list(self._batches)
+            # The disk drops exactly the batches past after_offset, as LmdbLog's delete_from
+            # does. Not "the live batches": below a live start that advance_start moved and
+            # persist_start has not written yet, the disk still holds flushed batches the live
+            # list no longer has, and a crash brings them back.
+            self._d_batches = [b for b in self._d_batches if b.last_offset <= after_offset]
             self._d_tail = (after_offset, self.term_at(after_offset))
             self._flushed = after_offset
             self._damage.drop_after(after_offset)

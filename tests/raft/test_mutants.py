@@ -94,6 +94,7 @@ import test_links_inproc  # noqa: E402  (tests/node: a link holds its source's r
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
 import test_store  # noqa: E402
 import test_lmdb_edges  # noqa: E402  (tests/storage, on the path above)
+import test_unpersisted_start  # noqa: E402  (tests/storage: a cut below an unpersisted start)
 import test_flusher  # noqa: E402  (tests/node, on the path above)
 import test_reconciler  # noqa: E402  (tests/node: the node's topics)
 import test_topic_settings_inproc  # noqa: E402  (tests/node: per-topic settings in force)
@@ -189,6 +190,14 @@ MUTANTS = [
            "out[plans[-1][0].group_id] = log._flush_apply(plan)",
            (_in_tmp(test_store.test_a_store_flush_gives_every_log_its_own_flushed_offset,
                     "memory"),)),
+    # A crash loses exactly what is past the flushed offset: the in-memory twin's durable cut
+    # keeps the flushed batches an unpersisted advance_start left below the live start.
+    Mutant("the in-memory log's durable suffix cut drops the batches below an unpersisted start",
+           "storage.memory", "MemoryLog.truncate_suffix",
+           "self._d_batches = [b for b in self._d_batches if b.last_offset <= after_offset]",
+           "self._d_batches = list(self._batches)",
+           (test_unpersisted_start
+            .test_the_contract_example_keeps_the_flushed_batch_below_an_unpersisted_start,)),
     Mutant("commit entries of an earlier term directly (no current-term rule)",
            "raft.core.leader", "LeaderSide._maybe_commit",
            "candidate <= self.log.dirty_offset and \\\n"
