@@ -316,12 +316,19 @@ class LogStorage(abc.ABC):
         returns; if the disk step raises, the log is exactly as before."""
 
     @abc.abstractmethod
-    def advance_start(self, offset: int, snapshot: dict | None = None) -> None:
+    def advance_start(self, offset: int, snapshot: dict | None = None,
+                      dropped_bytes: int | None = None) -> None:
         """The in-memory half of truncate_prefix, for a caller that must not wait for the disk:
         from now on start_offset is `offset`, `snapshot` is the state there and reads below it
         raise OffsetOutOfRange; nothing is written. Cheap; call it from the owning thread. The
         durable log keeps its old start (and that start's state) until persist_start(), so a
-        crash in between comes back with the longer log, which is just as consistent."""
+        crash in between comes back with the longer log, which is just as consistent.
+
+        `dropped_bytes`: what the batches below `offset` count as (retained_bytes drops by it),
+        from a caller that has just read them (retention's plan); without it the log works it
+        out, which on disk means walking the log's cold front in the owner's thread. A wrong
+        figure is a caller's bug (the simulation checks retention's against the in-memory log,
+        which counts for itself; the LMDB log refuses one larger than what it holds flushed)."""
 
     @abc.abstractmethod
     def persist_start(self) -> None:

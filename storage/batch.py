@@ -168,16 +168,7 @@ class Batch:
         object, and the view always runs from the end of the header to the end of `data`
         (what `encode` relies on). Anything else is copied: a view into LMDB's map must not
         outlive its read transaction."""
-        if len(data) < HEADER_SIZE:
-            raise CorruptBatch(None, f"{len(data)} bytes is shorter than a batch header")
-        (base, count, term, kind, ts, pid, seq, crc, plen) = _HEADER.unpack_from(data, 0)
-        if len(data) != HEADER_SIZE + plen:
-            raise CorruptBatch(base, f"payload length {plen} does not match the "
-                                     f"{len(data) - HEADER_SIZE} bytes present")
-        if kind >= len(_KINDS):
-            raise CorruptBatch(base, f"unknown batch kind {kind}")
-        if count < 1:
-            raise CorruptBatch(base, f"record count {count} < 1")
+        (base, count, term, kind, ts, pid, seq, crc, _) = _checked_header(data)
         payload = (memoryview(data)[HEADER_SIZE:] if keep and type(data) is bytes
                    else bytes(data[HEADER_SIZE:]))
         if verify and zlib.crc32(payload, zlib.crc32(_CRC_PART.pack(kind, count, ts, pid, seq))
@@ -189,8 +180,9 @@ class Batch:
 
 class BatchHead(NamedTuple):
     """A stored batch's header without its payload: what the load and subscription indexes
-    need of a batch whose payload they do not read (LogStorage.read_heads). Has the fields
-    and properties of a Batch those readers use (offsets, kind, count, size). A tuple: built
+    and retention's plan need of a batch whose payload they do not read
+    (LogStorage.read_heads). Has the fields and properties of a Batch those readers use
+    (offsets, kind, count, size, and the producer's timestamp, id and sequence). A tuple: built
     once per committed batch on the leader's loop, so it must be cheap to make."""
 
     base_offset: int
@@ -198,10 +190,47 @@ class BatchHead(NamedTuple):
     term: int
     kind: BatchKind
     size: int  # bytes the batch takes encoded, as Batch.size
+    timestamp_ms: int
+    producer_id: int
+    sequence: int
 
     @property
     def last_offset(self) -> int:
         return self.base_offset + self.count - 1
+
+
+def _checked_header(data: bytes | memoryview) -> tuple[int, ...]:
+    """The header fields of an encoded batch whose length, kind and count make sense
+    (CorruptBatch otherwise); the checksum is the caller's."""
+    if len(data) < HEADER_SIZE:
+        raise CorruptBatch(None, f"{len(data)} bytes is shorter than a batch header")
+    fields = _HEADER.unpack_from(data, 0)
+    base, count, kind, plen = fields[0], fields[1], fields[3], fields[8]
+    if len(data) != HEADER_SIZE + plen:
+        raise CorruptBatch(base, f"payload length {plen} does not match the "
+                                 f"{len(data) - HEADER_SIZE} bytes present")
+    if kind >= len(_KINDS):
+        raise CorruptBatch(base, f"unknown batch kind {kind}")
+    if count < 1:
+        raise CorruptBatch(base, f"record count {count} < 1")
+    return fields
+
+
+def check_encoding(data: bytes | memoryview) -> int:
+    """Every check Batch.decode makes, on the encoded batch where it lies (a view into LMDB's
+    map: nothing is copied); its record count, or CorruptBatch.
+
+    Why before a copy: zlib hashes a buffer of more than a few KiB with the GIL released, so the
+    pages of a batch no longer in memory are read from disk here, while other threads run, and
+    not during the copy that follows, which holds the GIL (issue 28: cold reads in worker
+    threads held up the event loop once the logs outgrew the page cache). The scrubber needs
+    nothing more than this."""
+    (base, count, _, kind, ts, pid, seq, crc, _) = _checked_header(data)
+    with memoryview(data) as view:
+        got = zlib.crc32(view[HEADER_SIZE:], zlib.crc32(_CRC_PART.pack(kind, count, ts, pid, seq)))
+    if got != crc:
+        raise CorruptBatch(base, f"crc mismatch (stored {crc:#010x}, computed {got:#010x})")
+    return count
 
 
 def head_of(base: int, data: bytes | memoryview, size: int) -> BatchHead | None:
@@ -210,10 +239,10 @@ def head_of(base: int, data: bytes | memoryview, size: int) -> BatchHead | None:
     count or length does not match (read it whole to learn why)."""
     if size < HEADER_SIZE:
         return None
-    (b, count, term, kind, _ts, _pid, _seq, _crc, plen) = _HEADER.unpack_from(data, 0)
+    (b, count, term, kind, ts, pid, seq, _crc, plen) = _HEADER.unpack_from(data, 0)
     if b != base or kind >= len(_KINDS) or count < 1 or size != HEADER_SIZE + plen:
         return None
-    return BatchHead(base, count, term, _KINDS[kind], size)
+    return BatchHead(base, count, term, _KINDS[kind], size, ts, pid, seq)
 
 
 # Batch.decode builds batches through the slots' descriptors: same object, same invariants

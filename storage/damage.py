@@ -48,6 +48,13 @@ class DamageSet:
     def all(self) -> list[Damage]:
         return list(self._items)
 
+    def copy(self) -> DamageSet:
+        """The same entries, for a reader that looks them up without the log's lock."""
+        other = DamageSet()
+        other._firsts, other._items, other.version = (list(self._firsts), list(self._items),
+                                                      self.version)
+        return other
+
     def first(self) -> int | None:
         """The lowest damaged offset, or None. Safe without the log's lock: one read of the
         list's head (a concurrent change is seen before or after, never torn)."""

@@ -16,14 +16,15 @@ import lmdb
 
 from storage import lmdb_format as fmt
 from storage.api import Meta, ScrubSlice
-from storage.batch import Batch, BatchHead, BatchKind, CorruptBatch
-from storage.damage import Damage, DamageSet
+from storage.batch import Batch, CorruptBatch
+from storage.damage import DamageSet
+from storage.lmdb_reads import LmdbReads
 from storage.lmdb_space import KeySpace
 
 log = logging.getLogger("raftlog.storage")
 
 
-class LmdbDamage:
+class LmdbDamage(LmdbReads):
     """The damage set and what reads, scrubs and repairs do with it (mixed into LmdbLog)."""
 
     path: str
@@ -39,44 +40,7 @@ class LmdbDamage:
     _damage: DamageSet
     _meta: Meta
     _floor: tuple[int, int] | None
-    _check_open: Callable[[], None]
-    _term_at_locked: Callable[[int], int]
-    _seek: Callable[[lmdb.Cursor, int], tuple[int, memoryview]]
     _write: Callable[..., Any]
-
-    def read_heads(self, offset: int, max_bytes: int, max_batches: int | None,
-                   full: frozenset[BatchKind]) -> list[Batch | BatchHead]:
-        """LogStorage.read_heads: a stored batch of a kind not in `full` whose header passes
-        its own checksum comes back as its header, its payload neither copied nor hashed."""
-        return self.read(offset, max_bytes, max_batches, full)  # type: ignore[attr-defined]
-
-    def _checked_locked(self, cur: lmdb.Cursor, base: int, value: memoryview,
-                        full: frozenset[BatchKind] | None = None) -> Batch | BatchHead | None:
-        """The stored batch at `base`, or None when it is damaged (recorded as such). Leaves
-        `cur` where it was. With `full` (read_heads), a batch of another kind whose header
-        checks out is returned as its header."""
-        if self._damage.find(base) is not None:
-            return None
-        if full is not None:
-            h = fmt.decode_head(base, value, self._fmt)
-            if h is not None and h.kind not in full:
-                return h
-        try:
-            return fmt.decode_value(base, value, self._fmt)
-        except CorruptBatch as e:
-            h = fmt.head(value, self._fmt)
-            if h is not None:
-                last = h[0] + h[1] - 1
-            else:  # the index knows where the next batch starts
-                last = self._flushed
-                if self._space.next(cur):
-                    last = min(last, self._space.offset(cur.key()) - 1)
-                cur.set_key(self._space.key(base))
-            damage = Damage(base, last, self._term_at_locked(base), e.reason)
-            if self._damage.add(damage):
-                log.warning("log_damage_found path=%s at=read: damaged batch at %s",
-                            self._where, damage.describe())
-            return None
 
     # -- damage and repair -------------------------------------------------------------------
     @property
@@ -99,31 +63,49 @@ class LmdbDamage:
         return self._damage.first()  # on every reply: no lock (one read of a list head)
 
     def scrub(self, offset: int, max_bytes: int) -> ScrubSlice:
+        """Every checksum of the stored batches from `offset`, checked where they lie (nothing
+        copied), with no lock held while it reads (storage/lmdb_reads.py: a pass over a log
+        larger than the page cache reads the disk)."""
         self._check_open()
         with self._lock:
             if self._flushed < self._start:
                 return ScrubSlice(self._start, 0, (), True)
             offset = min(max(offset, self._start), self._flushed)
-            found: list[Damage] = []
-            used, nxt = 0, offset
-            with self._env.begin(db=self._log_db, buffers=True) as txn:
-                cur = txn.cursor()
-                base, v = self._seek(cur, offset)
-                while used < max_bytes:
-                    if base > self._flushed:
-                        break
-                    used += len(v)
-                    known = self._damage.find(base) is not None
-                    b = self._checked_locked(cur, base, v)
-                    d = self._damage.find(base)
-                    if b is None and d is not None and not known:
-                        found.append(d)
-                    nxt = (b.last_offset if b is not None else d.last if d else base) + 1
-                    if not self._space.next(cur):
-                        break
-                    base, v = self._space.offset(cur.key()), cur.value()
-            wrapped = nxt > self._flushed
-            return ScrubSlice(self._start if wrapped else nxt, used, tuple(found), wrapped)
+            flushed, cuts = self._flushed, self._cuts
+            known = self._known_damage_locked()
+            txn = self._snapshot_locked()
+        try:
+            used, nxt, bad = self._scrub_pass(txn, offset, flushed, max_bytes, known)
+        finally:
+            self._end_snapshot(txn)
+        found = [d for d in (self._record_damage(b, cuts, "scrub") for b in bad) if d is not None]
+        wrapped = nxt > flushed
+        return ScrubSlice(self._start if wrapped else nxt, used, tuple(found), wrapped)
+
+    def _scrub_pass(self, txn: lmdb.Transaction, offset: int, flushed: int, max_bytes: int,
+                    known: DamageSet | None) -> tuple[int, int, list[tuple[int, int, str]]]:
+        """Check the stored batches from `offset` (no lock held); (bytes checked, the next
+        offset, the damaged batches found as (base, last, reason))."""
+        bad: list[tuple[int, int, str]] = []
+        used, nxt = 0, offset
+        cur = txn.cursor()
+        base, v = self._seek(cur, offset)
+        while used < max_bytes and base <= flushed:
+            used += len(v)
+            d = known.find(base) if known is not None else None
+            if d is not None:
+                nxt = d.last + 1
+            else:
+                try:
+                    nxt = fmt.verify_value(base, v, self._fmt) + 1
+                except CorruptBatch as e:
+                    last = self._damaged_last(cur, base, v, flushed)
+                    bad.append((base, last, e.reason))
+                    nxt = last + 1
+            if not self._space.next(cur):
+                break
+            base, v = self._space.offset(cur.key()), cur.value()
+        return used, nxt, bad
 
     def repair(self, batches: Sequence[Batch]) -> None:
         self._check_open()

@@ -59,7 +59,7 @@ import lmdb
 import msgpack
 
 from storage.api import DiskFull, LogInconsistent, Meta, StorageError, StorageIOError
-from storage.batch import HEADER_SIZE, Batch, BatchHead, CorruptBatch, head_of
+from storage.batch import HEADER_SIZE, Batch, BatchHead, CorruptBatch, check_encoding, head_of
 from storage.damage import Damage
 from storage.lmdb_space import KeySpace
 
@@ -69,6 +69,7 @@ KEY = struct.Struct(">Q")
 # base_offset (q), count (I), term (q) at the head of every encoded batch (see storage.batch).
 HEAD = struct.Struct("<qIq")
 _CRC = struct.Struct("<I")
+_BASE = struct.Struct("<q")
 TRAILER = _CRC.size
 META_KEY, START_KEY, TAIL_KEY, FLOOR_KEY, FORMAT_KEY = (b"meta", b"start", b"tail", b"floor",
                                                          b"format")
@@ -156,20 +157,38 @@ def decode_head(base: int, value: memoryview | bytes, fmt: int) -> BatchHead | N
 
 def decode_value(base: int, value: memoryview | bytes, fmt: int) -> Batch:
     """The batch stored under `base`, every checksum checked; CorruptBatch names the offset."""
+    with memoryview(value) as view:
+        body = view[:len(value) - TRAILER] if fmt >= 2 else view
+        _verify(base, body, value, fmt)  # on the map first: see batch.check_encoding
+        # One copy of header and payload together, the payload a view of it (keep): the copy
+        # is then the batch's whole encoding, which Batch.encode hands out as it is, so a
+        # leader sending what it read (recovery, issue 28) does not copy every byte again.
+        raw = bytes(body)
+        body.release()
+    return Batch.decode(raw, keep=True, verify=False)
+
+
+def verify_value(base: int, value: memoryview | bytes, fmt: int) -> int:
+    """The last offset of the batch stored under `base`, every checksum checked where it lies
+    (nothing copied: the scrubber's read); CorruptBatch names the offset."""
+    with memoryview(value) as view:
+        body = view[:len(value) - TRAILER] if fmt >= 2 else view
+        count = _verify(base, body, value, fmt)
+        body.release()
+    return base + count - 1
+
+
+def _verify(base: int, body: memoryview, value: memoryview | bytes, fmt: int) -> int:
     if head(value, fmt) is None:
         raise CorruptBatch(base, "its header fails its checksum")
-    # One copy of header and payload together, the payload a view of it (keep): the copy is
-    # then the batch's whole encoding, which Batch.encode hands out as it is, so a leader
-    # sending what it read (recovery, issue 28) does not copy every byte once more to encode it.
-    with memoryview(value) as view:
-        raw = bytes(view[:len(value) - TRAILER] if fmt >= 2 else view)
     try:
-        b = Batch.decode(raw, keep=True)
+        count = check_encoding(body)
     except CorruptBatch as e:
         raise CorruptBatch(base, e.reason) from None
-    if b.base_offset != base:
-        raise CorruptBatch(base, f"stored header says base offset {b.base_offset}")
-    return b
+    (stored,) = _BASE.unpack_from(body, 0)
+    if stored != base:
+        raise CorruptBatch(base, f"stored header says base offset {stored}")
+    return count
 
 
 # -- sealed records ------------------------------------------------------------------------------

@@ -12,18 +12,21 @@ memory and disk never disagree (a failed cut that left memory lowered once let a
 write a new batch over a stale one and produced an overlapping log).
 
 Threading rules (a flush runs in a worker thread while the owning thread appends and reads):
-- `_lock` (re-entrant) guards every in-memory field and every LMDB *read* transaction and map
-  resize. A flush holds it only briefly (snapshot, splice), never across its fsync, so appends and
-  reads go on while a flush commits.
+- `_lock` (re-entrant) guards every in-memory field and the opening of every LMDB read
+  transaction, so a read's snapshot matches the in-memory view; the read itself runs without it,
+  in the store's read gate (storage/lmdb_reads.py, storage/read_gate.py: a cold read must not
+  hold up the owner). A flush holds `_lock` only briefly (snapshot, splice), never across its
+  fsync, so appends and reads go on while a flush commits.
 - `_write_lock` serialises everything that writes LMDB: flush, truncate_suffix, truncate_prefix,
   reset, save_meta. A truncation or reset issued while a flush is in flight therefore waits until
   that flush has committed (it then sees the flushed batches as durable and cuts them on disk too).
 - A flush snapshots the tail prefix at its start; appends made while it runs stay in the tail.
 - Writers that shrink the log from the end (truncate_suffix, reset) hold `_lock` across their
-  transaction, so no reader sees keys deleted on disk that the in-memory view still counts as
-  flushed. They are called from the owning thread, which waits for their fsync anyway.
+  transaction, so no reader opens a snapshot without keys the in-memory view still counts as
+  flushed, and move `_cuts`, so a read that began before does not go on into the new end. They
+  are called from the owning thread, which waits for their fsync anyway.
 - Retention shrinks it from the front in two steps: advance_start raises the readable start in
-  memory (under `_lock`, cheap), then persist_start deletes the keys below it holding only
+  memory (under `_lock`, cheap: the plan that read the dropped batches says their size), then persist_start deletes the keys below it holding only
   `_write_lock`, so a long delete in a worker thread never blocks the owner's appends and reads
   (none of them reads below the start any more). Freed LMDB pages are reused by later flushes,
   so the file stops growing at the retained size.
@@ -73,7 +76,6 @@ from storage.api import (
     LogStorage,
     Meta,
     OffsetOutOfRange,
-    StorageError,
     TailFull,
 )
 from storage.batch import Batch, BatchKind, CorruptBatch
@@ -142,6 +144,8 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
         self._max_tail_bytes = max_tail_bytes
         self._lock = threading.RLock()
         self._write_lock = store._write_lock
+        self._gate = store.read_gate
+        self._cuts = 0  # moves when the end is cut (truncate_suffix, reset): storage/lmdb_reads.py
         self._closed = False
         # Dirty batches, oldest first; their bases for bisect.
         self._tail: list[Batch] = []
@@ -231,10 +235,6 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
         return self._snapshot
 
     # -- LMDB write plumbing -------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StorageError(f"the log at {self._where} is closed; reopen it with open_log()")
-
     def _write(self, what: str, body: Callable[[lmdb.Transaction], T]) -> T:
         """Run `body` in one fsynced write transaction of the store (LmdbStore._write_locked:
         map growth, DiskFull, StorageIOError; if it raises, the disk is unchanged). Caller holds
@@ -380,6 +380,7 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
             del self._term_firsts[j:]
             del self._term_terms[j:]
             self._dirty = after_offset
+            self._cuts += 1
 
     def truncate_prefix(self, offset: int, snapshot: dict | None = None) -> None:
         self._check_open()
@@ -400,30 +401,30 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
                         self._damage.add(d)
                 raise
 
-    def advance_start(self, offset: int, snapshot: dict | None = None) -> None:
+    def advance_start(self, offset: int, snapshot: dict | None = None,
+                      dropped_bytes: int | None = None) -> None:
         self._check_open()
         with self._lock:
             if offset > self._start:
-                self._advance_locked(offset, snapshot)
+                self._advance_locked(offset, snapshot, dropped_bytes)
 
-    def _advance_locked(self, offset: int, snapshot: dict | None) -> None:
+    def _advance_locked(self, offset: int, snapshot: dict | None,
+                        dropped_bytes: int | None = None) -> None:
         """Raise the readable start to `offset` (memory only). Readers check the start under
         _lock, so none reads below it afterwards, and the disk may then drop those keys without
-        holding _lock (a long delete does not stall the owner's appends and reads)."""
+        holding _lock (a long delete does not stall the owner's appends and reads).
+        `dropped_bytes` (LogStorage.advance_start): the caller read the dropped batches and says
+        their size, so the owner's thread does not walk the cold front of the log to count it."""
         if offset > self._flushed + 1:
             raise ValueError(f"prefix truncation to {offset} passes the flushed offset "
                              f"{self._flushed}; flush first")
         if offset != self._dirty + 1 and self._batch_containing_locked(offset)[0] != offset:
             raise ValueError(f"prefix truncation to {offset} is not at a batch boundary")
         new_term = self._term_at_locked(offset - 1)
-        gone = 0
-        with self._env.begin(db=self._log_db, buffers=True) as txn:
-            cur = txn.cursor()
-            if self._space.at_or_after(cur, self._start):
-                for base, v in self._space.items(cur):
-                    if base >= offset:
-                        break
-                    gone += len(v) - self._trailer
+        gone = dropped_bytes if dropped_bytes is not None else self._stored_bytes_below(offset)
+        if not 0 <= gone <= self._bytes - self._unflushed:
+            raise ValueError(f"prefix truncation to {offset} drops {gone} bytes of the "
+                             f"{self._bytes - self._unflushed} flushed")
         self._start, self._start_term = offset, new_term
         self._snapshot = snapshot
         self._bytes -= gone
@@ -432,6 +433,21 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
         if j > 0:
             del self._term_firsts[:j]
             del self._term_terms[:j]
+
+    def _stored_bytes_below(self, offset: int) -> int:
+        """What the stored batches from the start up to `offset` count as (caller holds _lock)."""
+        gone = 0
+        txn = self._snapshot_locked()
+        try:
+            cur = txn.cursor()
+            if self._space.at_or_after(cur, self._start):
+                for base, v in self._space.items(cur):
+                    if base >= offset:
+                        break
+                    gone += len(v) - self._trailer
+        finally:
+            self._end_snapshot(txn)
+        return gone
 
     def persist_start(self) -> None:
         self._check_open()
@@ -469,76 +485,9 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
             self._start, self._start_term = start_offset, start_term
             self._snapshot = snapshot
             self._dirty = self._flushed = start_offset - 1
+            self._cuts += 1
 
-    # -- reads -------------------------------------------------------------------------------
-    def _batch_containing_locked(self, offset: int) -> tuple[int, int]:
-        """(base, last) of the batch holding `offset` (in range)."""
-        if offset > self._flushed:
-            b = self._tail[bisect.bisect_right(self._tail_bases, offset) - 1]
-            return b.base_offset, b.last_offset
-        known = self._damage.find(offset)
-        if known is not None:
-            return known.first, known.last
-        with self._env.begin(db=self._log_db, buffers=True) as txn:
-            cur = txn.cursor()
-            base, v = self._seek(cur, offset)
-            h = fmt.head(v, self._fmt)
-            if h is None:
-                raise CorruptBatch(base, "its header fails its checksum")
-            return h[0], h[0] + h[1] - 1
-
-    def _seek(self, cur: lmdb.Cursor, offset: int) -> tuple[int, memoryview]:
-        """Position `cur` on the batch holding `offset` (largest key <= offset, which a
-        flushed offset in range always has); (its base offset, its record)."""
-        found = self._space.seek_le(cur, offset)
-        base = self._space.offset(cur.key()) if found else None
-        if base is None:
-            raise LogInconsistent(self._where, f"no stored batch holds flushed offset {offset}",
-                                  (offset,))
-        return base, cur.value()
-
-    def read(self, offset: int, max_bytes: int, max_batches: int | None = None,
-             full: frozenset[BatchKind] | None = None) -> list[Batch]:  # see read_heads
-        self._check_open()
-        limit = max_batches if max_batches is not None and max_batches > 0 else 1 << 62
-        with self._lock:
-            if offset == self._dirty + 1:
-                return []
-            if not (self._start <= offset <= self._dirty):
-                raise OffsetOutOfRange(offset, self._start, self._dirty)
-            out: list[Batch] = []
-            used = 0
-            if offset <= self._flushed:
-                with self._env.begin(db=self._log_db, buffers=True) as txn:
-                    cur = txn.cursor()
-                    base, v = self._seek(cur, offset)
-                    while True:
-                        if base > self._flushed:
-                            break
-                        size = len(v) - self._trailer  # what the batch counts as
-                        if out and (used + size > max_bytes or len(out) >= limit):
-                            return out
-                        b = self._checked_locked(cur, base, v, full)
-                        if b is None:  # damaged: never served (see LogStorage.read)
-                            if out:
-                                return out
-                            d = self._damage.find(base)
-                            raise CorruptBatch(base, d.reason if d else "damaged")
-                        out.append(b)
-                        used += size
-                        if not self._space.next(cur):
-                            break
-                        base, v = self._space.offset(cur.key()), cur.value()
-                i = 0
-            else:
-                i = bisect.bisect_right(self._tail_bases, offset) - 1
-            for b in self._tail[i:]:
-                if out and (used + b.size > max_bytes or len(out) >= limit):
-                    break
-                out.append(b)  # in memory since its checked append: see LogStorage.read
-                used += b.size
-            return out
-
+    # -- reads (the flushed batches: storage/lmdb_reads.py) ----------------------------------
     def _term_at_locked(self, offset: int) -> int:
         if offset == self._start - 1:
             return self._start_term

@@ -13,10 +13,11 @@ prefixed with the 8-byte big-endian group id (storage/lmdb_space.py).
 Threading (extends storage/lmdb_log.py's rules to many logs):
 - `_write_lock` is the store's and every log's write lock: one LMDB writer at a time, which is
   what LMDB allows anyway. A store flush holds it across its one transaction.
-- Each log keeps its own `_lock` for its in-memory view and its read transactions. Growing the
-  map (set_mapsize: no read transaction may be open in this process) takes every open log's
-  `_lock`; only the writer grows, and nobody holding a log's `_lock` waits for the write lock,
-  so the order write lock -> log locks cannot deadlock.
+- Each log keeps its own `_lock` for its in-memory view and the opening of its read
+  transactions, which then run in the store's `read_gate` without it (storage/read_gate.py).
+  Growing the map and closing the environment (no read transaction may be open in this process
+  for either) hold the gate exclusively; only the writer grows, and the close marks every log
+  closed before it waits for the readers.
 - Opening or dropping a log holds the write lock (its open-time scan included).
 """
 
@@ -28,7 +29,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import ExitStack
 from typing import Any, TypeVar
 
 import lmdb
@@ -38,6 +38,7 @@ from storage.api import (DEFAULT_MAX_TAIL_BYTES, LEGACY_GROUP, DiskFull, IoMode,
                          StorageError, TailBudget)
 from storage.dirlock import lock_dir, unlock_dir
 from storage.lmdb_space import GROUP, KeySpace, group_prefix
+from storage.read_gate import ReadGate
 
 # A storage.lmdb_log.LmdbLog. That module builds on this one (a log is loaded from a store's key
 # space), so this one names the class only through the `log_type` a store is opened with.
@@ -76,6 +77,7 @@ class LmdbStore(LogStore):
         self._verify_tail_bytes = verify_tail_bytes
         self._max_map_size = max(max_map_size, map_size)
         self._write_lock = threading.Lock()
+        self.read_gate = ReadGate()
         # Open logs by group. Weak: a log is what its owner holds; one nobody holds can write
         # nothing, and must not keep the store (and the directory lock) alive through a cycle.
         self._logs: weakref.WeakValueDictionary[int, LmdbLog] = weakref.WeakValueDictionary()
@@ -251,9 +253,7 @@ class LmdbStore(LogStore):
                 raise fmt.disk_error(self.path, what, e) from e
 
     def _grow(self, what: str) -> None:
-        with ExitStack() as held:  # no read transaction may be open in this process
-            for one in list(self._logs.values()):
-                held.enter_context(one._lock)
+        with self.read_gate:  # no read transaction may be open in this process
             cur = self.env.info()["map_size"]
             if cur >= self._max_map_size:
                 raise DiskFull(
@@ -277,7 +277,8 @@ class LmdbStore(LogStore):
                 one._closed_by_store()
             self._logs.clear()
             try:
-                self.env.close()
+                with self.read_gate:  # reads already inside finish first
+                    self.env.close()
             finally:
                 self._release_dir()  # only after LMDB let go of the files
 

@@ -343,10 +343,11 @@ class MemoryLog(LogStorage):
         self._cut_live(i, offset, snapshot)
         self._persist()
 
-    def advance_start(self, offset: int, snapshot: dict | None = None) -> None:
+    def advance_start(self, offset: int, snapshot: dict | None = None,
+                      dropped_bytes: int | None = None) -> None:
         if offset <= self._start:
             return
-        self._cut_live(self._prefix_index(offset), offset, snapshot)
+        self._cut_live(self._prefix_index(offset), offset, snapshot)  # (counts for itself)
 
     def persist_start(self) -> None:
         if (self._d_start, self._d_start_term) == (self._start, self._start_term) and \

@@ -216,7 +216,7 @@ class RetentionTask:
                 log.warning("retention_without_state node=%d start=%d: this log start has no "
                             "stored state (it was reset by an older version); the producer "
                             "and loads tables start empty from here", group.node_id, d.start)
-            lg.advance_start(d.cut, p.snapshot)
+            lg.advance_start(d.cut, p.snapshot, d.deleted_bytes)  # the plan read them
             group.kick()
             await group._run_io(lg.persist_start)
             self.deleted_bytes += d.deleted_bytes

@@ -189,7 +189,10 @@ class SimNode:
         self.planned = p
         self.on_event(self, "retention-plan")  # the checkers look at the log before the cut
         self.planned = None
-        self.log.advance_start(d.cut, p.snapshot)
+        held = self.log.retained_bytes
+        self.log.advance_start(d.cut, p.snapshot, d.deleted_bytes)
+        # The figure the runtime hands the LMDB log (which trusts it) is what the cut dropped.
+        assert held - self.log.retained_bytes == d.deleted_bytes, (held, d.deleted_bytes)
         self.retention_cuts += 1
         self.on_event(self, "retention")
         epoch = self.epoch

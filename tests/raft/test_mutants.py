@@ -95,6 +95,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
 import test_store  # noqa: E402
 import test_lmdb_edges  # noqa: E402  (tests/storage, on the path above)
 import test_unpersisted_start  # noqa: E402  (tests/storage: a cut below an unpersisted start)
+import test_cold_reads  # noqa: E402  (tests/storage: reads without the log's lock)
 import test_flusher  # noqa: E402  (tests/node, on the path above)
 import test_reconciler  # noqa: E402  (tests/node: the node's topics)
 import test_topic_settings_inproc  # noqa: E402  (tests/node: per-topic settings in force)
@@ -198,6 +199,29 @@ MUTANTS = [
            "self._d_batches = list(self._batches)",
            (test_unpersisted_start
             .test_the_contract_example_keeps_the_flushed_batch_below_an_unpersisted_start,)),
+    # A cold read must not hold up the owner (issue 28's produce stall), and a read that goes on
+    # past its snapshot must not splice a cut log's new end onto the old one.
+    Mutant("a read holds the log's lock while it reads LMDB",
+           "storage.lmdb_reads", "LmdbReads.read",
+           "                used, more, bad = self._read_stored(txn, offset, flushed, out, used, max_bytes,\n"
+           "                                                    limit, full, known)",
+           "                with self._lock:\n"
+           "                    used, more, bad = self._read_stored(txn, offset, flushed, out, used,\n"
+           "                                                        max_bytes, limit, full, known)",
+           (_in_tmp(test_cold_reads
+                    .test_a_read_of_flushed_batches_leaves_the_log_free_while_it_reads),)),
+    Mutant("a read goes on into the new end of a log cut since its first pass",
+           "storage.lmdb_reads", "LmdbReads.read",
+           "if cuts is not None and cuts != self._cuts:",
+           "if False:",
+           (_in_tmp(test_cold_reads
+                    .test_a_read_begun_before_a_suffix_cut_returns_a_prefix_of_the_old_log),)),
+    Mutant("a scrub holds the log's lock while it checks",
+           "storage.lmdb_damage", "LmdbDamage.scrub",
+           "            used, nxt, bad = self._scrub_pass(txn, offset, flushed, max_bytes, known)",
+           "            with self._lock:\n"
+           "                used, nxt, bad = self._scrub_pass(txn, offset, flushed, max_bytes, known)",
+           (_in_tmp(test_cold_reads.test_a_scrub_leaves_the_log_free_while_it_checks),)),
     Mutant("commit entries of an earlier term directly (no current-term rule)",
            "raft.core.leader", "LeaderSide._maybe_commit",
            "candidate <= self.log.dirty_offset and \\\n"
