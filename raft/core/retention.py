@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from raft.core.snapshot import TERM, SnapshotContext, StartState
 from storage.api import LogStorage
-from storage.batch import Batch, CorruptBatch
+from storage.batch import Batch, BatchHead, BatchKind, CorruptBatch
 
 if TYPE_CHECKING:
     from raft.core.loads import LoadTable
@@ -51,8 +51,17 @@ if TYPE_CHECKING:
 
 DEFAULT_SLICE_BYTES = 32 << 20
 DEFAULT_SLICE_BATCHES = 4096
-_READ_BYTES = 4 << 20
+_READ_BYTES = 32 << 20  # (what the batches count as: DATA batches come as their headers)
 _FIRST_READ_BYTES = 4 << 10
+# The plan reads the payload of these kinds only (what the start state folds from them: the
+# configuration, the loads and subscription tables, a mirror's visible end); of a DATA or NOOP
+# batch the header is enough (its timestamp, size, producer id and sequence), so retention no
+# longer copies and checksums every byte it deletes. (The disk reads stay: py-lmdb touches every
+# page of a value it hands out, off the GIL, so a header read of a cold batch reads it all.)
+_PLAN_FULL = frozenset(BatchKind) - {BatchKind.DATA, BatchKind.NOOP}
+# Headers cost no copy: one read of them covers this many batches (and up to this many bytes
+# of what they count as, which bounds the whole batches read with them).
+_HEAD_BATCHES = 1024
 
 # Why a plan stopped where it did (besides a holder's name).
 SATISFIED = "policy satisfied"
@@ -194,7 +203,7 @@ class Planner:
         self.decision = Decision(start, start)
         self._skipped: set[str] = set()
 
-    def offer(self, b: Batch) -> bool:
+    def offer(self, b: Batch | BatchHead) -> bool:
         if self._done:
             return False
         why = self._keep_reason(b)
@@ -219,7 +228,7 @@ class Planner:
             self._done = True
             self.decision.stopped_by = why
 
-    def _keep_reason(self, b: Batch) -> str | None:
+    def _keep_reason(self, b: Batch | BatchHead) -> str | None:
         p = self.policy
         self._newest_ts = max(self._newest_ts, b.timestamp_ms)
         age = self.now_ms - self._newest_ts
@@ -275,7 +284,8 @@ def plan(log: LogStorage, policy: RetentionPolicy, holds: Iterable[Hold], *, now
     budget = _FIRST_READ_BYTES  # most rounds look at a batch or two: read little, then more
     while True:
         try:
-            batches = log.read(off, budget) if off <= log.flushed_offset else []
+            batches = (log.read_heads(off, budget, _HEAD_BATCHES, _PLAN_FULL)
+                       if off <= log.flushed_offset else [])
         except CorruptBatch:  # never read past a damaged batch: it holds retention until repaired
             planner.stop(DAMAGED)
             break

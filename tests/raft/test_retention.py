@@ -306,3 +306,39 @@ def test_time_retention_keeps_the_newest_committed_batch() -> None:
         commit = c.cores[i].commit_index
         start = retain(c, i, RetentionPolicy(max_age_ms=1))
         assert start == base_of(c, i, commit) and start > 0
+
+
+def test_a_plan_from_headers_on_disk_folds_the_same_state_as_one_from_whole_batches(
+        tmp_path) -> None:
+    """Retention's plan reads DATA and NOOP batches as their headers on disk (a cold front of
+    a log larger than the page cache must not be read whole); what it decides and the state it
+    folds must be what whole batches give: producers' ids and sequences, timestamps, sizes."""
+    from storage.lmdb_log import LmdbLog
+
+    batches: list[Batch] = []
+    at = 0
+    for i in range(12):
+        if i == 4:
+            b = Batch.create(encode_begin("job"), 1, kind=BatchKind.CONTROL,
+                             timestamp_ms=NOW - 300)
+        elif i == 7:
+            b = Batch.create(b"", 1, kind=BatchKind.NOOP, timestamp_ms=NOW - 200)
+        else:
+            b = Batch.create(b"r" * (50 + i), 2, timestamp_ms=NOW - 400 + i,
+                             producer_id=1 + i % 3, sequence=i)
+        batches.append(b.placed(at, 1 + i // 6))
+        at += b.count
+    mem = MemoryLog()
+    disk = LmdbLog(tmp_path / "log")
+    try:
+        for log in (mem, disk):
+            log.append(batches)
+            log.flush()
+        policy = RetentionPolicy(max_bytes=3 * BATCH, max_age_ms=350).validate()
+        plans = [plan(log, policy, [], now_ms=NOW, free_bytes=None, ctx=CTX)
+                 for log in (mem, disk)]
+        assert plans[0].decision.cut > 8  # past the CONTROL and NOOP batches
+        assert plans[1].decision == plans[0].decision
+        assert plans[1].snapshot == plans[0].snapshot
+    finally:
+        disk.close()
