@@ -159,7 +159,7 @@ def decode_value(base: int, value: memoryview | bytes, fmt: int) -> Batch:
     """The batch stored under `base`, every checksum checked; CorruptBatch names the offset."""
     with memoryview(value) as view:
         body = view[:len(value) - TRAILER] if fmt >= 2 else view
-        _verify(base, body, value, fmt)  # on the map first: see batch.check_encoding
+        _verify(base, body, value, fmt)  # on the map, before the copy: batch.check_encoding
         # One copy of header and payload together, the payload a view of it (keep): the copy
         # is then the batch's whole encoding, which Batch.encode hands out as it is, so a
         # leader sending what it read (recovery, issue 28) does not copy every byte again.
