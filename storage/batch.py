@@ -168,7 +168,12 @@ class Batch:
         object, and the view always runs from the end of the header to the end of `data`
         (what `encode` relies on). Anything else is copied: a view into LMDB's map must not
         outlive its read transaction."""
-        (base, count, term, kind, ts, pid, seq, crc, _) = _checked_header(data)
+        # The checks of _checked_header, inline: a call more costs 7% of a decode here.
+        if len(data) < HEADER_SIZE:
+            raise CorruptBatch(None, f"{len(data)} bytes is shorter than a batch header")
+        (base, count, term, kind, ts, pid, seq, crc, plen) = _HEADER.unpack_from(data, 0)
+        if len(data) != HEADER_SIZE + plen or kind >= len(_KINDS) or count < 1:
+            _checked_header(data)  # raises, saying which
         payload = (memoryview(data)[HEADER_SIZE:] if keep and type(data) is bytes
                    else bytes(data[HEADER_SIZE:]))
         if verify and zlib.crc32(payload, zlib.crc32(_CRC_PART.pack(kind, count, ts, pid, seq))
