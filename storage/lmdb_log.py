@@ -81,6 +81,7 @@ from storage.api import (
 from storage.batch import Batch, BatchKind, CorruptBatch
 from storage.damage import DamageSet
 from storage.lmdb_damage import LmdbDamage
+from storage.recent_heads import RecentHeads
 from storage.dirlock import LOCK_FILE  # (LOCK_FILE: for the CLI's up)
 from storage.lmdb_space import KeySpace
 from storage.lmdb_store import (
@@ -157,6 +158,7 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
         self._bytes = 0  # encoded size of every batch held (retained_bytes)
         self._snapshot: dict | None = None  # the state at the log start
         self._damage = DamageSet()
+        self._recent = RecentHeads()  # the newest flushed batches' headers (read_heads)
         # What the open found wrong and repaired or cut (for the runtime's log and status).
         self.open_findings: list[str] = []
         self._load(verify_tail_bytes)
@@ -337,6 +339,7 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
         with self._lock:
             # Nothing else removes tail entries while _write_lock is held, so the snapshot is
             # still the tail's prefix.
+            self._recent.flushed(self._tail[:part.n])
             del self._tail[:part.n]
             del self._tail_bases[:part.n]
             self._unflushed -= part.nbytes
@@ -370,6 +373,7 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
                                            delete_after)
                 self._flushed = after_offset
                 self._damage.drop_after(after_offset)
+                self._recent.cut_after(after_offset)
             i = bisect.bisect_right(self._tail_bases, after_offset)
             tail_gone = sum(b.size for b in self._tail[i:])
             self._unflushed -= tail_gone
@@ -429,6 +433,7 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
         self._snapshot = snapshot
         self._bytes -= gone
         self._damage.drop_before(offset)
+        self._recent.drop_below(offset)
         j = bisect.bisect_right(self._term_firsts, offset) - 1
         if j > 0:
             del self._term_firsts[:j]
@@ -480,6 +485,7 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
             self._tail_bases.clear()
             self._unflushed = self._bytes = 0
             self._damage.clear()
+            self._recent.clear()
             self._term_firsts.clear()
             self._term_terms.clear()
             self._start, self._start_term = start_offset, start_term

@@ -34,6 +34,7 @@ from storage.batch import Batch, BatchHead, BatchKind, CorruptBatch
 from storage.damage import Damage, DamageSet
 from storage.lmdb_space import KeySpace
 from storage.read_gate import ReadGate
+from storage.recent_heads import RecentHeads
 
 log = logging.getLogger("raftlog.storage")
 
@@ -60,6 +61,7 @@ class LmdbReads:
     _tail: list[Batch]
     _tail_bases: list[int]
     _damage: DamageSet
+    _recent: RecentHeads
     _term_at_locked: Callable[[int], int]
 
     def _check_open(self) -> None:
@@ -168,6 +170,12 @@ class LmdbReads:
                         return out
                     raise OffsetOutOfRange(offset, self._start, self._dirty)
                 cuts = self._cuts
+                if full is not None and offset <= self._flushed and not self._damage:
+                    # The indexes' read-back of what was just flushed: from memory.
+                    offset, used, done = self._recent.serve(offset, out, used, max_bytes,
+                                                            limit, full)
+                    if done or offset == self._dirty + 1:
+                        return out
                 if offset > self._flushed:
                     i = bisect.bisect_right(self._tail_bases, offset) - 1
                     for b in self._tail[i:]:

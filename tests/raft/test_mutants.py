@@ -96,6 +96,7 @@ import test_store  # noqa: E402
 import test_lmdb_edges  # noqa: E402  (tests/storage, on the path above)
 import test_unpersisted_start  # noqa: E402  (tests/storage: a cut below an unpersisted start)
 import test_cold_reads  # noqa: E402  (tests/storage: reads without the log's lock)
+import test_read_heads  # noqa: E402  (tests/storage: the recent headers held in memory)
 import test_flusher  # noqa: E402  (tests/node, on the path above)
 import test_reconciler  # noqa: E402  (tests/node: the node's topics)
 import test_topic_settings_inproc  # noqa: E402  (tests/node: per-topic settings in force)
@@ -216,6 +217,11 @@ MUTANTS = [
            "if False:",
            (_in_tmp(test_cold_reads
                     .test_a_read_begun_before_a_suffix_cut_returns_a_prefix_of_the_old_log),)),
+    Mutant("a suffix cut leaves the recent headers it cut",
+           "storage.lmdb_log", "LmdbLog.truncate_suffix",
+           "self._recent.cut_after(after_offset)",
+           "pass",
+           (_in_tmp(test_read_heads.test_the_recent_headers_follow_cuts_new_starts_and_resets),)),
     Mutant("a scrub holds the log's lock while it checks",
            "storage.lmdb_damage", "LmdbDamage.scrub",
            "            used, nxt, bad = self._scrub_pass(txn, offset, flushed, max_bytes, known)",

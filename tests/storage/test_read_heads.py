@@ -47,10 +47,14 @@ def rot(log: LmdbLog, base: int, at: int) -> None:
         log._write("rot (test)", flip)
 
 
-def test_stored_batches_of_other_kinds_come_back_as_their_headers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("from_disk", [False, True])  # the recent headers held, or LMDB's
+def test_stored_batches_of_other_kinds_come_back_as_their_headers(tmp_path: Path,
+                                                                  from_disk: bool) -> None:
     log = LmdbLog(tmp_path)
     try:
         got = mixed(log, flush_first=4)
+        if from_disk:
+            log._recent.clear()
         heads = log.read_heads(0, 1 << 20, None, FULL)
         assert [fields(h) for h in heads] == [fields(b) for b in got]
         assert [type(h) for h in heads[:4]] == [BatchHead, Batch, BatchHead, BatchHead]
@@ -91,11 +95,43 @@ def test_a_damaged_header_is_damage_as_for_read(tmp_path: Path, base: int) -> No
     try:
         got = mixed(log, flush_first=5)
         rot(log, base, 12)  # a byte of the stored term: only the header checksum covers it
+        # The newest flushed headers are also held in memory (storage/recent_heads.py) and
+        # served as they were flushed; this is about what a read of the disk finds.
+        log._recent.clear()
         with pytest.raises(CorruptBatch):
             log.read_heads(base, 1 << 20, None, FULL)
         assert [(d.first, d.last) for d in log.damaged()] == [(base, base + 1)]
         if base:  # a read from before it stops short of it
             before = log.read_heads(0, 1 << 20, None, FULL)
             assert [fields(h) for h in before] == [fields(b) for b in got[:base // 2]]
+    finally:
+        log.close()
+
+
+def test_the_recent_headers_follow_cuts_new_starts_and_resets(tmp_path: Path) -> None:
+    """What the flush leaves in memory (storage/recent_heads.py) is exactly the log: a suffix
+    cut, a new start and a reset take from it what they take from the log, and a kind asked
+    for in full of which only the header is held is read from LMDB."""
+    log = LmdbLog(tmp_path)
+    try:
+        got = mixed(log, flush_first=5)
+        staged_full = frozenset((BatchKind.CONTROL, BatchKind.STAGED))
+        assert log.read_heads(0, 1 << 20, None, staged_full)[2] == got[2]  # its payload: LMDB
+        log.truncate_suffix(5)  # flushed: the disk and the recent headers both lose 6..9
+        assert [fields(h) for h in log.read_heads(0, 1 << 20, None, FULL)] == \
+            [fields(b) for b in got[:3]]
+        new = [Batch.create(b"n", 2).placed(6, 2)]
+        log.append(new)
+        log.flush()
+        assert [fields(h) for h in log.read_heads(4, 1 << 20, None, FULL)] == \
+            [fields(got[2]), fields(new[0])]
+        log.advance_start(4, None)
+        assert [fields(h) for h in log.read_heads(4, 1 << 20, None, FULL)] == \
+            [fields(got[2]), fields(new[0])]
+        log.reset(20, 3)
+        log.append([Batch.create(b"r", 1).placed(20, 3)])
+        log.flush()
+        assert [(h.base_offset, h.term) for h in log.read_heads(20, 1 << 20, None, FULL)] == \
+            [(20, 3)]
     finally:
         log.close()
