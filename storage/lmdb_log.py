@@ -422,7 +422,7 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
         if offset > self._flushed + 1:
             raise ValueError(f"prefix truncation to {offset} passes the flushed offset "
                              f"{self._flushed}; flush first")
-        if offset != self._dirty + 1 and self._batch_containing_locked(offset)[0] != offset:
+        if offset != self._dirty + 1 and not self._starts_batch_locked(offset):
             raise ValueError(f"prefix truncation to {offset} is not at a batch boundary")
         new_term = self._term_at_locked(offset - 1)
         gone = dropped_bytes if dropped_bytes is not None else self._stored_bytes_below(offset)

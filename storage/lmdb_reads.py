@@ -127,6 +127,19 @@ class LmdbReads:
         cur.set_key(self._space.key(base))
         return last
 
+    def _starts_batch_locked(self, offset: int) -> bool:
+        """Whether a batch starts at `offset` (in range), from the keys alone: retention's cut
+        on the event loop must not read the batch there (py-lmdb reads every page of a value
+        it hands out; at the cold front of a large log that is the disk)."""
+        if offset > self._flushed:
+            i = bisect.bisect_left(self._tail_bases, offset)
+            return i < len(self._tail_bases) and self._tail_bases[i] == offset
+        txn = self._snapshot_locked()
+        try:
+            return bool(txn.cursor().set_key(self._space.key(offset)))
+        finally:
+            self._end_snapshot(txn)
+
     def _batch_containing_locked(self, offset: int) -> tuple[int, int]:
         """(base, last) of the batch holding `offset` (in range). One seek, under `_lock`."""
         if offset > self._flushed:

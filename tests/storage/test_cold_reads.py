@@ -154,3 +154,18 @@ def check_dropped_bytes(log: LmdbLog) -> None:
         log.advance_start(4, None, 1 << 30)
     log.advance_start(4, None, exact)
     assert log.retained_bytes == mem.retained_bytes and log.start_offset == 4
+
+
+def test_a_new_start_inside_a_batch_is_refused_from_the_keys_alone(tmp_path: Path) -> None:
+    """Retention's cut checks the batch boundary on the event loop from the keys, without
+    reading the batch there (`_starts_batch_locked`); inside a batch it is still refused."""
+    lg = LmdbLog(tmp_path / "log")
+    try:
+        lg.append([Batch.create(b"ab", 2).placed(2 * i, 1) for i in range(4)])  # 0-1 .. 6-7
+        lg.flush()
+        with pytest.raises(ValueError, match="batch boundary"):
+            lg.advance_start(3, None)
+        lg.advance_start(4, None)
+        assert lg.start_offset == 4 and lg.read(4, 1 << 20)[0].base_offset == 4
+    finally:
+        lg.close()
