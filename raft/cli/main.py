@@ -15,6 +15,8 @@ Each command group is its own module in this package with a `register(subparsers
 (serve, up), produce.py, consume.py, subscriptions_cmd.py, topic_cmd.py, status.py, demo.py, membership.py,
 config_cmd.py, profile_cmd.py, recover.py, completion.py. Other packages add their commands the same way,
 as plugins that may be missing: bench.cli (`raftlog bench`) and sparkio.cli (`raftlog load`).
+`raftlog serve` registers its own command only (LEAN_COMMANDS): a restarting node imports
+nothing the other commands need.
 
 Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration (an unknown topic
 or partition too: the error names those that exist), 130 interrupted.
@@ -32,9 +34,13 @@ import os
 import re
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from raft.cli.output import print_error
 from raft.node.config import ConfigError
+
+if TYPE_CHECKING:
+    from raft.client import RaftlogError
 
 # Optional packages whose commands join `raftlog` when they (and their extras) are installed.
 PLUGINS = ("bench.cli", "sparkio.cli")
@@ -244,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
-def _client_error(name: str) -> tuple[type[BaseException], ...]:
+def _client_error(name: str) -> "tuple[type[RaftlogError], ...]":
     """raft.client's error class `name` (for an except clause) once the command has loaded
     the client; before that no error can be one (and `serve` does not load the client to find
     out: the empty tuple matches nothing)."""
