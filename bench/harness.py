@@ -41,7 +41,7 @@ def ensure_bytecode() -> None:
     """Compile the node's packages to bytecode (__pycache__, once per bench process) before
     nodes start. A node started with PYTHONDONTWRITEBYTECODE=1 in its environment (as on the
     reference machine) and an editable install writes none itself, so every start compiled
-    ~230 modules from source again: ~0.18 s of a restarted follower's ~0.5 s start-up, inside
+    ~200 modules from source again: ~0.18 s of a restarted follower's ~0.5 s start-up, inside
     `bench recovery`'s figure (docs/PERFORMANCE.md "start28"). An installed raftlog has its
     bytecode from pip; this gives the bench's nodes the same. Python still checks each file's
     timestamp and compiles in memory whatever is stale; a directory it may not write is left
