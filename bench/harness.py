@@ -32,6 +32,32 @@ class ClusterError(Exception):
     """The cluster did not reach the state the benchmark needs; the message says where to look."""
 
 
+# The packages a node process imports from this checkout.
+NODE_PACKAGES = ("raft", "storage", "recovery")
+_compiled = False
+
+
+def ensure_bytecode() -> None:
+    """Compile the node's packages to bytecode (__pycache__, once per bench process) before
+    nodes start. A node started with PYTHONDONTWRITEBYTECODE=1 in its environment (as on the
+    reference machine) and an editable install writes none itself, so every start compiled
+    ~200 modules from source again: ~0.18 s of a restarted follower's ~0.5 s start-up, inside
+    `bench recovery`'s figure (docs/PERFORMANCE.md "start28"). An installed raftlog has its
+    bytecode from pip; this gives the bench's nodes the same. Python still checks each file's
+    timestamp and compiles in memory whatever is stale; a directory it may not write is left
+    as it is."""
+    global _compiled
+    if _compiled:
+        return
+    _compiled = True
+    import compileall
+
+    for name in NODE_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        for directory in (spec.submodule_search_locations or []) if spec else []:
+            compileall.compile_dir(directory, quiet=2)
+
+
 def serve_command(node_id: int) -> list[str]:
     """`python -m raft.cli serve`, or $RAFTLOG_BENCH_SERVE (a shell-quoted command, `{node_id}`
     substituted) to benchmark another build or to wrap nodes in a profiler, e.g.
@@ -76,6 +102,7 @@ class Cluster:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> "Cluster":
+        ensure_bytecode()
         self._tmp = tempfile.mkdtemp(prefix="raftlog-bench-", dir=self.base_dir)
         ports = free_ports(self.size)
         for i, port in enumerate(ports, start=1):

@@ -76,7 +76,8 @@ def _fill(addr: str, total_mb: int) -> int:
 def _catch_up(ctx: Ctx, args: list[str], bulk: int) -> tuple[float, float | None]:
     """Seconds until a follower that missed `bulk` MiB has flushed the leader's log, and
     until the restarted process first answered (its start-up, inside the first figure: on a
-    calm machine about 0.5 s of a 1-2 s catch-up, docs/PERFORMANCE.md "Issue 28: recovery")."""
+    calm machine about 0.25 s of a 0.75-1 s catch-up, 0.5 s before start28; docs/PERFORMANCE.md
+    "Issue 28: recovery" and "start28")."""
     cluster = ctx.cluster()
     cluster.extra_args = [*cluster.extra_args, *args]
     with cluster:
@@ -109,7 +110,7 @@ def run(ctx: Ctx) -> tuple[list[dict], dict]:
     startup: dict[str, list[float | None]] = {f"{m}.{d}": [] for m in MODES for d in DISKS}
     # The same catch-ups timed from the restarted follower's first answer: the rate of the
     # catch-up itself, without the process's start-up (imports, opening LMDB), which is a fixed
-    # ~0.5 s whatever the backlog and about half of a 200 MiB catch-up on a calm machine.
+    # ~0.25 s whatever the backlog (0.5 s before start28) on a calm machine.
     streams: dict[tuple[str, str], list[float | None]] = {(m, d): [] for m in MODES
                                                            for d in DISKS}
     saved = os.environ.get("RAFTLOG_BENCH_FSYNC_DELAY_MS")

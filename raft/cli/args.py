@@ -13,6 +13,10 @@ import argparse
 import datetime as dt
 import re
 
+# The number types live in raft/cli/argtypes.py (serve needs them without the rest of this
+# module); the commands import them from here too.
+from raft.cli.argtypes import (non_negative_float, non_negative_int,  # noqa: F401
+                               positive_float, positive_int)
 from raft.cli.client_settings import ACKS_ALIASES, DEFAULT_SERVERS, SERVERS_ENV
 from raft.cli.security import add_client_security_args, add_profile_arg
 from raft.client import parse_servers
@@ -54,46 +58,6 @@ def acks(text: str) -> str:
     if value not in ("quorum", "leader", "none"):
         raise argparse.ArgumentTypeError(
             f"invalid choice: {text!r} (choose from quorum/all, leader/1, none/0)")
-    return value
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be above 0")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
     return value
 
 

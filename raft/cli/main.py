@@ -15,6 +15,8 @@ Each command group is its own module in this package with a `register(subparsers
 (serve, up), produce.py, consume.py, subscriptions_cmd.py, topic_cmd.py, status.py, demo.py, membership.py,
 config_cmd.py, profile_cmd.py, recover.py, completion.py. Other packages add their commands the same way,
 as plugins that may be missing: bench.cli (`raftlog bench`) and sparkio.cli (`raftlog load`).
+`raftlog serve` registers its own command only (LEAN_COMMANDS): a restarting node imports
+nothing the other commands need.
 
 Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration (an unknown topic
 or partition too: the error names those that exist), 130 interrupted.
@@ -32,19 +34,21 @@ import os
 import re
 import signal
 import sys
-from importlib import metadata
+from typing import TYPE_CHECKING
 
-from raft.cli import (certs, completion, config_cmd, consume, demo, membership, produce,
-                      profile_cmd, recover, serve, status, subscriptions_cmd, tokens, topic_cmd,
-                      link_cmd)
-from raft.cli.client_settings import resolve_client
 from raft.cli.output import print_error
-from raft.client import RaftlogError, UnknownTopicError
 from raft.node.config import ConfigError
-from raft.protocol.framing import PROTOCOL_VERSION
+
+if TYPE_CHECKING:
+    from raft.client import RaftlogError
 
 # Optional packages whose commands join `raftlog` when they (and their extras) are installed.
 PLUGINS = ("bench.cli", "sparkio.cli")
+# `raftlog serve` builds a parser of its own command only: a node restarted to catch up
+# answers its leader sooner without importing what the other commands and the plugins need
+# (cryptography, rich, the client, the bench: ~0.1 s of CPU of a ~0.35 s start-up,
+# docs/PERFORMANCE.md "start28"). Every other command line gets the whole parser.
+LEAN_COMMANDS = ("serve",)
 
 
 class UsageError(Exception):
@@ -64,6 +68,10 @@ class Parser(argparse.ArgumentParser):
 
 
 def version() -> str:
+    from importlib import metadata
+
+    from raft.protocol.framing import PROTOCOL_VERSION
+
     try:
         v = metadata.version("raftlog")
     except metadata.PackageNotFoundError:
@@ -71,15 +79,47 @@ def version() -> str:
     return f"raftlog {v} (wire protocol v{PROTOCOL_VERSION}, Python {sys.version.split()[0]})"
 
 
-def build_parser() -> Parser:
+class _Version(argparse.Action):
+    """--version: the version is looked up (importlib.metadata, ~30 ms) only when asked."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0,
+                         help=help or "show program's version number and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        print(version())  # on stdout, as argparse's own version action prints it
+        parser.exit()
+
+
+def command_word(argv: list[str]) -> str | None:
+    """The command of a command line: the first word that is not one of raftlog's own
+    options (--version, -h and -v take no value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def build_parser(only: str | None = None) -> Parser:
+    """Every command's parser; `only` (one of LEAN_COMMANDS) registers just that command's
+    module, so the others and the plugins are not imported."""
+    from raft.cli import serve
+
     parser = Parser(
         prog="raftlog", description="A Raft-replicated log of record batches.",
         epilog="Start with `raftlog demo`, or `raftlog up` and then produce/consume/status "
                "(they find `up`'s cluster by default, or through --servers / RAFTLOG_SERVERS).")
-    parser.add_argument("--version", action="version", version=version())
+    parser.add_argument("--version", action=_Version)
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log more (-v info, -vv debug); quiet by default")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    if only == "serve":
+        serve.register(sub)
+        _sub_verbose(sub)
+        return parser
+    from raft.cli import (certs, completion, config_cmd, consume, demo, link_cmd, membership,
+                          produce, profile_cmd, recover, status, subscriptions_cmd, tokens,
+                          topic_cmd)
+
     for module in (serve, produce, consume, subscriptions_cmd, topic_cmd, link_cmd, status, demo,
                    certs, tokens):
         module.register(sub)
@@ -99,12 +139,16 @@ def build_parser() -> Parser:
     profile_cmd.register(sub)
     recover.register(sub)
     completion.register(sub, parser)
+    _sub_verbose(sub)
+    return parser
+
+
+def _sub_verbose(sub: argparse._SubParsersAction) -> None:
     for p in _all_parsers(sub):
         # -v works after the subcommand too (`raftlog produce -v`).
         if "-v" not in p._option_string_actions:
             p.add_argument("-v", "--verbose", action="count", dest="sub_verbose",
                            default=argparse.SUPPRESS, help="log more (-v info, -vv debug)")
-    return parser
 
 
 def _all_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser]:
@@ -151,7 +195,8 @@ def _subparser_for(parser: argparse.ArgumentParser,
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    word = command_word(argv)
+    parser = build_parser(only=word if word in LEAN_COMMANDS else None)
     as_json = "--json" in argv
     try:
         args = parser.parse_args(argv)
@@ -177,15 +222,18 @@ def main(argv: list[str] | None = None) -> int:
     if command in ("topic", "link") and getattr(args, "action", None):
         command = f"topic {args.action}"  # errors say `raftlog topic create: ...`
     try:
-        resolve_client(args)
+        if hasattr(args, "servers"):  # a client command (serve has no --servers)
+            from raft.cli.client_settings import resolve_client
+
+            resolve_client(args)
         return int(func(args) or 0)
     except ConfigError as e:
         print_error(command, "CONFIG", str(e), as_json=as_json)
         return 2
-    except UnknownTopicError as e:  # a usage error: the message names what exists
+    except _client_error("UnknownTopicError") as e:  # a usage error: it names what exists
         print_error(command, e.code, e.message, as_json=as_json)
         return 2
-    except RaftlogError as e:
+    except _client_error("RaftlogError") as e:
         print_error(command, e.code, e.message, as_json=as_json)
         return 1
     except KeyboardInterrupt:
@@ -200,6 +248,14 @@ def main(argv: list[str] | None = None) -> int:
         if matched is not None and rest is None:
             return 130  # Ctrl-C reached a command's task group
         raise
+
+
+def _client_error(name: str) -> "tuple[type[RaftlogError], ...]":
+    """raft.client's error class `name` (for an except clause) once the command has loaded
+    the client; before that no error can be one (and `serve` does not load the client to find
+    out: the empty tuple matches nothing)."""
+    cls = getattr(sys.modules.get("raft.client"), name, None)
+    return (cls,) if cls is not None else ()
 
 
 def _reader_gone() -> int:

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from raft.cli.args import non_negative_int, positive_int
+from raft.cli.argtypes import non_negative_int, positive_int
 from raft.node.config import NodeConfig
 
 if TYPE_CHECKING:

@@ -28,7 +28,6 @@ from prometheus_client.process_collector import ProcessCollector
 
 from raft.controller.state import shard_address
 from raft.node.config import ConfigError, format_address, parse_address
-from raft.node.shard_metrics import shard_registry
 from raft.core.types import Role
 
 log = logging.getLogger("raftlog.node")
@@ -213,6 +212,10 @@ class NodeMetrics:
         host, port = parse_address(address, what="metrics_listen address")
         registry = self.registry
         if self.shards > 1:  # every series labelled by shard; shard 0 serves the node's
+            # Imported here: a one-shard node's start-up skips its scrape machinery
+            # (prometheus_client.parser, urllib.request; docs/PERFORMANCE.md "start28").
+            from raft.node.shard_metrics import shard_registry
+
             others = ({k: shard_address(address, k) for k in range(1, self.shards)}
                       if self.shard == 0 and port else {})
             registry = shard_registry(self.registry, self.shard, others)
