@@ -58,6 +58,7 @@ import test_subscriptions_inproc  # noqa: E402
 import test_topic_subscriptions_inproc  # noqa: E402
 import test_protocol_types  # noqa: E402
 import test_client_retry  # noqa: E402
+import test_commit_waits_for_watermark  # noqa: E402  (a new leader's watermark is waited for)
 import test_client_hub  # noqa: E402
 import test_client_topics  # noqa: E402
 import test_cluster_identity  # noqa: E402
@@ -222,6 +223,12 @@ MUTANTS = [
            "self._recent.cut_after(after_offset)",
            "pass",
            (_in_tmp(test_read_heads.test_the_recent_headers_follow_cuts_new_starts_and_resets),)),
+    Mutant("a commit past the watermark of a leader yet to commit in its term is refused at once",
+           "raft.node.api.subscribe", "_hw_reaching",
+           "            await group.wait_hw_change()",
+           "            return hw",
+           (test_commit_waits_for_watermark
+            .test_a_new_leader_is_waited_for_until_its_term_commits,)),
     Mutant("a scrub holds the log's lock while it checks",
            "storage.lmdb_damage", "LmdbDamage.scrub",
            "            used, nxt, bad = self._scrub_pass(txn, offset, flushed, max_bytes, known)",

@@ -24,6 +24,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import trio
+
 from raft.node.api.context import ApiContext
 from raft.node.api.fetch import visible_hw, visible_start
 from raft.protocol.replies import ErrorReply, OkReply, Reply
@@ -31,6 +33,11 @@ from raft.protocol.subscription_requests import (MAX_COMMIT_ITEMS, SUB_TYPES, Su
                                                  SubList, SubRequest)
 from raft.core.subscription_table import Op, OpRequest, Outcome, consumer_error, name_error
 from raft.core.types import ErrorCode
+from storage.api import OffsetOutOfRange
+
+# How long a commit past the high watermark waits for it to move (a leader just elected learns
+# what is committed with the first entry of its term); then it is refused.
+HW_WAIT_S = 2.0
 
 # The operation each single-subscription request type asks of the table (sub_get: none).
 _OPS: dict[str, Op | None] = {"sub_open": Op.OPEN, "sub_commit": Op.COMMIT,
@@ -65,6 +72,33 @@ def _reply(ctx: ApiContext, outcome: Outcome) -> Reply:
     return ctx.error(outcome.code, outcome.message or None, **extra)
 
 
+async def _hw_reaching(ctx: ApiContext, want: int, timeout_s: float) -> int:
+    """The visible high watermark, once it reaches `want` or `timeout_s` (capped at
+    HW_WAIT_S) has passed. Why wait: a consumer commits what it read from the last leader, and a
+    leader just elected (every node restarted, say) knows nothing committed until an entry of
+    its own term commits, nor do its indexes until they caught up: refusing then would fail a
+    consumer for a position that is about to be below the watermark (a fetch long-polls the
+    same way)."""
+    group = ctx.group
+    with trio.move_on_after(min(timeout_s, HW_WAIT_S)):
+        while True:
+            if group.loads is not None:
+                await group.loads.catch_up(group.core.high_watermark)
+            hw = visible_hw(group)
+            if hw >= want or not group.is_leader() or _committed_in_term(group):
+                return hw  # (a leader that committed in its term knows the watermark)
+            await group.wait_hw_change()
+    return visible_hw(group)
+
+
+def _committed_in_term(group: Any) -> bool:
+    core = group.core
+    try:
+        return core.log.term_at(core.commit_index) == core.term
+    except OffsetOutOfRange:
+        return False
+
+
 def _resolve(ctx: ApiContext, where: Any, what: str) -> tuple[int | None, ErrorReply | None]:
     """"start"/"end"/offset -> an offset in [log start, high watermark + 1], or an error."""
     hw = visible_hw(ctx.group)
@@ -97,7 +131,9 @@ async def execute_op(ctx: ApiContext, req: SubRequest) -> Reply:
     if op == Op.COMMIT:
         assert req.position is not None
         position = req.position
-        hw = visible_hw(ctx.group)
+        hw = await _hw_reaching(ctx, position - 1, req.timeout_ms / 1000)
+        if not ctx.group.is_leader():
+            return ctx.refuse_not_leader()
         if position > hw + 1:
             return ctx.error(ErrorCode.POSITION_PAST_HIGH_WATERMARK,
                              f"position {position} is past high watermark + 1 ({hw + 1}): "
@@ -140,7 +176,10 @@ async def execute_commit_many(ctx: ApiContext, req: SubCommitMany) -> Reply:
         return ctx.error(ErrorCode.BAD_REQUEST, "this node has no subscription service")
     if not ctx.group.is_leader():
         return ctx.refuse_not_leader()
-    hw = visible_hw(ctx.group)
+    hw = await _hw_reaching(ctx, max(item.position for item in req.items) - 1,
+                            req.timeout_ms / 1000)
+    if not ctx.group.is_leader():
+        return ctx.refuse_not_leader()
     results: list[dict[str, Any] | None] = [None] * len(req.items)
     ops: list[OpRequest] = []
     slots: list[int] = []
