@@ -6,43 +6,40 @@ argparse: `raftlog serve` uses them and must not import the client settings args
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def _parsed(text: str, parse: Callable[[str], T], what: str) -> T:
+    try:
+        return parse(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+
+
+def _bounded(value: T, ok: bool, rule: str) -> T:
+    if not ok:
+        raise argparse.ArgumentTypeError(f"{value} must be {rule}")
+    return value
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
+    value = _parsed(text, int, "an integer")
+    return _bounded(value, value >= 1, "at least 1")
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
-    return value
+    value = _parsed(text, int, "an integer")
+    return _bounded(value, value >= 0, "0 or more")
 
 
 def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be above 0")
-    return value
+    value = _parsed(text, float, "a number")
+    return _bounded(value, value > 0, "above 0")
 
 
 def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
-    return value
+    value = _parsed(text, float, "a number")
+    return _bounded(value, value >= 0, "0 or more")

@@ -72,30 +72,29 @@ def ten_flushed(tmp_path: Path) -> Iterator[LmdbLog]:
         lg.close()
 
 
-def test_a_read_of_flushed_batches_leaves_the_log_free_while_it_reads(tmp_path: Path) -> None:
+def owner_meanwhile(tmp_path: Path, parked_in: str, call: Callable[[LmdbLog], Any]) -> Any:
+    """Run `call` in a thread until it is parked inside its LMDB read (in `parked_in`), check
+    that the owner's lock is free and its lookups and appends go on, then let it finish."""
     with ten_flushed(tmp_path) as log:
-        with Parked("decode_value") as park:
-            t, out = in_thread(lambda: log.read(2, 1 << 20))
+        with Parked(parked_in) as park:
+            t, out = in_thread(lambda: call(log))
             assert park.inside.wait(30)
-            # The reader is inside LMDB: the owner's lock is free, its lookups and appends go on.
             assert log._lock.acquire(blocking=False)
             log._lock.release()
             assert log.term_at(9) == 1 and log.last_term() == 1
             log.append([batch(10)])
         t.join(30)
-        assert [b.base_offset for b in out[0]] == list(range(2, 11))
+        return out[0]
+
+
+def test_a_read_of_flushed_batches_leaves_the_log_free_while_it_reads(tmp_path: Path) -> None:
+    got = owner_meanwhile(tmp_path, "decode_value", lambda log: log.read(2, 1 << 20))
+    assert [b.base_offset for b in got] == list(range(2, 11))
 
 
 def test_a_scrub_leaves_the_log_free_while_it_checks(tmp_path: Path) -> None:
-    with ten_flushed(tmp_path) as log:
-        with Parked("verify_value") as park:
-            t, out = in_thread(lambda: log.scrub(0, 1 << 20))
-            assert park.inside.wait(30)
-            assert log._lock.acquire(blocking=False)
-            log._lock.release()
-            log.append([batch(10)])
-        t.join(30)
-        assert out[0].damaged == () and out[0].wrapped
+    got = owner_meanwhile(tmp_path, "verify_value", lambda log: log.scrub(0, 1 << 20))
+    assert got.damaged == () and got.wrapped
 
 
 def test_a_read_begun_before_a_suffix_cut_returns_a_prefix_of_the_old_log(
