@@ -26,9 +26,10 @@ Threading rules (a flush runs in a worker thread while the owning thread appends
   flushed, and move `_cuts`, so a read that began before does not go on into the new end. They
   are called from the owning thread, which waits for their fsync anyway.
 - Retention shrinks it from the front in two steps: advance_start raises the readable start in
-  memory (under `_lock`, cheap: the plan that read the dropped batches says their size), then persist_start deletes the keys below it holding only
-  `_write_lock`, so a long delete in a worker thread never blocks the owner's appends and reads
-  (none of them reads below the start any more). Freed LMDB pages are reused by later flushes,
+  memory (under `_lock`, cheap: the plan that read the dropped batches says their size), then
+  persist_start deletes the keys below it holding only `_write_lock`, so a long delete in a
+  worker thread never blocks the owner's appends and reads (none of them reads below the start
+  any more). Freed LMDB pages are reused by later flushes,
   so the file stops growing at the retained size.
 
 One owner per directory: an exclusive flock on `<dir>/LOCK` while open (storage/dirlock.py).
@@ -78,7 +79,7 @@ from storage.api import (
     OffsetOutOfRange,
     TailFull,
 )
-from storage.batch import Batch, BatchKind, CorruptBatch
+from storage.batch import Batch
 from storage.damage import DamageSet
 from storage.lmdb_damage import LmdbDamage
 from storage.recent_heads import RecentHeads
