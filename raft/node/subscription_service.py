@@ -294,8 +294,9 @@ class SubscriptionService:
                 # Nothing is newly committed while the group is quiesced and untouched.
                 seen = await self.group.until_input(seen)
             for _ in range(MAINTENANCE_STEPS):
-                if await self._catch_up_read_off_loop():
-                    break
+                before = self.index.table.applied
+                if await self._catch_up_read_off_loop() or self.index.table.applied == before:
+                    break  # caught up, or nothing applies now (damage, a moved start): next round
             if self.expiry_ms and self.group.is_leader():
                 self._expire()
 
