@@ -18,7 +18,7 @@ from storage import lmdb_format as fmt
 from storage.api import Meta, ScrubSlice
 from storage.batch import Batch, CorruptBatch
 from storage.damage import DamageSet
-from storage.lmdb_reads import LmdbReads
+from storage.lmdb_reads import LmdbReads, Snapshot
 from storage.lmdb_space import KeySpace
 
 log = logging.getLogger("raftlog.storage")
@@ -73,22 +73,22 @@ class LmdbDamage(LmdbReads):
             offset = min(max(offset, self._start), self._flushed)
             flushed, cuts = self._flushed, self._cuts
             known = self._known_damage_locked()
-            txn = self._snapshot_locked()
+            snap = self._snapshot_locked()
         try:
-            used, nxt, bad = self._scrub_pass(txn, offset, flushed, max_bytes, known)
+            used, nxt, bad = self._scrub_pass(snap, offset, flushed, max_bytes, known)
         finally:
-            self._end_snapshot(txn)
+            self._end_snapshot(snap)
         found = [d for d in (self._record_damage(b, cuts, "scrub") for b in bad) if d is not None]
         wrapped = nxt > flushed
         return ScrubSlice(self._start if wrapped else nxt, used, tuple(found), wrapped)
 
-    def _scrub_pass(self, txn: lmdb.Transaction, offset: int, flushed: int, max_bytes: int,
+    def _scrub_pass(self, snap: Snapshot, offset: int, flushed: int, max_bytes: int,
                     known: DamageSet | None) -> tuple[int, int, list[tuple[int, int, str]]]:
         """Check the stored batches from `offset` (no lock held); (bytes checked, the next
         offset, the damaged batches found as (base, last, reason))."""
         bad: list[tuple[int, int, str]] = []
         used, nxt = 0, offset
-        cur = txn.cursor()
+        cur = snap.cursor()
         base, v = self._seek(cur, offset)
         while used < max_bytes and base <= flushed:
             used += len(v)

@@ -443,16 +443,16 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
     def _stored_bytes_below(self, offset: int) -> int:
         """What the stored batches from the start up to `offset` count as (caller holds _lock)."""
         gone = 0
-        txn = self._snapshot_locked()
+        snap = self._snapshot_locked()
         try:
-            cur = txn.cursor()
+            cur = snap.cursor()
             if self._space.at_or_after(cur, self._start):
                 for base, v in self._space.items(cur):
                     if base >= offset:
                         break
                     gone += len(v) - self._trailer
         finally:
-            self._end_snapshot(txn)
+            self._end_snapshot(snap)
         return gone
 
     def persist_start(self) -> None:

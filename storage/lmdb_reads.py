@@ -42,6 +42,25 @@ log = logging.getLogger("raftlog.storage")
 Bad = tuple[int, int, str] | None
 
 
+class Snapshot:
+    """A read transaction, held only here: `_end_snapshot` drops it. Why: py-lmdb frees an
+    aborted read transaction's reader slot only when the Transaction object dies, and the
+    frames of an exception's traceback keep their locals alive (until the cyclic collector
+    runs, when a worker thread's outcome ties them into a cycle). A damaged batch read in a
+    worker thread 64 times a second held one slot per read that way, and the node stopped on
+    MDB_READERS_FULL (126 slots) in seconds. Frames hold this holder and cursors (a cursor lets
+    go of its transaction when the transaction ends), never the transaction itself."""
+
+    __slots__ = ("txn",)
+
+    def __init__(self, txn: lmdb.Transaction) -> None:
+        self.txn: lmdb.Transaction | None = txn
+
+    def cursor(self) -> lmdb.Cursor:
+        assert self.txn is not None, "a read of an ended snapshot"
+        return self.txn.cursor()
+
+
 class LmdbReads:
     """read / read_heads and the snapshot plumbing the scrubber shares (mixed into LmdbLog)."""
 
@@ -69,20 +88,22 @@ class LmdbReads:
             raise StorageError(f"the log at {self._where} is closed; reopen it with open_log()")
 
     # -- snapshots -------------------------------------------------------------------------
-    def _snapshot_locked(self) -> lmdb.Transaction:
+    def _snapshot_locked(self) -> Snapshot:
         """A read transaction matching the in-memory view as of now (caller holds `_lock`),
         inside the read gate; close it with `_end_snapshot`, with no lock needed."""
         self._check_open()  # under _lock: a close marks the log before it closes the store
         self._gate.enter()
         try:
-            return self._env.begin(db=self._log_db, buffers=True)
+            return Snapshot(self._env.begin(db=self._log_db, buffers=True))
         except BaseException:
             self._gate.leave()
             raise
 
-    def _end_snapshot(self, txn: lmdb.Transaction) -> None:
+    def _end_snapshot(self, snap: Snapshot) -> None:
+        txn, snap.txn = snap.txn, None
         try:
-            txn.abort()
+            if txn is not None:
+                txn.abort()
         finally:
             self._gate.leave()
 
@@ -134,11 +155,11 @@ class LmdbReads:
         if offset > self._flushed:
             i = bisect.bisect_left(self._tail_bases, offset)
             return i < len(self._tail_bases) and self._tail_bases[i] == offset
-        txn = self._snapshot_locked()
+        snap = self._snapshot_locked()
         try:
-            return bool(txn.cursor().set_key(self._space.key(offset)))
+            return bool(snap.cursor().set_key(self._space.key(offset)))
         finally:
-            self._end_snapshot(txn)
+            self._end_snapshot(snap)
 
     def _batch_containing_locked(self, offset: int) -> tuple[int, int]:
         """(base, last) of the batch holding `offset` (in range). One seek, under `_lock`."""
@@ -148,15 +169,15 @@ class LmdbReads:
         known = self._damage.find(offset)
         if known is not None:
             return known.first, known.last
-        txn = self._snapshot_locked()
+        snap = self._snapshot_locked()
         try:
-            base, v = self._seek(txn.cursor(), offset)
+            base, v = self._seek(snap.cursor(), offset)
             h = fmt.head(v, self._fmt)
             if h is None:
                 raise CorruptBatch(base, "its header fails its checksum")
             return h[0], h[0] + h[1] - 1
         finally:
-            self._end_snapshot(txn)
+            self._end_snapshot(snap)
 
     # -- reads -----------------------------------------------------------------------------
     def read_heads(self, offset: int, max_bytes: int, max_batches: int | None,
@@ -199,12 +220,12 @@ class LmdbReads:
                     return out
                 flushed = self._flushed
                 known = self._known_damage_locked()
-                txn = self._snapshot_locked()
+                snap = self._snapshot_locked()
             try:
-                used, more, bad = self._read_stored(txn, offset, flushed, out, used, max_bytes,
+                used, more, bad = self._read_stored(snap, offset, flushed, out, used, max_bytes,
                                                     limit, full, known)
             finally:
-                self._end_snapshot(txn)
+                self._end_snapshot(snap)
             if bad is not None:
                 if known is None or known.find(bad[0]) is None:
                     self._record_damage(bad, cuts, "read")
@@ -215,13 +236,13 @@ class LmdbReads:
                 return out
             offset = out[-1].last_offset + 1
 
-    def _read_stored(self, txn: lmdb.Transaction, offset: int, flushed: int, out: list[Any],
+    def _read_stored(self, snap: Snapshot, offset: int, flushed: int, out: list[Any],
                      used: int, max_bytes: int, limit: int, full: frozenset[BatchKind] | None,
                      known: DamageSet | None) -> tuple[int, bool, Bad]:
         """Append the stored batches from the one holding `offset` up to `flushed` to `out`,
         within the limits; no lock held (see the module docstring). Returns the bytes used,
         whether the read may go on past `flushed`, and the damaged batch it stopped at."""
-        cur = txn.cursor()
+        cur = snap.cursor()
         base, v = self._seek(cur, offset)
         trailer, version = self._trailer, self._fmt
         while base <= flushed:

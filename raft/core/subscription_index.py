@@ -29,6 +29,7 @@ DEFAULT_MAX_POINTS = 1 << 16
 _COUNTED = (BatchKind.DATA, BatchKind.STAGED, BatchKind.MIRRORED)
 # What the table reads the payload of; of every other batch the header is enough (read_heads).
 _TABLE_KINDS = frozenset((BatchKind.CONTROL,))
+TABLE_KINDS = _TABLE_KINDS  # (for a caller that reads for `apply_read`)
 
 
 def _nobody(src: tuple[int, ...]) -> bool:
@@ -175,18 +176,50 @@ class SubscriptionIndex:
                 return False  # a state transfer moved the start meanwhile (raft/core/loads.py)
             if not batches:
                 return False
-            for b in batches:
-                if b.last_offset > commit_index:
-                    return t.applied >= commit_index
-                if b.base_offset != t.applied + 1:
-                    return False  # the log moved under us: the next call reads afresh
-                applied = t.apply(b, mine if on_applied is not None else _nobody)
-                self.counter.add(b)
-                budget -= b.size
-                left -= 1
-                if applied is not None and on_applied is not None:
-                    on_applied(applied)
+            done, used, n = self._apply(batches, commit_index, on_applied, mine)
+            budget -= used
+            left -= n
+            if done is not None:
+                return done
         return t.applied >= commit_index
+
+    def next_read(self, commit_index: int) -> int | None:
+        """Where a read for `apply_read` starts, or None when there is nothing to read or the
+        table must first follow a moved log start (`catch_up` does that)."""
+        nxt = self.table.applied + 1
+        if nxt > commit_index or nxt < self.log.start_offset or nxt > self.log.dirty_offset:
+            return None
+        return nxt
+
+    def apply_read(self, batches: list[Batch | BatchHead], commit_index: int,
+                   on_applied: Callable[[Applied], None] | None = None,
+                   mine: Callable[[tuple[int, ...]], bool] | None = None) -> bool:
+        """Apply batches `read_heads(next_read(...), ..., TABLE_KINDS)` returned, read
+        elsewhere (a worker thread: the event loop never waits on the disk for them). Nothing
+        is applied if the table moved on meanwhile (the first batch no longer follows what it
+        applied). True if fully caught up."""
+        done, _, _ = self._apply(batches, commit_index, on_applied, mine)
+        return done if done is not None else self.table.applied >= commit_index
+
+    def _apply(self, batches: list[Batch | BatchHead], commit_index: int,
+               on_applied: Callable[[Applied], None] | None,
+               mine: Callable[[tuple[int, ...]], bool] | None) -> tuple[bool | None, int, int]:
+        """Apply `batches` in order up to `commit_index`: (the verdict when it had to stop
+        early, else None; bytes and batches applied)."""
+        t = self.table
+        used = n = 0
+        for b in batches:
+            if b.last_offset > commit_index:
+                return t.applied >= commit_index, used, n
+            if b.base_offset != t.applied + 1:
+                return False, used, n  # the log moved under us: the next call reads afresh
+            applied = t.apply(b, mine if on_applied is not None else _nobody)
+            self.counter.add(b)
+            used += b.size
+            n += 1
+            if applied is not None and on_applied is not None:
+                on_applied(applied)
+        return None, used, n
 
     def lag(self, position: int, end: int) -> tuple[int, int, bool]:
         """(records, bytes, exact) a subscription at `position` lags `end` (exclusive) by."""

@@ -31,10 +31,12 @@ import trio
 
 from raft.core.retention import Hold
 from raft.core.subscription_batcher import CommitBatcher, Outgoing
-from raft.core.subscription_index import SubscriptionIndex
+from raft.core.subscription_index import TABLE_KINDS, SubscriptionIndex
 from raft.core.subscription_table import Applied, Op, OpRequest, Outcome, make_entry
 from raft.core.types import Acks, ErrorCode
 from raft.node import mirror_reads
+from storage.api import OffsetOutOfRange
+from storage.batch import CorruptBatch
 
 log = logging.getLogger("raftlog.subscriptions")
 
@@ -44,7 +46,10 @@ MAINTENANCE_INTERVAL_S = 1.0
 # catch-up bench, the longest step of all (docs/PERFORMANCE.md, the 20 ms bound).
 CATCH_UP_STEP_BYTES = 1 << 20
 CATCH_UP_STEP_BATCHES = 1024
-MAINTENANCE_STEPS = 64  # steps per maintenance round (64 MiB), then the next round goes on
+# What one maintenance step reads (in a worker thread) for the index: the loop applies at most
+# CATCH_UP_STEP_BATCHES of it, headers mostly, so it may cover far more bytes than a step.
+READ_STEP_BYTES = 16 << 20
+MAINTENANCE_STEPS = 64  # steps per maintenance round (up to 1 GiB read), then the next round
 EXPIRY_RETRY_S = 10.0  # an expiry delete that did not apply is proposed again after this
 
 
@@ -255,6 +260,32 @@ class SubscriptionService:
                 return  # nothing more can be applied now
             await trio.lowlevel.checkpoint()
 
+    async def _catch_up_read_off_loop(self) -> bool:
+        """One catch-up step whose read runs in a worker thread; True if caught up. Why: the
+        index falls behind a fast producer between rounds, and what it then reads back is no
+        longer among the newest headers held in memory; from LMDB that read waits on the disk
+        once the logs outgrow the page cache (issue 28: 98% of the event loop's major faults
+        at the retention limit of `bench produce`). A moved log start, or nothing to read,
+        goes through the synchronous step, which handles them."""
+        commit_index = self.group.core.commit_index
+        start = self.index.next_read(commit_index)
+        if start is None:
+            done = self.catch_up()
+            await trio.lowlevel.checkpoint()
+            return done
+        log = self.group.log
+        try:
+            batches = await self.group.run_io(log.read_heads, start, READ_STEP_BYTES,
+                                              CATCH_UP_STEP_BATCHES, TABLE_KINDS)
+        except (CorruptBatch, OffsetOutOfRange):
+            return False  # damaged (repair fetches it again) or the start moved: next round
+        if not batches or self.group.log is not log:
+            return False
+        done = self.index.apply_read(batches, self.group.core.commit_index,
+                                     on_applied=self._on_applied, mine=self._is_mine)
+        await trio.lowlevel.checkpoint()  # (an in-memory log reads inline: yield anyway)
+        return done
+
     async def _maintenance(self) -> None:
         seen = -1
         while True:
@@ -263,9 +294,9 @@ class SubscriptionService:
                 # Nothing is newly committed while the group is quiesced and untouched.
                 seen = await self.group.until_input(seen)
             for _ in range(MAINTENANCE_STEPS):
-                if self.catch_up():
-                    break
-                await trio.lowlevel.checkpoint()
+                before = self.index.table.applied
+                if await self._catch_up_read_off_loop() or self.index.table.applied == before:
+                    break  # caught up, or nothing applies now (damage, a moved start): next round
             if self.expiry_ms and self.group.is_leader():
                 self._expire()
 

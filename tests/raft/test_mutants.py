@@ -205,13 +205,18 @@ MUTANTS = [
     # past its snapshot must not splice a cut log's new end onto the old one.
     Mutant("a read holds the log's lock while it reads LMDB",
            "storage.lmdb_reads", "LmdbReads.read",
-           "                used, more, bad = self._read_stored(txn, offset, flushed, out, used, max_bytes,\n"
+           "                used, more, bad = self._read_stored(snap, offset, flushed, out, used, max_bytes,\n"
            "                                                    limit, full, known)",
            "                with self._lock:\n"
-           "                    used, more, bad = self._read_stored(txn, offset, flushed, out, used,\n"
+           "                    used, more, bad = self._read_stored(snap, offset, flushed, out, used,\n"
            "                                                        max_bytes, limit, full, known)",
            (_in_tmp(test_cold_reads
                     .test_a_read_of_flushed_batches_leaves_the_log_free_while_it_reads),)),
+    Mutant("an ended read keeps its transaction, and with it a reader slot, while alive",
+           "storage.lmdb_reads", "LmdbReads._end_snapshot",
+           "txn, snap.txn = snap.txn, None",
+           "txn = snap.txn",
+           (_in_tmp(test_cold_reads.test_a_failed_read_kept_alive_holds_no_reader_slot),)),
     Mutant("a read goes on into the new end of a log cut since its first pass",
            "storage.lmdb_reads", "LmdbReads.read",
            "if cuts is not None and cuts != self._cuts:",
@@ -231,9 +236,9 @@ MUTANTS = [
             .test_a_new_leader_is_waited_for_until_its_term_commits,)),
     Mutant("a scrub holds the log's lock while it checks",
            "storage.lmdb_damage", "LmdbDamage.scrub",
-           "            used, nxt, bad = self._scrub_pass(txn, offset, flushed, max_bytes, known)",
+           "            used, nxt, bad = self._scrub_pass(snap, offset, flushed, max_bytes, known)",
            "            with self._lock:\n"
-           "                used, nxt, bad = self._scrub_pass(txn, offset, flushed, max_bytes, known)",
+           "                used, nxt, bad = self._scrub_pass(snap, offset, flushed, max_bytes, known)",
            (_in_tmp(test_cold_reads.test_a_scrub_leaves_the_log_free_while_it_checks),)),
     Mutant("commit entries of an earlier term directly (no current-term rule)",
            "raft.core.leader", "LeaderSide._maybe_commit",

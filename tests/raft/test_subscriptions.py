@@ -412,3 +412,36 @@ def test_member_rounds_share_a_topic_fairly_and_stickily() -> None:
     assert sorted(held.values()) == ["a", "a", "a", "c", "c", "c"]
     # 7 partitions, 3 members: the extra stays with the member holding most.
     assert quotas(["a", "b", "c"], {"a": 1, "b": 4, "c": 2}, 7) == {"b": 3, "c": 2, "a": 2}
+
+
+def test_a_read_done_elsewhere_applies_as_the_index_would_have_read_it() -> None:
+    """The node's maintenance reads in a worker thread (`next_read`, `read_heads`,
+    `apply_read`): the table, the verdicts and the counter come out as `catch_up` makes them,
+    and a read the table has moved past meanwhile is not applied."""
+    from raft.core.subscription_index import TABLE_KINDS
+
+    log = MemoryLog()
+    batches = [Batch.create(encode_values([b"a"] * 3), 3), make_entry(SRC, [open_(at=1)], 5),
+               Batch.create(encode_values([b"bb"] * 2), 2), make_entry(SRC, [commit(4)], 6),
+               Batch.create(encode_values([b"c"]), 1)]
+    off = 0
+    for b in batches:
+        log.append([b.placed(off, 1)])
+        off += b.count
+    log.flush()
+    direct, seen_direct = SubscriptionIndex(log), []
+    assert direct.catch_up(off - 1, on_applied=seen_direct.append)
+    read, seen_read = SubscriptionIndex(log), []
+    while (start := read.next_read(off - 1)) is not None:
+        got = log.read_heads(start, 40, 2, TABLE_KINDS)  # small reads: several rounds
+        stale = read.table.applied
+        read.apply_read(got, off - 1, on_applied=seen_read.append)
+        assert read.table.applied > stale
+    assert read.table.to_snapshot() == direct.table.to_snapshot()
+    assert [a.src for a in seen_read] == [a.src for a in seen_direct]
+    assert read.lag(0, off) == direct.lag(0, off)
+    # A read from before the table moved on (a synchronous catch-up ran meanwhile): ignored.
+    again = SubscriptionIndex(log)
+    early = log.read_heads(0, 1 << 20, None, TABLE_KINDS)
+    assert again.catch_up(3)
+    assert not again.apply_read(early, off - 1) and again.table.applied == 3

@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 
 from storage import lmdb_format
-from storage.batch import Batch, BatchKind
+from storage.batch import HEADER_SIZE, Batch, BatchKind, CorruptBatch
 from storage.lmdb_log import LmdbLog
 from storage.memory import MemoryLog
 from storage.read_gate import ReadGate
+from test_read_heads import rot
 
 
 def batch(off: int, term: int = 1, size: int = 64) -> Batch:
@@ -167,4 +168,36 @@ def test_a_new_start_inside_a_batch_is_refused_from_the_keys_alone(tmp_path: Pat
         lg.advance_start(4, None)
         assert lg.start_offset == 4 and lg.read(4, 1 << 20)[0].base_offset == 4
     finally:
+        lg.close()
+
+
+def readers_in_use(log: LmdbLog) -> int:
+    """Slots of LMDB's reader table taken (by an open or a reset transaction)."""
+    return len(log._env.readers().splitlines()) - 1  # (a header line, then one per slot)
+
+
+def test_a_failed_read_kept_alive_holds_no_reader_slot(tmp_path: Path) -> None:
+    """A read that fails (a damaged batch, here) returns its LMDB reader slot at once, even
+    while its exception, and with it the frames of the read, stays alive. Why: py-lmdb frees an
+    aborted transaction's slot only when the Transaction object dies; a worker thread's failed
+    reads, kept alive by a reference cycle until the cyclic collector ran, took all 126 slots
+    in seconds and stopped the node on MDB_READERS_FULL (storage/lmdb_reads.py, Snapshot)."""
+    lg = LmdbLog(tmp_path / "log")
+    kept: list[BaseException] = []
+    try:
+        lg.append([batch(i) for i in range(10)])
+        lg.flush()
+        rot(lg, 4, HEADER_SIZE + 1)  # its payload: the header still reads
+        for _ in range(200):  # more than the table's 126 slots
+            for call in (lambda: lg.read(4, 1 << 20), lambda: lg.scrub(4, 1 << 20),
+                         lambda: lg.read_heads(4, 1 << 20, None, frozenset(BatchKind))):
+                try:
+                    call()
+                except CorruptBatch as e:
+                    kept.append(e)
+        assert kept, "the damaged batch was never refused"
+        assert readers_in_use(lg) <= 1  # (py-lmdb keeps one reset transaction for reuse)
+        assert [b.base_offset for b in lg.read(0, 1 << 20)] == [0, 1, 2, 3]
+    finally:
+        kept.clear()
         lg.close()
