@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 from array import array
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from raft.core.subscription_table import SNAPSHOT_SECTION, Applied, SubscriptionTable
 from storage.api import LogStorage, OffsetOutOfRange
@@ -111,6 +112,19 @@ class DataCounter:
                 setattr(self, name, getattr(self, name)[i:])
 
 
+@dataclass(slots=True, frozen=True)
+class PendingRead:
+    """A read `next_read` asked for: where it starts, and the commit index as of then. Only
+    entries committed when the read began are applied from it. Why: the read runs elsewhere (a
+    worker thread) while the log goes on; an entry past that commit index may be cut and
+    replaced (a new leader) and the commit index pass its offset before the read comes back,
+    so applying up to the commit index of the moment the read returns would apply the cut
+    entry in place of the committed one."""
+
+    start: int
+    commit_index: int
+
+
 class SubscriptionIndex:
     """A SubscriptionTable kept current from a LogStorage, plus the data counter for lag."""
 
@@ -183,23 +197,24 @@ class SubscriptionIndex:
                 return done
         return t.applied >= commit_index
 
-    def next_read(self, commit_index: int) -> int | None:
-        """Where a read for `apply_read` starts, or None when there is nothing to read or the
+    def next_read(self, commit_index: int) -> PendingRead | None:
+        """The read `apply_read` takes next, or None when there is nothing to read or the
         table must first follow a moved log start (`catch_up` does that)."""
         nxt = self.table.applied + 1
         if nxt > commit_index or nxt < self.log.start_offset or nxt > self.log.dirty_offset:
             return None
-        return nxt
+        return PendingRead(nxt, commit_index)
 
-    def apply_read(self, batches: list[Batch | BatchHead], commit_index: int,
+    def apply_read(self, read: PendingRead, batches: list[Batch | BatchHead],
                    on_applied: Callable[[Applied], None] | None = None,
                    mine: Callable[[tuple[int, ...]], bool] | None = None) -> bool:
-        """Apply batches `read_heads(next_read(...), ..., TABLE_KINDS)` returned, read
-        elsewhere (a worker thread: the event loop never waits on the disk for them). Nothing
-        is applied if the table moved on meanwhile (the first batch no longer follows what it
-        applied). True if fully caught up."""
-        done, _, _ = self._apply(batches, commit_index, on_applied, mine)
-        return done if done is not None else self.table.applied >= commit_index
+        """Apply batches `read_heads(read.start, ..., TABLE_KINDS)` returned, read elsewhere
+        (a worker thread: the event loop never waits on the disk for them), up to the commit
+        index as of the read (PendingRead says why). Nothing is applied if the table moved on
+        meanwhile (the first batch no longer follows what it applied). True if caught up with
+        that commit index."""
+        done, _, _ = self._apply(batches, read.commit_index, on_applied, mine)
+        return done if done is not None else self.table.applied >= read.commit_index
 
     def _apply(self, batches: list[Batch | BatchHead], commit_index: int,
                on_applied: Callable[[Applied], None] | None,

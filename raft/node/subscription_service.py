@@ -267,22 +267,21 @@ class SubscriptionService:
         once the logs outgrow the page cache (issue 28: 98% of the event loop's major faults
         at the retention limit of `bench produce`). A moved log start, or nothing to read,
         goes through the synchronous step, which handles them."""
-        commit_index = self.group.core.commit_index
-        start = self.index.next_read(commit_index)
-        if start is None:
+        pending = self.index.next_read(self.group.core.commit_index)
+        if pending is None:
             done = self.catch_up()
             await trio.lowlevel.checkpoint()
             return done
         log = self.group.log
         try:
-            batches = await self.group.run_io(log.read_heads, start, READ_STEP_BYTES,
+            batches = await self.group.run_io(log.read_heads, pending.start, READ_STEP_BYTES,
                                               CATCH_UP_STEP_BATCHES, TABLE_KINDS)
         except (CorruptBatch, OffsetOutOfRange):
             return False  # damaged (repair fetches it again) or the start moved: next round
         if not batches or self.group.log is not log:
             return False
-        done = self.index.apply_read(batches, self.group.core.commit_index,
-                                     on_applied=self._on_applied, mine=self._is_mine)
+        done = self.index.apply_read(pending, batches, on_applied=self._on_applied,
+                                     mine=self._is_mine)
         await trio.lowlevel.checkpoint()  # (an in-memory log reads inline: yield anyway)
         return done
 

@@ -432,16 +432,43 @@ def test_a_read_done_elsewhere_applies_as_the_index_would_have_read_it() -> None
     direct, seen_direct = SubscriptionIndex(log), []
     assert direct.catch_up(off - 1, on_applied=seen_direct.append)
     read, seen_read = SubscriptionIndex(log), []
-    while (start := read.next_read(off - 1)) is not None:
-        got = log.read_heads(start, 40, 2, TABLE_KINDS)  # small reads: several rounds
+    while (pending := read.next_read(off - 1)) is not None:
+        got = log.read_heads(pending.start, 40, 2, TABLE_KINDS)  # small reads: several rounds
         stale = read.table.applied
-        read.apply_read(got, off - 1, on_applied=seen_read.append)
+        read.apply_read(pending, got, on_applied=seen_read.append)
         assert read.table.applied > stale
     assert read.table.to_snapshot() == direct.table.to_snapshot()
     assert [a.src for a in seen_read] == [a.src for a in seen_direct]
     assert read.lag(0, off) == direct.lag(0, off)
     # A read from before the table moved on (a synchronous catch-up ran meanwhile): ignored.
     again = SubscriptionIndex(log)
-    early = log.read_heads(0, 1 << 20, None, TABLE_KINDS)
+    pending = again.next_read(off - 1)
+    assert pending is not None
+    early = log.read_heads(pending.start, 1 << 20, None, TABLE_KINDS)
     assert again.catch_up(3)
-    assert not again.apply_read(early, off - 1) and again.table.applied == 3
+    assert not again.apply_read(pending, early) and again.table.applied == 3
+
+
+def test_a_read_applies_only_what_was_committed_when_it_began() -> None:
+    """The read runs in a worker thread while the log goes on. Here the entry past the commit
+    index it began at (an uncommitted subscription open) is cut and replaced by a new
+    leader's, which commits, all before the read comes back: the read's copy of the cut entry
+    must not be applied (the table would hold a subscription the log never committed)."""
+    from raft.core.subscription_index import TABLE_KINDS
+
+    log = MemoryLog()
+    log.append([Batch.create(encode_values([b"a"] * 3), 3).placed(0, 1),
+                make_entry(SRC, [open_("cut", at=1)], 5).placed(3, 1)])
+    log.flush()
+    index = SubscriptionIndex(log)
+    pending = index.next_read(2)  # offsets 0-2 committed; the open at 3 is not
+    assert pending is not None
+    got = log.read_heads(pending.start, 1 << 20, None, TABLE_KINDS)  # (the worker's read)
+    log.truncate_suffix(2)  # a new leader cuts it, appends its own entry, and commits it
+    log.append([make_entry(SRC, [open_("kept", at=2)], 6).placed(3, 2)])
+    log.flush()
+    assert index.apply_read(pending, got)  # caught up with what was committed at its start
+    assert index.table.applied == 2 and "cut" not in index.table.to_snapshot().__repr__()
+    assert index.catch_up(3)  # the next round reads the committed entry
+    snap = repr(index.table.to_snapshot())
+    assert "kept" in snap and "cut" not in snap
