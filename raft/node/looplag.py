@@ -165,6 +165,9 @@ class SlowSteps(trio.abc.Instrument):
         # Set once the node serves (LoopLag.run starts): startup (opening the log, building
         # the core, one full collection before freezing) is not a step anyone waits on.
         self.armed = False
+        from raft.node.stall_watch import StallWatch
+
+        self.watch = StallWatch(self.threshold_s)  # stacks of every thread while a step runs long
         gc.callbacks.append(self._gc)
         global _STEPS
         _STEPS = self
@@ -172,8 +175,10 @@ class SlowSteps(trio.abc.Instrument):
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         self._started = self._now()
         self._cpu_started = self._cpu()
+        self.watch.step_began(task.name, self._started)
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.watch.step_ended()
         end = self._now()
         took = end - self._started
         cpu_ms = (self._cpu() - self._cpu_started) * 1000
