@@ -15,6 +15,7 @@ from typing import Any
 import lmdb
 
 from storage import lmdb_format as fmt
+from storage import lmdb_heads as heads
 from storage.api import Meta, ScrubSlice
 from storage.batch import Batch, CorruptBatch
 from storage.damage import DamageSet
@@ -98,6 +99,11 @@ class LmdbDamage(LmdbReads):
             else:
                 try:
                     nxt = fmt.verify_value(base, v, self._fmt) + 1
+                    hv = snap.get(self._space.key(base), self._space.heads_db)
+                    if hv is None or bytes(hv) != heads.entry(v, self._fmt):
+                        # A good record whose stored head differs (damaged, or written by
+                        # nobody: storage/lmdb_heads.py): repair() rewrites both.
+                        bad.append((base, nxt - 1, "its stored header copy does not match it"))
                 except CorruptBatch as e:
                     last = self._damaged_last(cur, base, v, flushed)
                     bad.append((base, last, e.reason))
@@ -120,8 +126,11 @@ class LmdbDamage(LmdbReads):
                                      f"are not a damaged batch; nothing was written")
             values = [(self._space.key(b.base_offset), fmt.encode_value(b, self._fmt))
                       for b in batches]
-            self._write(f"repair of {len(values)} damaged batches",
-                        lambda txn: txn.cursor(db=self._log_db).putmulti(values))
+            def put(txn: lmdb.Transaction) -> None:
+                txn.cursor(db=self._log_db).putmulti(values)
+                heads.put_all(txn, self._space, values, self._fmt)  # same transaction
+
+            self._write(f"repair of {len(values)} damaged batches", put)
             for b in batches:
                 self._damage.remove(b.base_offset)
                 log.warning("log_damage_repaired path=%s offsets=%d..%d", self._where,

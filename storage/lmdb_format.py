@@ -21,7 +21,8 @@ flipped bit is found instead of read as a different term or vote):
 Many logs in one environment (storage/lmdb_store.py; the store layout, introduced with
 issue 26): group LEGACY_GROUP (1, the default topic's partition) is the log described above, in
 DBs `log` and `meta`, byte for byte (a directory written by a single-log node IS a store holding
-that group; it opens without migration and without a write). Every other group (the
+that group; it opens without migration, and its records and metadata are not rewritten: its
+first open only adds the heads DB, storage/lmdb_heads.py). Every other group (the
 controller, group 0, and partitions >= 2) lives in two more DBs, `glog` and `gmeta`, created with the first of
 them: the same records under keys prefixed with the group's 8-byte big-endian id (`glog`:
 prefix + base offset; `gmeta`: prefix + record name). Each such log records its own `format`
@@ -61,6 +62,7 @@ import msgpack
 from storage.api import DiskFull, LogInconsistent, Meta, StorageError, StorageIOError
 from storage.batch import HEADER_SIZE, Batch, BatchHead, CorruptBatch, check_encoding, head_of
 from storage.damage import Damage
+from storage import lmdb_heads as heads
 from storage.lmdb_space import KeySpace
 
 log = logging.getLogger("raftlog.storage")
@@ -71,6 +73,7 @@ HEAD = struct.Struct("<qIq")
 _CRC = struct.Struct("<I")
 _BASE = struct.Struct("<q")
 TRAILER = _CRC.size
+assert TRAILER == heads.TRAILER
 META_KEY, START_KEY, TAIL_KEY, FLOOR_KEY, FORMAT_KEY = (b"meta", b"start", b"tail", b"floor",
                                                          b"format")
 SNAPSHOT_KEY = b"snapshot"  # the state at the log start (LogStorage.snapshot)
@@ -279,10 +282,11 @@ class Scan:
     nbytes: int = 0  # encoded size of the batches kept (LogStorage.retained_bytes)
     snapshot: dict | None = None
     new: bool = False  # a brand-new environment
+    heads_stale: bool = False  # the heads DB differs from the records: rebuilt by the open
 
     @property
     def needs_write(self) -> bool:
-        return (self.new or self.meta is None or self.meta.incarnation == 0
+        return (self.new or self.meta is None or self.meta.incarnation == 0 or self.heads_stale
                 or self.cut_from is not None or self.floor_changed or self.start_lost
                 or self.tail != (self.last, self.last_term))
 
@@ -328,13 +332,16 @@ def scan(txn: lmdb.Transaction, space: KeySpace, path: str, verify_tail_bytes: i
         start = snapshot = None
     s.snapshot = snapshot
     s.start, s.start_term = start or (0, 0)
-    _scan_batches(s, cur, space, path)
+    check = heads.HeadsCheck.start(txn, space, fmt)
+    _scan_batches(s, cur, space, path, check)
+    s.heads_stale = check.finish(s.cut_from)
     _check_tail(s, cur, space, path)
     _verify_recent(s, cur, space, verify_tail_bytes)
     return s
 
 
-def _scan_batches(s: Scan, cur: lmdb.Cursor, space: KeySpace, path: str) -> None:
+def _scan_batches(s: Scan, cur: lmdb.Cursor, space: KeySpace, path: str,
+                  check: heads.HeadsCheck) -> None:
     started = last_report = time.monotonic()
     last, last_term = s.start - 1, s.start_term
     if s.start_lost:
@@ -347,6 +354,7 @@ def _scan_batches(s: Scan, cur: lmdb.Cursor, space: KeySpace, path: str) -> None
                 s.cut_from = key_base
                 s.findings.append(f"the batch header at offset {key_base} is damaged")
                 break
+            check.see(key_base, v)
             base, count, term = h
             end = base + count - 1
             if base > last + 1:
@@ -428,11 +436,15 @@ def _verify_recent(s: Scan, cur: lmdb.Cursor, space: KeySpace, budget: int) -> N
             return
 
 
-def write_open_repairs(txn: lmdb.Transaction, space: KeySpace, s: Scan, meta: Meta) -> None:
-    """Cut what the open found lost, and record the tail, the floor and the identity, in the
-    open's one write transaction."""
-    if s.cut_from is not None:
+def write_open_repairs(txn: lmdb.Transaction, space: KeySpace, s: Scan, meta: Meta,
+                       where: str) -> None:
+    """Cut what the open found lost, rebuild the heads when they differ from the records, and
+    record the tail, the floor and the identity, in the open's one write transaction."""
+    if s.cut_from is not None:  # both DBs walked: the heads may be the stale ones
         space.delete_from(txn.cursor(db=space.log_db), s.cut_from)
+        space.delete_from(txn.cursor(db=space.heads_db), s.cut_from)
+    if s.heads_stale:
+        heads.rebuild(txn, space, s.fmt, where)
     meta_db, mk = space.meta_db, space.meta_key
     if s.new:
         txn.put(mk(FORMAT_KEY), seal(FORMAT), db=meta_db)

@@ -50,7 +50,8 @@ disk leaves (missing batches, a damaged header or record) is cut or replaced and
 (storage/lmdb_format.py), anything else raises LogInconsistent. Damaged batches found later (the
 scrubber, a read) are not served and are written back by `repair()` (storage/damage.py).
 
-Layout and record formats: storage/lmdb_format.py.
+Layout and record formats: storage/lmdb_format.py; every record's header is also kept in the heads
+DB, written in the same transactions (storage/lmdb_heads.py: retention reads and deletes from it).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from typing import TypeVar
 import lmdb
 
 from storage import lmdb_format as fmt
+from storage import lmdb_heads as heads
 from storage.api import (
     DEFAULT_MAX_TAIL_BYTES,
     CountsTail,
@@ -188,7 +190,8 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
             meta.incarnation = fmt.new_incarnation()
         if s.needs_write or s.identity_lost:  # before anything is served (write lock: held)
             self._write("recording what the open found",
-                        lambda txn: fmt.write_open_repairs(txn, self._space, s, meta))
+                        lambda txn: fmt.write_open_repairs(txn, self._space, s, meta,
+                                                           self._where))
         self._meta = meta
         self._start, self._start_term = s.start, s.start_term
         self._snapshot, self._bytes = s.snapshot, s.nbytes
@@ -331,6 +334,7 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
                 self._where, f"no batch is stored, yet offsets up to {flushed} count as "
                              f"flushed", (flushed,))
         cur.putmulti(part.encoded, dupdata=False, overwrite=True)
+        heads.put_all(txn, space, part.encoded, self._fmt)  # same transaction: crash-atomic
         txn.put(space.meta_key(fmt.TAIL_KEY), fmt.seal([end, part.end_term]),
                 db=space.meta_db)
 
@@ -365,8 +369,7 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
                 space = self._space
 
                 def delete_after(txn: lmdb.Transaction) -> int:
-                    gone = space.delete_from(txn.cursor(db=space.log_db), after_offset + 1,
-                                             self._trailer)
+                    gone = heads.delete_range(txn, space, after_offset + 1, None, self._fmt)
                     txn.put(space.meta_key(fmt.TAIL_KEY), tail, db=space.meta_db)
                     return gone
 
@@ -441,19 +444,14 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
             del self._term_terms[:j]
 
     def _stored_bytes_below(self, offset: int) -> int:
-        """What the stored batches from the start up to `offset` count as (caller holds _lock)."""
-        gone = 0
+        """What the stored batches from the start up to `offset` count as (caller holds _lock):
+        from their heads, no record read (storage/lmdb_heads.py)."""
         snap = self._snapshot_locked()
         try:
-            cur = snap.cursor()
-            if self._space.at_or_after(cur, self._start):
-                for base, v in self._space.items(cur):
-                    if base >= offset:
-                        break
-                    gone += len(v) - self._trailer
+            return heads.stored_bytes(snap.cursor(self._space.heads_db), self._space,
+                                      self._start, offset, self._fmt)
         finally:
             self._end_snapshot(snap)
-        return gone
 
     def persist_start(self) -> None:
         self._check_open()
@@ -462,13 +460,14 @@ class LmdbLog(LmdbDamage, CountsTail, LogStorage):
 
     def _persist_start_locked(self) -> None:
         """Caller holds _write_lock (so nothing else writes, and flushes only add keys above
-        the flushed offset). Deletes the keys below the in-memory start as of now."""
+        the flushed offset). Deletes the keys below the in-memory start as of now, found by
+        walking their heads: no record is read (storage/lmdb_heads.py, issue 28)."""
         with self._lock:
             start, term, snap = self._start, self._start_term, self._snapshot
 
         def delete_before(txn: lmdb.Transaction) -> None:
             fmt.write_start(txn, self._space, start, term, snap)
-            self._space.delete_before(txn.cursor(db=self._log_db), start)
+            heads.delete_range(txn, self._space, 0, start, self._fmt)
 
         self._write(f"prefix truncation to {start}", delete_before)
 

@@ -29,6 +29,7 @@ from typing import Any
 import lmdb
 
 from storage import lmdb_format as fmt
+from storage import lmdb_heads as heads
 from storage.api import LogInconsistent, OffsetOutOfRange, StorageError
 from storage.batch import Batch, BatchHead, BatchKind, CorruptBatch
 from storage.damage import Damage, DamageSet
@@ -56,9 +57,14 @@ class Snapshot:
     def __init__(self, txn: lmdb.Transaction) -> None:
         self.txn: lmdb.Transaction | None = txn
 
-    def cursor(self) -> lmdb.Cursor:
+    def cursor(self, db: Any = None) -> lmdb.Cursor:
+        """A cursor on `db` (the log DB when None)."""
         assert self.txn is not None, "a read of an ended snapshot"
-        return self.txn.cursor()
+        return self.txn.cursor() if db is None else self.txn.cursor(db=db)
+
+    def get(self, key: bytes, db: Any) -> memoryview | None:
+        assert self.txn is not None, "a read of an ended snapshot"
+        return self.txn.get(key, db=db)
 
 
 class LmdbReads:
@@ -149,15 +155,16 @@ class LmdbReads:
         return last
 
     def _starts_batch_locked(self, offset: int) -> bool:
-        """Whether a batch starts at `offset` (in range), from the keys alone: retention's cut
-        on the event loop must not read the batch there (py-lmdb reads every page of a value
-        it hands out; at the cold front of a large log that is the disk)."""
+        """Whether a batch starts at `offset` (in range), from the heads' keys alone:
+        retention's cut on the event loop must not read the batch there (py-lmdb reads every
+        page of a value a cursor is positioned on; at the cold front of a large log that is the
+        disk; a head is a few dozen bytes: storage/lmdb_heads.py)."""
         if offset > self._flushed:
             i = bisect.bisect_left(self._tail_bases, offset)
             return i < len(self._tail_bases) and self._tail_bases[i] == offset
         snap = self._snapshot_locked()
         try:
-            return bool(snap.cursor().set_key(self._space.key(offset)))
+            return bool(snap.cursor(self._space.heads_db).set_key(self._space.key(offset)))
         finally:
             self._end_snapshot(snap)
 
@@ -170,9 +177,13 @@ class LmdbReads:
         if known is not None:
             return known.first, known.last
         snap = self._snapshot_locked()
-        try:
-            base, v = self._seek(snap.cursor(), offset)
-            h = fmt.head(v, self._fmt)
+        try:  # from its head when that can be trusted by itself (storage/lmdb_heads.py)
+            base, hv = self._seek(snap.cursor(self._space.heads_db), offset)
+            good = heads.decode(base, hv, self._fmt)
+            if good is not None:
+                return good.base_offset, good.last_offset
+            v = snap.get(self._space.key(base), self._log_db)
+            h = fmt.head(v, self._fmt) if v is not None else None
             if h is None:
                 raise CorruptBatch(base, "its header fails its checksum")
             return h[0], h[0] + h[1] - 1
@@ -242,6 +253,9 @@ class LmdbReads:
         """Append the stored batches from the one holding `offset` up to `flushed` to `out`,
         within the limits; no lock held (see the module docstring). Returns the bytes used,
         whether the read may go on past `flushed`, and the damaged batch it stopped at."""
+        if full is not None and self._fmt >= 2:
+            return self._read_heads_stored(snap, offset, flushed, out, used, max_bytes, limit,
+                                           full, known)
         cur = snap.cursor()
         base, v = self._seek(cur, offset)
         trailer, version = self._trailer, self._fmt
@@ -268,4 +282,43 @@ class LmdbReads:
             if not self._space.next(cur):
                 break
             base, v = self._space.offset(cur.key()), cur.value()
+        return used, True, None
+
+    def _read_heads_stored(self, snap: Snapshot, offset: int, flushed: int, out: list[Any],
+                           used: int, max_bytes: int, limit: int, full: frozenset[BatchKind],
+                           known: DamageSet | None) -> tuple[int, bool, Bad]:
+        """`_read_stored` for read_heads: walks the heads DB (storage/lmdb_heads.py), so a batch
+        of a kind not in `full` whose head passes its checksum is served without touching its
+        record (py-lmdb would read every page of it: retention's plan at the cold front of a
+        large log, issue 28). The kinds in `full`, and any batch whose head cannot be trusted
+        by itself, are read from the log DB as `_read_stored` reads them (damage as before)."""
+        space, trailer, version = self._space, self._trailer, self._fmt
+        cur = snap.cursor(space.heads_db)
+        base, hv = self._seek(cur, offset)
+        while base <= flushed:
+            size = heads.record_size(hv, version) - trailer
+            if out and (used + size > max_bytes or len(out) >= limit):
+                return used, False, None
+            d = known.find(base) if known is not None else None
+            if d is not None:
+                return used, False, (d.first, d.last, d.reason)
+            b: Any = heads.decode(base, hv, version)
+            if b is None or b.kind in full:
+                v = snap.get(space.key(base), space.log_db)
+                if v is None:
+                    raise LogInconsistent(self._where, f"the head of offset {base} has no "
+                                                       f"stored batch", (base,))
+                h = fmt.decode_head(base, v, version)
+                b = h if h is not None and h.kind not in full else None
+                if b is None:
+                    try:
+                        b = fmt.decode_value(base, v, version)
+                    except CorruptBatch as e:
+                        return used, False, (base, self._damaged_last(cur, base, v, flushed),
+                                             e.reason)
+            out.append(b)
+            used += size
+            if not space.next(cur):
+                break
+            base, hv = space.offset(cur.key()), cur.value()
         return used, True, None

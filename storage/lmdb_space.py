@@ -32,12 +32,14 @@ def group_prefix(group_id: int) -> bytes:
 
 @dataclass(slots=True, frozen=True)
 class KeySpace:
-    """One log's keys: `prefix + offset` in `log_db`, `prefix + name` in `meta_db`."""
+    """One log's keys: `prefix + offset` in `log_db` (and the same key in `heads_db`, the
+    records' headers: storage/lmdb_heads.py), `prefix + name` in `meta_db`."""
 
     group_id: int
     log_db: Any
     meta_db: Any
     prefix: bytes = b""
+    heads_db: Any = None
 
     @property
     def shared(self) -> bool:
@@ -119,20 +121,12 @@ class KeySpace:
                     break
         return gone
 
-    def delete_before(self, cur: lmdb.Cursor, offset: int) -> None:
-        """Delete the log's keys below `offset`."""
-        if self.first(cur):
-            while cur.key() and (off := self.offset(cur.key())) is not None and off < offset:
-                if not cur.delete():
-                    break
-
     def clear(self, txn: lmdb.Transaction) -> None:
         """Delete every key of this log, in both DBs (in the caller's transaction)."""
+        self.clear_log(txn)
         if not self.prefix:
-            txn.drop(self.log_db, delete=False)
             txn.drop(self.meta_db, delete=False)
             return
-        self.delete_from(txn.cursor(db=self.log_db), 0)
         cur = txn.cursor(db=self.meta_db)
         if cur.set_range(self.prefix):
             while cur.key() and bytes(cur.key()).startswith(self.prefix):
@@ -140,8 +134,10 @@ class KeySpace:
                     break
 
     def clear_log(self, txn: lmdb.Transaction) -> None:
-        """Delete every batch of this log (its metadata stays)."""
+        """Delete every batch of this log and its head (its metadata stays)."""
         if not self.prefix:
             txn.drop(self.log_db, delete=False)
+            txn.drop(self.heads_db, delete=False)
         else:
             self.delete_from(txn.cursor(db=self.log_db), 0)
+            self.delete_from(txn.cursor(db=self.heads_db), 0)

@@ -91,7 +91,7 @@ class LmdbStore(LogStore):
         # write through an unreachable store), or by the kernel when the process dies.
         self._release_dir = weakref.finalize(self, unlock_dir, fd)
         try:
-            self.env = lmdb.open(self.path, subdir=True, max_dbs=4, map_size=map_size,
+            self.env = lmdb.open(self.path, subdir=True, max_dbs=6, map_size=map_size,
                                  lock=True, readahead=False, meminit=False)
         except lmdb.Error as e:
             self._release_dir()
@@ -100,10 +100,13 @@ class LmdbStore(LogStore):
         try:
             self._log_db = self.env.open_db(b"log")
             self._meta_db = self.env.open_db(b"meta")
+            # The records' headers (storage/lmdb_heads.py); an open builds the missing ones.
+            self._heads_db = self.env.open_db(b"heads")
             # glog/gmeta are created with the first other group: a single-log directory keeps
             # exactly the DBs it had.
             self._glog_db: Any = None
             self._gmeta_db: Any = None
+            self._gheads_db: Any = None
             self._open_group_dbs(create=False)
         except BaseException:
             self.env.close()
@@ -123,14 +126,16 @@ class LmdbStore(LogStore):
                 self._gmeta_db = self.env.open_db(b"gmeta", create=create)
             except lmdb.NotFoundError:
                 return False
+        if self._gheads_db is None:  # (a store written before the heads DB has no gheads)
+            self._gheads_db = self.env.open_db(b"gheads")
         return True
 
     def _space(self, group_id: int) -> KeySpace:
         if group_id == LEGACY_GROUP:
-            return KeySpace(LEGACY_GROUP, self._log_db, self._meta_db)
+            return KeySpace(LEGACY_GROUP, self._log_db, self._meta_db, heads_db=self._heads_db)
         prefix = group_prefix(group_id)
         self._open_group_dbs(create=True)
-        return KeySpace(group_id, self._glog_db, self._gmeta_db, prefix)
+        return KeySpace(group_id, self._glog_db, self._gmeta_db, prefix, self._gheads_db)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -67,6 +67,7 @@ import test_multigroup_inproc  # noqa: E402
 # The record rule's fast path is killed by the record tests (tests/storage).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
 import test_records  # noqa: E402
+import test_lmdb_heads  # noqa: E402  (the heads DB follows every cut of the records)
 import test_quiesce_inproc  # noqa: E402
 import test_peer_restart  # noqa: E402  (tests/node: a peer restarted unseen)
 # The security rules' killers live with the security tests (tests/security).
@@ -1382,6 +1383,12 @@ MUTANTS = [
            (functools.partial(test_index_log_moved.
                               test_a_reset_under_a_read_is_not_caught_up_yet_then_the_index_restores,
                               test_index_log_moved.LoadIndex),)),
+    Mutant("a suffix truncation deletes the cut records but leaves their heads behind",
+           "storage.lmdb_log", "LmdbLog.truncate_suffix",
+           "gone = heads.delete_range(txn, space, after_offset + 1, None, self._fmt)",
+           "gone = space.delete_from(txn.cursor(db=space.log_db), after_offset + 1,\n"
+           "                                             self._trailer)",
+           (_in_tmp(test_lmdb_heads.test_the_heads_follow_every_write_of_a_single_log),)),
 ]
 
 

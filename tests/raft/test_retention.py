@@ -5,6 +5,9 @@ and every member's flushed offset bound the cut on the leader, whatever the poli
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 import raft.core.retention as retention
@@ -340,5 +343,23 @@ def test_a_plan_from_headers_on_disk_folds_the_same_state_as_one_from_whole_batc
         assert plans[0].decision.cut > 8  # past the CONTROL and NOOP batches
         assert plans[1].decision == plans[0].decision
         assert plans[1].snapshot == plans[0].snapshot
+    finally:
+        disk.close()
+    # Cold (reopened: no header held in memory), the plan and the prefix delete read no record
+    # but the CONTROL batch's (a kind the plan reads whole): the headers come from the heads DB
+    # (storage/lmdb_heads.py, issue 28), the delete walks it. The wrapper refuses any other read.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "storage"))
+    from lmdb_untouched import values_untouched
+
+    disk = LmdbLog(tmp_path / "log", verify_tail_bytes=0)
+    try:
+        with values_untouched(disk, allowed={batches[4].base_offset}) as seen:
+            cold = plan(disk, policy, [], now_ms=NOW, free_bytes=None, ctx=CTX)
+            assert cold.decision == plans[0].decision and cold.snapshot == plans[0].snapshot
+            assert seen.gets == [batches[4].base_offset]
+            d = cold.decision
+            disk.advance_start(d.cut, cold.snapshot, d.deleted_bytes)
+            disk.persist_start()
+        assert disk.read(d.cut, 1 << 20) == [b for b in batches if b.base_offset >= d.cut]
     finally:
         disk.close()

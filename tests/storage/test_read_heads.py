@@ -37,11 +37,14 @@ def fields(b: Batch | BatchHead) -> tuple:
     return (b.base_offset, b.last_offset, b.count, b.term, b.kind, b.size)
 
 
-def rot(log: LmdbLog, base: int, at: int) -> None:
+def rot(log: LmdbLog, base: int, at: int, heads_too: bool = False) -> None:
+    """Flip a bit of the record under `base` (and, with `heads_too`, of its head's copy of the
+    header: storage/lmdb_heads.py)."""
     def flip(txn: lmdb.Transaction) -> None:
-        raw = bytearray(txn.get(fmt.key(base), db=log._log_db))
-        raw[at] ^= 0x01
-        txn.put(fmt.key(base), bytes(raw), db=log._log_db)
+        for db in (log._log_db, log._space.heads_db) if heads_too else (log._log_db,):
+            raw = bytearray(txn.get(fmt.key(base), db=db))
+            raw[at] ^= 0x01
+            txn.put(fmt.key(base), bytes(raw), db=db)
 
     with log._write_lock:
         log._write("rot (test)", flip)
@@ -94,7 +97,10 @@ def test_a_damaged_header_is_damage_as_for_read(tmp_path: Path, base: int) -> No
     log = LmdbLog(tmp_path, verify_tail_bytes=0)
     try:
         got = mixed(log, flush_first=5)
-        rot(log, base, 12)  # a byte of the stored term: only the header checksum covers it
+        # A byte of the stored term (only the header checksum covers it), in both copies of
+        # the header: with the head's copy intact, a header-only read serves that copy
+        # (tests/storage/test_lmdb_heads.py: the full reads and the scrubber find the record's).
+        rot(log, base, 12, heads_too=True)
         # The newest flushed headers are also held in memory (storage/recent_heads.py) and
         # served as they were flushed; this is about what a read of the disk finds.
         log._recent.clear()

@@ -277,7 +277,9 @@ def test_a_directory_written_by_a_single_log_opens_as_the_legacy_group_unchanged
     incarnation = log.incarnation
     log.close()
     before = (_dump(tmp_path, b"log"), _dump(tmp_path, b"meta"))
-    assert _names(tmp_path) == {b"log", b"meta"}
+    # (`heads`: the records' headers, storage/lmdb_heads.py; keyed as `log`.)
+    assert _names(tmp_path) == {b"log", b"meta", b"heads"}
+    assert set(_dump(tmp_path, b"heads")) == set(before[0])
     store = open_lmdb_store(tmp_path)
     # The legacy key space is the default topic's partition (issue 26), not the controller's.
     assert store.group_ids() == [LEGACY_GROUP] and LEGACY_GROUP != 0
@@ -287,7 +289,7 @@ def test_a_directory_written_by_a_single_log_opens_as_the_legacy_group_unchanged
     store.close()
     # Opening wrote nothing: no migration, not even the group DBs.
     assert (_dump(tmp_path, b"log"), _dump(tmp_path, b"meta")) == before
-    assert _names(tmp_path) == {b"log", b"meta"}
+    assert _names(tmp_path) == {b"log", b"meta", b"heads"}
     # Other groups (the controller, group 0, among them) live elsewhere; the legacy DBs keep
     # today's keys exactly.
     store = open_lmdb_store(tmp_path)
