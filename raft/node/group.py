@@ -28,8 +28,7 @@ the driver and the envelope on the wire do. When the configuration in force chan
 tells the node (`on_membership_change`), which keeps links to what all of its groups need.
 
 Blocking storage work runs as the log says (`LogStorage.io_mode`): in a worker thread for LMDB,
-inline for the in-memory log. Process-wide tuning (GC, the GIL switch interval) is not a group's
-business: raft.node.serve sets it where the process starts.
+inline for the in-memory log. Process-wide tuning (GC, the GIL switch interval) is serve's.
 
 Group 0 is the node's own group (the one a single-group node runs): it keeps the cluster identity
 in its metadata. Other groups (`Node.add_group`) are given their voters and their log; a mirror
@@ -567,15 +566,17 @@ class RaftGroup(MirrorGroup, ProposeThen):
 
     # -- what the node's flusher reports (raft.node.flusher) --------------------------------------
     def on_flushed(self, flushed: int) -> None:
-        """The node's flush made this group's log durable up to `flushed`."""
+        """The node's flush made this group's log durable up to `flushed` (a truncation may
+        have raced the flush: never report more than the log holds)."""
         self._note_disk_ok("flush")
         try:
-            # A truncation may have raced the flush; never report more than the log holds.
             self.core.flushed(min(flushed, self.log.flushed_offset))
         except Exception as e:
             self.fail(e, "flushed")
             return
         self.kick()
+        if self.retention is not None:  # a log past its size limit: a round now
+            self.retention.on_flushed()
 
     def on_flush_disk_full(self, e: DiskFull) -> None:
         """Nothing was written (storage changes the disk first): the tail is still in memory

@@ -60,6 +60,10 @@ QUIET_MAX_S = 30.0
 # The loads table catches up in steps of this many bytes, yielding to the event loop between.
 LOADS_CATCHUP_STEP = 4 << 20
 LOADS_CATCHUP_STEPS = 64
+# A flush that leaves the log this far past its size limit ends the pause between rounds at once
+# (`on_flushed`): at least OVERSHOOT_MIN_BYTES, or a 64th of the limit.
+OVERSHOOT_MIN_BYTES = 8 << 20
+OVERSHOOT_FRACTION = 64
 # Skip events remembered for status.
 SKIP_HISTORY = 16
 
@@ -86,6 +90,8 @@ class RetentionTask:
         self.deleted_batches = 0
         self.rounds = 0
         self._cut_last = False  # the last round moved the log start
+        self._held = False  # a hold stopped the last round (`on_flushed` leaves it to the timer)
+        self._bytes_after_round = 0  # the log's retained bytes when the last round ended
 
     @property
     def policy(self) -> RetentionPolicy:
@@ -95,6 +101,28 @@ class RetentionTask:
     def wake(self) -> None:
         """The policy may have changed: an idle task looks again."""
         self._wake.set()
+
+    def on_flushed(self) -> None:
+        """A flush grew the log (the group calls this): past its size limit by more than the
+        overshoot, the next round starts now instead of at the end of the pause. Why: with a
+        round every RETENTION_INTERVAL_S only, a writer puts interval x rate bytes past the
+        limit before the round that cuts them (50 MB at 200 MB/s), and the data file grows by
+        as much; driven by the bytes too, the file stays within about the limit plus the
+        overshoot plus a slice whatever the write rate (docs/RETENTION.md). One comparison
+        per flush; no timer."""
+        limit = self.policy.max_bytes
+        if limit is None or self._held or self._wake.is_set():
+            return  # (held: what frees it is not a write; the timer's rounds look)
+        log = self.group.log
+        if log is None:
+            return
+        over = max(OVERSHOOT_MIN_BYTES, limit // OVERSHOOT_FRACTION)
+        now = log.retained_bytes
+        # Past the limit by `over`, and `over` written since the last round: at most one
+        # round per `over` bytes written, so a log retention cannot cut (a batch larger than
+        # the limit) never spins it.
+        if now > limit + over and now - self._bytes_after_round >= over:
+            self._wake.set()
 
     # -- holders -------------------------------------------------------------------------------
     def _load_holds(self) -> list[Hold]:
@@ -224,6 +252,7 @@ class RetentionTask:
             log.info("retention node=%d start=%d->%d deleted_bytes=%d batches=%d stopped_by=%s",
                      group.node_id, d.start, d.cut, d.deleted_bytes, d.deleted_batches,
                      d.stopped_by)
+        self._bytes_after_round = lg.retained_bytes
         return d.more
 
     # -- reporting -----------------------------------------------------------------------------
@@ -245,6 +274,7 @@ class RetentionTask:
         stopped = d.stopped_by
         held_by = None if stopped in (SATISFIED, LOG_END) or stopped.startswith(
             ("retention_", "slice")) else stopped
+        self._held = held_by is not None
         self._last = {"at_ms": now_ms, "start": d.start, "cut": d.cut,
                       "stopped_by": stopped, "held_by": held_by,
                       "holds": [{"holder": h.holder, "offset": h.offset, "valve": h.valve}

@@ -63,6 +63,7 @@ import test_client_hub  # noqa: E402
 import test_client_topics  # noqa: E402
 import test_cluster_identity  # noqa: E402
 import test_group_wire  # noqa: E402
+import test_retention_config  # noqa: E402  (retention's round driven by bytes too)
 import test_multigroup_inproc  # noqa: E402
 # The record rule's fast path is killed by the record tests (tests/storage).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "storage"))
@@ -213,6 +214,11 @@ MUTANTS = [
            "                                                        max_bytes, limit, full, known)",
            (_in_tmp(test_cold_reads
                     .test_a_read_of_flushed_batches_leaves_the_log_free_while_it_reads),)),
+    Mutant("a flush far past the size limit leaves retention's next round to the timer",
+           "raft.node.retention", "RetentionTask.on_flushed",
+           "if now > limit + over and now - self._bytes_after_round >= over:",
+           "if False:",
+           (test_retention_config.test_a_flush_far_past_the_size_limit_starts_the_next_round_now,)),
     Mutant("an ended read keeps its transaction, and with it a reader slot, while alive",
            "storage.lmdb_reads", "LmdbReads._end_snapshot",
            "txn, snap.txn = snap.txn, None",
