@@ -258,7 +258,7 @@ class LmdbReads:
                                            full, known)
         cur = snap.cursor()
         base, v = self._seek(cur, offset)
-        trailer, version = self._trailer, self._fmt
+        trailer = self._trailer
         while base <= flushed:
             size = len(v) - trailer  # what the batch counts as
             if out and (used + size > max_bytes or len(out) >= limit):
@@ -266,23 +266,30 @@ class LmdbReads:
             d = known.find(base) if known is not None else None
             if d is not None:
                 return used, False, (d.first, d.last, d.reason)
-            b: Any = None
-            if full is not None:
-                h = fmt.decode_head(base, v, version)
-                if h is not None and h.kind not in full:
-                    b = h
-            if b is None:
-                try:
-                    b = fmt.decode_value(base, v, version)
-                except CorruptBatch as e:
-                    return used, False, (base, self._damaged_last(cur, base, v, flushed),
-                                         e.reason)
+            b, bad = self._decoded(cur, base, v, flushed, full)
+            if bad is not None:
+                return used, False, bad
             out.append(b)
             used += size
             if not self._space.next(cur):
                 break
             base, v = self._space.offset(cur.key()), cur.value()
         return used, True, None
+
+    def _decoded(self, cur: lmdb.Cursor, base: int, v: memoryview, flushed: int,
+                 full: frozenset[BatchKind] | None) -> tuple[Any, Bad]:
+        """The record `v` stored at `base` as the reads serve it: its header when a header read
+        (`full` given) does not want its kind whole and the header passes its checksum, else
+        the whole batch; or, instead, the damage found ((None, bad)). `cur` stands on `base`
+        (in the log DB or the heads DB: the keys are the same)."""
+        if full is not None:
+            h = fmt.decode_head(base, v, self._fmt)
+            if h is not None and h.kind not in full:
+                return h, None
+        try:
+            return fmt.decode_value(base, v, self._fmt), None
+        except CorruptBatch as e:
+            return None, (base, self._damaged_last(cur, base, v, flushed), e.reason)
 
     def _read_heads_stored(self, snap: Snapshot, offset: int, flushed: int, out: list[Any],
                            used: int, max_bytes: int, limit: int, full: frozenset[BatchKind],
@@ -308,14 +315,9 @@ class LmdbReads:
                 if v is None:
                     raise LogInconsistent(self._where, f"the head of offset {base} has no "
                                                        f"stored batch", (base,))
-                h = fmt.decode_head(base, v, version)
-                b = h if h is not None and h.kind not in full else None
-                if b is None:
-                    try:
-                        b = fmt.decode_value(base, v, version)
-                    except CorruptBatch as e:
-                        return used, False, (base, self._damaged_last(cur, base, v, flushed),
-                                             e.reason)
+                b, bad = self._decoded(cur, base, v, flushed, full)
+                if bad is not None:
+                    return used, False, bad
             out.append(b)
             used += size
             if not space.next(cur):

@@ -159,19 +159,25 @@ def poke_running(log: LmdbLog, base: int) -> None:
         log._write("rot (test)", rot)
 
 
-def test_a_log_written_before_format_2_still_opens(tmp_path: Path) -> None:
-    """No format record, unsealed records, batches without a header CRC: read as they are."""
+def write_format_1(path: Path, batches: list[Batch]) -> None:
+    """A log as raftlog wrote it before format 2, in raw LMDB: no format record, unsealed
+    records, batches without a header CRC."""
     import msgpack
 
-    env = lmdb.open(str(tmp_path), subdir=True, max_dbs=4)
+    env = lmdb.open(str(path), subdir=True, max_dbs=4)
     log_db, meta_db = env.open_db(b"log"), env.open_db(b"meta")
-    old = [batch(0, 1, 1), batch(1, 3, 1)]
     with env.begin(write=True) as txn:
-        for b in old:
+        for b in batches:
             txn.put(fmt.key(b.base_offset), b.encode(), db=log_db)
         txn.put(b"meta", msgpack.packb({"term": 1, "voted_for": 2, "config": None,
                                         "extra": {}}), db=meta_db)
     env.close()
+
+
+def test_a_log_written_before_format_2_still_opens(tmp_path: Path) -> None:
+    """No format record, unsealed records, batches without a header CRC: read as they are."""
+    old = [batch(0, 1, 1), batch(1, 3, 1)]
+    write_format_1(tmp_path, old)
     log = LmdbLog(tmp_path)
     try:
         assert log.read(0, 1 << 20) == old

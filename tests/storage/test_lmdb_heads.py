@@ -278,17 +278,10 @@ def test_a_log_written_without_heads_gets_them_at_its_open(tmp_path: Path, group
 def test_a_log_written_before_format_2_gets_heads_and_reads_its_records(tmp_path: Path) -> None:
     """Format 1 (no header CRC, raw LMDB as test_lmdb_damage writes it): the heads are built,
     and the header reads still read the records (a head cannot be trusted by itself there)."""
-    import msgpack
+    from test_lmdb_damage import write_format_1
 
-    env = lmdb.open(str(tmp_path), subdir=True, max_dbs=4)
-    log_db, meta_db = env.open_db(b"log"), env.open_db(b"meta")
     old = [batch(0), batch(2), batch(4)]
-    with env.begin(write=True) as txn:
-        for b in old:
-            txn.put(fmt.key(b.base_offset), b.encode(), db=log_db)
-        txn.put(b"meta", msgpack.packb({"term": 1, "voted_for": 2, "config": None,
-                                        "extra": {}}), db=meta_db)
-    env.close()
+    write_format_1(tmp_path, old)
     log = LmdbLog(tmp_path)
     try:
         assert log._fmt == 1
