@@ -29,8 +29,7 @@ from storage.batch import HEADER_SIZE, Batch, BatchHead, BatchKind, CorruptBatch
 DEFAULT_MAX_POINTS = 1 << 16
 _COUNTED = (BatchKind.DATA, BatchKind.STAGED, BatchKind.MIRRORED)
 # What the table reads the payload of; of every other batch the header is enough (read_heads).
-_TABLE_KINDS = frozenset((BatchKind.CONTROL,))
-TABLE_KINDS = _TABLE_KINDS  # (for a caller that reads for `apply_read`)
+TABLE_KINDS = frozenset((BatchKind.CONTROL,))
 
 
 def _nobody(src: tuple[int, ...]) -> bool:
@@ -183,7 +182,7 @@ class SubscriptionIndex:
             try:
                 batches = self.log.read_heads(t.applied + 1, min(budget, 16 << 20),
                                               left if max_batches is not None else None,
-                                              _TABLE_KINDS)
+                                              TABLE_KINDS)
             except CorruptBatch:
                 return False  # damaged here (raft/core/repair.py fetches it again): wait for it
             except OffsetOutOfRange:

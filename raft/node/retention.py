@@ -90,7 +90,6 @@ class RetentionTask:
         self.deleted_batches = 0
         self.rounds = 0
         self._cut_last = False  # the last round moved the log start
-        self._held = False  # a hold stopped the last round (`on_flushed` leaves it to the timer)
         self._bytes_after_round = 0  # the log's retained bytes when the last round ended
 
     @property
@@ -111,7 +110,7 @@ class RetentionTask:
         overshoot plus a slice whatever the write rate (docs/RETENTION.md). One comparison
         per flush; no timer."""
         limit = self.policy.max_bytes
-        if limit is None or self._held or self._wake.is_set():
+        if limit is None or self._last.get("held_by") or self._wake.is_set():
             return  # (held: what frees it is not a write; the timer's rounds look)
         log = self.group.log
         if log is None:
@@ -274,7 +273,6 @@ class RetentionTask:
         stopped = d.stopped_by
         held_by = None if stopped in (SATISFIED, LOG_END) or stopped.startswith(
             ("retention_", "slice")) else stopped
-        self._held = held_by is not None
         self._last = {"at_ms": now_ms, "start": d.start, "cut": d.cut,
                       "stopped_by": stopped, "held_by": held_by,
                       "holds": [{"holder": h.holder, "offset": h.offset, "valve": h.valve}

@@ -114,13 +114,14 @@ def test_a_flush_far_past_the_size_limit_starts_the_next_round_now() -> None:
         (over + 1, False, over + 1 - OVERSHOOT_MIN_BYTES // 2, False),  # too little written
     ]:
         log.retained_bytes = retained
-        task._held, task._bytes_after_round, task._wake = held, since, trio.Event()
+        task._last = {"held_by": "member 2" if held else None}
+        task._bytes_after_round, task._wake = since, trio.Event()
         task.on_flushed()
         assert task._wake.is_set() == wakes, (retained, held, since)
 
     async def pause_ends_at_once() -> float:
         task._wake = trio.Event()
-        task._held, task._bytes_after_round, log.retained_bytes = False, 0, over + 1
+        task._last, task._bytes_after_round, log.retained_bytes = {}, 0, over + 1
         task.on_flushed()
         await task._pause(0)
         return trio.current_time()
